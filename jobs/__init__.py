@@ -1,0 +1,1 @@
+"""Entry points: the `laser` command line, YAML job configs, Ray Jobs submission."""

@@ -1,0 +1,13 @@
+"""The `laser` command line. Each sub-command lives in the module that owns its work."""
+from __future__ import annotations
+
+import logging
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help="LASER: fast LLM knowledge generation for recommenders.")
+
+
+@app.callback()
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,1 @@
+"""Data loading, old/new split, prompts, Ray orchestration, knowledge Parquet, encoding, CTR checks, benchmarks."""
