@@ -1,0 +1,274 @@
+"""Knowledge Parquet: the job's output format, written in atomic shards with a manifest.
+
+A knowledge store is a directory::
+
+    <store>/manifest.json               shards and their row counts (atomically replaced)
+    <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (temp file + fsync + rename)
+    <store>/failures.jsonl              entities that could not be generated (id, reason, run_id)
+
+Crash safety: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp file, so
+a shard on disk is always complete. The manifest is replaced after each shard; a shard renamed just
+before a crash but missing from the manifest is adopted when the store is next opened. Resume reads
+:func:`done_keys` and skips those entities, so a re-run neither loses nor duplicates rows.
+Old knowledge (the pools' source) lives in the same format in its own store directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+KNOWLEDGE_SCHEMA = pa.schema(
+    [
+        pa.field("entity_type", pa.string(), nullable=False),  # "user" | "item"
+        pa.field("entity_id", pa.string(), nullable=False),
+        pa.field("knowledge", pa.string(), nullable=False),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("decoder", pa.string(), nullable=False),
+        pa.field("decoder_params", pa.string(), nullable=False),  # JSON object, keys sorted
+        pa.field("prompt_version", pa.string(), nullable=False),
+        pa.field("pool_kind", pa.string()),  # "collaborative" | "attribute" | null (no pool)
+        pa.field("group_id", pa.string()),
+        pa.field("n_tokens", pa.int32(), nullable=False),
+        pa.field("target_forwards", pa.int32(), nullable=False),
+        pa.field("accepted_tokens", pa.int32(), nullable=False),  # draft tokens accepted in total
+        pa.field("retrieval_s", pa.float64(), nullable=False),
+        pa.field("generation_s", pa.float64(), nullable=False),
+        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+KEY_COLUMNS = ("entity_type", "entity_id")
+FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
+
+MANIFEST = "manifest.json"
+FAILURES = "failures.jsonl"
+_SHARD_RE = re.compile(r"^part-(\d{5,})\.parquet$")
+
+
+def encode_params(params: Mapping[str, Any]) -> str:
+    """Decoder parameters as the canonical JSON string stored in ``decoder_params``."""
+    return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+
+
+def utc_now() -> datetime:
+    """The current time as a timezone-aware UTC datetime (the ``generated_at`` value)."""
+    return datetime.now(timezone.utc)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write_bytes(path: Path, write: Any) -> None:
+    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    def write(tmp: str) -> None:
+        Path(tmp).write_text(json.dumps(obj, indent=1))
+
+    _atomic_write_bytes(path, write)
+
+
+@dataclass
+class Manifest:
+    """The store's table of contents: shard file names in write order, with their row counts."""
+
+    shards: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def n_rows(self) -> int:
+        return sum(s["rows"] for s in self.shards)
+
+    @classmethod
+    def load(cls, store: Path) -> "Manifest":
+        path = store / MANIFEST
+        if not path.exists():
+            return cls()
+        try:
+            data = json.loads(path.read_text())
+            return cls(shards=list(data["shards"]))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: unreadable knowledge manifest ({exc})") from exc
+
+    def save(self, store: Path) -> None:
+        _write_json_atomic(store / MANIFEST, {"format": "laser-knowledge/1", "shards": self.shards})
+
+
+def _shard_files(store: Path) -> list[str]:
+    return sorted(p.name for p in store.glob("part-*.parquet") if _SHARD_RE.match(p.name))
+
+
+def open_store(store: str | Path) -> Manifest:
+    """Create ``store`` if needed, drop stale temp files, adopt complete shards missing from the manifest."""
+    root = Path(store)
+    root.mkdir(parents=True, exist_ok=True)
+    for tmp in root.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+    manifest = Manifest.load(root)
+    listed = {s["file"] for s in manifest.shards}
+    orphans = [f for f in _shard_files(root) if f not in listed]
+    for name in orphans:  # renamed into place before a crash, manifest update lost: complete by construction
+        rows = pq.ParquetFile(root / name).metadata.num_rows
+        manifest.shards.append({"file": name, "rows": rows, "run_id": None})
+        log.warning("%s: adopted shard %s (%d rows) missing from the manifest", root, name, rows)
+    if orphans:
+        manifest.save(root)
+    return manifest
+
+
+class KnowledgeWriter:
+    """Buffers knowledge rows and writes them as atomic Parquet shards of ``shard_rows`` rows.
+
+    Use as a context manager (``close`` flushes the last partial shard); ``add`` validates each row
+    against :data:`KNOWLEDGE_SCHEMA` so a malformed row fails loudly naming the entity.
+    """
+
+    def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "") -> None:
+        if shard_rows < 1:
+            raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
+        self.store = Path(store)
+        self.shard_rows = shard_rows
+        self.run_id = run_id
+        self.manifest = open_store(self.store)
+        self._buffer: list[dict[str, Any]] = []
+        self.rows_written = 0
+        self.failures_written = 0
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
+        missing = [c for c in KNOWLEDGE_SCHEMA.names if c not in row]
+        if missing:
+            raise ValueError(f"knowledge row for {row.get('entity_type')}/{row.get('entity_id')} lacks {missing}")
+        self._buffer.append(dict(row))
+        if len(self._buffer) >= self.shard_rows:
+            self.flush()
+
+    def add_failure(self, entity_type: str, entity_id: str, reason: str) -> None:
+        """Record one entity that could not be generated; appended and fsynced at once."""
+        rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
+               "failed_at": utc_now().isoformat()}
+        with open(self.store / FAILURES, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        self.failures_written += 1
+
+    def flush(self) -> None:
+        """Write the queued rows as one shard (temp file, fsync, rename), then replace the manifest."""
+        if not self._buffer:
+            return
+        try:
+            table = pa.Table.from_pylist(self._buffer, schema=KNOWLEDGE_SCHEMA)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ValueError(f"{self.store}: knowledge rows do not match the schema: {exc}") from exc
+        existing = [int(_SHARD_RE.match(s["file"]).group(1)) for s in self.manifest.shards]
+        name = f"part-{max(existing, default=-1) + 1:05d}.parquet"
+        _atomic_write_bytes(self.store / name, lambda tmp: pq.write_table(table, tmp))
+        self.manifest.shards.append({"file": name, "rows": table.num_rows, "run_id": self.run_id})
+        self.manifest.save(self.store)
+        self.rows_written += table.num_rows
+        self._buffer.clear()
+        log.debug("%s: wrote %s (%d rows)", self.store, name, table.num_rows)
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> "KnowledgeWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # rows already generated are kept even when the job fails
+
+
+def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
+    """All shards listed in the store's manifest as one Arrow table in write order.
+
+    ``dedup`` keeps the first row per (entity_type, entity_id, run_id): a safeguard, since the writer
+    never writes a key twice within a resumed run.
+    """
+    root = Path(store)
+    manifest = open_store(root) if root.exists() else Manifest()
+    tables = [pq.read_table(root / s["file"], schema=KNOWLEDGE_SCHEMA) for s in manifest.shards]
+    table = pa.concat_tables(tables) if tables else KNOWLEDGE_SCHEMA.empty_table()
+    if dedup and table.num_rows:
+        frame = pl.from_arrow(table).unique(subset=[*KEY_COLUMNS, "run_id"], keep="first", maintain_order=True)
+        if frame.height < table.num_rows:
+            log.warning("%s: dropped %d duplicate knowledge rows", root, table.num_rows - frame.height)
+            table = frame.to_arrow().cast(KNOWLEDGE_SCHEMA)
+    return table
+
+
+def read_knowledge(store: str | Path, dedup: bool = True) -> pl.DataFrame:
+    """All knowledge in ``store`` as one polars frame (see :func:`read_knowledge_arrow`)."""
+    return pl.from_arrow(read_knowledge_arrow(store, dedup=dedup))
+
+
+def done_keys(store: str | Path) -> set[tuple[str, str]]:
+    """(entity_type, entity_id) pairs already written to ``store``: what a resumed run skips."""
+    root = Path(store)
+    if not root.exists():
+        return set()
+    manifest = open_store(root)
+    keys: set[tuple[str, str]] = set()
+    for shard in manifest.shards:
+        t = pq.read_table(root / shard["file"], columns=list(KEY_COLUMNS))
+        keys.update(zip(t.column("entity_type").to_pylist(), t.column("entity_id").to_pylist()))
+    return keys
+
+
+def read_failures(store: str | Path, unresolved: bool = True) -> pl.DataFrame:
+    """Recorded failures; ``unresolved`` drops entities that a later run did write."""
+    path = Path(store) / FAILURES
+    schema = {c: pl.Utf8 for c in FAILURE_COLUMNS}
+    if not path.exists():
+        return pl.DataFrame(schema=schema)
+    recs = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            recs.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line from a crash mid-append
+            log.warning("%s:%d: skipped unreadable failure record", path, lineno)
+    frame = pl.DataFrame(recs, schema=schema) if recs else pl.DataFrame(schema=schema)
+    if unresolved and frame.height:
+        done = done_keys(store)
+        frame = frame.filter([(t, i) not in done for t, i in zip(frame["entity_type"], frame["entity_id"])])
+    return frame.unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
+
+
+def knowledge_texts(store: str | Path, entity_type: str | None = None) -> dict[tuple[str, str], str]:
+    """{(entity_type, entity_id): knowledge} over a store; the input pools are built from."""
+    frame = read_knowledge(store)
+    if entity_type is not None:
+        frame = frame.filter(pl.col("entity_type") == entity_type)
+    return {(t, i): k for t, i, k in frame.select("entity_type", "entity_id", "knowledge").iter_rows()}
+

@@ -1,0 +1,126 @@
+"""Knowledge Parquet store: schema, atomic shards, manifest, resume after a crash, failures."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import knowledge as kn
+
+
+def row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:
+    return {
+        "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",
+        "decoder": "laser", "decoder_params": kn.encode_params({"k": 2, "p": 0.1}), "prompt_version": "v1",
+        "pool_kind": "collaborative", "group_id": str(i % 2), "n_tokens": i, "target_forwards": max(1, i // 2),
+        "accepted_tokens": i - max(1, i // 2), "retrieval_s": 0.001, "generation_s": 0.5, "finish_reason": "eos",
+        "run_id": run_id, "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
+    }
+
+
+def write_run(store, ids, shard_rows=3, close=True):
+    """Write rows for ``ids`` skipping done keys, as a resumed job does; ``close=False`` simulates a crash."""
+    done = kn.done_keys(store)
+    w = kn.KnowledgeWriter(store, shard_rows=shard_rows, run_id="r1")
+    for i in ids:
+        if ("user", f"u{i}") not in done:
+            w.add(row(i))
+    if close:
+        w.close()
+    return w
+
+
+def test_shards_manifest_and_schema(tmp_path):
+    w = write_run(tmp_path, range(7), shard_rows=3)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [s["rows"] for s in manifest["shards"]] == [3, 3, 1]
+    assert [s["file"] for s in manifest["shards"]] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert w.rows_written == 7
+    table = kn.read_knowledge_arrow(tmp_path)
+    assert table.schema.equals(kn.KNOWLEDGE_SCHEMA)
+    assert table.column("entity_id").to_pylist() == [f"u{i}" for i in range(7)]
+    assert table.schema.field("generated_at").type == pa.timestamp("us", tz="UTC")
+    assert json.loads(table.column("decoder_params")[0].as_py()) == {"k": 2, "p": 0.1}
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_crash_between_shards_then_resume_has_no_loss_and_no_duplicate(tmp_path):
+    write_run(tmp_path, range(8), shard_rows=3, close=False)  # crash: rows 6, 7 were only buffered
+    assert kn.done_keys(tmp_path) == {("user", f"u{i}") for i in range(6)}
+    w = write_run(tmp_path, range(10), shard_rows=3)
+    assert w.rows_written == 4
+    ids = kn.read_knowledge(tmp_path, dedup=False)["entity_id"].to_list()
+    assert sorted(ids) == sorted(f"u{i}" for i in range(10))
+    assert len(ids) == len(set(ids)) == 10
+
+
+def test_crash_after_rename_before_manifest_adopts_the_shard(tmp_path, monkeypatch):
+    write_run(tmp_path, range(3), shard_rows=3)  # one shard, in the manifest
+    monkeypatch.setattr(kn.Manifest, "save", lambda self, store: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError):
+        write_run(tmp_path, range(6), shard_rows=3)
+    monkeypatch.undo()
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 1
+    assert (tmp_path / "part-00001.parquet").exists()
+    assert len(kn.done_keys(tmp_path)) == 6  # the renamed shard is complete, so it is adopted
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 2
+
+
+def test_crash_while_writing_a_shard_leaves_no_partial_shard(tmp_path, monkeypatch):
+    def torn_write(table, where, **kw):
+        with open(where, "wb") as fh:
+            fh.write(b"PAR1 half a shard")
+        raise KeyboardInterrupt
+
+    write_run(tmp_path, range(3), shard_rows=3)
+    monkeypatch.setattr(pq, "write_table", torn_write)
+    with pytest.raises(KeyboardInterrupt):
+        write_run(tmp_path, range(6), shard_rows=3)
+    monkeypatch.undo()
+    (tmp_path / ".part-00001.parquet.leftover.tmp").write_bytes(b"junk")  # a temp file a kill -9 left behind
+    assert kn.done_keys(tmp_path) == {("user", f"u{i}") for i in range(3)}
+    assert not list(tmp_path.glob(".*.tmp"))
+    assert [p.name for p in tmp_path.glob("*.parquet")] == ["part-00000.parquet"]
+
+
+def test_bad_row_is_named(tmp_path):
+    w = kn.KnowledgeWriter(tmp_path, shard_rows=10)
+    bad = row(1)
+    del bad["n_tokens"]
+    with pytest.raises(ValueError, match=r"user/u1 lacks \['n_tokens'\]"):
+        w.add(bad)
+    w.add({**row(2), "n_tokens": "many"})
+    with pytest.raises(ValueError, match="do not match the schema"):
+        w.flush()
+
+
+def test_failures_recorded_and_resolved_by_a_later_success(tmp_path):
+    w = kn.KnowledgeWriter(tmp_path, shard_rows=2, run_id="r1")
+    w.add(row(0))
+    w.add_failure("user", "u1", "prompt: no history")
+    w.add_failure("item", "i9", "ValueError: bad title")
+    w.close()
+    with open(tmp_path / "failures.jsonl", "a") as fh:
+        fh.write('{"entity_type": "us')  # torn last line
+    failures = kn.read_failures(tmp_path)
+    assert failures.select("entity_type", "entity_id", "reason", "run_id").rows() == [
+        ("user", "u1", "prompt: no history", "r1"), ("item", "i9", "ValueError: bad title", "r1")]
+    write_run(tmp_path, [1])  # retried successfully
+    assert kn.read_failures(tmp_path)["entity_id"].to_list() == ["i9"]
+    assert kn.read_failures(tmp_path, unresolved=False).height == 2
+
+
+def test_reader_dedups_and_reads_empty_store(tmp_path):
+    assert kn.read_knowledge(tmp_path / "none").height == 0
+    assert kn.read_knowledge(tmp_path / "none").columns == kn.KNOWLEDGE_SCHEMA.names
+    w = kn.KnowledgeWriter(tmp_path, shard_rows=1, run_id="r1")
+    w.add(row(0))
+    w.add({**row(0), "knowledge": "second copy"})
+    w.close()
+    frame = kn.read_knowledge(tmp_path)
+    assert frame["knowledge"].to_list() == ["likes film 0"]
+    assert kn.read_knowledge(tmp_path, dedup=False).height == 2
+    assert kn.knowledge_texts(tmp_path, "user") == {("user", "u0"): "likes film 0"}
