@@ -1,0 +1,89 @@
+"""`DatasetConfig`: which dataset to load and how much of it (the `dataset:` block of a job config)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DatasetFormat = Literal["synthetic", "movielens", "amazon", "table"]
+Domain = Literal["movie", "book"]
+
+# Domain a format gets when `domain` is not set.
+DEFAULT_DOMAIN: dict[str, Domain] = {"synthetic": "movie", "movielens": "movie", "amazon": "book", "table": "movie"}
+
+
+class SyntheticParams(BaseModel):
+    """Size and shape of the generated demo dataset (format "synthetic")."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n_users: int = Field(300, ge=2, description="users in the dataset")
+    n_items: int = Field(400, ge=4, description="items in the dataset")
+    n_clusters: int = Field(5, ge=1, description="planted taste clusters")
+    min_history: int = Field(6, ge=2, description="fewest interactions of a warm user")
+    max_history: int = Field(40, ge=2, description="most interactions of a warm user")
+    cold_user_fraction: float = Field(0.1, ge=0.0, le=1.0, description="share of users with 1-3 interactions")
+    cold_item_fraction: float = Field(0.1, ge=0.0, le=1.0, description="share of items with 0-2 interactions")
+    in_cluster_share: float = Field(0.75, ge=0.0, le=1.0, description="share of a user's picks from cluster genres")
+
+    @model_validator(mode="after")
+    def _history_bounds(self) -> "SyntheticParams":
+        if self.min_history > self.max_history:
+            raise ValueError(f"min_history ({self.min_history}) exceeds max_history ({self.max_history})")
+        return self
+
+
+class TableColumns(BaseModel):
+    """Source column names for format "table" (canonical name -> name in the file)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: str = "user_id"
+    item_id: str = "item_id"
+    rating: str = "rating"
+    timestamp: str = "timestamp"
+    title: str = "title"
+    genres: str = "genres"
+    category: str = "category"
+    sub_category: str = "sub_category"
+    year: str = "year"
+
+
+class DatasetConfig(BaseModel):
+    """Which dataset to load; embedded in job configs under ``dataset:``.
+
+    ``path`` is a directory (MovieLens files, Amazon JSON lines, table files) or a single file
+    (Amazon reviews file, table interactions file). ``limit_users``/``limit_items`` keep a seeded sample
+    for trial runs. Unknown keys are rejected with the key named.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: DatasetFormat = "synthetic"
+    path: str | None = None
+    name: str | None = Field(None, description="dataset name in outputs; default from format and path")
+    domain: Domain | None = Field(None, description="prompt variant; default movie (MovieLens, synthetic, table), book (Amazon)")
+    limit_users: int | None = Field(None, ge=1)
+    limit_items: int | None = Field(None, ge=1)
+    seed: int = 0
+    min_positive_rating: float = Field(4.0, description="ratings >= this count as positive (graph, CTR labels)")
+    synthetic: SyntheticParams = Field(default_factory=SyntheticParams)
+    # Amazon: file names inside `path` (default: auto-detect; metadata files start with "meta").
+    reviews_file: str | None = None
+    metadata_file: str | None = None
+    # Table: files inside `path` (or `path` is the interactions file) and the column mapping.
+    interactions_file: str | None = None
+    items_file: str | None = None
+    users_file: str | None = None
+    columns: TableColumns = Field(default_factory=TableColumns)
+    genres_separator: str = Field("|", description="separator when genres is a string column (table)")
+
+    @model_validator(mode="after")
+    def _path_needed(self) -> "DatasetConfig":
+        if self.format != "synthetic" and not self.path:
+            raise ValueError(f"dataset.path is required for format {self.format!r}")
+        return self
+
+    def resolved_domain(self) -> Domain:
+        """The prompt domain: ``domain`` when set, else the format's default."""
+        return self.domain or DEFAULT_DOMAIN[self.format]

@@ -1,0 +1,171 @@
+"""Versioned knowledge prompts (user preference profiles, item descriptions) in the spirit of KAR.
+
+Each function returns the text of ONE user chat message; the decoder applies the model's chat template.
+Variants are picked by ``Dataset.domain`` ("movie" or "book"). Bump ``PROMPT_VERSION`` whenever any
+wording changes: it is written next to every knowledge row, and old knowledge from another version
+makes a weaker draft pool.
+
+History truncation rule (``user_prompt`` with a tokenizer and ``max_prompt_tokens``): entries are kept
+oldest to newest; while the rendered prompt is longer than ``max_prompt_tokens`` tokens, the OLDEST
+entry is dropped, so the kept entries are always the newest suffix of the history. The length counted is
+the full chat-templated prompt (system text, role markers, generation prompt) when the tokenizer has a
+chat template, otherwise the message text alone (``tokenizer.encode(text)``). If not even the newest
+entry fits, a ``PromptTooLongError`` names the user.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import polars as pl
+
+PROMPT_VERSION = "kar-v1"
+MAX_WORDS = 120
+
+
+class HistoryEntry(NamedTuple):
+    """One rated item in a user's history."""
+
+    title: str
+    rating: float
+
+
+class PromptTooLongError(ValueError):
+    """Raised when a prompt cannot fit ``max_prompt_tokens`` even with one history entry."""
+
+
+_USER_INTRO = {
+    "movie": "Below is a user's movie rating history, oldest first (1 star = disliked, 5 stars = loved):",
+    "book": "Below is a user's book rating history, oldest first (1 star = disliked, 5 stars = loved):",
+}
+_USER_ASK = {
+    "movie": ("Write a concise profile of this user's movie taste in at most {w} words. Say which genres, "
+              "directors or actors, eras and countries, characters, plots and themes, moods and tones, "
+              "acclaim, production quality and soundtracks they seem to favour or avoid, tying each point "
+              "briefly to titles above."),
+    "book": ("Write a concise profile of this user's reading taste in at most {w} words. Say which genres, "
+             "authors, writing styles, themes, settings, lengths and complexity, time periods, literary "
+             "quality and acclaim they seem to favour or avoid, tying each point briefly to titles above."),
+}
+_ITEM_ASK = {
+    "movie": ("Describe the movie {subject} in one concise paragraph of at most {w} words: its genre, "
+              "director and cast, country, characters, plot and themes, mood and tone, acclaim and awards, "
+              "production quality and soundtrack."),
+    "book": ("Describe the book {subject} in one concise paragraph of at most {w} words: its genre, author, "
+             "writing style, themes, setting, length and complexity, time period, literary quality and "
+             "acclaim."),
+}
+
+
+def _check_domain(domain: str) -> None:
+    if domain not in _USER_ASK:
+        raise ValueError(f"unknown prompt domain {domain!r}; expected one of {sorted(_USER_ASK)}")
+
+
+def display_title(title: str, year: int | None = None) -> str:
+    """``Title (1995)`` when the year is known, else the title."""
+    return f"{title} ({year})" if year is not None else title
+
+
+def format_rating(rating: float) -> str:
+    """``4 stars``, ``4.5 stars``, ``1 star``."""
+    value = f"{rating:g}"
+    return f"{value} star" if value == "1" else f"{value} stars"
+
+
+def _render_user(entries: Sequence[HistoryEntry], domain: str) -> str:
+    lines = [f'"{e.title}", {format_rating(e.rating)};' for e in entries]
+    return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=MAX_WORDS)])
+
+
+def count_prompt_tokens(tokenizer: Any, text: str) -> int:
+    """Tokens of ``text`` as one chat-templated user message (plain encoding without a chat template)."""
+    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        return len(ids)
+    try:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+    except TypeError:
+        return len(tokenizer.encode(text))
+
+
+def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str = "movie", *,
+                user_id: str | None = None, tokenizer: Any = None, max_prompt_tokens: int | None = None) -> str:
+    """The preference-analysis message for a history ordered oldest first.
+
+    With ``tokenizer`` and ``max_prompt_tokens`` the oldest entries are dropped until the prompt fits
+    (module docstring); ``user_id`` only names the user in errors.
+    """
+    _check_domain(domain)
+    entries = [HistoryEntry(*e) for e in history]
+    who = f"user {user_id!r}" if user_id is not None else "user"
+    if not entries:
+        raise ValueError(f"{who} has an empty history; a preference prompt needs at least one entry")
+    if tokenizer is None or max_prompt_tokens is None:
+        return _render_user(entries, domain)
+
+    def fits(keep: int) -> bool:
+        return count_prompt_tokens(tokenizer, _render_user(entries[-keep:], domain)) <= max_prompt_tokens
+
+    if not fits(1):
+        raise PromptTooLongError(f"{who}: even the newest history entry {entries[-1].title!r} does not fit "
+                                 f"max_prompt_tokens={max_prompt_tokens}")
+    lo, hi = 1, len(entries)  # invariant: fits(lo); token count grows with the number of entries kept
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return _render_user(entries[-lo:], domain)
+
+
+def _attributes(item: Mapping[str, Any]) -> str:
+    parts = []
+    genres = item.get("genres")
+    if genres:
+        parts.append("genres: " + ", ".join(genres))
+    for key in ("category", "sub_category"):
+        value = item.get(key)
+        if value and not (genres and value in genres):
+            parts.append(f"{key.replace('_', '-')}: {value}")
+    return "; ".join(parts)
+
+
+def item_prompt(item: Mapping[str, Any], domain: str = "movie") -> str:
+    """The description message for one item row (``title`` required; ``year``, ``genres``,
+    ``category``, ``sub_category`` used when present)."""
+    _check_domain(domain)
+    title = item.get("title")
+    if not title:
+        raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
+    subject = f'"{display_title(title, item.get("year"))}"'
+    attrs = _attributes(item)
+    if attrs:
+        subject += f" ({attrs})"
+    return _ITEM_ASK[domain].format(subject=subject, w=MAX_WORDS)
+
+
+def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:
+    """Per user, ``HistoryEntry`` list ordered oldest first (by timestamp, then item_id).
+
+    Titles carry the year (``display_title``); an interaction whose item is missing from ``items``
+    shows its item id as the title.
+    """
+    cols = ["item_id", "title", "year"] if "year" in items.columns else ["item_id", "title"]
+    joined = (interactions.sort(["user_id", "timestamp", "item_id"])
+              .join(items.select(cols), on="item_id", how="left", maintain_order="left"))
+    out: dict[str, list[HistoryEntry]] = {}
+    for row in joined.iter_rows(named=True):
+        title = display_title(row["title"] or row["item_id"], row.get("year"))
+        out.setdefault(row["user_id"], []).append(HistoryEntry(title, row["rating"]))
+    return out
+
+
+def iter_item_prompts(items: pl.DataFrame, domain: str) -> Iterable[tuple[str, str]]:
+    """(item_id, prompt) for every item row."""
+    for row in items.iter_rows(named=True):
+        yield row["item_id"], item_prompt(row, domain)
