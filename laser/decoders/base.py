@@ -1,0 +1,85 @@
+"""The decoder interface: a request in, a generation with stats out."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+from laser.drafting import DraftSource, Drafter, NoDrafter
+from laser.engine import DecodeStats, Sequence as _Seq, TreeDecodingEngine
+from laser.models import LoadedModel
+from laser.verify import TopKVerifier
+
+Prompt = str | Sequence[int]
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]  # generated tokens only (the end-of-sequence token included when reached)
+    text: str
+    stats: DecodeStats
+
+
+class Decoder:
+    """Base class: subclasses say how to verify and where drafts come from.
+
+    ``generate`` decodes one request, ``generate_batch`` several in one padded batch. A ``pool`` is any
+    :class:`laser.drafting.DraftSource` (e.g. ``pools.RetrievalPool``); without one every step drafts
+    nothing and decoding is autoregressive.
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+
+    def __init__(self, lm: LoadedModel, K: int = 64, n_max: int = 8):
+        if K < 0 or n_max < 1:
+            raise ValueError(f"K must be >= 0 and n_max >= 1, got K={K}, n_max={n_max}")
+        self.lm, self.K, self.n_max = lm, K, n_max
+        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)
+
+    def verifier(self) -> TopKVerifier:
+        return TopKVerifier(k=1)
+
+    def params(self) -> dict[str, Any]:
+        """The decoder's settings, recorded with every generated row."""
+        return {"K": self.K, "n_max": self.n_max}
+
+    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
+        return NoDrafter() if pool is None or self.K == 0 else pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max)
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, [pool])[0]
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256,
+                       pools: Sequence[DraftSource | None] | None = None) -> list[Generation]:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        pools = list(pools) if pools is not None else [None] * len(prompts)
+        if len(pools) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(pools)} pools")
+        ids = [self.encode(p) for p in prompts]
+        seqs = [_Seq(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens)
+                for t, pool in zip(ids, pools)]
+        self.engine.run(seqs)
+        return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: text becomes one user chat message (chat template applied)."""
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise ValueError("empty prompt")
+            if self.lm.tokenizer is None:
+                raise ValueError(f"model {self.lm.name!r} has no tokenizer: pass token ids")
+            ids = self.lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                        add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        else:
+            ids = [int(t) for t in prompt]
+            if not ids:
+                raise ValueError("empty prompt")
+        if len(ids) >= self.lm.context_length:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's context of {self.lm.context_length}")
+        return ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        tok = self.lm.tokenizer
+        return tok.decode(token_ids, skip_special_tokens=True) if tok is not None else ""

@@ -1,0 +1,51 @@
+"""Built-in decoders: autoregressive, ReSD (global pool, greedy) and LASER (routed pool, relaxed or greedy)."""
+from __future__ import annotations
+
+from typing import Any
+
+from laser.decoders.base import Decoder
+from laser.decoders.registry import register_decoder
+from laser.drafting import DraftSource, Drafter, NoDrafter
+from laser.models import LoadedModel
+from laser.verify import TopKVerifier
+
+
+@register_decoder
+class Autoregressive(Decoder):
+    name = "autoregressive"
+    summary = "one token per target forward, on the same model-call path as the speculative decoders"
+
+    def __init__(self, lm: LoadedModel):
+        super().__init__(lm, K=0)
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
+        return NoDrafter()
+
+
+@register_decoder
+class ReSD(Decoder):
+    name = "resd"
+    summary = "retrieval speculative decoding: trie drafts from one global pool, greedy (lossless) verification"
+
+
+@register_decoder
+class Laser(Decoder):
+    name = "laser"
+    summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
+
+    def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
+                 K: int = 64, n_max: int = 8):
+        if verification not in ("relaxed", "greedy"):
+            raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
+        self.verification, self.k, self.p = verification, k, p
+        TopKVerifier(k, p)  # validates k and p even when greedy
+        super().__init__(lm, K=K, n_max=n_max)
+
+    def verifier(self) -> TopKVerifier:
+        return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else TopKVerifier(1)
+
+    def params(self) -> dict[str, Any]:
+        return {"verification": self.verification, "k": self.k, "p": self.p, **super().params()}

