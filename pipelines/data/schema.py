@@ -43,3 +43,37 @@ class Split:
     new_interactions: pl.DataFrame
     existing_items: pl.DataFrame
     new_items: pl.DataFrame
+
+
+def conform_interactions(frame: pl.DataFrame) -> pl.DataFrame:
+    """Canonical interaction columns and types, exact duplicates dropped, sorted by user then time."""
+    return (frame.select(pl.col(name).cast(dtype) for name, dtype in INTERACTIONS_SCHEMA.items())
+            .unique(maintain_order=True)
+            .sort(["user_id", "timestamp", "item_id"]))
+
+
+def conform_items(frame: pl.DataFrame) -> pl.DataFrame:
+    """Canonical item columns first (missing ones null; extra attribute columns kept after them).
+
+    ``category``/``sub_category`` default to the first/second genre where missing; the first row per
+    item_id wins.
+    """
+    frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in ITEM_COLUMNS.items()
+                               if name not in frame.columns)
+    frame = frame.with_columns(
+        pl.col(name).cast(dtype) for name, dtype in ITEM_COLUMNS.items()
+    ).with_columns(
+        pl.col("genres").fill_null(pl.lit([], pl.List(pl.Utf8))),
+    ).with_columns(
+        pl.col("category").fill_null(pl.col("genres").list.get(0, null_on_oob=True)),
+        pl.col("sub_category").fill_null(pl.col("genres").list.get(1, null_on_oob=True)),
+    )
+    extras = [c for c in frame.columns if c not in ITEM_COLUMNS]
+    return frame.select(*ITEM_COLUMNS, *extras).unique(subset="item_id", keep="first", maintain_order=True)
+
+
+def conform_users(frame: pl.DataFrame) -> pl.DataFrame:
+    """``user_id`` first as Utf8, attribute columns kept; the first row per user_id wins."""
+    return (frame.with_columns(pl.col("user_id").cast(pl.Utf8))
+            .select("user_id", pl.exclude("user_id"))
+            .unique(subset="user_id", keep="first", maintain_order=True))

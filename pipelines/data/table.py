@@ -1,0 +1,105 @@
+"""Generic Parquet/CSV/TSV/JSON-lines loader with a column mapping (format "table").
+
+``path`` is either the interactions file or a directory holding ``interactions_file`` (plus optional
+``items_file`` and ``users_file``). ``columns`` maps canonical names to the file's names. Interactions
+need user_id, item_id, rating and timestamp (unix seconds, or a date/datetime column). Items need
+item_id and use title, genres (a list, or text split on ``genres_separator``), category, sub_category
+and year when present; other item and user columns are kept as attributes. Without an items file the
+item id serves as the title.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import polars as pl
+
+from pipelines.data.config import DatasetConfig
+from pipelines.data.readers import DataFileError, coerce
+from pipelines.data.schema import (INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items,
+                                   conform_users)
+
+log = logging.getLogger(__name__)
+
+
+def read_table(path: Path) -> pl.DataFrame:
+    """A whole table file by its extension: .parquet, .csv, .tsv, .jsonl/.ndjson (optionally .gz for text)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"data file {str(path)!r} does not exist")
+    name = path.name.lower().removesuffix(".gz")
+    try:
+        if name.endswith(".parquet"):
+            return pl.read_parquet(path)
+        if name.endswith((".csv", ".tsv")):
+            return pl.read_csv(path, separator="\t" if name.endswith(".tsv") else ",", infer_schema=False,
+                               truncate_ragged_lines=True, encoding="utf8-lossy")
+        if name.endswith((".jsonl", ".ndjson")):
+            return pl.read_ndjson(path, infer_schema_length=None)
+    except pl.exceptions.PolarsError as err:
+        raise DataFileError(f"{path}: unreadable ({err})") from err
+    raise DataFileError(f"{path}: unknown table type; use .parquet, .csv, .tsv, .jsonl or .ndjson")
+
+
+def _rename(frame: pl.DataFrame, mapping: dict[str, str], required: list[str], path: Path) -> pl.DataFrame:
+    """Rename source columns to canonical names; error naming the file and column when a required one is missing."""
+    missing = [f"{canon} (column {mapping[canon]!r})" for canon in required if mapping[canon] not in frame.columns]
+    if missing:
+        raise DataFileError(f"{path}: missing {', '.join(missing)}; found columns {frame.columns}")
+    present = {src: canon for canon, src in mapping.items() if src in frame.columns and src != canon}
+    return frame.drop([c for c in present.values() if c in frame.columns]).rename(present)
+
+
+def _timestamp_seconds(frame: pl.DataFrame) -> pl.DataFrame:
+    dtype = frame.schema["timestamp"]
+    if dtype == pl.Date:
+        return frame.with_columns(pl.col("timestamp").cast(pl.Datetime("us")).dt.epoch("s"))
+    if isinstance(dtype, pl.Datetime):
+        return frame.with_columns(pl.col("timestamp").dt.epoch("s"))
+    if dtype == pl.Utf8:  # digits, else an ISO date/datetime
+        text = pl.col("timestamp").str.strip_chars()
+        return frame.with_columns(pl.coalesce(
+            text.cast(pl.Int64, strict=False),
+            text.str.to_datetime(strict=False, time_unit="us").dt.epoch("s"),
+        ).alias("timestamp"))
+    return frame
+
+
+def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
+    """Load the table files named by ``cfg`` (see the module docstring)."""
+    mapping = cfg.columns.model_dump()
+    directory = path if path.is_dir() else path.parent
+    if path.is_dir():
+        if not cfg.interactions_file:
+            raise ValueError(f"dataset.path {str(path)!r} is a directory: set dataset.interactions_file")
+        inter_path = path / cfg.interactions_file
+    else:
+        inter_path = path
+    required = list(INTERACTIONS_SCHEMA)
+    inter = _rename(read_table(inter_path), mapping, required, inter_path).select(required)
+    inter = _timestamp_seconds(inter).with_row_index("row", offset=1)
+    inter = conform_interactions(coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no="row"))
+
+    if cfg.items_file:
+        items_path = directory / cfg.items_file
+        items = _rename(read_table(items_path), mapping, ["item_id"], items_path)
+        if "genres" in items.columns and items.schema["genres"] == pl.Utf8:
+            items = items.with_columns(pl.col("genres").str.split(cfg.genres_separator).list.eval(
+                pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != "")))
+        if "title" not in items.columns:
+            items = items.with_columns(title=pl.col("item_id"))
+        items = items.with_columns(pl.col("item_id").cast(pl.Utf8),
+                                   pl.col("title").cast(pl.Utf8).fill_null(pl.col("item_id").cast(pl.Utf8)))
+        if "year" in items.columns:
+            items = items.with_columns(pl.col("year").cast(pl.Int32, strict=False))
+    else:
+        log.warning("no dataset.items_file: item titles fall back to item ids")
+        items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
+
+    if cfg.users_file:
+        users_path = directory / cfg.users_file
+        users = _rename(read_table(users_path), mapping, ["user_id"], users_path)
+    else:
+        users = inter.select("user_id").unique().sort("user_id")
+    name = cfg.name or inter_path.name.split(".")[0]
+    return Dataset(name=name, domain=cfg.resolved_domain(), interactions=inter, items=conform_items(items),
+                   users=conform_users(users))
