@@ -1,0 +1,131 @@
+"""Retrieval pools: prefix-subtree drafting from a token trie of earlier knowledge.
+
+A :class:`RetrievalPool` holds the *permanent* branches (earlier knowledge of a group). Each request
+opens a :class:`PoolDrafter` whose own trie holds the *temporary* branches (the prompt and the text
+generated so far); it is dropped whole when the request ends, so nothing temporary outlives it.
+
+Retrieval (LASER section 3.3, "dynamic n"): the prefix is the last n context tokens, n from ``n_max``
+down to 1. A prefix whose subtree gives fewer than ``min_nodes`` drafts is shortened; the first one
+that gives enough wins (otherwise the largest seen). The K most frequent nodes are kept, temporary
+before permanent, depth <= ``max_depth``, and laid out depth-first with the best child first.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from laser import DraftTree
+from pools.trie import TokenTrie
+
+
+class RetrievalPool:
+    """Permanent branches of one group (or the global pool); opens drafters for requests.
+
+    Args:
+        window: tokens inserted from every position (default: 13).
+        max_depth: deepest draft node below the root (default: 12).
+        min_fraction: a subtree with fewer than ``min_fraction * K`` nodes counts as "much smaller than
+            K" and the prefix is shortened (default: 0.25).
+        max_trie_nodes: eviction cap on permanent nodes (LFU with halving), None for no cap.
+    """
+
+    def __init__(self, window: int = 13, max_depth: int = 12, min_fraction: float = 0.25,
+                 max_trie_nodes: int | None = None):
+        self.trie = TokenTrie(window)
+        self.max_depth = max_depth
+        self.min_fraction = min_fraction
+        self.max_trie_nodes = max_trie_nodes
+        self.texts = 0
+
+    @classmethod
+    def from_token_ids(cls, seqs: Sequence[Sequence[int]], **kwargs) -> "RetrievalPool":
+        pool = cls(**kwargs)
+        for seq in seqs:
+            pool.add(seq)
+        return pool
+
+    @classmethod
+    def from_texts(cls, tokenizer, texts: Sequence[str], **kwargs) -> "RetrievalPool":
+        """Pool of ``texts`` tokenised without special tokens (as generated knowledge is)."""
+        ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+        return cls.from_token_ids(ids, **kwargs)
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        """Add one text's token ids as permanent branches."""
+        self.trie.extend(token_ids)
+        self.texts += 1
+        if self.max_trie_nodes is not None:
+            self.trie.evict(self.max_trie_nodes)
+
+    def __len__(self) -> int:
+        return len(self.trie)
+
+    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = 8) -> "PoolDrafter":
+        return PoolDrafter(self, prompt_ids, max_nodes, n_max)
+
+    def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+                 temporary: TokenTrie | None = None) -> DraftTree:
+        """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie."""
+        enough = max(1, int(self.min_fraction * max_nodes))
+        best: list[tuple[int, ...]] = []
+        for n in range(min(n_max, len(context)), 0, -1):
+            prefix = tuple(context[-n:])
+            nodes = _merge([t.top_subtree(prefix, max_nodes, self.max_depth) for t in (temporary, self.trie) if t],
+                           max_nodes)
+            if len(nodes) > len(best):
+                best = nodes
+            if len(best) >= enough:
+                break
+        return _layout(context[-1], best)
+
+
+class PoolDrafter:
+    """Per-request drafter: the pool's permanent branches plus this request's temporary ones."""
+
+    def __init__(self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int):
+        if max_nodes < 0 or n_max < 1:
+            raise ValueError(f"max_nodes must be >= 0 and n_max >= 1, got {max_nodes}, {n_max}")
+        self.pool, self.max_nodes, self.n_max = pool, max_nodes, n_max
+        self.context = list(prompt_ids)
+        self.temporary: TokenTrie | None = TokenTrie(pool.trie.window)
+        self.temporary.extend(self.context)
+
+    def propose(self, context: Sequence[int]) -> DraftTree:
+        return self.pool.retrieve(context, self.max_nodes, self.n_max, self.temporary)
+
+    def commit(self, new_tokens: Sequence[int]) -> None:
+        old_len = len(self.context)
+        self.context.extend(new_tokens)
+        self.temporary.extend(self.context, old_len)
+
+    def close(self) -> None:
+        self.temporary = None
+
+
+def _merge(subtrees: list[list[tuple[tuple[int, ...], int]]], limit: int) -> list[tuple[int, ...]]:
+    """Union of best-first node lists, earlier lists first, cut at ``limit``; stays prefix-closed."""
+    seen: dict[tuple[int, ...], None] = {}
+    for nodes in subtrees:
+        for path, _ in nodes:
+            seen.setdefault(path)
+            if len(seen) == limit:
+                return list(seen)
+    return list(seen)
+
+
+def _layout(root: int, paths: list[tuple[int, ...]]) -> DraftTree:
+    """Depth-first layout of a prefix-closed node set; siblings keep their priority order."""
+    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {(): []}
+    for path in paths:  # parents precede children in priority order
+        children[path[:-1]].append(path)
+        children[path] = []
+    tokens, parents = [root], [-1]
+    stack = [(child, 0) for child in reversed(children[()])]
+    while stack:
+        path, parent = stack.pop()
+        tokens.append(path[-1])
+        parents.append(parent)
+        here = len(tokens) - 1
+        stack.extend((child, here) for child in reversed(children[path]))
+    return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
