@@ -1,7 +1,8 @@
 """Seeded synthetic movie dataset: the embedded demo data (no files needed).
 
 Structure the pipeline can exploit, planted on purpose:
-- taste clusters: each cluster likes 2-3 genres; its users mostly pick and rate those genres high;
+- taste clusters: each cluster likes 2-3 genres; its users mostly pick items whose primary genre is one
+  of them (``in_cluster_share``) and rate those high;
 - item attributes: 1-3 genres per item, category = primary genre, sub_category = secondary genre, year;
 - cold users (1-3 interactions) and cold items (0-2 interactions);
 - user attributes: age, gender, occupation; strictly increasing timestamps per user.
@@ -105,7 +106,7 @@ def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Data
     rows: list[tuple[str, str, float, int]] = []
     for u in range(p.n_users):
         like = liked[clusters[u]]
-        in_cluster = np.array([bool(item_genres[k] & like) for k in warm_items])
+        in_cluster = np.array([primary[k] in like for k in warm_items])
         n = int(rng.integers(1, 4)) if u in cold_users else int(rng.integers(p.min_history, p.max_history + 1))
         w = popularity * np.where(in_cluster, p.in_cluster_share / max(in_cluster.sum(), 1),
                                   (1 - p.in_cluster_share) / max((~in_cluster).sum(), 1))

@@ -1,0 +1,132 @@
+"""Synthetic demo data, seeded trial limits and the paper's old/new split."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from pipelines.data import Dataset, DatasetConfig, SyntheticParams, limit_dataset, load_dataset, split_old_new
+from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
+from pipelines.data.split import split_histories
+from pipelines.data.synthetic import generate, synthetic_dataset
+
+SMALL = SyntheticParams(n_users=120, n_items=150, n_clusters=3)
+
+
+def test_synthetic_deterministic_per_seed():
+    a, b, c = synthetic_dataset(SMALL, seed=1), synthetic_dataset(SMALL, seed=1), synthetic_dataset(SMALL, seed=2)
+    for name in ("interactions", "items", "users"):
+        assert_frame_equal(getattr(a, name), getattr(b, name))
+    assert not a.interactions.equals(c.interactions)
+
+
+def test_synthetic_shape_and_schema():
+    ds = load_dataset(DatasetConfig())  # the embedded default
+    assert (ds.users.height, ds.items.height) == (300, 400)
+    assert dict(ds.interactions.schema) == INTERACTIONS_SCHEMA
+    assert {n: ds.items.schema[n] for n in ITEM_COLUMNS} == ITEM_COLUMNS
+    assert ds.items["title"].n_unique() == 400 and ds.items["title"].null_count() == 0
+    assert ds.items["genres"].list.len().min() >= 1
+    assert (ds.items["category"] == ds.items["genres"].list.first()).all()
+    assert set(ds.users.columns) == {"user_id", "age", "gender", "occupation"}
+    assert ds.interactions.select("user_id", "item_id").is_unique().all()
+    assert ds.interactions["rating"].is_between(1, 5).all()
+
+
+def test_synthetic_cold_users_and_items():
+    ds = synthetic_dataset(SMALL, seed=0)
+    per_user = ds.interactions.group_by("user_id").len()
+    cold_users = per_user.filter(pl.col("len") <= 3).height
+    assert cold_users == round(SMALL.cold_user_fraction * SMALL.n_users)  # warm users have >= min_history (6)
+    per_item = ds.items.join(ds.interactions.group_by("item_id").len(), on="item_id", how="left")
+    counts = per_item["len"].fill_null(0)
+    assert (counts == 0).sum() >= 1 and (counts <= 2).sum() >= round(SMALL.cold_item_fraction * SMALL.n_items)
+
+
+def test_synthetic_planted_clusters_rate_their_genres_higher():
+    ds, truth = generate(SMALL, seed=3)
+    rated = (ds.interactions.join(truth, on="user_id").join(ds.items.select("item_id", "category"), on="item_id")
+             .with_columns(liked=pl.col("liked_genres").list.contains(pl.col("category"))))
+    means = dict(rated.group_by("liked").agg(pl.col("rating").mean()).rows())
+    assert means[True] > 4.0 and means[False] < 3.3
+    share = rated.filter(pl.col("user_id").is_in(
+        ds.interactions.group_by("user_id").len().filter(pl.col("len") > 3)["user_id"].implode()))["liked"].mean()
+    assert share > 0.45  # by chance (2-3 liked of 16 genres) about 0.16; below 0.75 as picks exhaust small clusters
+
+
+def _tiny() -> Dataset:
+    """u1: 5 interactions, u2: 2, u3: 1, u4: 8 (two share a timestamp: item_id breaks the tie)."""
+    rows = ([("u1", f"a{k}", 4.0, 100 - k) for k in range(5)]  # reverse time order on input
+            + [("u2", "b0", 3.0, 10), ("u2", "b1", 5.0, 5)] + [("u3", "c0", 2.0, 1)]
+            + [("u4", f"d{k}", 1.0, 50 + k // 2 * 2) for k in range(8)])
+    inter = pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
+    ids = sorted(inter["item_id"].unique().to_list())
+    items = pl.DataFrame({"item_id": ids, "title": ids, "genres": [[i[0]] for i in ids],
+                          "category": [i[0] for i in ids], "sub_category": [None] * len(ids),
+                          "year": [None] * len(ids)}, schema=ITEM_COLUMNS)
+    return Dataset("tiny", "movie", inter, items, inter.select("user_id").unique().sort("user_id"))
+
+
+def test_split_hand_computed_cut():
+    ds = _tiny()
+    split = split_old_new(ds, max_hist=3, new_count=2)
+    old = split.old_interactions.group_by("user_id", maintain_order=True).agg("item_id")
+    new = split.new_interactions.group_by("user_id", maintain_order=True).agg("item_id")
+    # u1 n=5: m=min(3,3)=3, time order a4,a3,a2,a1,a0; u2 n=2: m=1; u3 n=1: no old; u4 n=8: m=min(4,3)=3
+    assert dict(old.rows()) == {"u1": ["a4", "a3", "a2"], "u2": ["b1"], "u4": ["d0", "d1", "d2"]}
+    assert dict(new.rows()) == {"u1": ["a1", "a0"], "u2": ["b0"], "u3": ["c0"], "u4": ["d3", "d4"]}
+
+
+@pytest.mark.parametrize("max_hist", [1, 3, 30])
+def test_split_invariants(max_hist):
+    ds = synthetic_dataset(SMALL, seed=4)
+    split = split_old_new(ds, seed=9, max_hist=max_hist, new_count=10_000)  # new part = everything after the cut
+    both = pl.concat([split.old_interactions, split.new_interactions])
+    assert both.height == ds.interactions.height  # nothing lost or duplicated
+    assert_frame_equal(both.sort(["user_id", "item_id"]), ds.interactions.sort(["user_id", "item_id"]))
+    last_old = split.old_interactions.group_by("user_id").agg(pl.col("timestamp").max().alias("t_old"))
+    first_new = split.new_interactions.group_by("user_id").agg(pl.col("timestamp").min().alias("t_new"))
+    assert last_old.join(first_new, on="user_id").filter(pl.col("t_old") > pl.col("t_new")).is_empty()
+    n_old = split.old_interactions.group_by("user_id").len()
+    assert n_old["len"].max() <= max_hist
+    singles = ds.interactions.group_by("user_id").len().filter(pl.col("len") == 1)["user_id"]
+    assert not split.old_interactions["user_id"].is_in(singles.implode()).any()
+
+
+def test_split_default_new_window_is_max_hist():
+    ds = synthetic_dataset(SyntheticParams(n_users=30, n_items=80, min_history=30, max_history=40), seed=0)
+    old, new = split_histories(ds.interactions, max_hist=5, new_count=5)
+    split = split_old_new(ds, max_hist=5)
+    assert_frame_equal(split.old_interactions, old) and assert_frame_equal(split.new_interactions, new)
+    assert new.group_by("user_id").len()["len"].max() == 5
+
+
+def test_item_split_per_category_deterministic():
+    ds = synthetic_dataset(SMALL, seed=5)
+    a, b = split_old_new(ds, seed=1), split_old_new(ds, seed=1)
+    assert_frame_equal(a.new_items, b.new_items)
+    assert not split_old_new(ds, seed=2).new_items.equals(a.new_items)
+    existing, new = set(a.existing_items["item_id"]), set(a.new_items["item_id"])
+    assert not existing & new and existing | new == set(ds.items["item_id"])
+    sizes = ds.items.group_by("category").len()
+    n_new = a.new_items.group_by("category").len().rename({"len": "new"})
+    for category, size, new_count in sizes.join(n_new, on="category", how="left").fill_null(0).rows():
+        assert new_count == round(0.5 * size), category
+    assert split_old_new(ds, new_item_fraction=0.0).new_items.is_empty()
+
+
+def test_limit_dataset_seeded_and_consistent():
+    ds = synthetic_dataset(SMALL, seed=0)
+    small = limit_dataset(ds, limit_users=20, limit_items=30, seed=7)
+    again = limit_dataset(ds, limit_users=20, limit_items=30, seed=7)
+    assert_frame_equal(small.interactions, again.interactions)
+    assert small.users.height == 20 and small.items.height == 30
+    assert small.interactions["user_id"].is_in(small.users["user_id"].implode()).all()
+    assert small.interactions["item_id"].is_in(small.items["item_id"].implode()).all()
+    # every kept interaction is an original one among kept users and items
+    expected = ds.interactions.filter(pl.col("user_id").is_in(small.users["user_id"].implode())
+                                      & pl.col("item_id").is_in(small.items["item_id"].implode()))
+    assert_frame_equal(small.interactions, expected)
+    users_only = load_dataset(DatasetConfig(limit_users=10, synthetic=SMALL))
+    assert users_only.users.height == 10
+    assert set(users_only.items["item_id"]) == set(users_only.interactions["item_id"])
