@@ -1,0 +1,94 @@
+"""CLI commands of the knowledge job: `laser run`, `demo`, `route`, `build-pools`, `generate`, `submit`.
+
+Registered on the `laser` app by :mod:`jobs.cli`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from jobs.config import ConfigError, JobConfig, bundled_config, load_config
+
+ConfigArg = typer.Argument(..., exists=False, help="Job config YAML (see jobs/configs/).")
+SetOpt = typer.Option(None, "--set", "-s", help="Override a config key: --set decoder.params.k=3 (repeatable).")
+
+
+def _load(config: Path | None, overrides: list[str] | None) -> JobConfig:
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+    """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
+    from pipelines.job import print_summary, run_job
+
+    print_summary(run_job(_load(config, set_)))
+
+
+def demo(set_: Optional[list[str]] = SetOpt) -> None:
+    """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
+    run(bundled_config("demo"), set_)
+
+
+def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+    """Step 2 alone: write the routing table and group memberships."""
+    from pipelines.job import load_job_data, step_route
+
+    cfg = _load(config, set_)
+    table = step_route(cfg, load_job_data(cfg))
+    typer.echo(table.group_by("entity_type", "pool_kind").len().sort("entity_type", "pool_kind"))
+
+
+def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+    """Step 3 alone: build the pools from old knowledge (needs `laser route` first)."""
+    from pipelines.job import step_build_pools
+
+    sizes = step_build_pools(_load(config, set_))
+    for key, n in sorted(sizes.items()):
+        typer.echo(f"{key}\t{n} texts")
+
+
+def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
+             old: bool = typer.Option(False, "--old", help="Generate the missing old knowledge (step 1) instead.")) -> None:
+    """Step 4 alone: new knowledge with the configured decoder (needs route and build-pools first)."""
+    from pipelines.generation import GenerationReport
+    from pipelines.job import (JobPaths, JobSummary, load_job_data, print_summary, read_routing, step_generate,
+                               step_old_knowledge)
+
+    cfg = _load(config, set_)
+    data = load_job_data(cfg)
+    if old:
+        rep, out = step_old_knowledge(cfg, data), JobPaths.of(cfg).old_knowledge
+        print_summary(JobSummary.of(cfg, rep, GenerationReport(), out, 0.0))
+    else:
+        rep, out = step_generate(cfg, data, read_routing(cfg)), JobPaths.of(cfg).knowledge
+        print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, 0.0))
+
+
+def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
+           address: str = typer.Option("http://127.0.0.1:8265", help="Ray dashboard address of the cluster."),
+           pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env.")) -> None:
+    """Submit the job to a Ray cluster (Ray Jobs); prints the submission id."""
+    from jobs.submit import submit as submit_job
+
+    try:
+        job_id = submit_job(config, address, set_, pip=pip)
+    except ConfigError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"submitted {job_id}; follow with: ray job logs --address {address} -f {job_id}")
+
+
+COMMANDS = {"run": run, "demo": demo, "route": route, "build-pools": build_pools, "generate": generate,
+            "submit": submit}
+
+
+def register(app: typer.Typer) -> None:
+    """Add the job commands to the `laser` app."""
+    for name, fn in COMMANDS.items():
+        app.command(name)(fn)

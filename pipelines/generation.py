@@ -1,0 +1,278 @@
+"""Knowledge generation on Ray: actors that hold the model, the decoder and an LRU of pools.
+
+The driver groups requests by pool key into batches, hands each idle actor a batch of a pool it
+already holds when there is one (so an actor loads few pools), and streams the results into a
+:class:`~pipelines.knowledge.KnowledgeWriter` as they come back (``ray.wait``), under a progress bar.
+A request that fails (prompt too long, bad item, decoder error) becomes a failure record; it never
+takes down its batch. Local Ray is started in-process when no address is configured.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict, defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from tqdm.auto import tqdm
+
+from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
+from pipelines.prompts import item_prompt, user_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationRequest:
+    """One entity to write knowledge for. Users carry ``history`` ((title, rating) oldest first), items
+    carry ``item`` (a row of the items table). ``pool_key`` None means no drafting pool."""
+
+    entity_type: str
+    entity_id: str
+    pool_key: str | None = None
+    pool_kind: str | None = None
+    group_id: str | None = None
+    history: list[tuple[str, float]] | None = None
+    item: dict[str, Any] | None = None
+
+
+@dataclass
+class WorkerSpec:
+    """Everything an actor needs to build its model, decoder and prompts (picklable)."""
+
+    model: str
+    decoder: str
+    decoder_params: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "auto"
+    max_new_tokens: int = 256
+    max_prompt_tokens: int | None = 1024
+    domain: str = "movie"
+    prompt_version: str = ""
+    run_id: str = ""
+    pool_store: str | None = None
+    pool_cache_size: int = 8
+    threads: int = 1
+    seed: int = 0
+
+
+@dataclass
+class BatchResult:
+    """Rows (knowledge schema) and failures ({entity_type, entity_id, reason}) of one batch."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)
+
+
+class GenerationWorker:
+    """Holds one model + decoder; generates knowledge for batches of requests.
+
+    Used as a Ray actor (see :func:`run_generation`) and directly in-process by tests and tools.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        import torch
+
+        import laser
+
+        torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.seed)
+        self.spec = spec
+        self.lm = laser.load_model(spec.model, dtype=spec.dtype)
+        self.decoder = laser.get_decoder(spec.decoder, self.lm, **spec.decoder_params)
+        self._pools: OrderedDict[str, Any] = OrderedDict()
+        self._store = None
+        self._params_json = encode_params(self.decoder.params())
+        self.pool_loads = 0
+
+    def _pool(self, key: str | None) -> Any:
+        """The pool for ``key`` from the LRU, loaded from the pool store on a miss."""
+        if key is None:
+            return None
+        if key in self._pools:
+            self._pools.move_to_end(key)
+            return self._pools[key]
+        if self._store is None:
+            if self.spec.pool_store is None:
+                raise ValueError(f"request needs pool {key!r} but the job has no pool store")
+            from pools.store import PoolStore
+
+            self._store = PoolStore.open(self.spec.pool_store, tokenizer=self.lm.tokenizer)
+        if key not in self._store:  # a group without old knowledge has no pool: decode without drafts
+            return None
+        pool = self._store.get(key)
+        self.pool_loads += 1
+        self._pools[key] = pool
+        while len(self._pools) > self.spec.pool_cache_size:
+            evicted, _ = self._pools.popitem(last=False)
+            self._store.release(evicted)
+        return pool
+
+    def prompt(self, req: GenerationRequest) -> str:
+        """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
+        if req.entity_type == "user":
+            return user_prompt(req.history or [], self.spec.domain, user_id=req.entity_id,
+                               tokenizer=self.lm.tokenizer, max_prompt_tokens=self.spec.max_prompt_tokens)
+        if req.entity_type == "item":
+            return item_prompt(req.item or {"item_id": req.entity_id}, self.spec.domain)
+        raise ValueError(f"unknown entity_type {req.entity_type!r}")
+
+    def generate_one(self, req: GenerationRequest) -> dict[str, Any]:
+        """One knowledge row for ``req``; raises on any failure (see :meth:`generate`)."""
+        prompt = self.prompt(req)
+        pool = self._pool(req.pool_key)
+        start = time.perf_counter()
+        res = self.decoder.generate(prompt, max_new_tokens=self.spec.max_new_tokens, pool=pool)
+        elapsed = time.perf_counter() - start
+        st = res.stats
+        return {
+            "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
+            "model": self.lm.name, "decoder": self.spec.decoder, "decoder_params": self._params_json,
+            "prompt_version": self.spec.prompt_version, "pool_kind": req.pool_kind if pool is not None else None,
+            "group_id": req.group_id if pool is not None else None, "n_tokens": len(res.token_ids),
+            "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
+            "retrieval_s": float(st.retrieval_s), "generation_s": elapsed, "finish_reason": st.finish_reason,
+            "run_id": self.spec.run_id, "generated_at": utc_now(),
+        }
+
+    def generate(self, requests: list[GenerationRequest]) -> BatchResult:
+        """Rows for the requests that succeed, a failure record (with the reason) for each that does not."""
+        out = BatchResult()
+        for req in requests:
+            try:
+                out.rows.append(self.generate_one(req))
+            except Exception as exc:  # one bad entity never takes down the batch
+                log.warning("%s %s failed: %s", req.entity_type, req.entity_id, exc)
+                out.failures.append({"entity_type": req.entity_type, "entity_id": req.entity_id,
+                                     "reason": f"{type(exc).__name__}: {exc}"})
+        return out
+
+
+def ensure_ray(address: str | None, num_cpus: int) -> None:
+    """Connect to Ray: reuse a running session, join ``address``, or start local Ray in-process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        log.info("connecting to Ray at %s", address)
+        ray.init(address=address, log_to_driver=True)
+    else:
+        log.info("starting local Ray with %d CPUs", num_cpus)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+
+
+def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
+    """Requests grouped by pool key (keys and entities in sorted order), cut into batches."""
+    by_key: dict[str | None, list[GenerationRequest]] = defaultdict(list)
+    for req in requests:
+        by_key[req.pool_key].append(req)
+    out: dict[str | None, deque[list[GenerationRequest]]] = {}
+    for key in sorted(by_key, key=lambda k: (k is None, k or "")):
+        reqs = sorted(by_key[key], key=lambda r: (r.entity_type, r.entity_id))
+        out[key] = deque(reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size))
+    return out
+
+
+class BatchScheduler:
+    """Hands out batches with pool affinity: an actor keeps its last pool key while that key has work;
+    otherwise it takes the key with the most batches left that no other actor is on."""
+
+    def __init__(self, batches: dict[str | None, deque[list[GenerationRequest]]]) -> None:
+        self.batches = {k: q for k, q in batches.items() if q}
+        self.last: dict[int, str | None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.batches)
+
+    def next_for(self, actor: int) -> list[GenerationRequest] | None:
+        if not self.batches:
+            return None
+        key = self.last.get(actor, "\0none")
+        if key not in self.batches:
+            busy = {k for a, k in self.last.items() if a != actor}
+            free = [k for k in self.batches if k not in busy] or list(self.batches)
+            key = max(free, key=lambda k: len(self.batches[k]))
+        batch = self.batches[key].popleft()
+        if not self.batches[key]:
+            del self.batches[key]
+        self.last[actor] = key
+        return batch
+
+
+@dataclass
+class GenerationReport:
+    """What one generation pass did (for the closing summary)."""
+
+    done: int = 0
+    failed: int = 0
+    n_tokens: int = 0
+    target_forwards: int = 0
+    accepted_tokens: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def aal(self) -> float:
+        """Tokens per decoding forward: (accepted draft tokens + forwards) / forwards."""
+        return (self.accepted_tokens + self.target_forwards) / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.n_tokens / self.wall_s if self.wall_s else 0.0
+
+
+def run_generation(requests: list[GenerationRequest], spec: WorkerSpec, writer: KnowledgeWriter, *,
+                   num_workers: int, batch_size: int, address: str | None = None, desc: str = "knowledge",
+                   on_batch: Callable[[BatchResult], None] | None = None) -> GenerationReport:
+    """Generate knowledge for ``requests`` over ``num_workers`` Ray actors, streaming rows to ``writer``."""
+    report = GenerationReport()
+    if not requests:
+        return report
+    import ray
+    from ray.exceptions import RayActorError
+
+    ensure_ray(address, num_cpus=num_workers * spec.threads)
+    start = time.perf_counter()
+    scheduler = BatchScheduler(make_batches(requests, batch_size))
+    n_actors = min(num_workers, len(requests))
+    remote_cls = ray.remote(GenerationWorker).options(num_cpus=spec.threads)
+    actors = [remote_cls.remote(spec) for _ in range(n_actors)]
+    in_flight: dict[Any, tuple[int, list[GenerationRequest]]] = {}
+
+    def dispatch(actor: int) -> None:
+        batch = scheduler.next_for(actor)
+        if batch is not None:
+            in_flight[actors[actor].generate.remote(batch)] = (actor, batch)
+
+    with tqdm(total=len(requests), desc=desc, unit="entity") as bar:
+        for a in range(n_actors):
+            dispatch(a)
+        while in_flight:
+            [ref], _ = ray.wait(list(in_flight), num_returns=1)
+            actor, batch = in_flight.pop(ref)
+            try:
+                result: BatchResult = ray.get(ref)
+            except RayActorError as exc:  # the actor died (e.g. out of memory): record, go on without it
+                result = BatchResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id,
+                                                "reason": f"worker died: {exc}"} for r in batch])
+                log.error("generation actor %d died; %d requests recorded as failed", actor, len(batch))
+            else:
+                dispatch(actor)
+            for row in result.rows:
+                writer.add(row)
+                report.n_tokens += row["n_tokens"]
+                report.target_forwards += row["target_forwards"]
+                report.accepted_tokens += row["accepted_tokens"]
+            for f in result.failures:
+                writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
+            report.done += len(result.rows)
+            report.failed += len(result.failures)
+            if on_batch is not None:
+                on_batch(result)
+            bar.update(len(batch))
+            if not in_flight and scheduler:  # every actor died with work left
+                raise RuntimeError(f"all generation actors died; {sum(map(len, scheduler.batches.values()))} batches left")
+    writer.flush()
+    for a in actors:
+        ray.kill(a)
+    report.wall_s = time.perf_counter() - start
+    return report

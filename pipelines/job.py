@@ -1,0 +1,355 @@
+"""The knowledge job, step by step; each step also runs alone (`laser route`, `build-pools`, `generate`).
+
+Steps (LASER 2.2 / 4.1.1 streaming simulation):
+  1. old knowledge for old histories and existing items (greedy: lossless), generated where the
+     old-knowledge store lacks it;
+  2. route every entity to a pool group (collaborative or attribute);
+  3. build one retrieval pool per group from old knowledge, persisted in the pool store;
+  4. generate new knowledge for new histories and new items with the configured decoder;
+  5. the rows are written to the knowledge store as they arrive; a summary closes the job.
+
+Job directory (``output.path``): ``knowledge/`` (new knowledge store), ``old_knowledge/`` (unless
+``old_knowledge.path`` is set), ``routing.parquet`` (the pool of each entity), ``memberships.parquet``
+(every group of each entity: pools hold all members' old knowledge), ``pools/`` and ``summary.json``.
+A re-run of the same config skips every entity already written in either store.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import polars as pl
+import pyarrow as pa
+
+from pipelines.data import Dataset, Split
+from pipelines.data.load import load_dataset
+from pipelines.data.split import split_old_new
+from pipelines.generation import GenerationReport, GenerationRequest, WorkerSpec, run_generation
+from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
+from pipelines.prompts import PROMPT_VERSION, user_histories
+
+if TYPE_CHECKING:
+    from jobs.config import JobConfig
+
+log = logging.getLogger(__name__)
+
+ROUTING_COLUMNS = ("entity_type", "entity_id", "pool_kind", "group_id", "reason")
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """Where a job reads and writes."""
+
+    root: Path
+    knowledge: Path
+    old_knowledge: Path
+    routing: Path
+    memberships: Path
+    pools: Path
+    summary: Path
+
+    @classmethod
+    def of(cls, cfg: "JobConfig") -> "JobPaths":
+        root = Path(cfg.output.path)
+        old = Path(cfg.old_knowledge.path) if cfg.old_knowledge.path else root / "old_knowledge"
+        return cls(root=root, knowledge=root / "knowledge", old_knowledge=old, routing=root / "routing.parquet",
+                   memberships=root / "memberships.parquet", pools=root / "pools", summary=root / "summary.json")
+
+
+@dataclass
+class JobData:
+    """The loaded dataset and its old/new split."""
+
+    dataset: Dataset
+    split: Split
+
+
+def load_job_data(cfg: "JobConfig") -> JobData:
+    """Load the configured dataset and split it into old and new (seeded)."""
+    ds = load_dataset(cfg.dataset)
+    sp = cfg.split
+    split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=sp.max_hist, new_item_fraction=sp.new_item_fraction,
+                          new_count=sp.new_count)
+    log.info("split: %d old / %d new interactions, %d existing / %d new items", split.old_interactions.height,
+             split.new_interactions.height, split.existing_items.height, split.new_items.height)
+    return JobData(ds, split)
+
+
+# ---- requests ------------------------------------------------------------------------------------
+
+def user_requests(interactions: pl.DataFrame, items: pl.DataFrame, users: list[str] | None = None,
+                  routes: dict[tuple[str, str], dict[str, Any]] | None = None) -> list[GenerationRequest]:
+    """One request per user with interactions (restricted to ``users`` when given), history oldest first."""
+    histories = user_histories(interactions, items)
+    wanted = sorted(histories) if users is None else sorted(users)
+    return [_request("user", uid, routes, history=[tuple(e) for e in histories.get(uid, [])]) for uid in wanted]
+
+
+def item_requests(items: pl.DataFrame, routes: dict[tuple[str, str], dict[str, Any]] | None = None) -> list[GenerationRequest]:
+    """One request per item row."""
+    return [_request("item", row["item_id"], routes, item=row) for row in items.sort("item_id").iter_rows(named=True)]
+
+
+def _request(entity_type: str, entity_id: str, routes: dict[tuple[str, str], dict[str, Any]] | None,
+             **payload: Any) -> GenerationRequest:
+    route = (routes or {}).get((entity_type, entity_id))
+    if route is None or route.get("pool_kind") is None:
+        return GenerationRequest(entity_type, entity_id, **payload)
+    key = pool_key(entity_type, route["pool_kind"], route["group_id"])
+    return GenerationRequest(entity_type, entity_id, pool_key=key, pool_kind=route["pool_kind"],
+                             group_id=route["group_id"], **payload)
+
+
+def pool_key(entity_type: str, pool_kind: str, group_id: str) -> str:
+    """The pool store key of a group: ``{entity_type}/{pool_kind}/{group_id}``."""
+    return f"{entity_type}/{pool_kind}/{group_id}"
+
+
+def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRequest]:
+    """The requests whose entity is not yet in ``store`` (resume)."""
+    done = done_keys(store)
+    left = [r for r in requests if (r.entity_type, r.entity_id) not in done]
+    if len(left) < len(requests):
+        log.info("%s: %d of %d entities already written, skipped", store, len(requests) - len(left), len(requests))
+    return left
+
+
+def _spec(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
+          domain: str, pool_store: Path | None) -> WorkerSpec:
+    return WorkerSpec(model=cfg.model.name, dtype=cfg.model.dtype, decoder=decoder, decoder_params=params,
+                      max_new_tokens=max_new_tokens, max_prompt_tokens=cfg.generation.max_prompt_tokens,
+                      domain=domain, prompt_version=PROMPT_VERSION, run_id=run_id,
+                      pool_store=str(pool_store) if pool_store else None,
+                      pool_cache_size=cfg.execution.pool_cache_size, threads=cfg.execution.threads_per_worker,
+                      seed=cfg.dataset.seed)
+
+
+def _generate(cfg: "JobConfig", requests: list[GenerationRequest], spec: WorkerSpec, store: Path,
+              desc: str) -> GenerationReport:
+    todo = pending(requests, store)
+    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=spec.run_id) as writer:
+        return run_generation(todo, spec, writer, num_workers=cfg.execution.num_workers,
+                              batch_size=cfg.execution.batch_size, address=cfg.execution.address, desc=desc)
+
+
+# ---- step 1: old knowledge -----------------------------------------------------------------------
+
+def old_knowledge_params(decoder: str) -> dict[str, Any]:
+    """Decoder parameters for old knowledge: greedy verification, so the text equals plain greedy."""
+    return {"verification": "greedy"} if decoder == "laser" else {}
+
+
+def step_old_knowledge(cfg: "JobConfig", data: JobData) -> GenerationReport:
+    """Step 1: old knowledge for every user with an old history and every existing item, where missing."""
+    paths = JobPaths.of(cfg)
+    ds, split = data.dataset, data.split
+    requests = user_requests(split.old_interactions, ds.items) + item_requests(split.existing_items)
+    if not cfg.old_knowledge.generate_missing:
+        missing = pending(requests, paths.old_knowledge)
+        log.info("old knowledge: generation disabled; %d entities lack old knowledge", len(missing))
+        return GenerationReport()
+    decoder = cfg.old_knowledge.decoder
+    spec = _spec(cfg, decoder, old_knowledge_params(decoder),
+                 cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens,
+                 f"{cfg.resolved_run_id()}-old", ds.domain, None)
+    return _generate(cfg, requests, spec, paths.old_knowledge, "old knowledge")
+
+
+# ---- steps 2 and 3: route, build pools ----------------------------------------------------------
+
+USER_ATTRIBUTES = ("gender", "age", "occupation")
+ITEM_ATTRIBUTES = ("category", "sub_category", "genres", "year")
+
+
+def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str, ...]) -> tuple[pl.DataFrame, list[str]]:
+    """The table and the attribute hierarchy it supports; a constant "all" group when it has none."""
+    hierarchy = [c for c in candidates if c in table.columns]
+    if not hierarchy:
+        return table.select(id_column, all=pl.lit("all")), ["all"]
+    return table, hierarchy
+
+
+def _groups(cfg: "JobConfig", data: JobData) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """Per entity type: (attribute groups, collaborative groups or None), over every user and item."""
+    import router
+
+    ds, split, rc = data.dataset, data.split, cfg.routing
+    lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
+                               **rc.lightgcn)
+    try:
+        emb = router.train_lightgcn(split.old_interactions, lg)
+    except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
+        log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
+        emb = None
+    out = {}
+    for etype, table, id_col, cands, emb_of in (("user", ds.users, "user_id", USER_ATTRIBUTES, "users"),
+                                                 ("item", ds.items, "item_id", ITEM_ATTRIBUTES, "items")):
+        frame, hierarchy = _attribute_frame(table, id_col, cands)
+        grouping = router.AttributeGrouping(hierarchy=hierarchy, max_group_size=rc.max_group_size,
+                                            bucket_widths={"age": 10, "year": 10}, seed=rc.seed)
+        attr = router.attribute_groups(frame, grouping, id_col)
+        vectors = getattr(emb, emb_of) if emb is not None else None
+        collab = None
+        if vectors is not None and len(vectors) > 0:
+            collab = router.collaborative_groups(vectors, n_clusters=min(rc.n_clusters, len(vectors)), seed=rc.seed)
+        out[etype] = (attr, collab)
+    return out
+
+
+def step_route(cfg: "JobConfig", data: JobData) -> pl.DataFrame:
+    """Step 2: route every user and item (routing table saved as Parquet) and save group memberships."""
+    import router
+
+    paths = JobPaths.of(cfg)
+    groups = _groups(cfg, data)
+    old = data.split.old_interactions
+    policies = {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy}
+    tables, members = [], []
+    for etype, (attr, collab) in groups.items():
+        counts = router.interaction_counts(old, f"{etype}_id")
+        tables.append(router.route(etype, attr["entity_id"].to_list(), attr, collab, counts,
+                                   policy=policies[etype], warm_threshold=cfg.routing.warm_threshold))
+        members.append(router.group_memberships(etype, attr, collab))
+    table = pa.concat_tables(tables)
+    router.write_routing(table, paths.routing)
+    router.write_routing(pa.concat_tables(members), paths.memberships)
+    frame = pl.from_arrow(table)
+    counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
+    log.info("routing: %s -> %s", counts, paths.routing)
+    return frame
+
+
+def read_routing(cfg: "JobConfig") -> pl.DataFrame:
+    """The routing table a previous `route` step saved."""
+    import router
+
+    path = JobPaths.of(cfg).routing
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no routing table; run `laser route` (or `laser run`) first")
+    return pl.from_arrow(router.read_routing(path))
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of the job's model (pool texts must be tokenised exactly as the actors decode)."""
+    import laser
+
+    lm = laser.load_model(model, device="cpu")
+    if lm.tokenizer is None:
+        raise ValueError(f"model {model!r} has no tokenizer; pools are built from knowledge text")
+    return lm.tokenizer
+
+
+def step_build_pools(cfg: "JobConfig") -> dict[str, int]:
+    """Step 3: one pool per group from its members' old knowledge, persisted; returns {pool key: texts}."""
+    import router
+    from pools.build import PoolBuildConfig, collect_sources
+    from pools.store import TokenizerFingerprint, write_store
+
+    paths = JobPaths.of(cfg)
+    if not paths.memberships.exists():
+        raise FileNotFoundError(f"{paths.memberships}: no group memberships; run `laser route` first")
+    memberships = router.read_routing(paths.memberships)
+    old = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    tokenizer = load_tokenizer(cfg.model.name)
+    build = PoolBuildConfig(max_pool_size=cfg.routing.max_pool_size, with_global=True, on_missing="skip",
+                            seed=cfg.routing.seed)
+    sources = collect_sources(old, memberships, tokenizer, build)
+    for etype, eid, reason in sources.skipped:
+        log.warning("pools: %s %s skipped: %s", etype, eid, reason)
+    write_store(paths.pools, sources.texts, TokenizerFingerprint.of(tokenizer),
+                meta={"model": cfg.model.name, "run_id": cfg.resolved_run_id()})
+    return sources.sizes()
+
+
+# ---- step 4: new knowledge ----------------------------------------------------------------------
+
+def decoder_routes(decoder: str, routing: pl.DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
+    """{(entity_type, entity_id): route} for a decoder: ``laser`` uses the routed group pool, ``resd`` the
+    type's global pool, ``autoregressive`` none."""
+    if decoder == "autoregressive":
+        return {}
+    if decoder == "resd":
+        return {(r["entity_type"], r["entity_id"]): {"pool_kind": "global", "group_id": "all"}
+                for r in routing.select("entity_type", "entity_id").iter_rows(named=True)}
+    return {(r["entity_type"], r["entity_id"]): r for r in routing.iter_rows(named=True)}
+
+
+def new_requests(data: JobData, routing: pl.DataFrame, decoder: str = "laser") -> list[GenerationRequest]:
+    """Requests for users with new history (whole history up to the new part) and for new items."""
+    ds, split = data.dataset, data.split
+    routes = decoder_routes(decoder, routing)
+    new_users = split.new_interactions["user_id"].unique().to_list()
+    history = pl.concat([split.old_interactions, split.new_interactions])
+    return user_requests(history, ds.items, new_users, routes) + item_requests(split.new_items, routes)
+
+
+def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame) -> GenerationReport:
+    """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
+    paths = JobPaths.of(cfg)
+    spec = _spec(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
+                 cfg.resolved_run_id(), data.dataset.domain, paths.pools)
+    return _generate(cfg, new_requests(data, routing, cfg.decoder.name), spec, paths.knowledge, "new knowledge")
+
+
+# ---- the whole job ------------------------------------------------------------------------------
+
+@dataclass
+class JobSummary:
+    """Closing numbers of a job run."""
+
+    output: str
+    run_id: str
+    old: GenerationReport
+    new: GenerationReport
+    total_rows: int
+    open_failures: int
+    wall_s: float
+
+    @classmethod
+    def of(cls, cfg: "JobConfig", old: GenerationReport, new: GenerationReport, store: Path,
+           wall_s: float) -> "JobSummary":
+        """The summary of a run whose knowledge went to ``store``."""
+        return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
+                   total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "old": {**asdict(self.old), "aal": self.old.aal},
+                "new": {**asdict(self.new), "aal": self.new.aal}}
+
+
+def run_job(cfg: "JobConfig") -> JobSummary:
+    """All five steps; returns (and writes to ``summary.json``) the closing summary."""
+    start = time.perf_counter()
+    paths = JobPaths.of(cfg)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    data = load_job_data(cfg)
+    old = step_old_knowledge(cfg, data)
+    routing = step_route(cfg, data)
+    step_build_pools(cfg)
+    new = step_generate(cfg, data, routing)
+    summary = JobSummary.of(cfg, old, new, paths.knowledge, time.perf_counter() - start)
+    paths.summary.write_text(json.dumps(summary.to_json(), indent=1))
+    return summary
+
+
+def print_summary(summary: JobSummary) -> None:
+    """The closing summary as a rich table: per step entities, tokens, speed, AAL, forwards saved."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"laser job {summary.run_id}")
+    for col in ("step", "done", "failed", "tokens", "tokens/s", "AAL", "forwards saved"):
+        table.add_column(col, justify="right" if col != "step" else "left")
+    for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
+        # every accepted draft token is a target forward saved against one forward per token
+        share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
+        table.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
+                      f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+    console = Console()
+    console.print(table)
+    console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
+                  f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")
