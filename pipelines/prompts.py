@@ -19,15 +19,17 @@ from typing import Any, NamedTuple
 
 import polars as pl
 
-PROMPT_VERSION = "kar-v1"
+PROMPT_VERSION = "kar-v2"
 MAX_WORDS = 120
+HISTORY_GENRES = 2  # genres shown per history entry
 
 
 class HistoryEntry(NamedTuple):
-    """One rated item in a user's history."""
+    """One rated item in a user's history; ``genres`` (optional) give a small model something to go on."""
 
     title: str
     rating: float
+    genres: tuple[str, ...] = ()
 
 
 class PromptTooLongError(ValueError):
@@ -35,17 +37,17 @@ class PromptTooLongError(ValueError):
 
 
 _USER_INTRO = {
-    "movie": "Below is a user's movie rating history, oldest first (1 star = disliked, 5 stars = loved):",
-    "book": "Below is a user's book rating history, oldest first (1 star = disliked, 5 stars = loved):",
+    "movie": "A user rated these movies, oldest first (1 star = disliked, 5 stars = loved):",
+    "book": "A user rated these books, oldest first (1 star = disliked, 5 stars = loved):",
 }
 _USER_ASK = {
-    "movie": ("Write a concise profile of this user's movie taste in at most {w} words. Say which genres, "
-              "directors or actors, eras and countries, characters, plots and themes, moods and tones, "
-              "acclaim, production quality and soundtracks they seem to favour or avoid, tying each point "
-              "briefly to titles above."),
-    "book": ("Write a concise profile of this user's reading taste in at most {w} words. Say which genres, "
-             "authors, writing styles, themes, settings, lengths and complexity, time periods, literary "
-             "quality and acclaim they seem to favour or avoid, tying each point briefly to titles above."),
+    "movie": ("In one paragraph of at most {w} words, profile this user's movie taste: the genres, eras and "
+              "countries, directors or actors, characters, plots and themes, moods and tones, acclaim, "
+              "production quality and soundtracks they seem to favour or avoid, each tied briefly to titles "
+              'above. Begin with "This user".'),
+    "book": ("In one paragraph of at most {w} words, profile this user's reading taste: the genres, authors, "
+             "writing styles, themes, settings, length and complexity, time periods, literary quality and "
+             'acclaim they seem to favour or avoid, each tied briefly to titles above. Begin with "This user".'),
 }
 _ITEM_ASK = {
     "movie": ("Describe the movie {subject} in one concise paragraph of at most {w} words: its genre, "
@@ -74,7 +76,8 @@ def format_rating(rating: float) -> str:
 
 
 def _render_user(entries: Sequence[HistoryEntry], domain: str) -> str:
-    lines = [f'"{e.title}", {format_rating(e.rating)};' for e in entries]
+    lines = [f'"{e.title}"' + (f" [{', '.join(e.genres)}]" if e.genres else "") + f", {format_rating(e.rating)};"
+             for e in entries]
     return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=MAX_WORDS)])
 
 
@@ -152,16 +155,17 @@ def item_prompt(item: Mapping[str, Any], domain: str = "movie") -> str:
 def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:
     """Per user, ``HistoryEntry`` list ordered oldest first (by timestamp, then item_id).
 
-    Titles carry the year (``display_title``); an interaction whose item is missing from ``items``
-    shows its item id as the title.
+    Titles carry the year (``display_title``), genres the item's first ``HISTORY_GENRES``; an
+    interaction whose item is missing from ``items`` shows its item id as the title.
     """
-    cols = ["item_id", "title", "year"] if "year" in items.columns else ["item_id", "title"]
+    cols = ["item_id", "title"] + [c for c in ("year", "genres") if c in items.columns]
     joined = (interactions.sort(["user_id", "timestamp", "item_id"])
               .join(items.select(cols), on="item_id", how="left", maintain_order="left"))
     out: dict[str, list[HistoryEntry]] = {}
     for row in joined.iter_rows(named=True):
         title = display_title(row["title"] or row["item_id"], row.get("year"))
-        out.setdefault(row["user_id"], []).append(HistoryEntry(title, row["rating"]))
+        genres = tuple((row.get("genres") or [])[:HISTORY_GENRES])
+        out.setdefault(row["user_id"], []).append(HistoryEntry(title, row["rating"], genres))
     return out
 
 

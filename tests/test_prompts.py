@@ -34,11 +34,11 @@ def _kept_titles(text: str) -> list[str]:
 
 
 def test_user_prompt_lists_history_oldest_first():
-    text = user_prompt([("Heat (1995)", 4.0), ("Up (2009)", 4.5), ("Cats (2019)", 1.0)])
-    assert '"Heat (1995)", 4 stars;\n"Up (2009)", 4.5 stars;\n"Cats (2019)", 1 star;' in text
+    text = user_prompt([("Heat (1995)", 4.0, ("Action", "Crime")), ("Up (2009)", 4.5), ("Cats (2019)", 1.0)])
+    assert '"Heat (1995)" [Action, Crime], 4 stars;\n"Up (2009)", 4.5 stars;\n"Cats (2019)", 1 star;' in text
     assert "movie" in text and "at most 120 words" in text
     book = user_prompt([("Dune", 5.0)], domain="book")
-    assert "book rating history" in book and "authors" in book
+    assert "rated these books" in book and "authors" in book
     assert PROMPT_VERSION
 
 
@@ -93,8 +93,9 @@ def test_item_prompt_uses_attributes():
 def test_user_histories_orders_by_time_and_joins_titles():
     inter = pl.DataFrame([("u1", "b", 5.0, 20), ("u1", "a", 3.0, 10), ("u1", "zz", 4.0, 30), ("u2", "a", 1.0, 5)],
                          schema=INTERACTIONS_SCHEMA, orient="row")
-    items = pl.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"], "genres": [[], []],
+    items = pl.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"], "genres": [["Drama", "War", "Epic"], []],
                           "category": [None, None], "sub_category": [None, None], "year": [1999, None]},
                          schema=ITEM_COLUMNS)
     hist = user_histories(inter, items)
-    assert hist == {"u1": [("Alpha (1999)", 3.0), ("Beta", 5.0), ("zz", 4.0)], "u2": [("Alpha (1999)", 1.0)]}
+    assert hist == {"u1": [("Alpha (1999)", 3.0, ("Drama", "War")), ("Beta", 5.0, ()), ("zz", 4.0, ())],
+                    "u2": [("Alpha (1999)", 1.0, ("Drama", "War"))]}
