@@ -1,0 +1,180 @@
+"""Persisting retrieval pools to a directory and loading them back lazily, one group at a time.
+
+Layout::
+
+    <dir>/manifest.json      {"format_version", "tokenizer": {"name", "vocab_sha256"}, "meta",
+                              "pools": {key: {"file", "n_texts", "n_tokens"}}}
+    <dir>/pool-00000.arrow   one Arrow IPC file per pool: a single column ``token_ids: list<int32>``
+    <dir>/pool-00000.pkl     optional snapshot: the built RetrievalPool, pickled (``snapshot=True``)
+
+The token-id texts are the canonical content (readable by any Arrow tool, independent of the trie
+code). ``get`` loads the snapshot when there is one and rebuilds the trie from the texts otherwise;
+``laser bench pools`` measures both paths. Snapshots are pickles: open only stores you wrote yourself.
+Every file and then the manifest are written atomically (temp file + rename), so a reader sees
+either the old or the new store.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import pickle
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pools.build import materialize, paused_gc
+from pools.retrieval import RetrievalPool
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_COLUMN = "token_ids"
+
+
+class PoolStoreError(ValueError):
+    """A pool store that cannot be used as asked: wrong format, other tokenizer, unknown key."""
+
+
+@dataclass(frozen=True)
+class TokenizerFingerprint:
+    """Which tokenizer produced the token ids: its name and a checksum of its vocabulary."""
+
+    name: str
+    vocab_sha256: str
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenizerFingerprint:
+        """Fingerprint a Hugging Face tokenizer (name_or_path + sha256 of the sorted vocabulary)."""
+        vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
+        return cls(str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+                   hashlib.sha256(vocab).hexdigest())
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
+    lengths = np.fromiter((len(t) for t in texts), dtype=np.int32, count=len(texts))
+    offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
+    values = np.fromiter((tok for t in texts for tok in t), dtype=np.int32, count=int(offsets[-1]))
+    return pa.table({_COLUMN: pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
+
+
+def write_store(directory: str | Path, texts: Mapping[str, Sequence[Sequence[int]]],
+                tokenizer: TokenizerFingerprint, meta: Mapping[str, Any] | None = None,
+                snapshot: bool = False) -> PoolStore:
+    """Persist ``texts`` (pool key -> token-id texts, e.g. ``PoolSources.texts``) under ``directory``.
+
+    With ``snapshot`` each pool is also built and pickled, so that loading skips the trie build.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for index, key in enumerate(sorted(texts)):
+        if not texts[key]:
+            raise PoolStoreError(f"pool {key!r} is empty; empty groups get no pool (see PoolSources.empty_groups)")
+        name = f"pool-{index:05d}.arrow"
+        table = _to_arrow(texts[key])
+
+        def write(tmp: str, table: pa.Table = table) -> None:
+            with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+                writer.write_table(table)
+
+        _atomic_write(directory / name, write)
+        entries[key] = {"file": name, "n_texts": len(texts[key]), "n_tokens": sum(len(t) for t in texts[key])}
+        if snapshot:
+            pool = materialize(list(texts[key]))
+            entries[key]["snapshot"] = name.replace(".arrow", ".pkl")
+            _atomic_write(directory / entries[key]["snapshot"],
+                          lambda tmp, pool=pool: Path(tmp).write_bytes(pickle.dumps(pool, protocol=5)))
+    manifest = {"format_version": FORMAT_VERSION, "tokenizer": asdict(tokenizer), "meta": dict(meta or {}),
+                "pools": entries}
+    _atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+    keep = {e.get(f) for e in entries.values() for f in ("file", "snapshot")}
+    for stale in [*directory.glob("pool-*.arrow"), *directory.glob("pool-*.pkl")]:
+        if stale.name not in keep:
+            stale.unlink()
+    log.info("wrote %d pools to %s", len(entries), directory)
+    return PoolStore(directory, manifest)
+
+
+class PoolStore:
+    """A persisted set of pools; ``get(key)`` loads (and caches) one pool on first use."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self._pools: dict[str, RetrievalPool] = {}
+
+    @classmethod
+    def open(cls, directory: str | Path, tokenizer: Any = None) -> PoolStore:
+        """Open a store; ``tokenizer`` (a tokenizer or a :class:`TokenizerFingerprint`) must match the one
+        the pools were built with, else :class:`PoolStoreError`. Nothing is loaded yet."""
+        directory = Path(directory)
+        path = directory / MANIFEST
+        if not path.exists():
+            raise PoolStoreError(f"{directory}: no pool store ({MANIFEST} missing)")
+        manifest = json.loads(path.read_text())
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise PoolStoreError(f"{path}: format version {manifest.get('format_version')!r}, "
+                                 f"this code reads version {FORMAT_VERSION}")
+        if tokenizer is not None:
+            expected = tokenizer if isinstance(tokenizer, TokenizerFingerprint) else TokenizerFingerprint.of(tokenizer)
+            stored = TokenizerFingerprint(**manifest["tokenizer"])
+            if stored != expected:
+                raise PoolStoreError(f"{directory}: pools were built with tokenizer {stored.name!r} "
+                                     f"(vocab sha256 {stored.vocab_sha256[:12]}), not {expected.name!r} "
+                                     f"(vocab sha256 {expected.vocab_sha256[:12]}); rebuild the pools")
+        return cls(directory, manifest)
+
+    def keys(self) -> list[str]:
+        return list(self.manifest["pools"])
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.manifest["pools"]
+
+    def sizes(self) -> dict[str, int]:
+        """Texts per pool."""
+        return {key: entry["n_texts"] for key, entry in self.manifest["pools"].items()}
+
+    def token_ids(self, key: str) -> list[list[int]]:
+        """The stored token-id texts of pool ``key``."""
+        if key not in self:
+            shown = ", ".join(self.keys()[:8])
+            raise PoolStoreError(f"{self.directory}: no pool {key!r} (empty or unknown group); pools: {shown}")
+        path = self.directory / self.manifest["pools"][key]["file"]
+        with pa.memory_map(str(path)) as source:
+            column = pa.ipc.open_file(source).read_all().column(_COLUMN).combine_chunks()
+            values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
+            return [chunk.tolist() for chunk in np.split(values, offsets[1:-1])]
+
+    def get(self, key: str) -> RetrievalPool:
+        """Pool ``key``, built from its stored texts on first use and cached."""
+        if key not in self._pools:
+            snapshot = self.manifest["pools"].get(key, {}).get("snapshot")
+            if snapshot:
+                with paused_gc():
+                    self._pools[key] = pickle.loads((self.directory / snapshot).read_bytes())
+            else:
+                self._pools[key] = materialize(self.token_ids(key))
+        return self._pools[key]
+
+    def release(self, key: str) -> None:
+        """Forget a cached pool (a worker that stops serving a group)."""
+        self._pools.pop(key, None)
