@@ -12,7 +12,7 @@ import logging
 import time
 from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from tqdm.auto import tqdm
 
@@ -36,14 +36,22 @@ class GenerationRequest:
     item: dict[str, Any] | None = None
 
 
-@dataclass
-class WorkerSpec:
-    """Everything an actor needs to build its model, decoder and prompts (picklable)."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """What an actor loads once: the model, its dtype, and the torch threads (= Ray CPUs) it uses."""
 
     model: str
+    dtype: str = "auto"
+    threads: int = 1
+    seed: int = 0
+
+
+@dataclass
+class DecodeTask:
+    """How one generation pass decodes: decoder, limits, prompt domain, pools and provenance (picklable)."""
+
     decoder: str
     decoder_params: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "auto"
     max_new_tokens: int = 256
     max_prompt_tokens: int | None = 1024
     domain: str = "movie"
@@ -51,8 +59,6 @@ class WorkerSpec:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
-    threads: int = 1
-    seed: int = 0
 
 
 @dataclass
@@ -64,82 +70,93 @@ class BatchResult:
 
 
 class GenerationWorker:
-    """Holds one model + decoder; generates knowledge for batches of requests.
+    """Holds one model; builds decoders on demand and generates knowledge for batches of requests.
 
-    Used as a Ray actor (see :func:`run_generation`) and directly in-process by tests and tools.
+    Used as a Ray actor (see :class:`WorkerGroup`) and directly in-process by tests and tools. The same
+    actor serves every pass of a job (old and new knowledge), so the model is loaded once.
     """
 
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: ModelSpec) -> None:
         import torch
 
         import laser
 
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
-        self.spec = spec
         self.lm = laser.load_model(spec.model, dtype=spec.dtype)
-        self.decoder = laser.get_decoder(spec.decoder, self.lm, **spec.decoder_params)
+        self._decoders: dict[str, tuple[Any, str]] = {}
         self._pools: OrderedDict[str, Any] = OrderedDict()
-        self._store = None
-        self._params_json = encode_params(self.decoder.params())
+        self._store: Any = None
         self.pool_loads = 0
 
-    def _pool(self, key: str | None) -> Any:
-        """The pool for ``key`` from the LRU, loaded from the pool store on a miss."""
+    def _decoder(self, task: DecodeTask) -> tuple[Any, str]:
+        """(decoder, its parameters as JSON) for ``task``, built once per distinct setting."""
+        import laser
+
+        key = f"{task.decoder}:{encode_params(task.decoder_params)}"
+        if key not in self._decoders:
+            dec = laser.get_decoder(task.decoder, self.lm, **task.decoder_params)
+            self._decoders[key] = (dec, encode_params(dec.params()))
+        return self._decoders[key]
+
+    def _pool(self, task: DecodeTask, key: str | None) -> Any:
+        """The pool for ``key`` from the LRU, loaded from the task's pool store on a miss (None: no pool)."""
         if key is None:
             return None
+        if self._store is None or str(self._store.directory) != str(task.pool_store):
+            if task.pool_store is None:
+                raise ValueError(f"request needs pool {key!r} but the task has no pool store")
+            from pools.store import PoolStore
+
+            self._store = PoolStore.open(task.pool_store, tokenizer=self.lm.tokenizer)
+            self._pools.clear()
         if key in self._pools:
             self._pools.move_to_end(key)
             return self._pools[key]
-        if self._store is None:
-            if self.spec.pool_store is None:
-                raise ValueError(f"request needs pool {key!r} but the job has no pool store")
-            from pools.store import PoolStore
-
-            self._store = PoolStore.open(self.spec.pool_store, tokenizer=self.lm.tokenizer)
         if key not in self._store:  # a group without old knowledge has no pool: decode without drafts
             return None
         pool = self._store.get(key)
         self.pool_loads += 1
         self._pools[key] = pool
-        while len(self._pools) > self.spec.pool_cache_size:
+        while len(self._pools) > task.pool_cache_size:
             evicted, _ = self._pools.popitem(last=False)
             self._store.release(evicted)
         return pool
 
-    def prompt(self, req: GenerationRequest) -> str:
+    def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
         """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
         if req.entity_type == "user":
-            return user_prompt(req.history or [], self.spec.domain, user_id=req.entity_id,
-                               tokenizer=self.lm.tokenizer, max_prompt_tokens=self.spec.max_prompt_tokens)
+            return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
+                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens)
         if req.entity_type == "item":
-            return item_prompt(req.item or {"item_id": req.entity_id}, self.spec.domain)
+            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
-    def generate_one(self, req: GenerationRequest) -> dict[str, Any]:
+    def generate_one(self, task: DecodeTask, req: GenerationRequest) -> dict[str, Any]:
         """One knowledge row for ``req``; raises on any failure (see :meth:`generate`)."""
-        prompt = self.prompt(req)
-        pool = self._pool(req.pool_key)
+        decoder, params_json = self._decoder(task)
+        prompt = self.prompt(task, req)
+        pool = self._pool(task, req.pool_key)
         start = time.perf_counter()
-        res = self.decoder.generate(prompt, max_new_tokens=self.spec.max_new_tokens, pool=pool)
+        res = decoder.generate(prompt, max_new_tokens=task.max_new_tokens, pool=pool)
         elapsed = time.perf_counter() - start
         st = res.stats
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
-            "model": self.lm.name, "decoder": self.spec.decoder, "decoder_params": self._params_json,
-            "prompt_version": self.spec.prompt_version, "pool_kind": req.pool_kind if pool is not None else None,
+            "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
+            "prompt_version": task.prompt_version, "pool_kind": req.pool_kind if pool is not None else None,
             "group_id": req.group_id if pool is not None else None, "n_tokens": len(res.token_ids),
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": elapsed, "finish_reason": st.finish_reason,
-            "run_id": self.spec.run_id, "generated_at": utc_now(),
+            "run_id": task.run_id, "generated_at": utc_now(),
         }
 
-    def generate(self, requests: list[GenerationRequest]) -> BatchResult:
+    def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:
         """Rows for the requests that succeed, a failure record (with the reason) for each that does not."""
         out = BatchResult()
         for req in requests:
             try:
-                out.rows.append(self.generate_one(req))
+                out.rows.append(self.generate_one(task, req))
             except Exception as exc:  # one bad entity never takes down the batch
                 log.warning("%s %s failed: %s", req.entity_type, req.entity_id, exc)
                 out.failures.append({"entity_type": req.entity_type, "entity_id": req.entity_id,
@@ -220,59 +237,84 @@ class GenerationReport:
         return self.n_tokens / self.wall_s if self.wall_s else 0.0
 
 
-def run_generation(requests: list[GenerationRequest], spec: WorkerSpec, writer: KnowledgeWriter, *,
-                   num_workers: int, batch_size: int, address: str | None = None, desc: str = "knowledge",
-                   on_batch: Callable[[BatchResult], None] | None = None) -> GenerationReport:
-    """Generate knowledge for ``requests`` over ``num_workers`` Ray actors, streaming rows to ``writer``."""
-    report = GenerationReport()
-    if not requests:
+class WorkerGroup:
+    """``num_workers`` generation actors sharing one model spec; serves several passes, then ``close``."""
+
+    def __init__(self, spec: ModelSpec, num_workers: int, address: str | None = None) -> None:
+        self.spec, self.num_workers, self.address = spec, num_workers, address
+        self.actors: list[Any] = []
+
+    def _start(self, n: int) -> None:
+        import ray
+
+        ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
+        remote_cls = ray.remote(GenerationWorker).options(num_cpus=self.spec.threads)
+        while len(self.actors) < n:
+            self.actors.append(remote_cls.remote(self.spec))
+
+    def run(self, requests: list[GenerationRequest], task: DecodeTask, writer: KnowledgeWriter, *,
+            batch_size: int, desc: str = "knowledge") -> GenerationReport:
+        """Generate knowledge for ``requests``, streaming rows and failures to ``writer`` as batches finish."""
+        report = GenerationReport()
+        if not requests:
+            return report
+        import ray
+        from ray.exceptions import RayActorError
+
+        start = time.perf_counter()
+        self._start(min(self.num_workers, len(requests)))
+        scheduler = BatchScheduler(make_batches(requests, batch_size))
+        in_flight: dict[Any, tuple[int, list[GenerationRequest]]] = {}
+
+        def dispatch(actor: int) -> None:
+            batch = scheduler.next_for(actor)
+            if batch is not None:
+                in_flight[self.actors[actor].generate.remote(task, batch)] = (actor, batch)
+
+        with tqdm(total=len(requests), desc=desc, unit="entity") as bar:
+            for a in range(len(self.actors)):
+                dispatch(a)
+            while in_flight:
+                [ref], _ = ray.wait(list(in_flight), num_returns=1)
+                actor, batch = in_flight.pop(ref)
+                try:
+                    result: BatchResult = ray.get(ref)
+                except RayActorError as exc:  # the actor died (e.g. out of memory): record, go on without it
+                    result = BatchResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id,
+                                                    "reason": f"worker died: {exc}"} for r in batch])
+                    log.error("generation actor %d died; %d requests recorded as failed", actor, len(batch))
+                else:
+                    dispatch(actor)
+                _record(result, writer, report)
+                bar.update(len(batch))
+                if not in_flight and scheduler:
+                    raise RuntimeError(f"all generation actors died; {sum(map(len, scheduler.batches.values()))} "
+                                       "batches left")
+        writer.flush()
+        report.wall_s = time.perf_counter() - start
         return report
-    import ray
-    from ray.exceptions import RayActorError
 
-    ensure_ray(address, num_cpus=num_workers * spec.threads)
-    start = time.perf_counter()
-    scheduler = BatchScheduler(make_batches(requests, batch_size))
-    n_actors = min(num_workers, len(requests))
-    remote_cls = ray.remote(GenerationWorker).options(num_cpus=spec.threads)
-    actors = [remote_cls.remote(spec) for _ in range(n_actors)]
-    in_flight: dict[Any, tuple[int, list[GenerationRequest]]] = {}
+    def close(self) -> None:
+        import ray
 
-    def dispatch(actor: int) -> None:
-        batch = scheduler.next_for(actor)
-        if batch is not None:
-            in_flight[actors[actor].generate.remote(batch)] = (actor, batch)
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors.clear()
 
-    with tqdm(total=len(requests), desc=desc, unit="entity") as bar:
-        for a in range(n_actors):
-            dispatch(a)
-        while in_flight:
-            [ref], _ = ray.wait(list(in_flight), num_returns=1)
-            actor, batch = in_flight.pop(ref)
-            try:
-                result: BatchResult = ray.get(ref)
-            except RayActorError as exc:  # the actor died (e.g. out of memory): record, go on without it
-                result = BatchResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id,
-                                                "reason": f"worker died: {exc}"} for r in batch])
-                log.error("generation actor %d died; %d requests recorded as failed", actor, len(batch))
-            else:
-                dispatch(actor)
-            for row in result.rows:
-                writer.add(row)
-                report.n_tokens += row["n_tokens"]
-                report.target_forwards += row["target_forwards"]
-                report.accepted_tokens += row["accepted_tokens"]
-            for f in result.failures:
-                writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
-            report.done += len(result.rows)
-            report.failed += len(result.failures)
-            if on_batch is not None:
-                on_batch(result)
-            bar.update(len(batch))
-            if not in_flight and scheduler:  # every actor died with work left
-                raise RuntimeError(f"all generation actors died; {sum(map(len, scheduler.batches.values()))} batches left")
-    writer.flush()
-    for a in actors:
-        ray.kill(a)
-    report.wall_s = time.perf_counter() - start
-    return report
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationReport) -> None:
+    for row in result.rows:
+        writer.add(row)
+        report.n_tokens += row["n_tokens"]
+        report.target_forwards += row["target_forwards"]
+        report.accepted_tokens += row["accepted_tokens"]
+    for f in result.failures:
+        writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
+    report.done += len(result.rows)
+    report.failed += len(result.failures)

@@ -28,7 +28,7 @@ import pyarrow as pa
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
-from pipelines.generation import GenerationReport, GenerationRequest, WorkerSpec, run_generation
+from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
 
@@ -118,22 +118,31 @@ def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRe
     return left
 
 
-def _spec(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
-          domain: str, pool_store: Path | None) -> WorkerSpec:
-    return WorkerSpec(model=cfg.model.name, dtype=cfg.model.dtype, decoder=decoder, decoder_params=params,
-                      max_new_tokens=max_new_tokens, max_prompt_tokens=cfg.generation.max_prompt_tokens,
-                      domain=domain, prompt_version=PROMPT_VERSION, run_id=run_id,
-                      pool_store=str(pool_store) if pool_store else None,
-                      pool_cache_size=cfg.execution.pool_cache_size, threads=cfg.execution.threads_per_worker,
-                      seed=cfg.dataset.seed)
+def worker_group(cfg: "JobConfig") -> WorkerGroup:
+    """The job's generation actors (one model load each, shared by every pass of the job)."""
+    ex = cfg.execution
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed)
+    return WorkerGroup(spec, ex.num_workers, ex.address)
 
 
-def _generate(cfg: "JobConfig", requests: list[GenerationRequest], spec: WorkerSpec, store: Path,
-              desc: str) -> GenerationReport:
+def _task(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
+          domain: str, pool_store: Path | None) -> DecodeTask:
+    return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
+                      max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
+                      prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
+                      pool_cache_size=cfg.execution.pool_cache_size)
+
+
+def _generate(cfg: "JobConfig", requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
+              workers: WorkerGroup | None) -> GenerationReport:
     todo = pending(requests, store)
-    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=spec.run_id) as writer:
-        return run_generation(todo, spec, writer, num_workers=cfg.execution.num_workers,
-                              batch_size=cfg.execution.batch_size, address=cfg.execution.address, desc=desc)
+    if not todo:
+        return GenerationReport()
+    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id) as writer:
+        if workers is not None:
+            return workers.run(todo, task, writer, batch_size=cfg.execution.batch_size, desc=desc)
+        with worker_group(cfg) as own:
+            return own.run(todo, task, writer, batch_size=cfg.execution.batch_size, desc=desc)
 
 
 # ---- step 1: old knowledge -----------------------------------------------------------------------
@@ -143,7 +152,7 @@ def old_knowledge_params(decoder: str) -> dict[str, Any]:
     return {"verification": "greedy"} if decoder == "laser" else {}
 
 
-def step_old_knowledge(cfg: "JobConfig", data: JobData) -> GenerationReport:
+def step_old_knowledge(cfg: "JobConfig", data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 1: old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
     ds, split = data.dataset, data.split
@@ -153,10 +162,10 @@ def step_old_knowledge(cfg: "JobConfig", data: JobData) -> GenerationReport:
         log.info("old knowledge: generation disabled; %d entities lack old knowledge", len(missing))
         return GenerationReport()
     decoder = cfg.old_knowledge.decoder
-    spec = _spec(cfg, decoder, old_knowledge_params(decoder),
+    task = _task(cfg, decoder, old_knowledge_params(decoder),
                  cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens,
                  f"{cfg.resolved_run_id()}-old", ds.domain, None)
-    return _generate(cfg, requests, spec, paths.old_knowledge, "old knowledge")
+    return _generate(cfg, requests, task, paths.old_knowledge, "old knowledge", workers)
 
 
 # ---- steps 2 and 3: route, build pools ----------------------------------------------------------
@@ -287,12 +296,14 @@ def new_requests(data: JobData, routing: pl.DataFrame, decoder: str = "laser") -
     return user_requests(history, ds.items, new_users, routes) + item_requests(split.new_items, routes)
 
 
-def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame) -> GenerationReport:
+def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame,
+                  workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
     paths = JobPaths.of(cfg)
-    spec = _spec(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
+    task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
                  cfg.resolved_run_id(), data.dataset.domain, paths.pools)
-    return _generate(cfg, new_requests(data, routing, cfg.decoder.name), spec, paths.knowledge, "new knowledge")
+    return _generate(cfg, new_requests(data, routing, cfg.decoder.name), task, paths.knowledge, "new knowledge",
+                     workers)
 
 
 # ---- the whole job ------------------------------------------------------------------------------
@@ -327,10 +338,11 @@ def run_job(cfg: "JobConfig") -> JobSummary:
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     data = load_job_data(cfg)
-    old = step_old_knowledge(cfg, data)
-    routing = step_route(cfg, data)
-    step_build_pools(cfg)
-    new = step_generate(cfg, data, routing)
+    with worker_group(cfg) as workers:
+        old = step_old_knowledge(cfg, data, workers)
+        routing = step_route(cfg, data)
+        step_build_pools(cfg)
+        new = step_generate(cfg, data, routing, workers)
     summary = JobSummary.of(cfg, old, new, paths.knowledge, time.perf_counter() - start)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1))
     return summary
