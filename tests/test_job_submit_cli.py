@@ -1,0 +1,74 @@
+"""Ray Jobs submission (entrypoint and runtime env, no cluster) and the job CLI's config handling."""
+from __future__ import annotations
+
+import shlex
+import sys
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from jobs import submit as submit_mod
+from jobs.cli import app
+from pipelines.generation import BatchScheduler, GenerationRequest, make_batches
+
+
+def test_entrypoint_quotes_overrides():
+    cmd = submit_mod.entrypoint("job.yaml", ["output.path=runs/a b", "decoder.params.k=3"])
+    assert cmd == "laser run job.yaml --set 'output.path=runs/a b' --set decoder.params.k=3"
+    assert shlex.split(cmd) == ["laser", "run", "job.yaml", "--set", "output.path=runs/a b", "--set", "decoder.params.k=3"]
+
+
+def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
+    config = tmp_path / "cfgs" / "ml.yaml"
+    config.parent.mkdir()
+    config.write_text("dataset:\n  format: synthetic\noutput:\n  path: runs/ml\n")
+    calls = {}
+
+    class FakeClient:
+        def __init__(self, address):
+            calls["address"] = address
+
+        def submit_job(self, **kwargs):
+            calls.update(kwargs)
+            return "raysubmit_123"
+
+    fake = types.ModuleType("ray.job_submission")
+    fake.JobSubmissionClient = FakeClient
+    monkeypatch.setitem(sys.modules, "ray.job_submission", fake)
+    job_id = submit_mod.submit(config, "http://head:8265", ["decoder.params.k=3"], pip=["extra==1.0"], env={"A": "1"})
+    assert job_id == "raysubmit_123"
+    assert calls["address"] == "http://head:8265"
+    assert calls["entrypoint"] == "laser run ml.yaml --set decoder.params.k=3 --set execution.address=auto"
+    assert calls["runtime_env"] == {"working_dir": str(config.parent.resolve()), "pip": ["extra==1.0"],
+                                    "env_vars": {"A": "1"}}
+    calls.clear()
+    submit_mod.submit(config, "http://head:8265", ["execution.address=ray://other:10001"])
+    assert calls["entrypoint"].endswith("--set execution.address=ray://other:10001")  # an explicit address is kept
+    with pytest.raises(ValueError, match=r"decoder\.nme: unknown key"):
+        submit_mod.submit(config, "http://head:8265", ["decoder.nme=x"])  # validated before submission
+
+
+def test_cli_names_the_bad_key(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("execution:\n  num_workerz: 2\n")
+    result = CliRunner().invoke(app, ["run", str(config)])
+    assert result.exit_code == 2
+    assert "execution.num_workerz: unknown key" in result.output
+    result = CliRunner().invoke(app, ["route", str(tmp_path / "none.yaml")])
+    assert result.exit_code == 2 and "config file not found" in result.output
+
+
+def test_batches_grouped_by_pool_and_scheduled_with_affinity():
+    reqs = [GenerationRequest("user", f"u{i}", pool_key=k) for i, k in
+            enumerate(["p/a", "p/b", "p/a", "p/a", "p/b", None, "p/a"])]
+    batches = make_batches(reqs, batch_size=2)
+    assert {k: [[r.entity_id for r in b] for b in q] for k, q in batches.items()} == {
+        "p/a": [["u0", "u2"], ["u3", "u6"]], "p/b": [["u1", "u4"]], None: [["u5"]]}
+    sched = BatchScheduler(batches)
+    first = [r.pool_key for r in sched.next_for(0)]
+    second = [r.pool_key for r in sched.next_for(1)]
+    assert first == ["p/a", "p/a"] and second == ["p/b", "p/b"]  # the two actors start on different pools
+    assert [r.pool_key for r in sched.next_for(0)] == ["p/a", "p/a"]  # actor 0 keeps its pool
+    assert [r.entity_id for r in sched.next_for(1)] == ["u5"]
+    assert sched.next_for(0) is None and not sched
