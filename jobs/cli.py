@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import typer
 
@@ -20,3 +21,17 @@ _job_commands.register(app)
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
+
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and writes JSON + a PNG plot.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("pools")
+def bench_pools(json_out: Path = typer.Option(Path("bench-pools.json"), "--json", help="JSON output (PNG beside it)."),
+                sizes: str = typer.Option("500,1000,2000,3000,5000", help="Pool sizes in texts, comma-separated."),
+                seed: int = typer.Option(0, help="Seed for synthetic data and training."),
+                skip_lightgcn: bool = typer.Option(False, help="Only the pool measurements.")) -> None:
+    """LightGCN training time, pool build/load time, memory and retrieval time vs pool size."""
+    from pipelines.bench.pools import run_pools_bench
+
+    run_pools_bench(json_out, tuple(int(s) for s in sizes.split(",")), seed, skip_lightgcn)
