@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
+import torch
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.console import Console
@@ -68,6 +69,7 @@ class CtrEvalConfig(_Strict):
     models: list[Literal["din", "dcnv2"]] = Field(default_factory=lambda: ["din", "dcnv2"], min_length=1)
     split_fractions: tuple[float, float, float] = Field((0.8, 0.1, 0.1), description="train/val/test share of users")
     lossless_tolerance: float = Field(0.002, ge=0)
+    threads: int | None = Field(None, ge=1, description="torch CPU threads for training; null = torch's default")
     train: CtrTrainParams = Field(default_factory=CtrTrainParams)
     model: CtrModelParams = Field(default_factory=CtrModelParams)
 
@@ -98,6 +100,8 @@ def load_ctr_config(path: str | Path, overrides: list[str] | None = None) -> Ctr
 
 def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
     """Run the comparison described by ``cfg`` and return the JSON-ready summary."""
+    if cfg.threads is not None:
+        torch.set_num_threads(cfg.threads)
     ds = load_dataset(cfg.dataset)
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,
                           new_item_fraction=cfg.split.new_item_fraction, new_count=cfg.split.new_count)
