@@ -204,7 +204,8 @@ def test_table_errors_name_the_column_and_rows(tmp_path, caplog):
     with pytest.raises(DataFileError, match=r"i\.parquet: missing rating \(column 'rating'\)"):
         load_dataset(DatasetConfig(format="table", path=str(tmp_path / "i.parquet")))
     pl.DataFrame({"user_id": ["1", "1", None, "2", "2"], "item_id": ["2", "3", "4", "2", "5"],
-                  "rating": ["4", "five", "3", "1", "2"], "timestamp": [1, 2, 3, 4, 5]}).write_parquet(tmp_path / "j.parquet")
+                  "rating": ["4", "five", "3", "1", "2"], "timestamp": [1, 2, 3, 4, 5]},
+                 ).write_parquet(tmp_path / "j.parquet")
     with caplog.at_level(logging.WARNING):
         ds = load_dataset(DatasetConfig(format="table", path=str(tmp_path / "j.parquet")))
     assert ds.interactions.select("user_id", "item_id").rows() == [("1", "2"), ("2", "2"), ("2", "5")]

@@ -62,7 +62,7 @@ class DatasetConfig(BaseModel):
     format: DatasetFormat = "synthetic"
     path: str | None = None
     name: str | None = Field(None, description="dataset name in outputs; default from format and path")
-    domain: Domain | None = Field(None, description="prompt variant; default movie (MovieLens, synthetic, table), book (Amazon)")
+    domain: Domain | None = Field(None, description="prompt variant; default movie, book for Amazon")
     limit_users: int | None = Field(None, ge=1)
     limit_items: int | None = Field(None, ge=1)
     seed: int = 0

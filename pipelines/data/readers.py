@@ -78,8 +78,8 @@ def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: st
 
 def cast_rows(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequence[str],
               row_no: str = "line_no") -> tuple[pl.DataFrame, list[int]]:
-    """Cast columns (non-strict; text stripped, empty text = missing) and split off rows whose ``required`` columns
-    end up null. Returns (good rows without ``row_no``, row numbers of the bad rows)."""
+    """Cast columns (non-strict; text stripped, empty text = missing); split off rows whose ``required``
+    columns end up null. Returns (good rows without ``row_no``, row numbers of the bad rows)."""
     def typed(name: str, dtype: pl.DataType) -> pl.Expr:
         col = pl.col(name)
         if frame.schema[name] == pl.Utf8:
