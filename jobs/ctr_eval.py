@@ -100,8 +100,16 @@ def load_ctr_config(path: str | Path, overrides: list[str] | None = None) -> Ctr
 
 def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
     """Run the comparison described by ``cfg`` and return the JSON-ready summary."""
+    threads_before = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, progress)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     ds = load_dataset(cfg.dataset)
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,
                           new_item_fraction=cfg.split.new_item_fraction, new_count=cfg.split.new_count)
