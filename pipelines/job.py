@@ -300,6 +300,8 @@ def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame,
                   workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
     paths = JobPaths.of(cfg)
+    if cfg.decoder.name != "autoregressive" and not (paths.pools / "manifest.json").exists():
+        raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
     task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
                  cfg.resolved_run_id(), data.dataset.domain, paths.pools)
     return _generate(cfg, new_requests(data, routing, cfg.decoder.name), task, paths.knowledge, "new knowledge",

@@ -6,7 +6,6 @@ byte-level tokenizer so that the real loading path (`laser.load_model(path)`) is
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -140,19 +139,24 @@ def test_bad_entity_is_a_failure_row_not_a_crash(tiny_model, tmp_path):
 KILL_SCRIPT = "import sys; from jobs.config import load_config; from pipelines.job import run_job; run_job(load_config(sys.argv[1]))"
 
 
-def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, tmp_path):
+def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, tmp_path):
+    """A job driver (a subprocess on this test's Ray cluster) is SIGKILLed mid-generation, then re-run."""
+    import ray
+
     out = tmp_path / "killed"
-    cfg = job_config(tiny_model, out, "generation.max_new_tokens=48", "output.shard_rows=1",
-                     "execution.batch_size=1")
+    cfg = job_config(tiny_model, out, "generation.max_new_tokens=48", "old_knowledge.max_new_tokens=8",
+                     "output.shard_rows=1", "execution.batch_size=1")
     config_file = tmp_path / "job.yaml"
-    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(config_file)], start_new_session=True,
+    address = ray.get_runtime_context().gcs_address  # the subprocess joins the running cluster
+    config_file.write_text(yaml.safe_dump(cfg.model_copy(update={"execution": cfg.execution.model_copy(
+        update={"address": address})}).model_dump(mode="json")))
+    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(config_file)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = out / "knowledge"
     deadline = time.time() + 120
     while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 3:
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and its local Ray workers, mid-run
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)  # mid-run: Ray reaps the dead driver's actors
     proc.wait()
     written_before = read_knowledge(store, dedup=False)
     assert 0 < written_before.height < len(expected_new_entities(cfg)), "kill landed outside the new-knowledge step"
