@@ -1,0 +1,89 @@
+"""Tree attention: every node's logits equal a sequential forward of prefix + its path; KV compaction
+leaves exactly the cache of the accepted sequence."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from laser import DraftTree
+from laser.kv_cache import TreeKVCache
+from laser.engine import Sequence, TreeDecodingEngine
+from laser.drafting import NoDrafter
+from laser.tree import pack_trees
+from laser.verify import TopKVerifier
+
+
+def random_tree(rng: np.random.Generator, n: int, vocab: int) -> DraftTree:
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    return DraftTree(rng.integers(2, vocab, n), parents)
+
+
+def sequential_logits(model, ids: list[int]) -> torch.Tensor:
+    return model(torch.tensor([ids])).logits[0, -1]
+
+
+def prefill(model, prompts: list[list[int]]) -> tuple[TreeKVCache, list[Sequence]]:
+    engine = TreeDecodingEngine(model, TopKVerifier(), eos_ids=set())
+    seqs = [Sequence(tokens=list(p), prompt_len=len(p), drafter=NoDrafter(), max_new_tokens=1) for p in prompts]
+    cache = TreeKVCache()
+    engine._prefill(seqs, cache)
+    return cache, seqs
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_tree_logits_equal_sequential_forwards_in_a_padded_batch(tiny_lm, seed):
+    rng = np.random.default_rng(seed)
+    model, vocab = tiny_lm.model, tiny_lm.model.config.vocab_size
+    prompts = [rng.integers(2, vocab, int(rng.integers(3, 15))).tolist() for _ in range(3)]
+    trees = [random_tree(rng, int(rng.integers(1, 12)), vocab) for _ in prompts]
+    trees = [DraftTree(np.r_[p[-1], t.tokens[1:]], t.parents) for p, t in zip(prompts, trees)]  # root = last token
+    cache, seqs = prefill(model, prompts)
+    batch = pack_trees(trees, [s.cache_len for s in seqs], cache.used, torch.float32, "cpu")
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits
+    for b, (prompt, tree) in enumerate(zip(prompts, trees)):
+        for node in range(len(tree)):
+            path = tree.tokens[tree.path_to(node)].tolist()
+            ref = sequential_logits(model, prompt[:-1] + path)
+            torch.testing.assert_close(logits[b, node], ref, atol=1e-4, rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_kv_cache_after_compaction_equals_recomputed_cache(tiny_lm):
+    model = tiny_lm.model
+    prompts = [[5, 9, 14, 22, 7], [40, 41, 42]]
+    trees = [DraftTree([7, 30, 31, 50, 51, 52], [-1, 0, 1, 0, 3, 4]),  # accept the second branch: a gather
+             DraftTree([42, 60, 61], [-1, 0, 1])]  # accept the DFS prefix: truncation only
+    paths = [[0, 3, 4], [0, 1]]
+    cache, seqs = prefill(model, prompts)
+    offset = cache.used
+    batch = pack_trees(trees, [s.cache_len for s in seqs], offset, torch.float32, "cpu")
+    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+          past_key_values=cache, use_cache=True)
+    cache.keep_paths([s.cache_len for s in seqs], paths, offset)
+    for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
+        accepted = prompt[:-1] + tree.tokens[path].tolist()
+        ref = TreeKVCache()
+        model(torch.tensor([accepted]), past_key_values=ref, use_cache=True)
+        for layer, ref_layer in zip(cache.layers, ref.layers):
+            torch.testing.assert_close(layer.keys[b, :, :len(accepted)], ref_layer.keys[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(layer.values[b, :, :len(accepted)], ref_layer.values[0], atol=1e-5, rtol=1e-5)
+    assert cache.used == max(len(p) - 1 + len(path) for p, path in zip(prompts, paths))
+
+
+def test_draft_tree_layout_and_validation():
+    tree = DraftTree([7, 1, 2, 3, 4], [-1, 0, 1, 0, 3])
+    assert tree.depth.tolist() == [0, 1, 2, 1, 2]
+    assert tree.path_to(4) == [0, 3, 4]
+    anc = tree.ancestor_mask()
+    assert anc[4].tolist() == [True, False, False, True, True]
+    assert DraftTree.chain(7, [1, 2]).parents.tolist() == [-1, 0, 1]
+    with pytest.raises(ValueError, match="earlier node"):
+        DraftTree([1, 2, 3], [-1, 2, 0])
+    batch = pack_trees([tree, DraftTree.chain(9)], [4, 2], 5, torch.float32, "cpu")
+    assert batch.position_ids.tolist() == [[4, 5, 6, 5, 6], [2, 2, 2, 2, 2]]
+    seen = batch.attention_mask[:, 0] == 0
+    assert seen[0, 4].tolist() == [True] * 4 + [False] + [True, False, False, True, True]
+    assert seen[1, 0].tolist() == [True, True, False, False, False] + [True, False, False, False, False]
