@@ -1,0 +1,94 @@
+"""The job's steps alone through the CLI (`laser route`, `laser build-pools`) and request building; no Ray."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from jobs.cli import app
+from jobs.config import load_config
+from pipelines import job as jobmod
+from pipelines.knowledge import KnowledgeWriter, encode_params
+from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+def write_config(tmp_path, model: str):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"""
+dataset: {{format: synthetic, seed: 1, synthetic: {{n_users: 10, n_items: 16, n_clusters: 2, max_history: 10}}}}
+split: {{max_hist: 6}}
+model: {{name: {json.dumps(model)}, dtype: float32}}
+routing: {{n_clusters: 2, max_group_size: 6, warm_threshold: 3}}
+output: {{path: {json.dumps(str(tmp_path / "out"))}}}
+""")
+    return path
+
+
+def fake_old_knowledge(cfg, data) -> dict[tuple[str, str], str]:
+    """Old knowledge for every old user and existing item, written as a job would (texts made up)."""
+    texts = {("user", u): f"user {u} likes drama" for u in data.split.old_interactions["user_id"].unique().sort()}
+    texts |= {("item", i): f"item {i} is a film" for i in data.split.existing_items["item_id"]}
+    with KnowledgeWriter(jobmod.JobPaths.of(cfg).old_knowledge, shard_rows=4, run_id="old") as w:
+        for (t, i), k in texts.items():
+            w.add({"entity_type": t, "entity_id": i, "knowledge": k, "model": "m", "decoder": "resd",
+                   "decoder_params": encode_params({}), "prompt_version": "v", "pool_kind": None, "group_id": None,
+                   "n_tokens": 5, "target_forwards": 5, "accepted_tokens": 0, "retrieval_s": 0.0,
+                   "generation_s": 0.1, "finish_reason": "eos", "run_id": "old",
+                   "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc)})
+    return texts
+
+
+def test_route_then_build_pools_cli(tiny_model, tmp_path):
+    config = write_config(tmp_path, tiny_model)
+    cfg = load_config(config)
+    data = jobmod.load_job_data(cfg)
+    texts = fake_old_knowledge(cfg, data)
+    runner = CliRunner()
+    result = runner.invoke(app, ["route", str(config)])
+    assert result.exit_code == 0, result.output
+    routing = jobmod.read_routing(cfg)
+    assert routing.height == data.dataset.users.height + data.dataset.items.height
+    assert routing.filter(pl.col("entity_type") == "item")["pool_kind"].unique().to_list() == ["attribute"]
+    counts = dict(data.split.old_interactions.group_by("user_id").len().iter_rows())
+    for uid, kind in routing.filter(pl.col("entity_type") == "user").select("entity_id", "pool_kind").iter_rows():
+        warm = counts.get(uid, 0) >= 3
+        assert kind == ("collaborative" if warm else "attribute"), uid  # warm_cold, falling back when cold
+
+    result = runner.invoke(app, ["build-pools", str(config)])
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "pools" / "manifest.json").read_text())
+    members = pl.read_parquet(tmp_path / "out" / "memberships.parquet")
+    # each group pool holds exactly the old knowledge of its members (no cap hit at this size)
+    for (etype, kind, group), frame in members.group_by("entity_type", "pool_kind", "group_id"):
+        n_texts = sum((etype, e) in texts for e in frame["entity_id"])
+        key = f"{etype}/{kind}/{group}"
+        assert manifest["pools"].get(key, {}).get("n_texts", 0) == n_texts, key
+    assert manifest["pools"]["user/global/all"]["n_texts"] == sum(t == "user" for t, _ in texts)
+
+
+def test_new_requests_follow_routing_and_decoder(tmp_path):
+    cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4"])
+    data = jobmod.load_job_data(cfg)
+    routing = pl.DataFrame({"entity_type": ["user", "item"], "entity_id": ["u0001", "i0003"],
+                            "pool_kind": ["collaborative", "attribute"], "group_id": ["2", "Drama"],
+                            "reason": ["warm", "cold"]})
+    laser_reqs = {(r.entity_type, r.entity_id): r for r in jobmod.new_requests(data, routing, "laser")}
+    expected_users = set(data.split.new_interactions["user_id"])
+    assert {i for t, i in laser_reqs if t == "user"} == expected_users
+    assert {i for t, i in laser_reqs if t == "item"} == set(data.split.new_items["item_id"])
+    assert laser_reqs[("user", "u0001")].pool_key == "user/collaborative/2"
+    assert laser_reqs[("item", "i0003")].pool_key == "item/attribute/Drama"
+    assert laser_reqs[("item", "i0000")].pool_key is None  # not in the routing table: no pool
+    full = pl.concat([data.split.old_interactions, data.split.new_interactions]).filter(pl.col("user_id") == "u0001")
+    assert len(laser_reqs[("user", "u0001")].history) == full.height  # old + new history
+    resd = {(r.entity_type, r.entity_id): r.pool_key for r in jobmod.new_requests(data, routing, "resd")}
+    assert all(k is None or k.endswith("/global/all") for k in resd.values())
+    assert all(r.pool_key is None for r in jobmod.new_requests(data, routing, "autoregressive"))
