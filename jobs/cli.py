@@ -14,6 +14,15 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
+@app.command("decoders")
+def decoders() -> None:
+    """List the registered decoders (built-ins and `laser.decoders` entry-point plug-ins)."""
+    from laser import available_decoders
+
+    for name, cls in available_decoders().items():
+        typer.echo(f"{name:16s} {cls.summary}")
+
+
 from jobs import run as _job_commands  # noqa: E402  (run, demo, route, build-pools, generate, submit)
 
 _job_commands.register(app)
@@ -35,3 +44,18 @@ def bench_pools(json_out: Path = typer.Option(Path("bench-pools.json"), "--json"
     from pipelines.bench.pools import run_pools_bench
 
     run_pools_bench(json_out, tuple(int(s) for s in sizes.split(",")), seed, skip_lightgcn)
+
+
+@bench_app.command("decode")
+def bench_decode(json_out: Path = typer.Option(Path("bench-decode.json"), "--json", help="JSON output."),
+                 model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
+                 users: int = typer.Option(6, help="Measured prompts (new histories)."),
+                 old_users: int = typer.Option(48, help="Earlier profiles that fill the pools."),
+                 max_new_tokens: int = typer.Option(160, help="Generation budget per prompt."),
+                 threads: int = typer.Option(2, help="torch threads."),
+                 seed: int = typer.Option(0, help="Data seed.")) -> None:
+    """Decoders side by side on user profiles: tokens/s, speedup vs generate, AAL, retrieval, identity to greedy."""
+    from pipelines.bench.decode import DecodeBenchSettings, run_decode_bench
+
+    run_decode_bench(json_out, DecodeBenchSettings(model=model, users=users, old_users=old_users,
+                                                   max_new_tokens=max_new_tokens, threads=threads, seed=seed))
