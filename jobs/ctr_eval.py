@@ -163,15 +163,18 @@ def render_table(result: dict) -> Table:
     for m in models:
         table.add_column(f"{MODEL_LABELS[m]} AUC", justify="right")
         table.add_column(f"{MODEL_LABELS[m]} LL", justify="right")
+    compared = [m for m in models if any(m in v["delta_auc"] for v in result["verdicts"].values())]
+    for m in compared:
+        table.add_column(f"ΔAUC {MODEL_LABELS[m]}", justify="right")
     table.add_column(f"vs {result['reference']}")
     for source, per_model in result["table"].items():
         cells = [c for m in models for c in (_fmt(per_model[m]["auc_mean"]), _fmt(per_model[m]["logloss_mean"]))]
         verdict = result["verdicts"].get(source)
-        note = ""
-        if verdict is not None:
-            deltas = ", ".join(f"ΔAUC {MODEL_LABELS[m]} {d:+.4f}" for m, d in verdict["delta_auc"].items())
-            note = ("lossless" if verdict["lossless"] else "differs") + f" ({deltas})"
-        table.add_row(source, *cells, note)
+        if verdict is None:
+            table.add_row(source, *cells, *[""] * len(compared), "")
+            continue
+        deltas = [f"{verdict['delta_auc'][m]:+.4f}" if m in verdict["delta_auc"] else "" for m in compared]
+        table.add_row(source, *cells, *deltas, "lossless" if verdict["lossless"] else "differs")
     return table
 
 

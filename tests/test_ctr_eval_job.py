@@ -55,7 +55,7 @@ def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
         "seeds": [0, 1], "split_fractions": [0.6, 0.2, 0.2], "threads": 1,
         "train": {"lr": 0.003, "batch_size": 64, "max_epochs": 3, "patience": 1}})
     out = tmp_path / "out" / "ctr.json"
-    result = CliRunner().invoke(app, ["ctr-eval", config, "--json", str(out)])
+    result = CliRunner().invoke(app, ["ctr-eval", config, "--json", str(out)], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     assert "DIN AUC" in result.output and "DCNv2 LL" in result.output and "relaxed: lossless vs greedy" in result.output
     data = json.loads(out.read_text())

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -33,7 +33,7 @@ class ItemCatalog:
         return len(self.index) + 1
 
     @classmethod
-    def build(cls, items: pl.DataFrame, extra_item_ids: list[str] = (), max_genres: int = 3) -> "ItemCatalog":
+    def build(cls, items: pl.DataFrame, extra_item_ids: Sequence[str] = (), max_genres: int = 3) -> "ItemCatalog":
         """Catalog over ``items`` (item_id, optional category, optional genres) plus ids seen only in interactions."""
         cols = [pl.col("item_id").cast(pl.Utf8)]
         cols.append(pl.col("category").cast(pl.Utf8) if "category" in items.columns else pl.lit(None, pl.Utf8).alias("category"))
