@@ -11,7 +11,7 @@ import typer
 
 from jobs.config import ConfigError, JobConfig, bundled_config, load_config
 
-ConfigArg = typer.Argument(..., exists=False, help="Job config YAML (see jobs/configs/).")
+ConfigArg = typer.Argument(..., help="Job config YAML (see jobs/configs/).")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key: --set decoder.params.k=3 (repeatable).")
 
 
