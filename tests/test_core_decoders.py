@@ -1,0 +1,55 @@
+"""Decoder registry, plug-ins and bad-input errors."""
+from __future__ import annotations
+
+import pytest
+
+import laser
+from laser.decoders import registry
+
+
+def test_unknown_decoder_lists_known(tiny_lm):
+    with pytest.raises(ValueError, match="autoregressive, laser, resd"):
+        laser.get_decoder("nope", tiny_lm)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"k": 0}, "k must be"), ({"p": 1.0}, "p must lie"), ({"p": -0.2}, "p must lie"),
+    ({"verification": "fuzzy"}, "verification"), ({"K": -1}, "K must be"), ({"bogus": 1}, "bad parameters"),
+])
+def test_bad_decoder_params(tiny_lm, params, message):
+    with pytest.raises(ValueError, match=message):
+        laser.get_decoder("laser", tiny_lm, **params)
+
+
+def test_bad_requests(tiny_lm):
+    decoder = laser.get_decoder("laser", tiny_lm)
+    with pytest.raises(ValueError, match="empty prompt"):
+        decoder.generate([], 4)
+    with pytest.raises(ValueError, match="no tokenizer"):
+        decoder.generate("hello", 4)
+    with pytest.raises(ValueError, match="does not fit the model's context of 512"):
+        decoder.generate([3] * 512, 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        decoder.generate([3, 4], 0)
+
+
+def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
+    class Echo(laser.Decoder):
+        name = "echo"
+        summary = "test plug-in"
+
+    class FakeEntryPoint:
+        name, value = "echo", "tests:Echo"
+
+        def load(self):
+            return Echo
+
+    monkeypatch.setattr(registry, "entry_points", lambda group: [FakeEntryPoint()] if group == "laser.decoders" else [])
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert "echo" in laser.available_decoders()
+    assert isinstance(laser.get_decoder("echo", tiny_lm), Echo)
+
+
+def test_params_are_recorded(tiny_lm):
+    d = laser.get_decoder("laser", tiny_lm, k=3, p=0.2, K=16)
+    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8}
