@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import polars as pl
 
-PROMPT_VERSION = "kar-v2"
+PROMPT_VERSION = "kar-v3"
 MAX_WORDS = 120
 HISTORY_GENRES = 2  # genres shown per history entry
 
@@ -40,14 +40,15 @@ _USER_INTRO = {
     "movie": "A user rated these movies, oldest first (1 star = disliked, 5 stars = loved):",
     "book": "A user rated these books, oldest first (1 star = disliked, 5 stars = loved):",
 }
+# Checked on SmolLM2-135M-Instruct: without "Do not repeat the list" and the fixed opening, the small
+# model tends to copy the history back instead of profiling it.
 _USER_ASK = {
-    "movie": ("In one paragraph of at most {w} words, profile this user's movie taste: the genres, eras and "
-              "countries, directors or actors, characters, plots and themes, moods and tones, acclaim, "
-              "production quality and soundtracks they seem to favour or avoid, each tied briefly to titles "
-              'above. Begin with "This user".'),
+    "movie": ("In one paragraph of at most {w} words, profile this user's movie taste: the genres, eras, "
+              "moods and themes they favour or avoid, citing a few titles. Do not repeat the list. "
+              'Begin with "This user enjoys".'),
     "book": ("In one paragraph of at most {w} words, profile this user's reading taste: the genres, authors, "
-             "writing styles, themes, settings, length and complexity, time periods, literary quality and "
-             'acclaim they seem to favour or avoid, each tied briefly to titles above. Begin with "This user".'),
+             "writing styles and themes they favour or avoid, citing a few titles. Do not repeat the list. "
+             'Begin with "This user enjoys".'),
 }
 _ITEM_ASK = {
     "movie": ("Describe the movie {subject} in one concise paragraph of at most {w} words: its genre, "
