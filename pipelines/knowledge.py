@@ -8,7 +8,8 @@ A knowledge store is a directory::
 
 Crash safety: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp file, so
 a shard on disk is always complete. The manifest is replaced after each shard; a shard renamed just
-before a crash but missing from the manifest is adopted when the store is next opened. Resume reads
+before a crash but missing from the manifest is read anyway and adopted when a writer next opens the
+store. Readers never modify the store, so they may run while a job writes. Resume reads
 :func:`done_keys` and skips those entities, so a re-run neither loses nor duplicates rows.
 Old knowledge (the pools' source) lives in the same format in its own store directory.
 """
@@ -128,20 +129,30 @@ def _shard_files(store: Path) -> list[str]:
     return sorted(p.name for p in store.glob("part-*.parquet") if _SHARD_RE.match(p.name))
 
 
+def scan_store(store: str | Path) -> Manifest:
+    """The store's shards, read-only: the manifest plus complete shards it does not list yet (a shard is
+    renamed into place before the manifest is replaced, so such a shard is whole)."""
+    root = Path(store)
+    if not root.exists():
+        return Manifest()
+    manifest = Manifest.load(root)
+    listed = {s["file"] for s in manifest.shards}
+    for name in _shard_files(root):
+        if name not in listed:
+            manifest.shards.append({"file": name, "rows": pq.ParquetFile(root / name).metadata.num_rows, "run_id": None})
+    return manifest
+
+
 def open_store(store: str | Path) -> Manifest:
-    """Create ``store`` if needed, drop stale temp files, adopt complete shards missing from the manifest."""
+    """For a writer: create ``store``, drop stale temp files, adopt shards missing from the manifest."""
     root = Path(store)
     root.mkdir(parents=True, exist_ok=True)
     for tmp in root.glob(".*.tmp"):
         tmp.unlink(missing_ok=True)
-    manifest = Manifest.load(root)
-    listed = {s["file"] for s in manifest.shards}
-    orphans = [f for f in _shard_files(root) if f not in listed]
-    for name in orphans:  # renamed into place before a crash, manifest update lost: complete by construction
-        rows = pq.ParquetFile(root / name).metadata.num_rows
-        manifest.shards.append({"file": name, "rows": rows, "run_id": None})
-        log.warning("%s: adopted shard %s (%d rows) missing from the manifest", root, name, rows)
-    if orphans:
+    listed = len(Manifest.load(root).shards)
+    manifest = scan_store(root)
+    if len(manifest.shards) > listed:
+        log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
         manifest.save(root)
     return manifest
 
@@ -217,7 +228,7 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
     never writes a key twice within a resumed run.
     """
     root = Path(store)
-    manifest = open_store(root) if root.exists() else Manifest()
+    manifest = scan_store(root)
     tables = [pq.read_table(root / s["file"], schema=KNOWLEDGE_SCHEMA) for s in manifest.shards]
     table = pa.concat_tables(tables) if tables else KNOWLEDGE_SCHEMA.empty_table()
     if dedup and table.num_rows:
@@ -236,9 +247,7 @@ def read_knowledge(store: str | Path, dedup: bool = True) -> pl.DataFrame:
 def done_keys(store: str | Path) -> set[tuple[str, str]]:
     """(entity_type, entity_id) pairs already written to ``store``: what a resumed run skips."""
     root = Path(store)
-    if not root.exists():
-        return set()
-    manifest = open_store(root)
+    manifest = scan_store(root)
     keys: set[tuple[str, str]] = set()
     for shard in manifest.shards:
         t = pq.read_table(root / shard["file"], columns=list(KEY_COLUMNS))

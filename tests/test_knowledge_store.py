@@ -65,8 +65,11 @@ def test_crash_after_rename_before_manifest_adopts_the_shard(tmp_path, monkeypat
     monkeypatch.undo()
     assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 1
     assert (tmp_path / "part-00001.parquet").exists()
-    assert len(kn.done_keys(tmp_path)) == 6  # the renamed shard is complete, so it is adopted
+    assert len(kn.done_keys(tmp_path)) == 6  # the renamed shard is complete, so readers see it
+    assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 1  # readers write nothing
+    kn.KnowledgeWriter(tmp_path, shard_rows=3)  # a writer adopts it
     assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 2
+    assert kn.read_knowledge(tmp_path).height == 6
 
 
 def test_crash_while_writing_a_shard_leaves_no_partial_shard(tmp_path, monkeypatch):
@@ -82,6 +85,8 @@ def test_crash_while_writing_a_shard_leaves_no_partial_shard(tmp_path, monkeypat
     monkeypatch.undo()
     (tmp_path / ".part-00001.parquet.leftover.tmp").write_bytes(b"junk")  # a temp file a kill -9 left behind
     assert kn.done_keys(tmp_path) == {("user", f"u{i}") for i in range(3)}
+    assert list(tmp_path.glob(".*.tmp"))  # readers leave it (it may belong to a live writer)
+    kn.KnowledgeWriter(tmp_path)  # the next writer clears it
     assert not list(tmp_path.glob(".*.tmp"))
     assert [p.name for p in tmp_path.glob("*.parquet")] == ["part-00000.parquet"]
 
