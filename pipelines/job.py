@@ -125,6 +125,25 @@ def worker_group(cfg: "JobConfig") -> WorkerGroup:
     return WorkerGroup(spec, ex.num_workers, ex.address)
 
 
+def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> None:
+    """Fail before any actor starts when the decoder is unknown or a parameter is not one it takes."""
+    import inspect
+
+    import laser
+
+    decoders = laser.available_decoders()
+    if name not in decoders:
+        raise ValueError(f"{key}.name: unknown decoder {name!r}; available: {sorted(decoders)}")
+    sig = inspect.signature(decoders[name].__init__)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    accepted = [n for n in sig.parameters if n not in ("self", "lm")]
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"{key}.params.{unknown[0]}: decoder {name!r} takes no parameter {unknown[0]!r} "
+                         f"(it takes {accepted})")
+
+
 def _task(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
           domain: str, pool_store: Path | None) -> DecodeTask:
     return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
@@ -162,6 +181,7 @@ def step_old_knowledge(cfg: "JobConfig", data: JobData, workers: WorkerGroup | N
         log.info("old knowledge: generation disabled; %d entities lack old knowledge", len(missing))
         return GenerationReport()
     decoder = cfg.old_knowledge.decoder
+    check_decoder(decoder, old_knowledge_params(decoder), "old_knowledge.decoder")
     task = _task(cfg, decoder, old_knowledge_params(decoder),
                  cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens,
                  f"{cfg.resolved_run_id()}-old", ds.domain, None)
@@ -302,6 +322,7 @@ def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame,
     paths = JobPaths.of(cfg)
     if cfg.decoder.name != "autoregressive" and not (paths.pools / "manifest.json").exists():
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
+    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
     task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
                  cfg.resolved_run_id(), data.dataset.domain, paths.pools)
     return _generate(cfg, new_requests(data, routing, cfg.decoder.name), task, paths.knowledge, "new knowledge",
@@ -338,6 +359,7 @@ def run_job(cfg: "JobConfig") -> JobSummary:
     """All five steps; returns (and writes to ``summary.json``) the closing summary."""
     start = time.perf_counter()
     paths = JobPaths.of(cfg)
+    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))  # before hours of old knowledge
     paths.root.mkdir(parents=True, exist_ok=True)
     data = load_job_data(cfg)
     with worker_group(cfg) as workers:

@@ -92,3 +92,13 @@ def test_new_requests_follow_routing_and_decoder(tmp_path):
     resd = {(r.entity_type, r.entity_id): r.pool_key for r in jobmod.new_requests(data, routing, "resd")}
     assert all(k is None or k.endswith("/global/all") for k in resd.values())
     assert all(r.pool_key is None for r in jobmod.new_requests(data, routing, "autoregressive"))
+
+
+def test_decoder_checked_before_any_work():
+    jobmod.check_decoder("laser", {"verification": "greedy", "k": 2})
+    with pytest.raises(ValueError, match=r"decoder\.params\.kk: decoder 'laser' takes no parameter 'kk'"):
+        jobmod.check_decoder("laser", {"kk": 3})
+    with pytest.raises(ValueError, match=r"decoder\.name: unknown decoder 'nope'; available: \[.*'autoregressive'"):
+        jobmod.check_decoder("nope", {})
+    with pytest.raises(ValueError, match=r"decoder\.params\.k: decoder 'resd'"):
+        jobmod.run_job(load_config(None, ["decoder.name=resd", "decoder.params.k=2", "output.path=/nonexistent/x"]))
