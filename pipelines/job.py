@@ -31,6 +31,7 @@ from pipelines.data.split import split_old_new
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
+from pools.build import group_key
 
 if TYPE_CHECKING:
     from jobs.config import JobConfig
@@ -99,14 +100,9 @@ def _request(entity_type: str, entity_id: str, routes: dict[tuple[str, str], dic
     route = (routes or {}).get((entity_type, entity_id))
     if route is None or route.get("pool_kind") is None:
         return GenerationRequest(entity_type, entity_id, **payload)
-    key = pool_key(entity_type, route["pool_kind"], route["group_id"])
+    key = group_key(entity_type, route["pool_kind"], route["group_id"])
     return GenerationRequest(entity_type, entity_id, pool_key=key, pool_kind=route["pool_kind"],
                              group_id=route["group_id"], **payload)
-
-
-def pool_key(entity_type: str, pool_kind: str, group_id: str) -> str:
-    """The pool store key of a group: ``{entity_type}/{pool_kind}/{group_id}``."""
-    return f"{entity_type}/{pool_kind}/{group_id}"
 
 
 def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRequest]:
