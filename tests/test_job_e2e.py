@@ -170,3 +170,22 @@ def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, 
     assert all(after.filter(pl.col("entity_id") == k)["knowledge"][0] == v for k, v in before.items())
     assert read_failures(store).height == 0
 
+
+
+def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
+    from pools.store import TokenizerFingerprint, write_store
+
+    worker = GenerationWorker(ModelSpec(tiny_model))
+    ids = worker.lm.tokenizer("a quiet drama about family", add_special_tokens=False)["input_ids"]
+    write_store(tmp_path / "pools", {"user/attribute/a": [ids], "user/attribute/b": [ids], "user/attribute/c": [ids]},
+                TokenizerFingerprint.of(worker.lm.tokenizer))
+    task = DecodeTask("laser", {"verification": "greedy"}, max_new_tokens=3, pool_store=str(tmp_path / "pools"),
+                      pool_cache_size=2)
+    keys = ["a", "b", "a", "c", "a", "missing"]  # a stays hot, c evicts b, "missing" has no pool
+    reqs = [GenerationRequest("user", f"u{i}", pool_key=f"user/attribute/{k}", pool_kind="attribute", group_id=k,
+                              history=[("Heat", 4.0)]) for i, k in enumerate(keys)]
+    result = worker.generate(task, reqs)
+    assert not result.failures
+    assert worker.pool_loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
+    assert list(worker._pools) == ["user/attribute/c", "user/attribute/a"]  # b was least recently used
+    assert [r["group_id"] for r in result.rows] == ["a", "b", "a", "c", "a", None]  # no pool: recorded as none
