@@ -3,8 +3,8 @@
 The driver groups requests by pool key into batches, hands each idle actor a batch of a pool it
 already holds when there is one (so an actor loads few pools), and streams the results into a
 :class:`~pipelines.knowledge.KnowledgeWriter` as they come back (``ray.wait``), under a progress bar.
-A request that fails (prompt too long, bad item, decoder error) becomes a failure record; it never
-takes down its batch. Local Ray is started in-process when no address is configured.
+An actor decodes each batch in one padded forward per step (``Decoder.generate_batch``). A request that
+fails (prompt too long, bad item, decoder error) becomes a failure record; it never takes down its batch. Local Ray is started in-process when no address is configured.
 """
 from __future__ import annotations
 
@@ -132,14 +132,7 @@ class GenerationWorker:
             return item_prompt(req.item or {"item_id": req.entity_id}, task.domain)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
-    def generate_one(self, task: DecodeTask, req: GenerationRequest) -> dict[str, Any]:
-        """One knowledge row for ``req``; raises on any failure (see :meth:`generate`)."""
-        decoder, params_json = self._decoder(task)
-        prompt = self.prompt(task, req)
-        pool = self._pool(task, req.pool_key)
-        start = time.perf_counter()
-        res = decoder.generate(prompt, max_new_tokens=task.max_new_tokens, pool=pool)
-        elapsed = time.perf_counter() - start
+    def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str) -> dict[str, Any]:
         st = res.stats
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
@@ -147,21 +140,43 @@ class GenerationWorker:
             "prompt_version": task.prompt_version, "pool_kind": req.pool_kind if pool is not None else None,
             "group_id": req.group_id if pool is not None else None, "n_tokens": len(res.token_ids),
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
-            "retrieval_s": float(st.retrieval_s), "generation_s": elapsed, "finish_reason": st.finish_reason,
-            "run_id": task.run_id, "generated_at": utc_now(),
+            "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
+            "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
         }
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:
-        """Rows for the requests that succeed, a failure record (with the reason) for each that does not."""
+        """Rows for the requests that succeed, a failure record (with the reason) for each that does not.
+
+        The requests whose prompt and pool are ready are decoded together in one padded batch; if that
+        batch fails, each is retried alone so that a bad entity fails by itself.
+        """
         out = BatchResult()
+        ready: list[tuple[GenerationRequest, str, Any]] = []
         for req in requests:
             try:
-                out.rows.append(self.generate_one(task, req))
+                ready.append((req, self.prompt(task, req), self._pool(task, req.pool_key)))
             except Exception as exc:  # one bad entity never takes down the batch
-                log.warning("%s %s failed: %s", req.entity_type, req.entity_id, exc)
-                out.failures.append({"entity_type": req.entity_type, "entity_id": req.entity_id,
-                                     "reason": f"{type(exc).__name__}: {exc}"})
+                out.failures.append(_failure(req, exc))
+        if not ready:
+            return out
+        decoder, params_json = self._decoder(task)
+        try:
+            gens = decoder.generate_batch([p for _, p, _ in ready], task.max_new_tokens, [pool for _, _, pool in ready])
+        except Exception as exc:
+            log.warning("batch of %d failed (%s); decoding one by one", len(ready), exc)
+            gens = None
+        for i, (req, prompt, pool) in enumerate(ready):
+            try:
+                res = gens[i] if gens is not None else decoder.generate(prompt, task.max_new_tokens, pool)
+                out.rows.append(self._row(task, req, pool, res, params_json))
+            except Exception as exc:
+                out.failures.append(_failure(req, exc))
         return out
+
+
+def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
+    log.warning("%s %s failed: %s", req.entity_type, req.entity_id, exc)
+    return {"entity_type": req.entity_type, "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"}
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> None:

@@ -189,3 +189,17 @@ def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
     assert worker.pool_loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
     assert list(worker._pools) == ["user/attribute/c", "user/attribute/a"]  # b was least recently used
     assert [r["group_id"] for r in result.rows] == ["a", "b", "a", "c", "a", None]  # no pool: recorded as none
+
+
+def test_batch_error_falls_back_to_one_by_one(tiny_model):
+    worker = GenerationWorker(ModelSpec(tiny_model))
+    task = DecodeTask("autoregressive", max_new_tokens=4, max_prompt_tokens=None)  # no truncation
+    huge = [(f"Film number {i}", 3.0) for i in range(400)]  # longer than the model's 4096-token context
+    reqs = [GenerationRequest("user", "ok1", history=[("Heat", 4.0)]), GenerationRequest("user", "huge", history=huge),
+            GenerationRequest("user", "ok2", history=[("Alien", 5.0)])]
+    result = worker.generate(task, reqs)
+    alone = worker.generate(task, [reqs[0]]).rows[0]
+    assert [r["entity_id"] for r in result.rows] == ["ok1", "ok2"]
+    assert result.rows[0]["knowledge"] == alone["knowledge"]
+    assert [f["entity_id"] for f in result.failures] == ["huge"]
+    assert "context" in result.failures[0]["reason"]
