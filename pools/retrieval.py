@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from laser import DraftTree
-from pools.trie import TokenTrie
+from pools.trie import TokenTrie, paused_gc
 
 
 class RetrievalPool:
@@ -41,8 +41,9 @@ class RetrievalPool:
     @classmethod
     def from_token_ids(cls, seqs: Sequence[Sequence[int]], **kwargs) -> "RetrievalPool":
         pool = cls(**kwargs)
-        for seq in seqs:
-            pool.add(seq)
+        with paused_gc():
+            for seq in seqs:
+                pool.add(seq)
         return pool
 
     @classmethod

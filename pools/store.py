@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pools.build import materialize, paused_gc
+from pools.build import materialize
+from pools.trie import paused_gc
 from pools.retrieval import RetrievalPool
 
 log = logging.getLogger(__name__)
