@@ -53,3 +53,14 @@ def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
 def test_params_are_recorded(tiny_lm):
     d = laser.get_decoder("laser", tiny_lm, k=3, p=0.2, K=16)
     assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8}
+
+
+def test_cli_lists_decoders():
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    result = CliRunner().invoke(app, ["decoders"])
+    assert result.exit_code == 0
+    names = [line.split()[0] for line in result.output.strip().splitlines()]
+    assert names == ["autoregressive", "laser", "resd"]
