@@ -144,7 +144,7 @@ def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, 
     import ray
 
     out = tmp_path / "killed"
-    cfg = job_config(tiny_model, out, "generation.max_new_tokens=48", "old_knowledge.max_new_tokens=8",
+    cfg = job_config(tiny_model, out, "generation.max_new_tokens=96", "old_knowledge.max_new_tokens=8",
                      "output.shard_rows=1", "execution.batch_size=1")
     config_file = tmp_path / "job.yaml"
     address = ray.get_runtime_context().gcs_address  # the subprocess joins the running cluster
@@ -155,7 +155,7 @@ def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, 
     store = out / "knowledge"
     deadline = time.time() + 120
     while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 3:
-        time.sleep(0.1)
+        time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)  # mid-run: Ray reaps the dead driver's actors
     proc.wait()
     written_before = read_knowledge(store, dedup=False)
