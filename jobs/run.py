@@ -64,10 +64,10 @@ def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
     data = load_job_data(cfg)
     if old:
         rep, out = step_old_knowledge(cfg, data), JobPaths.of(cfg).old_knowledge
-        print_summary(JobSummary.of(cfg, rep, GenerationReport(), out, 0.0))
+        print_summary(JobSummary.of(cfg, rep, GenerationReport(), out, rep.wall_s))
     else:
         rep, out = step_generate(cfg, data, read_routing(cfg)), JobPaths.of(cfg).knowledge
-        print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, 0.0))
+        print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, rep.wall_s))
 
 
 def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,

@@ -377,6 +377,9 @@ def print_summary(summary: JobSummary) -> None:
     for col in ("step", "done", "failed", "tokens", "tokens/s", "AAL", "forwards saved"):
         table.add_column(col, justify="right" if col != "step" else "left")
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
+        if rep.done == rep.failed == 0:
+            table.add_row(name, "0", "0", "-", "-", "-", "-")  # nothing generated in this pass
+            continue
         # every accepted draft token is a target forward saved against one forward per token
         share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
         table.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
