@@ -102,3 +102,18 @@ def test_decoder_checked_before_any_work():
         jobmod.check_decoder("nope", {})
     with pytest.raises(ValueError, match=r"decoder\.params\.k: decoder 'resd'"):
         jobmod.run_job(load_config(None, ["decoder.name=resd", "decoder.params.k=2", "output.path=/nonexistent/x"]))
+
+
+def test_summary_numbers(capsys):
+    from pipelines.generation import GenerationReport
+
+    new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0)
+    assert new.aal == 3.0 and new.tokens_per_s == 10.0
+    summary = jobmod.JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
+                                open_failures=1, wall_s=5.0)
+    jobmod.print_summary(summary)
+    text = capsys.readouterr().out
+    row = next(line for line in text.splitlines() if "new knowledge" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40", "10.0", "3.00", "20 (50%)"]
+    assert "unresolved failures: 1" in text and "out/knowledge" in text
+    assert summary.to_json()["new"]["aal"] == 3.0
