@@ -59,3 +59,37 @@ def bench_decode(json_out: Path = typer.Option(Path("bench-decode.json"), "--jso
 
     run_decode_bench(json_out, DecodeBenchSettings(model=model, users=users, old_users=old_users,
                                                    max_new_tokens=max_new_tokens, threads=threads, seed=seed))
+
+
+@bench_app.command("suite")
+def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json", help="JSON output (PNGs beside it)."),
+                quick: bool = typer.Option(False, "--quick", help="A few prompts, short outputs: a smoke check."),
+                dataset_config: Path | None = typer.Option(None, "--dataset-config", help=(
+                    "YAML with a DatasetConfig (a `dataset:` block of a job config, or its keys at the top); "
+                    "default: the synthetic demo data.")),
+                model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
+                user_prompts: int | None = typer.Option(None, help="Measured new histories (default 8, quick 2)."),
+                item_prompts: int | None = typer.Option(None, help="Measured new items (default 4, quick 1; 0: none)."),
+                max_new_tokens: int | None = typer.Option(None, help="Generation budget (default 128, quick 48)."),
+                repeats: int = typer.Option(1, help="Timings per request; the median is kept."),
+                threads: int = typer.Option(2, help="torch threads."),
+                seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
+    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task."""
+    from jobs.config import read_yaml
+    from pipelines.bench.suite import SuiteSettings, run_suite
+    from pipelines.data.config import DatasetConfig
+
+    given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
+             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens}
+    given = {k: v for k, v in given.items() if v is not None}
+    settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
+    dataset = None
+    if dataset_config is not None:
+        from pydantic import ValidationError
+
+        tree = read_yaml(dataset_config)
+        try:
+            dataset = DatasetConfig(**tree.get("dataset", tree))
+        except ValidationError as err:
+            raise typer.BadParameter(f"{dataset_config}: not a dataset config: {err}") from err
+    run_suite(json_out, settings, dataset)
