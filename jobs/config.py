@@ -62,7 +62,8 @@ class OldKnowledgeConfig(_Strict):
 
     path: str | None = Field(None, description="store directory; default <output.path>/old_knowledge")
     decoder: Literal["autoregressive", "resd", "laser"] = Field(
-        "resd", description="greedy decoder for missing old knowledge (greedy is lossless)")
+        "autoregressive", description="greedy decoder for missing old knowledge; decoded without a pool (none "
+        "exists yet), so all three write the model's greedy text")
     max_new_tokens: int | None = Field(None, ge=1, description="default: generation.max_new_tokens")
     generate_missing: bool = Field(True, description="generate old knowledge the store lacks")
 
