@@ -70,7 +70,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     elif isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    path = str(_materialise_bundled(name_or_path)) if name_or_path in BUNDLED else name_or_path
+    path = _resolve(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -78,6 +78,18 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
         raise ValueError(f"cannot load model {name_or_path!r}: {err}. Known bundled models: {sorted(BUNDLED)}") from err
     model.to(device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
+
+
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model (bundled name, local path or hub id) without loading its weights."""
+    try:
+        return AutoTokenizer.from_pretrained(_resolve(name_or_path))
+    except OSError as err:
+        raise ValueError(f"cannot load the tokenizer of {name_or_path!r}: {err}") from err
+
+
+def _resolve(name_or_path: str) -> str:
+    return str(_materialise_bundled(name_or_path)) if name_or_path in BUNDLED else name_or_path
 
 
 def _materialise_bundled(name: str) -> Path:

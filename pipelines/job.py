@@ -262,10 +262,7 @@ def load_tokenizer(model: str) -> Any:
     """The tokenizer of the job's model (pool texts must be tokenised exactly as the actors decode)."""
     import laser
 
-    lm = laser.load_model(model, device="cpu")
-    if lm.tokenizer is None:
-        raise ValueError(f"model {model!r} has no tokenizer; pools are built from knowledge text")
-    return lm.tokenizer
+    return laser.load_tokenizer(model)
 
 
 def step_build_pools(cfg: "JobConfig") -> dict[str, int]:
