@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -145,6 +146,11 @@ def versions() -> dict[str, str]:
             "prompt_version": PROMPT_VERSION}
 
 
+def wide_console() -> Console:
+    """A console that does not squeeze the tables into 80 columns when the output is a file."""
+    return Console() if sys.stdout.isatty() else Console(width=170)
+
+
 def _fmt(value: Any, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -161,7 +167,7 @@ def print_methods(title: str, methods: dict[str, dict[str, Any]], console: Conso
                       _fmt(m["art_ms_per_step"], ".3f"), _fmt(share, ".1f", "%"), f"{m['mean_new_tokens']:.0f}",
                       f"{m['length_ratio_vs_greedy']:.2f}",
                       "yes" if m["identical_to_greedy"] else f"no ({m['identical_prompts']}/{m['prompts']})")
-    (console or Console()).print(table)
+    (console or wide_console()).print(table)
 
 
 def print_breakdown(title: str, methods: dict[str, dict[str, Any]], console: Console | None = None) -> None:
@@ -176,5 +182,5 @@ def print_breakdown(title: str, methods: dict[str, dict[str, Any]], console: Con
         table.add_column(col.replace("_", " "), justify="right")
     for name, b in rows.items():
         table.add_row(name, *(f"{b[c]:.2f}" for c in cols))
-    (console or Console()).print(table)
+    (console or wide_console()).print(table)
 

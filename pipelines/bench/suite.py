@@ -43,7 +43,7 @@ import laser
 import router
 from pipelines.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
 from pipelines.bench.plots import plot_studies
-from pipelines.bench.report import (Run, hf_generate, machine_info, print_breakdown, print_methods, repeat_median,
+from pipelines.bench.report import (Run, hf_generate, wide_console, machine_info, print_breakdown, print_methods, repeat_median,
                                     summarise, timed_decode, versions)
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
@@ -69,8 +69,8 @@ class SuiteSettings:
     threads: int = 2
     user_prompts: int = 8          # measured new histories
     item_prompts: int = 4          # measured new items
-    old_users: int = 160           # earlier profiles (measured users' own old profiles included)
-    old_items: int = 120           # earlier item descriptions
+    old_users: int = 120           # earlier profiles (measured users' own old profiles included)
+    old_items: int = 64            # earlier item descriptions
     max_new_tokens: int = 128
     max_prompt_tokens: int = 512
     max_hist: int = 30             # split: the old history is the first min((n+1)//2, max_hist) interactions
@@ -89,7 +89,7 @@ class SuiteSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> "SuiteSettings":
         """A few prompts and short outputs: a smoke check in minutes."""
-        small = dict(user_prompts=2, item_prompts=1, old_users=24, old_items=16, max_new_tokens=48,
+        small = dict(user_prompts=2, item_prompts=1, old_users=16, old_items=8, max_new_tokens=48,
                      pool_fractions=(0.5, 1.0), draft_budgets=(16, 64))
         return cls(**{**small, **overrides})
 
@@ -272,7 +272,7 @@ def _pool_summary(task: TaskFixture, pools: dict[str, RetrievalPool]) -> dict[st
 def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSettings, json_out: Path,
                 extra: dict[str, Any] | None = None, console: Console | None = None) -> dict[str, Any]:
     """Measure every task, print the tables, write the JSON and the PNG plots beside it; return the report."""
-    console = console or Console()
+    console = console or wide_console()
     started = time.perf_counter()
     report: dict[str, Any] = {"settings": _jsonable(asdict(s)), "seeds": {"data_split_groups_pools": s.seed,
                                                                            "torch": s.seed},
