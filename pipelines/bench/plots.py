@@ -70,6 +70,8 @@ def _pool_size(studies, methods, title):
     share = speed.twinx()
     share.plot(texts, [100 * (methods[r["method"]]["retrieval_share"] or 0.0) for r in sweep], "s--", color="tab:red")
     share.set_ylabel("retrieval time share (%)", color="tab:red")
+    speed.set_ylim(bottom=0)
+    share.set_ylim(bottom=0)
     fig.suptitle(f"Pool size (Figure 2), resd: {title}")
     return fig
 
@@ -85,5 +87,7 @@ def _draft_budget(studies, methods, title):
     aal = speed.twinx()
     aal.plot(ks, [methods[r["method"]]["aal"] or 0.0 for r in sweep], "s--", color="tab:green")
     aal.set_ylabel("AAL", color="tab:green")
+    speed.set_ylim(bottom=0)
+    aal.set_ylim(bottom=0)
     fig.suptitle(f"Draft budget, LASER: {title}")
     return fig

@@ -69,8 +69,8 @@ class SuiteSettings:
     threads: int = 2
     user_prompts: int = 8          # measured new histories
     item_prompts: int = 4          # measured new items
-    old_users: int = 120           # earlier profiles (measured users' own old profiles included)
-    old_items: int = 64            # earlier item descriptions
+    old_users: int = 64            # earlier profiles (measured users' own old profiles included)
+    old_items: int = 32            # earlier item descriptions
     max_new_tokens: int = 128
     max_prompt_tokens: int = 512
     max_hist: int = 30             # split: the old history is the first min((n+1)//2, max_hist) interactions
@@ -122,11 +122,10 @@ class Method:
 # ---- fixture ------------------------------------------------------------------------------------
 
 def _sample(ids: list[str], n: int, seed: int) -> list[str]:
-    """A seeded sample of ``n`` ids (all when fewer), in sorted order."""
-    ids = sorted(ids)
-    if len(ids) <= n:
-        return ids
-    return sorted(np.random.default_rng(seed).choice(ids, size=n, replace=False).tolist())
+    """A seeded sample of ``n`` ids (all when fewer), in sorted order. Nested: a smaller ``n`` takes a subset
+    of a larger one, so fixtures of different sizes share their cached answers."""
+    order = np.random.default_rng(seed).permutation(sorted(ids))
+    return sorted(order[:n].tolist())
 
 
 def user_fixture(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, cache_root: Path | None) -> TaskFixture:
