@@ -140,3 +140,5 @@ def test_suite_end_to_end_on_a_tiny_model(tiny, tmp_path):
     assert sorted(p.name for p in out.parent.glob("*.png")) == [
         "suite-ablation.png", "suite-draft-budget.png", "suite-pool-size.png", "suite-verification.png"]
     assert report["tasks"]["user"]["methods"]["CRP"]["mean_new_tokens"] == user["CRP"]["mean_new_tokens"]
+    markdown = (out.parent / "suite.md").read_text()
+    assert "| LASER (RV+CRP) |" in markdown and "**item task** (2 prompts" in markdown

@@ -184,3 +184,27 @@ def print_breakdown(title: str, methods: dict[str, dict[str, Any]], console: Con
         table.add_row(name, *(f"{b[c]:.2f}" for c in cols))
     (console or wide_console()).print(table)
 
+
+
+def markdown_methods(methods: dict[str, dict[str, Any]]) -> str:
+    """The speed table as Markdown (for README results)."""
+    lines = ["| method | tokens/s | speedup | AAL | ART ms/step | new tokens | len ratio | = greedy |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for name, m in methods.items():
+        same = "yes" if m["identical_to_greedy"] else f"no ({m['identical_prompts']}/{m['prompts']})"
+        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup_vs_generate']:.2f}x | {_fmt(m['aal'], '.2f')} | "
+                     f"{_fmt(m['art_ms_per_step'], '.3f')} | {m['mean_new_tokens']:.0f} | "
+                     f"{m['length_ratio_vs_greedy']:.2f} | {same} |")
+    return "\n".join(lines)
+
+
+def markdown_breakdown(methods: dict[str, dict[str, Any]]) -> str:
+    """The per-step time breakdown (ms) as Markdown."""
+    rows = {n: m["time_breakdown_ms_per_step"] for n, m in methods.items() if m.get("time_breakdown_ms_per_step")}
+    if not rows:
+        return ""
+    cols = list(next(iter(rows.values())))
+    lines = ["| method | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+             "|---|" + "---:|" * len(cols)]
+    lines += [f"| {n} | " + " | ".join(f"{b[c]:.2f}" for c in cols) + " |" for n, b in rows.items()]
+    return "\n".join(lines)

@@ -43,8 +43,9 @@ import laser
 import router
 from pipelines.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
 from pipelines.bench.plots import plot_studies
-from pipelines.bench.report import (Run, hf_generate, wide_console, machine_info, print_breakdown, print_methods, repeat_median,
-                                    summarise, timed_decode, versions)
+from pipelines.bench.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
+                                    print_breakdown, print_methods, repeat_median, summarise, timed_decode, versions,
+                                    wide_console)
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
@@ -294,8 +295,22 @@ def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSe
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plots"] = [str(p) for p in plot_studies(report, json_out)]
     json_out.write_text(json.dumps(report, indent=2))
+    json_out.with_suffix(".md").write_text(markdown_report(report))
     _print_targets(report.get("targets", []), console)
     return report
+
+
+def markdown_report(report: dict[str, Any]) -> str:
+    """Every task's tables and the targets as Markdown (written next to the JSON as ``<stem>.md``)."""
+    parts = []
+    for name, task in report["tasks"].items():
+        parts += [f"**{name} task** ({task['fixture']['measured_prompts']} prompts, "
+                  f"{task['fixture']['earlier_texts']} earlier texts)", "", markdown_methods(task["methods"]), "",
+                  f"Time per decoding step (ms), {name} task:", "", markdown_breakdown(task["methods"]), ""]
+    for t in report.get("targets", []):
+        parts.append(f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} "
+                     f"(needs >= {t['minimum']}{', <= ' + str(t['maximum']) if 'maximum' in t else ''})")
+    return "\n".join(parts) + "\n"
 
 
 def _studies(s: SuiteSettings, sizes: list[int], pools: dict[str, RetrievalPool]) -> dict[str, Any]:
