@@ -68,9 +68,9 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                     "YAML with a DatasetConfig (a `dataset:` block of a job config, or its keys at the top); "
                     "default: the synthetic demo data.")),
                 model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
-                user_prompts: int | None = typer.Option(None, help="Measured new histories (default 8, quick 2)."),
+                user_prompts: int | None = typer.Option(None, help="Measured new histories (default 6, quick 2)."),
                 item_prompts: int | None = typer.Option(None, help="Measured new items (default 4, quick 1; 0: none)."),
-                max_new_tokens: int | None = typer.Option(None, help="Generation budget (default 128, quick 48)."),
+                max_new_tokens: int | None = typer.Option(None, help="Generation budget (default 192, quick 48)."),
                 repeats: int = typer.Option(1, help="Timings per request; the median is kept."),
                 threads: int = typer.Option(2, help="torch threads."),
                 seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:

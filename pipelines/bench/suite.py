@@ -68,11 +68,12 @@ class SuiteSettings:
     model: str = laser.DEFAULT_MODEL
     device: str = "cpu"
     threads: int = 2
-    user_prompts: int = 8          # measured new histories
+    user_prompts: int = 6          # measured new histories
     item_prompts: int = 4          # measured new items
-    old_users: int = 64            # earlier profiles (measured users' own old profiles included)
+    old_users: int = 64            # earlier profiles sampled (plus the measured users' own old profiles)
     old_items: int = 32            # earlier item descriptions
-    max_new_tokens: int = 128
+    max_new_tokens: int = 192      # measured budget: above the prompts' ~120 words, so lengths can differ
+    knowledge_tokens: int = 128    # budget of the earlier knowledge (fixture)
     max_prompt_tokens: int = 512
     max_hist: int = 30             # split: the old history is the first min((n+1)//2, max_hist) interactions
     n_clusters: int = 5            # collaborative groups (the paper uses 3-10)
@@ -90,7 +91,7 @@ class SuiteSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> "SuiteSettings":
         """A few prompts and short outputs: a smoke check in minutes."""
-        small = dict(user_prompts=2, item_prompts=1, old_users=16, old_items=8, max_new_tokens=48,
+        small = dict(user_prompts=2, item_prompts=1, old_users=16, old_items=8, max_new_tokens=48, knowledge_tokens=48,
                      pool_fractions=(0.5, 1.0), draft_budgets=(16, 64))
         return cls(**{**small, **overrides})
 
@@ -137,12 +138,12 @@ def user_fixture(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, cache_roo
     grouped = set(collab["entity_id"].to_list())
     new_users = set(split.new_interactions["user_id"].to_list()) & grouped
     measured = _sample(list(new_users), s.user_prompts, s.seed)
-    old_pool = sorted(set(split.old_interactions["user_id"].to_list()) & grouped - set(measured))
-    old_users = sorted(set(measured) | set(_sample(old_pool, max(0, s.old_users - len(measured)), s.seed + 1)))
+    old_pool = list(set(split.old_interactions["user_id"].to_list()) & grouped)
+    old_users = sorted(set(measured) | set(_sample(old_pool, s.old_users, s.seed + 1)))
     history = pl.concat([split.old_interactions, split.new_interactions])
     prompts = encode_user_prompts(lm, history, ds, measured, s.max_prompt_tokens)
     old_prompts = encode_user_prompts(lm, split.old_interactions, ds, old_users, s.max_prompt_tokens)
-    knowledge = greedy_knowledge(lm, old_prompts, s.max_new_tokens, cache_root, desc="earlier user profiles")
+    knowledge = greedy_knowledge(lm, old_prompts, s.knowledge_tokens, cache_root, desc="earlier user profiles")
     no_attribute = pl.DataFrame(schema=GROUP_SCHEMA)
     return TaskFixture("user", router.COLLABORATIVE, prompts, knowledge,
                        router.group_memberships("user", no_attribute, collab))
@@ -158,7 +159,7 @@ def item_fixture(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, cache_roo
     old = _sample(split.existing_items["item_id"].to_list(), s.old_items, s.seed + 1)
     by_id = lambda ids: ds.items.filter(pl.col("item_id").is_in(ids)).sort("item_id")  # noqa: E731
     prompts = encode_item_prompts(lm, by_id(measured), ds.domain)
-    knowledge = greedy_knowledge(lm, encode_item_prompts(lm, by_id(old), ds.domain), s.max_new_tokens, cache_root,
+    knowledge = greedy_knowledge(lm, encode_item_prompts(lm, by_id(old), ds.domain), s.knowledge_tokens, cache_root,
                                  desc="earlier item descriptions")
     return TaskFixture("item", router.ATTRIBUTE, prompts, knowledge, router.group_memberships("item", attr))
 
