@@ -14,7 +14,7 @@ import torch
 
 from laser.drafting import Drafter
 from laser.kv_cache import TreeKVCache
-from laser.tree import additive_mask, pack_trees
+from laser.tree import pack_trees
 from laser.verify import TopKVerifier, select_paths
 
 
@@ -106,19 +106,17 @@ class TreeDecodingEngine:
         return seqs
 
     def _prefill(self, seqs: list[Sequence], cache: TreeKVCache) -> None:
-        """Cache every prompt token but the last, which becomes the first step's root."""
+        """Cache every prompt token but the last, which becomes the first step's root.
+
+        Prompts are right-padded and run causally without an explicit mask (SDPA's fast causal path):
+        a valid token never sees a later pad, and pad slots stay hidden afterwards (``cache_len``).
+        """
         lens = [len(s.tokens) - 1 for s in seqs]
         width = max(lens)
         if width == 0:
             return
         ids = torch.tensor([s.tokens[:-1] + [0] * (width - n) for s, n in zip(seqs, lens)], device=self.device)
-        q = torch.arange(width, device=self.device)
-        valid = q[None, :] < torch.tensor(lens, device=self.device)[:, None]  # [B, T]
-        seen = (q[None, :, None] >= q[None, None, :]) & valid[:, None, :] & valid[:, :, None]
-        seen |= torch.eye(width, dtype=torch.bool, device=self.device)  # padding rows see themselves
-        mask = additive_mask(seen[:, None], self.dtype)
-        self.model(input_ids=ids, attention_mask=mask, position_ids=q[None].expand(len(seqs), -1),
-                   past_key_values=cache, use_cache=True)
+        self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         for s, n in zip(seqs, lens):
             s.cache_len = n
 
@@ -129,9 +127,11 @@ class TreeDecodingEngine:
         offset = cache.used
         batch = self.clock.timed(seqs, "tree_s", lambda: pack_trees(
             trees, [s.cache_len for s in seqs], offset, self.dtype, self.device))
+        # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
+        plain = batch.input_ids.shape[1] == 1 and all(s.cache_len == offset for s in seqs)
         logits = self.clock.timed(seqs, "forward_s", lambda: self.model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-            past_key_values=cache, use_cache=True).logits)
+            input_ids=batch.input_ids, attention_mask=None if plain else batch.attention_mask,
+            position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits)
         verdict = self.clock.timed(seqs, "verify_s", lambda: select_paths(
             logits, batch, self.verifier.accept_nodes(logits, batch)))
         self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs], verdict.path, offset))
