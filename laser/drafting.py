@@ -23,8 +23,12 @@ class Drafter(Protocol):
 
 
 class DraftSource(Protocol):
-    def open(self, prompt_ids: Sequence[int], max_nodes: int, n_max: int) -> Drafter:
-        """A drafter for one request whose prompt is ``prompt_ids``; trees hold at most ``max_nodes`` drafts."""
+    def open(self, prompt_ids: Sequence[int], max_nodes: int, n_max: int, min_prob: float) -> Drafter:
+        """A drafter for one request whose prompt is ``prompt_ids``.
+
+        Trees hold at most ``max_nodes`` drafts, found from prefixes of at most ``n_max`` tokens, each
+        having followed its prefix in at least ``min_prob`` of the prefix's occurrences.
+        """
 
 
 class NoDrafter:

@@ -62,18 +62,24 @@ class RetrievalPool:
     def __len__(self) -> int:
         return len(self.trie)
 
-    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = 8) -> "PoolDrafter":
-        return PoolDrafter(self, prompt_ids, max_nodes, n_max)
+    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+             min_prob: float = 0.0) -> "PoolDrafter":
+        return PoolDrafter(self, prompt_ids, max_nodes, n_max, min_prob)
 
     def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
-                 temporary: TokenTrie | None = None) -> DraftTree:
-        """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie."""
+                 temporary: TokenTrie | None = None, min_prob: float = 0.0) -> DraftTree:
+        """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie.
+
+        ``min_prob`` > 0 keeps only nodes that followed the prefix at least that often (see
+        :meth:`TokenTrie.top_subtree`): fewer, likelier drafts, for targets whose forward cost grows
+        with the number of tree tokens (CPUs).
+        """
         enough = max(1, int(self.min_fraction * max_nodes))
         best: list[tuple[int, ...]] = []
         for n in range(min(n_max, len(context)), 0, -1):
             prefix = tuple(context[-n:])
-            nodes = _merge([t.top_subtree(prefix, max_nodes, self.max_depth) for t in (temporary, self.trie) if t],
-                           max_nodes)
+            nodes = _merge([t.top_subtree(prefix, max_nodes, self.max_depth, min_prob)
+                            for t in (temporary, self.trie) if t], max_nodes)
             if len(nodes) > len(best):
                 best = nodes
             if len(best) >= enough:
@@ -84,16 +90,17 @@ class RetrievalPool:
 class PoolDrafter:
     """Per-request drafter: the pool's permanent branches plus this request's temporary ones."""
 
-    def __init__(self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int):
-        if max_nodes < 0 or n_max < 1:
-            raise ValueError(f"max_nodes must be >= 0 and n_max >= 1, got {max_nodes}, {n_max}")
-        self.pool, self.max_nodes, self.n_max = pool, max_nodes, n_max
+    def __init__(self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int,
+                 min_prob: float = 0.0):
+        if max_nodes < 0 or n_max < 1 or not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"need max_nodes >= 0, n_max >= 1, 0 <= min_prob < 1; got {max_nodes}, {n_max}, {min_prob}")
+        self.pool, self.max_nodes, self.n_max, self.min_prob = pool, max_nodes, n_max, min_prob
         self.context = list(prompt_ids)
         self.temporary: TokenTrie | None = TokenTrie(pool.trie.window)
         self.temporary.extend(self.context)
 
     def propose(self, context: Sequence[int]) -> DraftTree:
-        return self.pool.retrieve(context, self.max_nodes, self.n_max, self.temporary)
+        return self.pool.retrieve(context, self.max_nodes, self.n_max, self.temporary, self.min_prob)
 
     def commit(self, new_tokens: Sequence[int]) -> None:
         old_len = len(self.context)

@@ -50,11 +50,14 @@ class TokenTrie:
                     self._nodes += not old
                     step.value = (old or 0) + 1
 
-    def top_subtree(self, prefix: Sequence[int], limit: int, max_depth: int) -> list[tuple[tuple[int, ...], int]]:
+    def top_subtree(self, prefix: Sequence[int], limit: int, max_depth: int,
+                    min_prob: float = 0.0) -> list[tuple[tuple[int, ...], int]]:
         """The ``limit`` most frequent nodes below ``prefix`` (at most ``max_depth`` deeper), best first.
 
-        Returns (path relative to the prefix, count) pairs; each node comes after its parent. Best-first
-        expansion visits only the chosen nodes and their children.
+        ``min_prob`` drops nodes seen in less than that share of the prefix's occurrences (their
+        empirical probability of following it); since counts only shrink going down, this cuts the
+        tail of the same best-first order. Returns (path relative to the prefix, count) pairs; each
+        node comes after its parent. Best-first expansion visits only the chosen nodes and their children.
         """
         try:
             root = self._trie.traverse(_lazy_node, prefix=tuple(prefix))
@@ -68,8 +71,9 @@ class TokenTrie:
                 heapq.heappush(heap, (-(count or 0), next(tie), tuple(path[len(prefix):]), grandchildren))
 
         push(root[2])
+        floor = min_prob * (root[1] or 0)
         out: list[tuple[tuple[int, ...], int]] = []
-        while heap and len(out) < limit:
+        while heap and len(out) < limit and -heap[0][0] >= floor:
             neg_count, _, path, children = heapq.heappop(heap)
             out.append((path, -neg_count))
             if len(path) < max_depth:

@@ -15,6 +15,7 @@ def test_unknown_decoder_lists_known(tiny_lm):
 @pytest.mark.parametrize("params, message", [
     ({"k": 0}, "k must be"), ({"p": 1.0}, "p must lie"), ({"p": -0.2}, "p must lie"),
     ({"verification": "fuzzy"}, "verification"), ({"K": -1}, "K must be"), ({"bogus": 1}, "bad parameters"),
+    ({"min_prob": 1.0}, "min_prob"),
 ])
 def test_bad_decoder_params(tiny_lm, params, message):
     with pytest.raises(ValueError, match=message):
@@ -52,7 +53,7 @@ def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
 
 def test_params_are_recorded(tiny_lm):
     d = laser.get_decoder("laser", tiny_lm, k=3, p=0.2, K=16)
-    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8}
+    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8, "min_prob": 0.0}
 
 
 def test_cli_lists_decoders():

@@ -73,3 +73,12 @@ def test_eviction_bounds_the_trie():
         pool.add([1, 2, 3, 100 + i, 200 + i])
     assert len(pool) <= 30
     assert pool.trie.count([1, 2, 3]) >= 1  # frequent branches survive
+
+
+def test_min_prob_keeps_only_likely_continuations():
+    # After "1": "2" 6 times, "3" twice, "4" once; "1 2" continues with "5" each time.
+    pool = RetrievalPool.from_token_ids([[1, 2, 5]] * 6 + [[1, 3, 6]] * 2 + [[1, 4, 7]])
+    assert len(pool.retrieve([1], max_nodes=16, n_max=1)) - 1 == 6
+    likely = pool.retrieve([1], max_nodes=16, n_max=1, min_prob=0.2)  # 2/9 and 6/9 pass, 1/9 does not
+    assert likely.tokens.tolist() == [1, 2, 5, 3, 6]
+    assert pool.retrieve([1], max_nodes=16, n_max=1, min_prob=0.5).tokens.tolist() == [1, 2, 5]

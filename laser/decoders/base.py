@@ -30,10 +30,12 @@ class Decoder:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
 
-    def __init__(self, lm: LoadedModel, K: int = 64, n_max: int = 8):
+    def __init__(self, lm: LoadedModel, K: int = 64, n_max: int = 8, min_prob: float = 0.0):
         if K < 0 or n_max < 1:
             raise ValueError(f"K must be >= 0 and n_max >= 1, got K={K}, n_max={n_max}")
-        self.lm, self.K, self.n_max = lm, K, n_max
+        if not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
+        self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
         self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)
 
     def verifier(self) -> TopKVerifier:
@@ -41,10 +43,12 @@ class Decoder:
 
     def params(self) -> dict[str, Any]:
         """The decoder's settings, recorded with every generated row."""
-        return {"K": self.K, "n_max": self.n_max}
+        return {"K": self.K, "n_max": self.n_max, "min_prob": self.min_prob}
 
     def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
-        return NoDrafter() if pool is None or self.K == 0 else pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max)
+        if pool is None or self.K == 0:
+            return NoDrafter()
+        return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, [pool])[0]

@@ -37,12 +37,12 @@ class Laser(Decoder):
     summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
-                 K: int = 64, n_max: int = 8):
+                 K: int = 64, n_max: int = 8, min_prob: float = 0.0):
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
         self.verification, self.k, self.p = verification, k, p
         TopKVerifier(k, p)  # validates k and p even when greedy
-        super().__init__(lm, K=K, n_max=n_max)
+        super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
 
     def verifier(self) -> TopKVerifier:
         return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else TopKVerifier(1)
