@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 from rich.table import Table
 
-from jobs.config import ConfigError, SplitConfig, _format_errors, apply_overrides, read_yaml
+from jobs.config import ConfigError, SplitConfig, format_errors, apply_overrides, read_yaml
 from pipelines.ctr import (MODEL_LABELS, NO_KNOWLEDGE, ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig,
                            build_samples, compare_sources, summarise)
 from pipelines.data import DatasetConfig, load_dataset, split_old_new
@@ -95,7 +95,7 @@ def load_ctr_config(path: str | Path, overrides: list[str] | None = None) -> Ctr
     try:
         return CtrEvalConfig.model_validate(apply_overrides(read_yaml(path), overrides))
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, str(path))) from None
+        raise ConfigError(format_errors(exc, str(path))) from None
 
 
 def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:

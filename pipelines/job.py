@@ -20,11 +20,12 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
+from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
@@ -33,8 +34,6 @@ from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_
 from pipelines.prompts import PROMPT_VERSION, user_histories
 from pools.build import group_key
 
-if TYPE_CHECKING:
-    from jobs.config import JobConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +53,7 @@ class JobPaths:
     summary: Path
 
     @classmethod
-    def of(cls, cfg: "JobConfig") -> "JobPaths":
+    def of(cls, cfg: JobConfig) -> "JobPaths":
         root = Path(cfg.output.path)
         old = Path(cfg.old_knowledge.path) if cfg.old_knowledge.path else root / "old_knowledge"
         return cls(root=root, knowledge=root / "knowledge", old_knowledge=old, routing=root / "routing.parquet",
@@ -69,7 +68,7 @@ class JobData:
     split: Split
 
 
-def load_job_data(cfg: "JobConfig") -> JobData:
+def load_job_data(cfg: JobConfig) -> JobData:
     """Load the configured dataset and split it into old and new (seeded)."""
     ds = load_dataset(cfg.dataset)
     sp = cfg.split
@@ -114,7 +113,7 @@ def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRe
     return left
 
 
-def worker_group(cfg: "JobConfig") -> WorkerGroup:
+def worker_group(cfg: JobConfig) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job)."""
     ex = cfg.execution
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed)
@@ -140,7 +139,7 @@ def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> No
                          f"(it takes {accepted})")
 
 
-def _task(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
+def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
           domain: str, pool_store: Path | None) -> DecodeTask:
     return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
@@ -148,7 +147,7 @@ def _task(cfg: "JobConfig", decoder: str, params: dict[str, Any], max_new_tokens
                       pool_cache_size=cfg.execution.pool_cache_size)
 
 
-def _generate(cfg: "JobConfig", requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
+def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
               workers: WorkerGroup | None) -> GenerationReport:
     todo = pending(requests, store)
     if not todo:
@@ -167,7 +166,7 @@ def old_knowledge_params(decoder: str) -> dict[str, Any]:
     return {"verification": "greedy"} if decoder == "laser" else {}
 
 
-def step_old_knowledge(cfg: "JobConfig", data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
+def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 1: old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
     ds, split = data.dataset, data.split
@@ -198,7 +197,7 @@ def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str,
     return table, hierarchy
 
 
-def _groups(cfg: "JobConfig", data: JobData) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
+def _groups(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
     """Per entity type: (attribute groups, collaborative groups or None), over every user and item."""
     import router
 
@@ -225,7 +224,7 @@ def _groups(cfg: "JobConfig", data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     return out
 
 
-def step_route(cfg: "JobConfig", data: JobData) -> pl.DataFrame:
+def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
     """Step 2: route every user and item (routing table saved as Parquet) and save group memberships."""
     import router
 
@@ -248,7 +247,7 @@ def step_route(cfg: "JobConfig", data: JobData) -> pl.DataFrame:
     return frame
 
 
-def read_routing(cfg: "JobConfig") -> pl.DataFrame:
+def read_routing(cfg: JobConfig) -> pl.DataFrame:
     """The routing table a previous `route` step saved."""
     import router
 
@@ -265,7 +264,7 @@ def load_tokenizer(model: str) -> Any:
     return laser.load_tokenizer(model)
 
 
-def step_build_pools(cfg: "JobConfig") -> dict[str, int]:
+def step_build_pools(cfg: JobConfig) -> dict[str, int]:
     """Step 3: one pool per group from its members' old knowledge, persisted; returns {pool key: texts}."""
     import router
     from pools.build import PoolBuildConfig, collect_sources
@@ -309,7 +308,7 @@ def new_requests(data: JobData, routing: pl.DataFrame, decoder: str = "laser") -
     return user_requests(history, ds.items, new_users, routes) + item_requests(split.new_items, routes)
 
 
-def step_generate(cfg: "JobConfig", data: JobData, routing: pl.DataFrame,
+def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
                   workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
     paths = JobPaths.of(cfg)
@@ -337,7 +336,7 @@ class JobSummary:
     wall_s: float
 
     @classmethod
-    def of(cls, cfg: "JobConfig", old: GenerationReport, new: GenerationReport, store: Path,
+    def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path,
            wall_s: float) -> "JobSummary":
         """The summary of a run whose knowledge went to ``store``."""
         return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
@@ -348,7 +347,7 @@ class JobSummary:
                 "new": {**asdict(self.new), "aal": self.new.aal}}
 
 
-def run_job(cfg: "JobConfig") -> JobSummary:
+def run_job(cfg: JobConfig) -> JobSummary:
     """All five steps; returns (and writes to ``summary.json``) the closing summary."""
     start = time.perf_counter()
     paths = JobPaths.of(cfg)

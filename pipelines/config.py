@@ -1,0 +1,121 @@
+"""The knowledge job's configuration schema (pydantic): every block forbids unknown keys, so a typo
+fails with the dotted key named. Reading YAML and ``--set`` overrides live in ``jobs/config.py``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from pipelines.data.config import DatasetConfig
+
+
+class ConfigError(ValueError):
+    """A job config that cannot be read or validated; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SplitConfig(_Strict):
+    """The paper's old/new split (see pipelines/data/split.py)."""
+
+    max_hist: int = Field(30, ge=1, description="old history = first min((n+1)//2, max_hist) interactions")
+    new_count: int | None = Field(None, ge=1, description="interactions after the cut that form the new history")
+    new_item_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of items (per category) that are new")
+
+
+class ModelConfig(_Strict):
+    """The target LLM."""
+
+    name: str = Field("smollm2-135m", description="bundled name, local path or cached hub id")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class DecoderConfig(_Strict):
+    """The decoder that writes new knowledge, by registry name, with its keyword parameters."""
+
+    name: str = "laser"
+    params: dict[str, Any] = Field(default_factory=dict, description="e.g. verification, k, p, K, n_max")
+
+
+class GenerationConfig(_Strict):
+    """Per-request generation limits."""
+
+    max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
+    max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
+
+
+class OldKnowledgeConfig(_Strict):
+    """Step 1: the old-knowledge store that pools are built from (generated where missing)."""
+
+    path: str | None = Field(None, description="store directory; default <output.path>/old_knowledge")
+    decoder: Literal["autoregressive", "resd", "laser"] = Field(
+        "autoregressive", description="greedy decoder for missing old knowledge; decoded without a pool (none "
+        "exists yet), so all three write the model's greedy text")
+    max_new_tokens: int | None = Field(None, ge=1, description="default: generation.max_new_tokens")
+    generate_missing: bool = Field(True, description="generate old knowledge the store lacks")
+
+
+class RoutingConfig(_Strict):
+    """Steps 2 and 3: the binary router, the groups and the pools (see router/ and pools/)."""
+
+    user_policy: Literal["warm_cold", "collaborative", "attribute"] = Field(
+        "warm_cold", description="warm_cold: warm users -> collaborative pool, cold -> attribute pool")
+    item_policy: Literal["warm_cold", "collaborative", "attribute"] = "attribute"
+    warm_threshold: int = Field(5, ge=0, description="warm_cold: at least this many old interactions = warm")
+    n_clusters: int = Field(8, ge=1, description="K-means groups over LightGCN embeddings (capped at entities)")
+    max_group_size: int = Field(200, ge=1, description="attribute groups larger than this split by sub-category")
+    max_pool_size: int = Field(2000, ge=1, description="most old-knowledge texts per pool (seeded sample)")
+    lightgcn: dict[str, Any] = Field(default_factory=dict, description="LightGCN overrides: dim, layers, epochs, lr")
+    seed: int = 0
+
+
+class ExecutionConfig(_Strict):
+    """Where and how wide the generation runs."""
+
+    num_workers: int = Field(2, ge=1, description="generation actors")
+    threads_per_worker: int = Field(1, ge=1, description="torch threads and Ray CPUs per actor")
+    address: str | None = Field(None, description="Ray address; null = local Ray started in-process")
+    batch_size: int = Field(4, ge=1, description="requests per actor task")
+    pool_cache_size: int = Field(8, ge=1, description="pools an actor keeps loaded (LRU)")
+
+
+class OutputConfig(_Strict):
+    """Where the job writes. ``path`` is the job directory (see README, "Running a job")."""
+
+    path: str = "runs/job"
+    shard_rows: int = Field(256, ge=1, description="rows per knowledge Parquet shard")
+    run_id: str | None = Field(None, description="default: a hash of the config, stable across resumes")
+
+
+class JobConfig(_Strict):
+    """A whole knowledge-generation job."""
+
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    decoder: DecoderConfig = Field(default_factory=DecoderConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    old_knowledge: OldKnowledgeConfig = Field(default_factory=OldKnowledgeConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @field_validator("decoder")
+    @classmethod
+    def _params_are_keywords(cls, v: DecoderConfig) -> DecoderConfig:
+        bad = [k for k in v.params if not str(k).isidentifier()]
+        if bad:
+            raise ValueError(f"decoder.params keys must be keyword names, got {bad}")
+        return v
+
+    def resolved_run_id(self) -> str:
+        """``output.run_id`` or a short hash of everything that shapes the output (stable on resume)."""
+        if self.output.run_id:
+            return self.output.run_id
+        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id"}})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
