@@ -139,7 +139,7 @@ def versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        ours = version("laser")
+        ours = version("laser-knowledge")
     except PackageNotFoundError:
         ours = "unknown"
     return {"torch": torch.__version__, "transformers": transformers.__version__, "laser": ours,
