@@ -180,7 +180,7 @@ def build_task_pools(task: TaskFixture, s: SuiteSettings) -> dict[str, Retrieval
     pools = {key: materialize(texts) for key, texts in sources.texts.items()}
     total = len(sources.texts.get(group_key(task.entity_type, "global", "all"), []))
     for texts in _sweep_sizes(total, s.pool_fractions):
-        capped = collect_sources(table, task.memberships, config=PoolBuildConfig(
+        capped = collect_sources(table, task.memberships.slice(0, 0), config=PoolBuildConfig(  # global pool only
             max_pool_size=None, global_max_size=texts, with_global=True, on_missing="skip", seed=s.seed))
         pools[f"global@{texts}"] = materialize(capped.texts[group_key(task.entity_type, "global", "all")])
     return pools
