@@ -142,3 +142,16 @@ def test_suite_end_to_end_on_a_tiny_model(tiny, tmp_path):
     assert report["tasks"]["user"]["methods"]["CRP"]["mean_new_tokens"] == user["CRP"]["mean_new_tokens"]
     markdown = (out.parent / "suite.md").read_text()
     assert "| LASER (RV+CRP) |" in markdown and "**item task** (2 prompts" in markdown
+
+
+def test_cli_rejects_a_bad_dataset_config_naming_the_file(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    bad = tmp_path / "data.yaml"
+    bad.write_text("dataset:\n  format: synthetic\n  n_users: 5\n")  # n_users belongs under synthetic:
+    result = CliRunner().invoke(app, ["bench", "suite", "--quick", "--dataset-config", str(bad)],
+                                env={"COLUMNS": "400"})
+    assert result.exit_code != 0
+    assert "data.yaml: not a dataset config" in result.output and "n_users" in result.output
