@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import laser
 from laser.decoders import registry
@@ -53,7 +54,15 @@ def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
 
 def test_params_are_recorded(tiny_lm):
     d = laser.get_decoder("laser", tiny_lm, k=3, p=0.2, K=16)
-    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8, "min_prob": 0.0}
+    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8, "min_prob": 0.1}
+
+
+def test_draft_budget_defaults_follow_the_device(tiny_lm):
+    from laser.decoders.base import draft_defaults
+
+    assert draft_defaults(torch.device("cuda")) == (64, 0.0)  # the paper's setting
+    d = laser.get_decoder("resd", tiny_lm)  # a CPU model
+    assert (d.K, d.min_prob) == draft_defaults(torch.device("cpu")) == (32, 0.1)
 
 
 def test_cli_lists_decoders():

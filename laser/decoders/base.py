@@ -4,12 +4,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
 
+import torch
+
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Sequence as _Seq, TreeDecodingEngine
 from laser.models import LoadedModel
 from laser.verify import TopKVerifier
 
 Prompt = str | Sequence[int]
+
+
+def draft_defaults(device: torch.device) -> tuple[int, float]:
+    """Draft budget ``(K, min_prob)`` when a decoder is not given one.
+
+    On a GPU extra tree tokens are nearly free, so the paper's 64 nodes and no probability floor. On a
+    CPU every tree token costs forward time (a 64-node step about 3x a one-token step on 2 cores, see
+    the draft-budget study of `laser bench suite`), so fewer, likelier nodes: 32 with ``min_prob`` 0.1.
+    """
+    return (64, 0.0) if device.type == "cuda" else (32, 0.1)
 
 
 @dataclass
@@ -22,7 +34,8 @@ class Generation:
 class Decoder:
     """Base class: subclasses say how to verify and where drafts come from.
 
-    ``generate`` decodes one request, ``generate_batch`` several in one padded batch. A ``pool`` is any
+    ``generate`` decodes one request, ``generate_batch`` several in one padded batch. ``K`` and
+    ``min_prob`` default to :func:`draft_defaults` for the model's device. A ``pool`` is any
     :class:`laser.drafting.DraftSource` (e.g. ``pools.RetrievalPool``); without one every step drafts
     nothing and decoding is autoregressive.
     """
@@ -30,7 +43,10 @@ class Decoder:
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
 
-    def __init__(self, lm: LoadedModel, K: int = 64, n_max: int = 8, min_prob: float = 0.0):
+    def __init__(self, lm: LoadedModel, K: int | None = None, n_max: int = 8, min_prob: float | None = None):
+        auto_K, auto_min_prob = draft_defaults(next(lm.model.parameters()).device)
+        K = auto_K if K is None else K
+        min_prob = auto_min_prob if min_prob is None else min_prob
         if K < 0 or n_max < 1:
             raise ValueError(f"K must be >= 0 and n_max >= 1, got K={K}, n_max={n_max}")
         if not 0.0 <= min_prob < 1.0:

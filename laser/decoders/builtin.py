@@ -37,7 +37,7 @@ class Laser(Decoder):
     summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
-                 K: int = 64, n_max: int = 8, min_prob: float = 0.0):
+                 K: int | None = None, n_max: int = 8, min_prob: float | None = None):
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
         self.verification, self.k, self.p = verification, k, p

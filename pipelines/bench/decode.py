@@ -40,7 +40,7 @@ class DecodeBenchSettings:
     max_new_tokens: int = 160
     max_prompt_tokens: int = 512
     seed: int = 0
-    K: int = 64
+    K: int | None = None  # None: the decoders' device default (laser.decoders.base.draft_defaults)
     n_max: int = 8
     k: int = 2
     p: float = 0.1
