@@ -59,7 +59,7 @@ class PoolSizeResult:
     pool_texts: int
     trie_nodes: int
     build_s: float
-    build_peak_mib: float        # peak RSS during the build minus RSS before it
+    build_peak_mib: float        # resident memory after the build minus before it (a trie only grows)
     load_rebuild_s: float        # PoolStore.get from token ids
     load_snapshot_s: float       # PoolStore.get from a pickled snapshot
     retrieval_median_ms: float
@@ -68,7 +68,12 @@ class PoolSizeResult:
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """Resident memory now (Linux /proc; peak RSS elsewhere, which over-counts imports)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _retrieval_ms(pool, queries: list[list[int]], prompt_len: int = 40, step: int = 3) -> tuple[np.ndarray, float]:
