@@ -60,34 +60,35 @@ def _verification(studies, methods, title):
     return fig
 
 
+def _speed_and(x, xlabel, speeds, other, other_label, color, title):
+    """tokens/s (left axis) and one more series (right axis) against ``x``."""
+    fig, speed = plt.subplots(figsize=(6, 3.6))
+    speed.plot(x, speeds, "o-", color="tab:blue")
+    speed.set_xlabel(xlabel)
+    speed.set_ylabel("tokens/s", color="tab:blue")
+    twin = speed.twinx()
+    twin.plot(x, other, "s--", color=color)
+    twin.set_ylabel(other_label, color=color)
+    speed.set_ylim(bottom=0)
+    twin.set_ylim(bottom=0)
+    fig.suptitle(title)
+    return fig, speed
+
+
 def _pool_size(studies, methods, title):
     sweep = studies["pool_size"]
-    texts = [row["texts"] for row in sweep]
-    fig, speed = plt.subplots(figsize=(6, 3.6))
-    speed.plot(texts, [methods[r["method"]]["tokens_per_s"] for r in sweep], "o-", color="tab:blue")
-    speed.set_xlabel("texts in the global pool")
-    speed.set_ylabel("tokens/s", color="tab:blue")
-    share = speed.twinx()
-    share.plot(texts, [100 * (methods[r["method"]]["retrieval_share"] or 0.0) for r in sweep], "s--", color="tab:red")
-    share.set_ylabel("retrieval time share (%)", color="tab:red")
-    speed.set_ylim(bottom=0)
-    share.set_ylim(bottom=0)
-    fig.suptitle(f"Pool size (Figure 2), resd: {title}")
+    fig, _ = _speed_and([row["texts"] for row in sweep], "texts in the global pool",
+                        [methods[r["method"]]["tokens_per_s"] for r in sweep],
+                        [100 * (methods[r["method"]]["retrieval_share"] or 0.0) for r in sweep],
+                        "retrieval time share (%)", "tab:red", f"Pool size (Figure 2), resd: {title}")
     return fig
 
 
 def _draft_budget(studies, methods, title):
     sweep = studies["draft_budget"]
-    ks = [row["K"] for row in sweep]
-    fig, speed = plt.subplots(figsize=(6, 3.6))
-    speed.plot(ks, [methods[r["method"]]["tokens_per_s"] for r in sweep], "o-", color="tab:blue")
+    fig, speed = _speed_and([row["K"] for row in sweep], "K (draft tree tokens per step)",
+                            [methods[r["method"]]["tokens_per_s"] for r in sweep],
+                            [methods[r["method"]]["aal"] or 0.0 for r in sweep],
+                            "AAL", "tab:green", f"Draft budget, LASER: {title}")
     speed.set_xscale("log", base=2)
-    speed.set_xlabel("K (draft tree tokens per step)")
-    speed.set_ylabel("tokens/s", color="tab:blue")
-    aal = speed.twinx()
-    aal.plot(ks, [methods[r["method"]]["aal"] or 0.0 for r in sweep], "s--", color="tab:green")
-    aal.set_ylabel("AAL", color="tab:green")
-    speed.set_ylim(bottom=0)
-    aal.set_ylim(bottom=0)
-    fig.suptitle(f"Draft budget, LASER: {title}")
     return fig
