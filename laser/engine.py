@@ -1,7 +1,7 @@
 """The decoding loop shared by every tree/chain decoder: prefill, then propose -> one target forward under
 tree attention -> verify -> keep the accepted KV -> commit, for a batch of sequences at once.
 
-Per-sequence state (tokens, drafter, cache length, stats) lives in :class:`Sequence`; the model call
+Per-sequence state (tokens, drafter, cache length, stats) lives in :class:`Request`; the model call
 and the verification act on the whole padded batch. Sequences leave the batch when they finish.
 """
 from __future__ import annotations
@@ -40,14 +40,9 @@ class DecodeStats:
         steps = len(self.accepted_per_step)
         return (sum(self.accepted_per_step) + steps) / steps if steps else 0.0
 
-    def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items()}
-        d["aal"] = self.aal
-        return d
-
 
 @dataclass
-class Sequence:
+class Request:
     tokens: list[int]  # prompt + generated; the last one is the next root (not yet cached)
     prompt_len: int
     drafter: Drafter
@@ -66,7 +61,7 @@ class _Clock:
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def timed(self, seqs: list[Sequence], field_name: str, fn: Callable):
+    def timed(self, seqs: list[Request], field_name: str, fn: Callable):
         self.sync()
         t0 = time.perf_counter()
         out = fn()
@@ -89,7 +84,7 @@ class TreeDecodingEngine:
         self.clock = _Clock(self.device)
 
     @torch.inference_mode()
-    def run(self, seqs: list[Sequence]) -> list[Sequence]:
+    def run(self, seqs: list[Request]) -> list[Request]:
         cache = TreeKVCache()
         self.clock.timed(seqs, "prefill_s", lambda: self._prefill(seqs, cache))
         active = list(seqs)
@@ -105,7 +100,7 @@ class TreeDecodingEngine:
             s.stats.new_tokens = len(s.new_tokens)
         return seqs
 
-    def _prefill(self, seqs: list[Sequence], cache: TreeKVCache) -> None:
+    def _prefill(self, seqs: list[Request], cache: TreeKVCache) -> None:
         """Cache every prompt token but the last, which becomes the first step's root.
 
         Prompts are right-padded and run causally without an explicit mask (SDPA's fast causal path):
@@ -120,7 +115,7 @@ class TreeDecodingEngine:
         for s, n in zip(seqs, lens):
             s.cache_len = n
 
-    def _step(self, seqs: list[Sequence], cache: TreeKVCache) -> list[Sequence]:
+    def _step(self, seqs: list[Request], cache: TreeKVCache) -> list[Request]:
         """One speculative step for every active sequence; returns those that finished."""
         step_t0 = time.perf_counter()
         trees = self.clock.timed(seqs, "retrieval_s", lambda: [s.drafter.propose(s.tokens) for s in seqs])
@@ -151,7 +146,7 @@ class TreeDecodingEngine:
             s.stats.decode_s += time.perf_counter() - step_t0
         return finished
 
-    def _clip(self, s: Sequence, new: list[int]) -> list[int]:
+    def _clip(self, s: Request, new: list[int]) -> list[int]:
         """Cut ``new`` at the first end-of-sequence token or the token budget, and record why."""
         room = s.max_new_tokens - len(s.new_tokens)
         new = new[:room]

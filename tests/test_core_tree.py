@@ -8,7 +8,7 @@ import torch
 
 from laser import DraftTree
 from laser.kv_cache import TreeKVCache
-from laser.engine import Sequence, TreeDecodingEngine
+from laser.engine import Request, TreeDecodingEngine
 from laser.drafting import NoDrafter
 from laser.tree import pack_trees
 from laser.verify import TopKVerifier
@@ -23,9 +23,9 @@ def sequential_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0, -1]
 
 
-def prefill(model, prompts: list[list[int]]) -> tuple[TreeKVCache, list[Sequence]]:
+def prefill(model, prompts: list[list[int]]) -> tuple[TreeKVCache, list[Request]]:
     engine = TreeDecodingEngine(model, TopKVerifier(), eos_ids=set())
-    seqs = [Sequence(tokens=list(p), prompt_len=len(p), drafter=NoDrafter(), max_new_tokens=1) for p in prompts]
+    seqs = [Request(tokens=list(p), prompt_len=len(p), drafter=NoDrafter(), max_new_tokens=1) for p in prompts]
     cache = TreeKVCache()
     engine._prefill(seqs, cache)
     return cache, seqs

@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Sequence
 import torch
 
 from laser.drafting import DraftSource, Drafter, NoDrafter
-from laser.engine import DecodeStats, Sequence as _Seq, TreeDecodingEngine
+from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import LoadedModel
 from laser.verify import TopKVerifier
 
@@ -77,7 +77,7 @@ class Decoder:
         if len(pools) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pools)} pools")
         ids = [self.encode(p) for p in prompts]
-        seqs = [_Seq(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens)
+        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens)
                 for t, pool in zip(ids, pools)]
         self.engine.run(seqs)
         return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
