@@ -1,25 +1,47 @@
-"""What the decoding core needs from a draft source.
+"""Drafters: where draft trees come from. Each request gets its own drafter, which owns its state.
 
-A *draft source* (e.g. a retrieval pool) opens one *drafter* per request; the drafter owns all
-per-request state (for a trie pool: the temporary branches of the prompt and of the text generated so
-far) and is closed when the request ends.
+The engine calls, per step: ``propose(context, budget)`` -> a :class:`DraftTree` rooted at the last
+token; after verification ``commit(new_tokens, hidden)`` with the tokens appended (accepted drafts, then
+the correction/bonus); ``close()`` when the request ends. A drafter that sets ``needs_hidden`` gets the
+target's last hidden state at the last accepted position (``[H]``); the others never cost the engine
+that read. Drafters of one class may draft together (one draft-model forward for the batch) by
+overriding ``propose_batch``.
+
+A *draft source* (e.g. a retrieval pool) opens one drafter per request.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import ClassVar, Protocol, Sequence
+
+import torch
 
 from laser.tree import DraftTree
 
 
-class Drafter(Protocol):
-    def propose(self, context: Sequence[int]) -> DraftTree:
-        """A draft tree rooted at ``context[-1]`` (the last token, not yet in the KV cache)."""
+class Drafter:
+    """Base class with the default (no-op) behaviour of every hook."""
 
-    def commit(self, new_tokens: Sequence[int]) -> None:
-        """Tokens appended to the context by the last step (accepted drafts + the correction/bonus)."""
+    needs_hidden: ClassVar[bool] = False
+
+    def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
+        """A draft tree rooted at ``context[-1]`` (not yet in the KV cache) with at most ``budget`` drafts."""
+        return DraftTree.chain(context[-1])
+
+    @classmethod
+    def propose_batch(cls, drafters: Sequence["Drafter"], contexts: Sequence[Sequence[int]],
+                      budgets: Sequence[int | None]) -> list[DraftTree]:
+        """Trees for several requests whose drafters are all of this class (override to batch)."""
+        return [d.propose(c, b) for d, c, b in zip(drafters, contexts, budgets)]
+
+    def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        """Tokens appended by the last step; ``hidden`` only for drafters that set ``needs_hidden``."""
 
     def close(self) -> None:
         """The request ended: drop its per-request state."""
+
+
+class NoDrafter(Drafter):
+    """Proposes the root alone: one token per step (autoregressive decoding on the same code path)."""
 
 
 class DraftSource(Protocol):
@@ -29,16 +51,3 @@ class DraftSource(Protocol):
         Trees hold at most ``max_nodes`` drafts, found from prefixes of at most ``n_max`` tokens, each
         having followed its prefix in at least ``min_prob`` of the prefix's occurrences.
         """
-
-
-class NoDrafter:
-    """Proposes the root alone: one token per step (autoregressive decoding on the same code path)."""
-
-    def propose(self, context: Sequence[int]) -> DraftTree:
-        return DraftTree.chain(context[-1])
-
-    def commit(self, new_tokens: Sequence[int]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -1,21 +1,29 @@
-"""The decoding loop shared by every tree/chain decoder: prefill, then propose -> one target forward under
-tree attention -> verify -> keep the accepted KV -> commit, for a batch of sequences at once.
+"""The one decoding loop every decoder runs: prefill, then per step propose -> one target forward under
+tree attention -> verify -> keep the accepted KV -> commit, for a batch of requests at once.
 
-Per-sequence state (tokens, drafter, cache length, stats) lives in :class:`Request`; the model call
-and the verification act on the whole padded batch. Sequences leave the batch when they finish.
+Per-request state (tokens, drafter, sampling generator, cache length, stats) lives in :class:`Request`;
+the model call and verification act on the whole padded batch. Requests leave the batch when they
+finish. Drafters and verifiers are plug-ins (``laser.drafting``, ``laser.verify``); the engine only
+packs trees, runs the forward, compacts the cache and keeps the stats.
 """
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from laser.drafting import Drafter
 from laser.kv_cache import TreeKVCache
+from laser.sampling import GREEDY, SamplingParams
 from laser.tree import pack_trees
-from laser.verify import TopKVerifier, select_paths
+from laser.verify import Outcome, Verifier
+
+# Attention backends known to apply a custom 4D additive mask. Others (flash_attention_2 takes only
+# padding masks, kernels that assume causality) would silently attend to sibling branches of a tree.
+TREE_MASK_BACKENDS = ("eager", "sdpa")
 
 
 @dataclass
@@ -24,11 +32,12 @@ class DecodeStats:
 
     target_forwards: int = 0  # decoding forwards of the target, prefill excluded
     accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted per forward
+    drafted_per_step: list[int] = field(default_factory=list)  # draft tokens proposed per forward
     new_tokens: int = 0
-    finish_reason: str = ""  # "eos" | "length"
+    finish_reason: str = ""  # "eos" | "length" | "verifier"
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    retrieval_s: float = 0.0  # drafting: subtree retrieval + temporary-branch upkeep
+    retrieval_s: float = 0.0  # drafting: proposing trees + drafter upkeep
     tree_s: float = 0.0  # laying out trees, masks and positions
     forward_s: float = 0.0
     verify_s: float = 0.0
@@ -41,14 +50,21 @@ class DecodeStats:
         return (sum(self.accepted_per_step) + steps) / steps if steps else 0.0
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity: two requests with equal contents are distinct
 class Request:
     tokens: list[int]  # prompt + generated; the last one is the next root (not yet cached)
     prompt_len: int
     drafter: Drafter
     max_new_tokens: int
+    sampling: SamplingParams = GREEDY
+    budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
+    state: dict[str, Any] = field(default_factory=dict)  # verifier-owned per-request state (e.g. beams)
     cache_len: int = 0
     stats: DecodeStats = field(default_factory=DecodeStats)
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = self.sampling.generator()
 
     @property
     def new_tokens(self) -> list[int]:
@@ -56,7 +72,7 @@ class Request:
 
 
 class _Clock:
-    """Adds elapsed wall time to a stats field of every active sequence (device synchronised)."""
+    """Adds elapsed wall time to a stats field of every active request (device synchronised)."""
 
     def __init__(self, device: torch.device):
         self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -72,10 +88,19 @@ class _Clock:
         return out
 
 
-class TreeDecodingEngine:
-    """Runs a batch of requests through tree-attention speculative decoding with a given verifier."""
+def check_tree_attention(model: torch.nn.Module) -> None:
+    """Refuse attention backends that would ignore the tree mask (silently wrong tokens otherwise)."""
+    backend = getattr(model.config, "_attn_implementation", None) or "eager"
+    if backend not in TREE_MASK_BACKENDS:
+        raise ValueError(f"attention backend {backend!r} ignores custom 4D tree masks; load the model with "
+                         f"attn_implementation in {TREE_MASK_BACKENDS} (e.g. model.set_attn_implementation('sdpa'))")
 
-    def __init__(self, model: torch.nn.Module, verifier: TopKVerifier, eos_ids: set[int]):
+
+class TreeDecodingEngine:
+    """Runs a batch of requests through speculative decoding with one verifier."""
+
+    def __init__(self, model: torch.nn.Module, verifier: Verifier, eos_ids: set[int]):
+        check_tree_attention(model)
         self.model = model
         self.verifier = verifier
         self.eos_ids = eos_ids
@@ -91,7 +116,8 @@ class TreeDecodingEngine:
         while active:
             finished = self._step(active, cache)
             if finished:
-                keep = [i for i, s in enumerate(active) if s not in finished]
+                done = {id(s) for s in finished}
+                keep = [i for i, s in enumerate(active) if id(s) not in done]
                 if keep:
                     self.clock.timed(active, "cache_s", lambda: cache.select_rows(keep))
                 active = [active[i] for i in keep]
@@ -115,33 +141,51 @@ class TreeDecodingEngine:
         for s, n in zip(seqs, lens):
             s.cache_len = n
 
+    def _propose(self, seqs: list[Request]) -> list:
+        """Every request's tree; drafters of one class propose together (one draft forward for a batch)."""
+        trees: list = [None] * len(seqs)
+        by_class: dict[type, list[int]] = defaultdict(list)
+        for i, s in enumerate(seqs):
+            by_class[type(s.drafter)].append(i)
+        for cls, rows in by_class.items():
+            made = cls.propose_batch([seqs[i].drafter for i in rows], [seqs[i].tokens for i in rows],
+                                     [seqs[i].budget for i in rows])
+            for i, tree in zip(rows, made):
+                trees[i] = tree
+        return trees
+
     def _step(self, seqs: list[Request], cache: TreeKVCache) -> list[Request]:
-        """One speculative step for every active sequence; returns those that finished."""
+        """One speculative step for every active request; returns those that finished."""
         step_t0 = time.perf_counter()
-        trees = self.clock.timed(seqs, "retrieval_s", lambda: [s.drafter.propose(s.tokens) for s in seqs])
+        trees = self.clock.timed(seqs, "retrieval_s", lambda: self._propose(seqs))
         offset = cache.used
         batch = self.clock.timed(seqs, "tree_s", lambda: pack_trees(
             trees, [s.cache_len for s in seqs], offset, self.dtype, self.device))
         # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
         plain = batch.input_ids.shape[1] == 1 and all(s.cache_len == offset for s in seqs)
-        logits = self.clock.timed(seqs, "forward_s", lambda: self.model(
+        want_hidden = any(s.drafter.needs_hidden for s in seqs)
+        out = self.clock.timed(seqs, "forward_s", lambda: self.model(
             input_ids=batch.input_ids, attention_mask=None if plain else batch.attention_mask,
-            position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits)
-        verdict = self.clock.timed(seqs, "verify_s", lambda: select_paths(
-            logits, batch, self.verifier.accept_nodes(logits, batch)))
-        self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs], verdict.path, offset))
-
+            position_ids=batch.position_ids, past_key_values=cache, use_cache=True,
+            output_hidden_states=want_hidden))
+        outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(out.logits, batch, seqs))
+        self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs],
+                                                                    [o.path for o in outcomes], offset))
         finished = []
-        for s, tree, path, nxt in zip(seqs, trees, verdict.path, verdict.next_token):
-            s.cache_len += len(path)
+        for row, (s, tree, o) in enumerate(zip(seqs, trees, outcomes)):
+            s.cache_len += len(o.path)
             s.stats.target_forwards += 1
-            s.stats.accepted_per_step.append(len(path) - 1)
-            new = self._clip(s, [int(t) for t in tree.tokens[path[1:]]] + [nxt])
+            s.stats.accepted_per_step.append(max(len(o.path) - 1, 0))
+            s.stats.drafted_per_step.append(len(tree) - 1)
+            new = self._clip(s, o.tokens)
             s.tokens.extend(new)
+            if o.finished and not s.stats.finish_reason:
+                s.stats.finish_reason = "verifier"
             if s.stats.finish_reason:
                 finished.append(s)
             else:
-                self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new))
+                hidden = out.hidden_states[-1][row, o.path[-1]] if s.drafter.needs_hidden and o.path else None
+                self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
         for s in seqs:
             s.stats.decode_s += time.perf_counter() - step_t0
         return finished

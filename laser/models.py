@@ -48,11 +48,10 @@ class LoadedModel:
 
     @property
     def eos_ids(self) -> set[int]:
+        """The tokens that end a generation: the model's generation config, exactly as ``generate`` reads it
+        (the tokenizer's EOS is not added: where the two differ, ``generate`` does not stop at it)."""
         ids = self.model.generation_config.eos_token_id
-        ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
-        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
+        return set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
 
     @property
     def context_length(self) -> int:

@@ -9,10 +9,12 @@ from laser.models import LoadedModel
 
 def tiny_llama(vocab_size: int = 96, hidden_size: int = 64, layers: int = 2, seed: int = 0,
                logit_scale: float = 8.0, eos_token_id: int = 1) -> LoadedModel:
-    """A randomly initialised fp32 Llama whose output head is scaled up so logits are peaked.
+    """A randomly initialised fp32 Llama whose output head is scaled up by ``logit_scale``.
 
-    Peaked logits keep the argmax away from near-ties, so greedy comparisons between differently
-    shaped (but mathematically equal) forwards are exact.
+    Scaling makes the next-token distribution peaked (drafts from the model's own texts get accepted),
+    but it does not remove near-ties: a uniform scale keeps the relative order and margins of the
+    logits. Greedy comparisons between differently shaped forwards can therefore still flip on a
+    near-tie; :func:`argmax_margin` reports the margin when a test sees a flip.
     """
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -27,3 +29,20 @@ def tiny_llama(vocab_size: int = 96, hidden_size: int = 64, layers: int = 2, see
     model.generation_config.eos_token_id = eos_token_id
     model.generation_config.pad_token_id = eos_token_id
     return LoadedModel(model=model, tokenizer=None, name=f"tiny-llama-{seed}")
+
+
+def argmax_margin(lm: LoadedModel, context: list[int]) -> float:
+    """fp32 gap between the top two next-token logits after ``context``: how close a greedy step is to a tie."""
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([context])).logits[0, -1].float()
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def first_divergence(lm: LoadedModel, prompt: list[int], got: list[int], want: list[int]) -> str:
+    """Where two greedy continuations first differ, with the target's fp32 argmax margin there."""
+    i = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    if got == want:
+        return "identical"
+    margin = argmax_margin(lm, prompt + want[:i])
+    return f"diverged at new token {i}: got {got[i:i + 3]}, want {want[i:i + 3]}; fp32 argmax margin {margin:.3g}"

@@ -3,6 +3,16 @@
 A draft tree is a root (the last generated token, whose KV is not cached yet) plus draft nodes, each
 with a parent index. Nodes are stored in depth-first order (``parents[i] < i``), so any root-to-node
 path is increasing in index and a path made of the first ``m`` nodes is a plain prefix of the layout.
+A chain is a tree whose parents are consecutive.
+
+What a verifier may need rides along, each optional:
+
+- ``draft_probs`` ``[N]``  the drafter's probability of each node's token at its parent (root: 1);
+- ``draft_dists`` ``[N, V]`` the drafter's full next-token distribution *after* each node (row i is the
+  distribution its children were drawn from), as the target's logits row i is;
+- ``scores``      ``[N]``  a beam score per node (e.g. cumulative log-probability).
+
+None means the drafter is deterministic: rejection sampling then treats each draft as one-hot.
 
 For a batch, trees are padded to the same node count and laid out after each sequence's cached prefix:
 
@@ -26,6 +36,9 @@ class DraftTree:
 
     tokens: np.ndarray  # [N] int64
     parents: np.ndarray  # [N] int64, -1 for the root
+    draft_probs: np.ndarray | None = None  # [N] float, 1 for the root
+    draft_dists: torch.Tensor | None = None  # [N, V] next-token distribution after each node
+    scores: np.ndarray | None = None  # [N] beam scores
     depth: np.ndarray = field(init=False)  # [N] int64, 0 for the root
 
     def __post_init__(self) -> None:
@@ -35,6 +48,10 @@ class DraftTree:
             raise ValueError("a draft tree needs equal-length 1-D tokens and parents, root included")
         if parents[0] != -1 or np.any(parents[1:] < 0) or np.any(parents[1:] >= np.arange(1, len(parents))):
             raise ValueError(f"parents must be -1 for the root and point to an earlier node: {parents.tolist()}")
+        for name in ("draft_probs", "draft_dists", "scores"):
+            value = getattr(self, name)
+            if value is not None and len(value) != len(tokens):
+                raise ValueError(f"{name} has {len(value)} entries for {len(tokens)} nodes")
         depth = np.zeros(len(tokens), dtype=np.int64)
         for i in range(1, len(tokens)):
             depth[i] = depth[parents[i]] + 1
@@ -43,10 +60,30 @@ class DraftTree:
         object.__setattr__(self, "depth", depth)
 
     @classmethod
-    def chain(cls, root: int, draft: Sequence[int] = ()) -> "DraftTree":
-        """A single branch: root, draft[0], draft[1], ..."""
+    def chain(cls, root: int, draft: Sequence[int] = (), draft_dists: torch.Tensor | None = None) -> "DraftTree":
+        """A single branch: root, draft[0], draft[1], ...; ``draft_dists[i]`` is the distribution draft[i]
+        was drawn from (one row per draft token; a row after the last node is not needed)."""
         n = 1 + len(draft)
-        return cls(np.array([root, *draft], dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64))
+        probs = dists = None
+        if draft_dists is not None:
+            if len(draft_dists) != len(draft):
+                raise ValueError(f"{len(draft_dists)} draft distributions for {len(draft)} draft tokens")
+            # row i of the tree is the distribution after node i: the root's row drew draft[0], and so on
+            dists = torch.cat([draft_dists, draft_dists.new_zeros(1, draft_dists.shape[-1])]) if len(draft) else None
+            idx = torch.as_tensor(list(draft), dtype=torch.long)
+            probs = np.concatenate([[1.0], draft_dists[torch.arange(len(draft)), idx].float().cpu().numpy()]) if len(draft) else None
+        return cls(np.array([root, *draft], dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64), probs, dists)
+
+    @property
+    def is_chain(self) -> bool:
+        return bool(np.all(self.parents == np.arange(-1, len(self.parents) - 1)))
+
+    def children(self) -> list[list[int]]:
+        """Child node indices of every node, in depth-first (priority) order."""
+        out: list[list[int]] = [[] for _ in range(len(self.tokens))]
+        for i in range(1, len(self.tokens)):
+            out[self.parents[i]].append(i)
+        return out
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -79,6 +116,7 @@ class TreeBatch:
     parents: torch.Tensor  # [B, N] (root and padding: -1)
     depth: torch.Tensor  # [B, N] (padding: -1)
     node_valid: torch.Tensor  # [B, N] bool
+    trees: Sequence[DraftTree] = ()  # the trees themselves, for verifiers that read per-node extras
 
 
 def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slots: int,
@@ -109,6 +147,7 @@ def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slot
         parents=as_tensor(parents),
         depth=as_tensor(depth),
         node_valid=as_tensor(valid),
+        trees=trees,
     )
 
 

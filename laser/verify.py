@@ -1,26 +1,52 @@
-"""Vectorised verification of a batch of draft trees against the target's logits.
+"""Verifiers: one target forward's logits over a batch of draft trees -> what each request keeps.
 
-Definitions (per node i with parent j, under the target distribution q_j at j's row):
+Every verifier returns, per request, an :class:`Outcome`: the tree nodes whose KV stays in the cache
+(root first) and the tokens appended to the request (the accepted drafts, then the correction/bonus).
 
-- greedy:  accept draft token x_i iff x_i == argmax q_j            (lossless, k = 1)
-- relaxed: accept x_i iff x_i == argmax q_j, or (x_i in TopK(q_j, k) and q_j(x_i) > p)   (LASER, Eq. 8)
-
-A node's path is accepted when every node from the root to it is accepted (the root always is); the
-longest accepted path wins, ties going to the first in depth-first order. The token after the path is
-the argmax at the path's last node: a *correction* when a draft child was rejected there, a *bonus*
-when the path ran to a leaf.
+- :class:`TopKVerifier` greedy (``k=1``): accept x_i iff x_i == argmax q_j at its parent j (lossless);
+  relaxed (``k>1``): also accept x_i in TopK(q_j, k) with q_j(x_i) > p (LASER, Eq. 8). Vectorised: the
+  longest fully accepted path wins (ties to depth-first order), then the argmax after it.
+- :class:`RejectionSampler` speculative sampling. A chain with draft distributions is standard
+  speculative sampling (Leviathan et al. 2023); a tree is verified by multi-draft rejection: at a node,
+  children are tried in order, child x accepted with probability min(1, p(x)/q(x)), and on rejection the
+  target distribution becomes the residual norm(max(0, p - q)). Deterministic drafts count as one-hot q,
+  so trie drafts sample exactly from the target too. Greedy rows (temperature 0) take the greedy path.
+- :class:`BeamVerifier` the hook for speculative beam search: it sees each request's tree with per-node
+  log-probabilities and owns the request's beam state; :func:`expand_beams` is its scoring core.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from laser.tree import TreeBatch
+from laser.sampling import sample, target_probs
+from laser.tree import DraftTree, TreeBatch
+
+if TYPE_CHECKING:
+    from laser.engine import Request
+
+
+@dataclass
+class Outcome:
+    """One request's result of a step: ``path`` nodes keep their KV (root first, may be empty); ``tokens``
+    are appended to the request. ``len(tokens) == len(path)`` keeps the last token as the next root."""
+
+    path: list[int]
+    tokens: list[int]
+    finished: bool = False  # the verifier ends the request (beam search decides its own end)
+
+
+class Verifier:
+    """Base class: ``verify`` turns a forward's logits ``[B, N, V]`` into one Outcome per request."""
+
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
-class TopKVerifier:
+class TopKVerifier(Verifier):
     """Greedy (``k=1``) or relaxed (``k>1``, threshold ``p``) verification."""
 
     k: int = 1
@@ -46,22 +72,110 @@ class TopKVerifier:
             ok |= (draft_logit >= at_parent(kth)) & (log_prob.exp() > self.p)
         return (ok | (batch.parents < 0)) & batch.node_valid
 
-
-@dataclass
-class Verdict:
-    """Per sequence: accepted node indices (root first) and the next token after them."""
-
-    path: list[list[int]]
-    next_token: list[int]
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"] = ()) -> list[Outcome]:
+        return select_paths(logits, batch, self.accept_nodes(logits, batch))
 
 
-def select_paths(logits: torch.Tensor, batch: TreeBatch, node_ok: torch.Tensor) -> Verdict:
+def select_paths(logits: torch.Tensor, batch: TreeBatch, node_ok: torch.Tensor) -> list[Outcome]:
     """Longest fully accepted root-to-node path per tree, then the argmax after it."""
     # A node is reachable when no ancestor-or-self is rejected.
     reachable = ~(batch.ancestors & ~node_ok[:, None, :]).any(-1)  # [B, N]
     score = torch.where(reachable, batch.depth, torch.full_like(batch.depth, -1))
     best = score.argmax(dim=1)  # first maximum = DFS order tie-break; [B]
-    on_path = batch.ancestors[torch.arange(len(best)), best]  # [B, N]
-    next_token = logits[torch.arange(len(best)), best].argmax(-1)  # [B]
-    paths = [row.nonzero().flatten().tolist() for row in on_path.cpu()]
-    return Verdict(path=paths, next_token=next_token.tolist())
+    rows = torch.arange(len(best), device=best.device)
+    on_path = batch.ancestors[rows, best]  # [B, N]
+    next_token = logits[rows, best].argmax(-1).tolist()  # [B]
+    tokens = batch.tokens.cpu()
+    out = []
+    for b, row in enumerate(on_path.cpu()):
+        path = row.nonzero().flatten().tolist()
+        out.append(Outcome(path, tokens[b, path[1:]].tolist() + [next_token[b]]))
+    return out
+
+
+class RejectionSampler(Verifier):
+    """Speculative sampling on chains and multi-draft rejection on trees; exact for any draft.
+
+    ``broken_residual`` is for tests only: it resamples from p instead of the residual after a
+    rejection, which biases the output towards drafted tokens (the statistical tests must catch it).
+    """
+
+    def __init__(self, broken_residual: bool = False):
+        self.broken_residual = broken_residual
+        self._greedy = TopKVerifier(1)
+
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+        greedy_rows = [b for b, r in enumerate(requests) if r.sampling.greedy]
+        out: list[Outcome | None] = [None] * len(requests)
+        if greedy_rows:  # temperature 0: the vectorised greedy rule (what rejection reduces to)
+            verdicts = self._greedy.verify(logits, batch)
+            for b in greedy_rows:
+                out[b] = verdicts[b]
+        for b, req in enumerate(requests):
+            if out[b] is None:
+                tree = batch.trees[b]
+                probs = target_probs(logits[b, : len(tree)], req.sampling)
+                out[b] = self.verify_tree(tree, probs, req.generator)
+        return out  # type: ignore[return-value]
+
+    def verify_tree(self, tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Outcome:
+        """Walk down from the root: accept a child by min(1, p/q), else move p to the residual."""
+        children = tree.children()
+        node, path = 0, [0]
+        while True:
+            p = probs[node].clone()
+            accepted = None
+            for child in children[node]:
+                x = int(tree.tokens[child])
+                q = self._draft_dist(tree, node, x, p)
+                if float(torch.rand((), generator=generator)) * q[x] < p[x]:  # u < p(x) / q(x)
+                    accepted = child
+                    break
+                if not self.broken_residual:
+                    p = torch.clamp(p - q, min=0.0)
+                    total = p.sum()
+                    p = p / total if total > 0 else probs[node]
+            if accepted is None:
+                nxt = sample(p, generator)
+                return Outcome(path, [int(t) for t in tree.tokens[path[1:]]] + [nxt])
+            node = accepted
+            path.append(node)
+
+    @staticmethod
+    def _draft_dist(tree: DraftTree, node: int, token: int, like: torch.Tensor) -> torch.Tensor:
+        """The distribution the child ``token`` of ``node`` was drawn from: the drafter's, or one-hot."""
+        if tree.draft_dists is not None:
+            return tree.draft_dists[node].to(like.device, torch.float32)
+        return torch.zeros_like(like).index_fill_(0, torch.tensor([token], device=like.device), 1.0)
+
+
+class BeamVerifier(Verifier):
+    """Hook for speculative beam search: subclasses implement :meth:`verify_beams` for one request.
+
+    The verifier gets each request's tree with per-node next-token log-probabilities (``[n, V]``, fp32) and
+    the tree's ``scores``; it keeps the request's beams in ``request.state`` and returns an Outcome that
+    usually keeps no KV (``path=[]``: beams are re-laid as the next tree) and ends the request when done.
+    """
+
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        return [self.verify_beams(tree, log_probs[b, : len(tree)], req) for b, (tree, req)
+                in enumerate(zip(batch.trees, requests))]
+
+    def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: "Request") -> Outcome:
+        raise NotImplementedError
+
+
+def expand_beams(tree: DraftTree, log_probs: torch.Tensor, nodes: Sequence[int], width: int
+                 ) -> list[tuple[int, int, float]]:
+    """The ``width`` best one-token extensions of ``nodes``: ``(node, token, score)``, best first.
+
+    A node's score is ``tree.scores[node]`` (the cumulative log-probability of the sequence ending at it,
+    0 for the root when ``scores`` is None) plus the extension's log-probability. This is one step of beam
+    search read off one forward: strict top-K verification compares these with the drafted beams.
+    """
+    base = torch.as_tensor([0.0 if tree.scores is None else float(tree.scores[n]) for n in nodes])
+    cand = base[:, None] + log_probs[list(nodes)].cpu()  # [M, V]
+    top = cand.flatten().topk(min(width, cand.numel()))
+    vocab = cand.shape[1]
+    return [(int(nodes[i // vocab]), int(i % vocab), float(v)) for v, i in zip(top.values, top.indices)]

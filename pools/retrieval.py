@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from laser import DraftTree
+from laser import DraftTree, Drafter
 from pools.trie import TokenTrie, paused_gc
 
 
@@ -87,7 +87,7 @@ class RetrievalPool:
         return _layout(context[-1], best)
 
 
-class PoolDrafter:
+class PoolDrafter(Drafter):
     """Per-request drafter: the pool's permanent branches plus this request's temporary ones."""
 
     def __init__(self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int,
@@ -99,10 +99,13 @@ class PoolDrafter:
         self.temporary: TokenTrie | None = TokenTrie(pool.trie.window)
         self.temporary.extend(self.context)
 
-    def propose(self, context: Sequence[int]) -> DraftTree:
-        return self.pool.retrieve(context, self.max_nodes, self.n_max, self.temporary, self.min_prob)
+    def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
+        nodes = self.max_nodes if budget is None else min(budget, self.max_nodes)
+        if nodes == 0:
+            return DraftTree.chain(context[-1])
+        return self.pool.retrieve(context, nodes, self.n_max, self.temporary, self.min_prob)
 
-    def commit(self, new_tokens: Sequence[int]) -> None:
+    def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         old_len = len(self.context)
         self.context.extend(new_tokens)
         self.temporary.extend(self.context, old_len)

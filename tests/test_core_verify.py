@@ -35,7 +35,7 @@ def test_relaxed_rule_cases():
     logits = logits_rows({2: 0.5, 3: 0.3}, {6: 0.6, 4: 0.05}, {5: 0.9}, {1: 0.9})
     ok, v = verdict(tree, logits, TopKVerifier(k=2, p=0.1))
     assert ok == [True, True, False, True]
-    assert v.path == [[0, 1]] and v.next_token == [6]  # correction = argmax at the path's end
+    assert v[0].path == [0, 1] and v[0].tokens == [3, 6]  # correction = argmax at the path's end
 
 
 def test_token_above_p_but_outside_top_k_is_rejected():
@@ -60,7 +60,7 @@ def test_greedy_accepts_only_argmax_and_longest_path_wins_ties_to_dfs_order():
     logits = logits_rows({1: 0.9}, {2: 0.9}, {7: 0.9}, {3: 0.9}, {6: 0.9})
     ok, v = verdict(tree, logits, TopKVerifier(k=1))
     assert ok == [True, True, True, True, True]
-    assert v.path == [[0, 1, 2]] and v.next_token == [7]  # both paths have length 2: DFS order wins
+    assert v[0].path == [0, 1, 2] and v[0].tokens == [1, 2, 7]  # both paths have length 2: DFS order wins
 
 
 def test_rejected_parent_blocks_children():
@@ -68,7 +68,7 @@ def test_rejected_parent_blocks_children():
     logits = logits_rows({6: 0.9}, {2: 0.9}, {4: 0.9}, {4: 0.9})
     ok, v = verdict(tree, logits, TopKVerifier(k=1))
     assert ok == [True, False, True, True]  # node 2 is acceptable alone, but its parent is rejected
-    assert v.path == [[0, 3]] and v.next_token == [4]
+    assert v[0].path == [0, 3] and v[0].tokens == [6, 4]
 
 
 @pytest.mark.parametrize("k, p", [(0, 0.1), (2, 1.0), (2, -0.1)])

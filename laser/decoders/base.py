@@ -1,17 +1,29 @@
-"""The decoder interface: a request in, a generation with stats out."""
+"""The decoder interface: a request in, a generation with stats out.
+
+A decoder is a drafter + a verifier + what it needs, declared on its class so that the pipeline never
+tests a decoder's name:
+
+- ``pool``: which retrieval pool each request gets: ``"routed"`` (the entity's group pool),
+  ``"global"`` (one pool per entity type) or ``"none"``;
+- ``requires``: other artefacts it loads from its parameters (e.g. ``("draft_model",)``), for listings;
+- ``greedy_params()``: parameters under which it writes the target's greedy text (used for old
+  knowledge, which must be lossless), or None when it cannot.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import LoadedModel
-from laser.verify import TopKVerifier
+from laser.sampling import GREEDY, SamplingParams
+from laser.verify import RejectionSampler, Verifier
 
 Prompt = str | Sequence[int]
+PoolNeed = Literal["routed", "global", "none"]
 
 
 def draft_defaults(device: torch.device) -> tuple[int, float]:
@@ -32,7 +44,8 @@ class Generation:
 
 
 class Decoder:
-    """Base class: subclasses say how to verify and where drafts come from.
+    """Base class. Subclasses declare ``name``, ``summary``, ``pool``, and override ``verifier`` and/or
+    ``drafter``. The default verifies greedily at temperature 0 and by exact rejection sampling above it.
 
     ``generate`` decodes one request, ``generate_batch`` several in one padded batch. ``K`` and
     ``min_prob`` default to :func:`draft_defaults` for the model's device. A ``pool`` is any
@@ -42,6 +55,8 @@ class Decoder:
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
+    pool: ClassVar[PoolNeed] = "none"
+    requires: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, lm: LoadedModel, K: int | None = None, n_max: int = 8, min_prob: float | None = None):
         auto_K, auto_min_prob = draft_defaults(next(lm.model.parameters()).device)
@@ -54,8 +69,16 @@ class Decoder:
         self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
         self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)
 
-    def verifier(self) -> TopKVerifier:
-        return TopKVerifier(k=1)
+    @classmethod
+    def greedy_params(cls) -> dict[str, Any] | None:
+        """Parameters under which this decoder writes exactly the target's greedy text (None: it cannot)."""
+        return {}
+
+    def verifier(self) -> Verifier:
+        return RejectionSampler()
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Refuse sampling settings this decoder cannot honour (before any work)."""
 
     def params(self) -> dict[str, Any]:
         """The decoder's settings, recorded with every generated row."""
@@ -66,19 +89,25 @@ class Decoder:
             return NoDrafter()
         return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None) -> Generation:
-        return self.generate_batch([prompt], max_new_tokens, [pool])[0]
+    def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None,
+                 sampling: SamplingParams = GREEDY) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, [pool], [sampling])[0]
 
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256,
-                       pools: Sequence[DraftSource | None] | None = None) -> list[Generation]:
+                       pools: Sequence[DraftSource | None] | None = None,
+                       sampling: SamplingParams | Sequence[SamplingParams] = GREEDY) -> list[Generation]:
+        """Decode ``prompts`` together; ``sampling`` is one setting for all or one per prompt."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         pools = list(pools) if pools is not None else [None] * len(prompts)
-        if len(pools) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(pools)} pools")
+        samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
+        if not len(pools) == len(samplings) == len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(pools)} pools and {len(samplings)} sampling settings")
+        for s in set(samplings):
+            self.check_sampling(s)
         ids = [self.encode(p) for p in prompts]
-        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens)
-                for t, pool in zip(ids, pools)]
+        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens,
+                        sampling=s) for t, pool, s in zip(ids, pools, samplings)]
         self.engine.run(seqs)
         return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
 

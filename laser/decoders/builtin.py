@@ -1,4 +1,8 @@
-"""Built-in decoders: autoregressive, ReSD (global pool, greedy) and LASER (routed pool, relaxed or greedy)."""
+"""Built-in decoders: autoregressive, ReSD (global pool, greedy) and LASER (routed pool, relaxed or greedy).
+
+At temperature 0 the greedy ones reproduce the target's greedy decoding; above it they sample exactly
+from the target (rejection sampling with the trie drafts as one-hot proposals).
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -7,13 +11,15 @@ from laser.decoders.base import Decoder
 from laser.decoders.registry import register_decoder
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.models import LoadedModel
-from laser.verify import TopKVerifier
+from laser.sampling import SamplingParams
+from laser.verify import RejectionSampler, TopKVerifier, Verifier
 
 
 @register_decoder
 class Autoregressive(Decoder):
     name = "autoregressive"
     summary = "one token per target forward, on the same model-call path as the speculative decoders"
+    pool = "none"
 
     def __init__(self, lm: LoadedModel):
         super().__init__(lm, K=0)
@@ -29,12 +35,14 @@ class Autoregressive(Decoder):
 class ReSD(Decoder):
     name = "resd"
     summary = "retrieval speculative decoding: trie drafts from one global pool, greedy (lossless) verification"
+    pool = "global"
 
 
 @register_decoder
 class Laser(Decoder):
     name = "laser"
     summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
+    pool = "routed"
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
                  K: int | None = None, n_max: int = 8, min_prob: float | None = None):
@@ -44,8 +52,17 @@ class Laser(Decoder):
         TopKVerifier(k, p)  # validates k and p even when greedy
         super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
 
-    def verifier(self) -> TopKVerifier:
-        return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else TopKVerifier(1)
+    @classmethod
+    def greedy_params(cls) -> dict[str, Any]:
+        return {"verification": "greedy"}
+
+    def verifier(self) -> Verifier:
+        return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else RejectionSampler()
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        if self.verification == "relaxed" and not sampling.greedy:
+            raise ValueError("relaxed verification is deterministic: use temperature 0, or verification='greedy' "
+                             "to sample exactly from the target")
 
     def params(self) -> dict[str, Any]:
         return {"verification": self.verification, "k": self.k, "p": self.p, **super().params()}
