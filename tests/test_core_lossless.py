@@ -1,9 +1,23 @@
-"""The key invariant: greedy verification reproduces the target's greedy decoding token for token."""
+"""The key invariant: greedy verification reproduces the target's greedy decoding token for token, for
+every greedy-capable drafter (trie pools, a draft model's chains), at batch 1 and batch 8.
+
+Pools never hold a prompt's own answer: each half of the prompts drafts from the other half's greedy
+texts (plus noise), so acceptance is partial and a wrong verification rule shows. A failure message
+names the first diverging token and the target's fp32 argmax margin there (a near-tie or a real bug).
+"""
 from __future__ import annotations
 
+import copy
+from typing import Callable
+
 import pytest
+import torch
 
 import laser
+from laser.draft_model import ModelDrafter, truncated_copy
+from laser.engine import Request, TreeDecodingEngine
+from laser.testing import first_divergence
+from laser.verify import RejectionSampler
 from pools import RetrievalPool
 from tests.conftest import greedy_reference, random_prompts
 
@@ -14,28 +28,66 @@ MAX_NEW = 48
 def tiny_case(tiny_lm):
     prompts = random_prompts(24, tiny_lm.model.config.vocab_size, seed=11)
     refs = [greedy_reference(tiny_lm, p, MAX_NEW) for p in prompts]
-    # A pool of the model's own greedy continuations of *other* prompts, plus noise texts.
-    pool = RetrievalPool.from_token_ids(refs[12:] + random_prompts(20, 96, seed=5, length=(30, 60)))
-    return prompts[:12] + prompts[12:], refs, pool
+    noise = random_prompts(20, 96, seed=5, length=(30, 60))
+    # prompts 0-11 draft from the answers of 12-23 and the other way round: never their own answer
+    pools = [RetrievalPool.from_token_ids(refs[12:] + noise), RetrievalPool.from_token_ids(refs[:12] + noise)]
+    return prompts, refs, [pools[i // 12] for i in range(24)]
+
+
+@pytest.fixture(scope="module")
+def noisy_draft(tiny_lm):
+    """A draft model that agrees with the target often but not always: the target with a perturbed head."""
+    draft = copy.deepcopy(tiny_lm.model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        draft.lm_head.weight.add_(0.6 * draft.lm_head.weight.std() * torch.randn_like(draft.lm_head.weight))
+    return draft
+
+
+def _check(lm, prompts, refs, outs, drafted_somewhere=True):
+    for prompt, ref, out in zip(prompts, refs, outs):
+        assert out.token_ids == ref, f"prompt {prompt}: {first_divergence(lm, prompt, out.token_ids, ref)}"
+    accepted = sum(sum(o.stats.accepted_per_step) for o in outs)
+    drafted = sum(sum(o.stats.drafted_per_step) for o in outs)
+    assert accepted > 0, "no draft was ever accepted: the test would not exercise verification"
+    assert accepted < drafted, "every draft was accepted: the pools or drafts must differ from the answers"
 
 
 @pytest.mark.parametrize("name, params", [("resd", {}), ("laser", {"verification": "greedy"}),
                                           ("laser", {"verification": "greedy", "K": 8, "n_max": 2})])
-def test_greedy_decoders_equal_generate_on_tiny_llama(tiny_lm, tiny_case, name, params):
-    prompts, refs, pool = tiny_case
+def test_trie_decoders_equal_generate_at_batch_1(tiny_lm, tiny_case, name, params):
+    prompts, refs, pools = tiny_case
     decoder = laser.get_decoder(name, tiny_lm, **params)
-    accepted = 0
-    for prompt, ref in zip(prompts, refs):
-        out = decoder.generate(prompt, MAX_NEW, pool=pool)
-        assert out.token_ids == ref, f"prompt {prompt}"
-        accepted += sum(out.stats.accepted_per_step)
-    assert accepted > 0, "the pool never produced an accepted draft: the test would not exercise verification"
+    _check(tiny_lm, prompts, refs, [decoder.generate(p, MAX_NEW, pool=pool) for p, pool in zip(prompts, pools)])
 
 
-def test_batched_greedy_equals_generate(tiny_lm, tiny_case):
-    prompts, refs, pool = tiny_case
-    outs = laser.get_decoder("laser", tiny_lm, verification="greedy").generate_batch(prompts, MAX_NEW, [pool] * len(prompts))
-    assert [o.token_ids for o in outs] == refs
+@pytest.mark.parametrize("batch", [8, 24])
+def test_trie_decoders_equal_generate_in_batches(tiny_lm, tiny_case, batch):
+    prompts, refs, pools = tiny_case
+    decoder = laser.get_decoder("laser", tiny_lm, verification="greedy")
+    outs = []
+    for i in range(0, len(prompts), batch):
+        outs += decoder.generate_batch(prompts[i:i + batch], MAX_NEW, pools[i:i + batch])
+    _check(tiny_lm, prompts, refs, outs)
+
+
+def _run_engine(lm, prompts: list[list[int]], drafter: Callable[[list[int]], laser.Drafter], max_new: int,
+                batch: int) -> list[Request]:
+    engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
+    out: list[Request] = []
+    for i in range(0, len(prompts), batch):
+        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=drafter(p), max_new_tokens=max_new)
+                for p in prompts[i:i + batch]]
+        out += engine.run(reqs)
+    return out
+
+
+@pytest.mark.parametrize("batch, gamma", [(1, 3), (8, 3), (8, 1)])
+def test_draft_model_chains_equal_generate(tiny_lm, tiny_case, noisy_draft, batch, gamma):
+    prompts, refs, _ = tiny_case
+    reqs = _run_engine(tiny_lm, prompts, lambda p: ModelDrafter(noisy_draft, p, gamma), MAX_NEW, batch)
+    outs = [laser.Generation(r.new_tokens, "", r.stats) for r in reqs]
+    _check(tiny_lm, prompts, refs, outs)
 
 
 def test_autoregressive_equals_generate(tiny_lm, tiny_case):
@@ -58,17 +110,30 @@ def test_stops_at_eos_and_reports_reason(tiny_lm):
     assert short.token_ids == ref[:3] and short.stats.new_tokens == 3
 
 
-@pytest.mark.slow
-def test_greedy_laser_equals_generate_on_bundled_model(smollm):
-    topics = ["Toy Story", "The Matrix", "Titanic", "Jurassic Park", "Star Wars", "Casablanca"]
-    prompts = [f"In two sentences, describe the movie {t} for a film recommender." for t in topics]
+TOPICS = ["Toy Story", "The Matrix", "Titanic", "Jurassic Park", "Star Wars", "Casablanca", "Alien", "Heat"]
+
+
+@pytest.fixture(scope="module")
+def bundled_case(smollm):
+    prompts = [f"In two sentences, describe the movie {t} for a film recommender." for t in TOPICS]
     decoder = laser.get_decoder("laser", smollm, verification="greedy")
     ids = [decoder.encode(p) for p in prompts]
     refs = [greedy_reference(smollm, i, 40) for i in ids]
-    accepted = 0
-    for i, (prompt_ids, ref) in enumerate(zip(ids, refs)):
-        pool = RetrievalPool.from_token_ids(refs[:i] + refs[i + 1:])  # related text: the other answers
-        out = decoder.generate(prompt_ids, 40, pool=pool)
-        assert out.token_ids == ref, prompts[i]
-        accepted += sum(out.stats.accepted_per_step)
-    assert accepted > 0
+    return decoder, ids, refs
+
+
+@pytest.mark.slow
+def test_greedy_laser_equals_generate_on_bundled_model(smollm, bundled_case):
+    decoder, ids, refs = bundled_case
+    pools = [RetrievalPool.from_token_ids(refs[:i] + refs[i + 1:]) for i in range(len(ids))]  # other answers
+    _check(smollm, ids, refs, [decoder.generate(p, 40, pool=pool) for p, pool in zip(ids, pools)])
+    _check(smollm, ids, refs, decoder.generate_batch(ids, 40, pools))  # batch 8
+
+
+@pytest.mark.slow
+def test_draft_model_chains_equal_generate_on_bundled_model(smollm, bundled_case):
+    _, ids, refs = bundled_case
+    draft = truncated_copy(smollm.model, 6)
+    for batch in (1, 8):
+        reqs = _run_engine(smollm, ids, lambda p: ModelDrafter(draft, p, 4), 40, batch)
+        _check(smollm, ids, refs, [laser.Generation(r.new_tokens, "", r.stats) for r in reqs])
