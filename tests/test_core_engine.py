@@ -1,0 +1,116 @@
+"""The engine's contract with drafters and models: identity of requests, where generation stops, the
+attention-backend guard, hidden states for drafters that ask, batched proposals and draft budgets."""
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Sequence
+
+import pytest
+import torch
+
+import laser
+from laser.engine import Request, TreeDecodingEngine
+from laser.verify import TopKVerifier
+from pools import RetrievalPool
+from tests.conftest import greedy_reference, random_prompts
+
+
+def test_requests_compare_by_identity():
+    a = Request(tokens=[1, 2], prompt_len=2, drafter=laser.NoDrafter(), max_new_tokens=4)
+    b = copy.copy(a)
+    assert a != b and a == a  # equal contents, two requests: the engine must tell them apart
+
+
+def test_identical_requests_with_different_budgets_finish_separately(tiny_lm):
+    shared = laser.NoDrafter()  # a stateless drafter may be shared
+    reqs = [Request(tokens=[5, 6, 7], prompt_len=3, drafter=shared, max_new_tokens=n) for n in (2, 6)]
+    TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
+    ref = greedy_reference(tiny_lm, [5, 6, 7], 6)
+    assert [r.new_tokens for r in reqs] == [ref[:2], ref]
+
+
+def test_stops_where_generate_stops_not_at_the_tokenizers_eos(tiny_lm):
+    prompt = random_prompts(1, 96, seed=4)[0]
+    ref = greedy_reference(tiny_lm, prompt, 30)
+    tok_eos = ref[5]  # a token generate emits mid-text; the tokenizer (only) calls it EOS
+    lm = laser.LoadedModel(tiny_lm.model, SimpleNamespace(eos_token_id=tok_eos, decode=lambda *a, **k: ""), "t")
+    assert tok_eos not in lm.eos_ids and lm.eos_ids == {tiny_lm.model.generation_config.eos_token_id}
+    out = laser.get_decoder("autoregressive", lm).generate(prompt, 30)
+    assert out.token_ids == ref
+
+
+def test_backends_that_ignore_tree_masks_are_refused():
+    lm = laser.tiny_llama(seed=9)
+    lm.model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match="flash_attention_2.*ignores custom 4D tree masks"):
+        laser.get_decoder("laser", lm)
+
+
+class RecordingDrafter(laser.Drafter):
+    """Drafts nothing; records what the engine hands it."""
+
+    needs_hidden = True
+    batches: list[int] = []
+
+    def __init__(self):
+        self.seen: list[tuple[list[int], torch.Tensor | None]] = []
+        self.contexts: list[list[int]] = []
+
+    @classmethod
+    def propose_batch(cls, drafters, contexts, budgets):
+        cls.batches.append(len(drafters))
+        for d, c in zip(drafters, contexts):
+            d.contexts.append(list(c))
+        return super().propose_batch(drafters, contexts, budgets)
+
+    def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        self.seen.append((list(new_tokens), hidden))
+
+
+def test_hidden_state_reaches_drafters_that_ask_and_proposals_are_batched(tiny_lm):
+    RecordingDrafter.batches = []
+    prompts = [[5, 6, 7], [8, 9, 10, 11]]
+    drafters = [RecordingDrafter(), RecordingDrafter()]
+    reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=d, max_new_tokens=4) for p, d in zip(prompts, drafters)]
+    TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
+    assert RecordingDrafter.batches == [2, 2, 2, 2]  # one call per step for the whole batch
+    for prompt, d in zip(prompts, drafters):
+        context = d.contexts[-1]  # prompt + 3 generated tokens; the last one is the next root
+        with torch.no_grad():
+            want = tiny_lm.model(torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0]
+        # after each step: the hidden state at the accepted position, i.e. the one that predicted the new token
+        for step, (new, hidden) in enumerate(d.seen):
+            pos = len(prompt) - 1 + step
+            assert torch.allclose(hidden, want[pos], atol=1e-4)
+
+
+def test_no_hidden_states_for_drafters_that_do_not_ask(tiny_lm, monkeypatch):
+    calls = []
+    forward = tiny_lm.model.forward
+    monkeypatch.setattr(tiny_lm.model, "forward", lambda *a, **k: calls.append(k.get("output_hidden_states")) or forward(*a, **k))
+    laser.get_decoder("autoregressive", tiny_lm).generate([5, 6, 7], 3)
+    assert calls[1:] == [False, False, False]  # decoding forwards; the first one is the prefill
+
+
+def test_budget_caps_trie_drafts(tiny_lm):
+    prompt = random_prompts(1, 96, seed=8)[0]
+    ref = greedy_reference(tiny_lm, prompt, 24)
+    pool = RetrievalPool.from_token_ids([ref] * 3)
+    sizes = []
+
+    class Spy(laser.Drafter):
+        def __init__(self):
+            self.inner = pool.open(prompt, max_nodes=32, n_max=8, min_prob=0.0)
+
+        def propose(self, context, budget=None):
+            tree = self.inner.propose(context, budget)
+            sizes.append(len(tree) - 1)
+            return tree
+
+        def commit(self, new_tokens, hidden=None):
+            self.inner.commit(new_tokens)
+
+    req = Request(tokens=list(prompt), prompt_len=len(prompt), drafter=Spy(), max_new_tokens=24, budget=3)
+    TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run([req])
+    assert req.new_tokens == ref and max(sizes) == 3
