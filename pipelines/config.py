@@ -53,9 +53,9 @@ class OldKnowledgeConfig(_Strict):
     """Step 1: the old-knowledge store that pools are built from (generated where missing)."""
 
     path: str | None = Field(None, description="store directory; default <output.path>/old_knowledge")
-    decoder: Literal["autoregressive", "resd", "laser"] = Field(
-        "autoregressive", description="greedy decoder for missing old knowledge; decoded without a pool (none "
-        "exists yet), so all three write the model's greedy text")
+    decoder: str = Field(
+        "autoregressive", description="decoder for missing old knowledge, run with its greedy_params() and without "
+        "a pool (none exists yet), so it writes the model's greedy text")
     max_new_tokens: int | None = Field(None, ge=1, description="default: generation.max_new_tokens")
     generate_missing: bool = Field(True, description="generate old knowledge the store lacks")
 

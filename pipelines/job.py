@@ -124,12 +124,7 @@ def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> No
     """Fail before any actor starts when the decoder is unknown or a parameter is not one it takes."""
     import inspect
 
-    import laser
-
-    decoders = laser.available_decoders()
-    if name not in decoders:
-        raise ValueError(f"{key}.name: unknown decoder {name!r}; available: {sorted(decoders)}")
-    sig = inspect.signature(decoders[name].__init__)
+    sig = inspect.signature(decoder_class(name, key).__init__)
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         return
     accepted = [n for n in sig.parameters if n not in ("self", "lm")]
@@ -161,9 +156,23 @@ def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTas
 
 # ---- step 1: old knowledge -----------------------------------------------------------------------
 
+def decoder_class(name: str, key: str = "decoder") -> type:
+    """The registered decoder class called ``name`` (entry-point plug-ins included)."""
+    import laser
+
+    decoders = laser.available_decoders()
+    if name not in decoders:
+        raise ValueError(f"{key}.name: unknown decoder {name!r}; available: {sorted(decoders)}")
+    return decoders[name]
+
+
 def old_knowledge_params(decoder: str) -> dict[str, Any]:
-    """Decoder parameters for old knowledge: greedy verification, so the text equals plain greedy."""
-    return {"verification": "greedy"} if decoder == "laser" else {}
+    """The parameters under which ``decoder`` writes the target's greedy text (old knowledge is lossless)."""
+    params = decoder_class(decoder, "old_knowledge.decoder").greedy_params()
+    if params is None:
+        raise ValueError(f"old_knowledge.decoder: decoder {decoder!r} cannot write greedy text; "
+                         "choose one whose greedy_params() is not None (e.g. autoregressive)")
+    return params
 
 
 def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
@@ -289,11 +298,12 @@ def step_build_pools(cfg: JobConfig) -> dict[str, int]:
 # ---- step 4: new knowledge ----------------------------------------------------------------------
 
 def decoder_routes(decoder: str, routing: pl.DataFrame) -> dict[tuple[str, str], dict[str, Any]]:
-    """{(entity_type, entity_id): route} for a decoder: ``laser`` uses the routed group pool, ``resd`` the
-    type's global pool, ``autoregressive`` none."""
-    if decoder == "autoregressive":
+    """{(entity_type, entity_id): route} for a decoder, by the pool its class declares: ``routed`` (the
+    entity's group pool), ``global`` (the type's global pool) or ``none``."""
+    need = decoder_class(decoder).pool
+    if need == "none":
         return {}
-    if decoder == "resd":
+    if need == "global":
         return {(r["entity_type"], r["entity_id"]): {"pool_kind": "global", "group_id": "all"}
                 for r in routing.select("entity_type", "entity_id").iter_rows(named=True)}
     return {(r["entity_type"], r["entity_id"]): r for r in routing.iter_rows(named=True)}
@@ -312,7 +322,7 @@ def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
                   workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
     paths = JobPaths.of(cfg)
-    if cfg.decoder.name != "autoregressive" and not (paths.pools / "manifest.json").exists():
+    if decoder_class(cfg.decoder.name).pool != "none" and not (paths.pools / "manifest.json").exists():
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
     check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
     task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
