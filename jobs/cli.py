@@ -20,7 +20,7 @@ def decoders() -> None:
     from laser import available_decoders
 
     for name, cls in available_decoders().items():
-        typer.echo(f"{name:16s} {cls.summary}")
+        typer.echo(f"{name:16s} pool={cls.pool:7s} {cls.summary}")
 
 
 from jobs import run as _job_commands  # noqa: E402  (run, demo, route, build-pools, generate, submit)
