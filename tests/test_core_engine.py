@@ -114,3 +114,58 @@ def test_budget_caps_trie_drafts(tiny_lm):
     req = Request(tokens=list(prompt), prompt_len=len(prompt), drafter=Spy(), max_new_tokens=24, budget=3)
     TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run([req])
     assert req.new_tokens == ref and max(sizes) == 3
+
+
+class BeamState(laser.Drafter):
+    """Lays the current beams out as one tree under the root (shared prefixes merged)."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def propose(self, context, budget=None):
+        beams = self.state.get("beams", [((), 0.0)])
+        nodes: dict[tuple[int, ...], int] = {(): 0}
+        tokens, parents, scores = [context[-1]], [-1], [0.0]
+        for seq, score in sorted(beams):  # sorted: parents are laid out before children
+            for d in range(1, len(seq) + 1):
+                if seq[:d] not in nodes:
+                    nodes[seq[:d]] = len(tokens)
+                    tokens.append(seq[d - 1]), parents.append(nodes[seq[:d - 1]]), scores.append(0.0)
+            scores[nodes[seq]] = score
+        self.state["nodes"] = nodes
+        import numpy as np
+
+        return laser.DraftTree(np.array(tokens), np.array(parents), scores=np.array(scores))
+
+
+class PlainBeamSearch(laser.BeamVerifier):
+    """Beam search of width W over L tokens through the hook: no KV kept, beams re-laid every step."""
+
+    def __init__(self, width: int, length: int):
+        self.width, self.length = width, length
+
+    def verify_beams(self, tree, log_probs, request):
+        from laser.verify import expand_beams
+
+        state = request.state
+        beams = state.get("beams", [((), 0.0)])
+        ends = [state["nodes"][seq] for seq, _ in beams]
+        by_node = {state["nodes"][seq]: seq for seq, _ in beams}
+        state["beams"] = [(by_node[n] + (t,), s) for n, t, s in expand_beams(tree, log_probs, ends, self.width)]
+        if len(state["beams"][0][0]) == self.length:
+            return laser.Outcome(path=[], tokens=list(state["beams"][0][0]), finished=True)
+        return laser.Outcome(path=[], tokens=[])
+
+
+def test_beam_hook_runs_plain_beam_search_like_generate(tiny_lm):
+    prompt, width, length = [5, 6, 7, 8], 3, 4
+    model = copy.deepcopy(tiny_lm.model)
+    model.generation_config.eos_token_id = None  # fixed length: beam scores compare as plain sums
+    ref = model.generate(torch.tensor([prompt]), num_beams=width, max_new_tokens=length, do_sample=False,
+                         length_penalty=0.0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    state: dict = {}
+    req = Request(tokens=list(prompt), prompt_len=len(prompt), drafter=BeamState(state), max_new_tokens=length,
+                  state=state)
+    TreeDecodingEngine(model, PlainBeamSearch(width, length), set()).run([req])
+    assert req.new_tokens == ref[0, len(prompt):].tolist()
+    assert req.stats.target_forwards == length and req.cache_len == len(prompt) - 1  # nothing kept past the prompt
