@@ -37,9 +37,9 @@ def main() -> None:
     ap.add_argument("after", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=Path("bench-revisions.json"))
-    ap.add_argument("bench_args", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    bench_args = [a for a in args.bench_args if a != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, bench_args = ap.parse_args(argv[:cut]), argv[cut + 1:]
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
