@@ -9,12 +9,13 @@ from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
 from laser.testing import tiny_llama
 from laser.tree import DraftTree
+from laser.rules import GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import BeamVerifier, Outcome, RejectionSampler, TopKVerifier, Verifier
 
 __all__ = [
     "DEFAULT_MODEL", "GREEDY", "BeamVerifier", "DecodeStats", "Decoder", "DraftSource", "DraftTree", "Drafter",
-    "Generation", "LoadedModel", "NoDrafter", "Outcome", "RejectionSampler", "Request", "SamplingParams",
+    "Generation", "GenerationRules", "LoadedModel", "NoDrafter", "Outcome", "RejectionSampler", "Request", "SamplingParams",
     "TopKVerifier", "TreeDecodingEngine", "Verifier", "available_decoders", "get_decoder", "load_model",
     "load_tokenizer", "register_decoder", "tiny_llama",
 ]

@@ -17,6 +17,7 @@ import torch
 
 from laser.drafting import Drafter
 from laser.kv_cache import TreeKVCache
+from laser.rules import NO_RULES, GenerationRules, apply_rules
 from laser.sampling import GREEDY, SamplingParams
 from laser.tree import pack_trees
 from laser.verify import Outcome, Verifier
@@ -57,6 +58,7 @@ class Request:
     drafter: Drafter
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
+    rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
     state: dict[str, Any] = field(default_factory=dict)  # verifier-owned per-request state (e.g. beams)
     cache_len: int = 0
@@ -168,7 +170,8 @@ class TreeDecodingEngine:
             input_ids=batch.input_ids, attention_mask=None if plain else batch.attention_mask,
             position_ids=batch.position_ids, past_key_values=cache, use_cache=True,
             output_hidden_states=want_hidden))
-        outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(out.logits, batch, seqs))
+        outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(
+            self._logits(out.logits, trees, seqs), batch, seqs))
         self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs],
                                                                     [o.path for o in outcomes], offset))
         finished = []
@@ -189,6 +192,12 @@ class TreeDecodingEngine:
         for s in seqs:
             s.stats.decode_s += time.perf_counter() - step_t0
         return finished
+
+    def _logits(self, logits: torch.Tensor, trees: list, seqs: list[Request]) -> torch.Tensor:
+        """The target's logits with each request's generation rules applied (unchanged when none)."""
+        if not any(s.rules.active for s in seqs):
+            return logits
+        return apply_rules(logits, trees, seqs, self.eos_ids)
 
     def _clip(self, s: Request, new: list[int]) -> list[int]:
         """Cut ``new`` at the first end-of-sequence token or the token budget, and record why."""

@@ -137,3 +137,37 @@ def test_draft_model_chains_equal_generate_on_bundled_model(smollm, bundled_case
     for batch in (1, 8):
         reqs = _run_engine(smollm, ids, lambda p: ModelDrafter(draft, p, 4), 40, batch)
         _check(smollm, ids, refs, [laser.Generation(r.new_tokens, "", r.stats) for r in reqs])
+
+
+RULES = [
+    laser.GenerationRules(repetition_penalty=1.3),
+    laser.GenerationRules(no_repeat_ngram_size=3),
+    laser.GenerationRules(no_repeat_ngram_size=1),
+    laser.GenerationRules(min_new_tokens=40),
+    laser.GenerationRules(bad_words_ids=((7,), (12, 30))),
+    laser.GenerationRules(repetition_penalty=0.8, no_repeat_ngram_size=2, min_new_tokens=10),
+]
+
+
+def _generate_kwargs(rules: laser.GenerationRules) -> dict:
+    kw = {"repetition_penalty": rules.repetition_penalty, "no_repeat_ngram_size": rules.no_repeat_ngram_size,
+          "min_new_tokens": rules.min_new_tokens}
+    if rules.bad_words_ids:
+        kw["bad_words_ids"] = [list(w) for w in rules.bad_words_ids]
+    return kw
+
+
+@pytest.mark.parametrize("rules", RULES, ids=lambda r: ",".join(f"{k}={v}" for k, v in vars(r).items() if v not in (1.0, 0, ())))
+def test_generation_rules_inside_verification_equal_generate(tiny_lm, tiny_case, rules):
+    prompts, _, pools = tiny_case
+    refs = []
+    for p in prompts:
+        out = tiny_lm.model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
+                                     attention_mask=torch.ones(1, len(p), dtype=torch.long), **_generate_kwargs(rules))
+        refs.append(out[0, len(p):].tolist())
+    decoder = laser.get_decoder("laser", tiny_lm, verification="greedy")
+    outs = decoder.generate_batch(prompts[:8], MAX_NEW, pools[:8], rules=rules)  # batch 8
+    outs += [decoder.generate(p, MAX_NEW, pool=pool, rules=rules) for p, pool in zip(prompts[8:], pools[8:])]
+    for prompt, ref, out in zip(prompts, refs, outs):
+        assert out.token_ids == ref, f"prompt {prompt}: rules {rules}"
+    assert sum(sum(o.stats.accepted_per_step) for o in outs) > 0

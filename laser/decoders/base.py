@@ -19,6 +19,7 @@ import torch
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import LoadedModel
+from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import RejectionSampler, Verifier
 
@@ -90,13 +91,15 @@ class Decoder:
         return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None,
-                 sampling: SamplingParams = GREEDY) -> Generation:
-        return self.generate_batch([prompt], max_new_tokens, [pool], [sampling])[0]
+                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Generation:
+        return self.generate_batch([prompt], max_new_tokens, [pool], [sampling], rules)[0]
 
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256,
                        pools: Sequence[DraftSource | None] | None = None,
-                       sampling: SamplingParams | Sequence[SamplingParams] = GREEDY) -> list[Generation]:
-        """Decode ``prompts`` together; ``sampling`` is one setting for all or one per prompt."""
+                       sampling: SamplingParams | Sequence[SamplingParams] = GREEDY,
+                       rules: GenerationRules = NO_RULES) -> list[Generation]:
+        """Decode ``prompts`` together; ``sampling`` is one setting for all or one per prompt; ``rules``
+        (repetition penalty, no-repeat n-grams, min new tokens, bad words) apply inside verification."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         pools = list(pools) if pools is not None else [None] * len(prompts)
@@ -107,7 +110,7 @@ class Decoder:
             self.check_sampling(s)
         ids = [self.encode(p) for p in prompts]
         seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens,
-                        sampling=s) for t, pool, s in zip(ids, pools, samplings)]
+                        sampling=s, rules=rules) for t, pool, s in zip(ids, pools, samplings)]
         self.engine.run(seqs)
         return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
 

@@ -1,0 +1,129 @@
+"""Generation rules applied to the target's logits inside verification, as ``generate`` applies them.
+
+Every tree row is a different sequence (the request's tokens + the draft path to that node), so each
+rule reads the row's own sequence:
+
+- ``repetition_penalty`` θ: logits of tokens present in the sequence (prompt included) become l/θ when
+  positive, l·θ when negative (transformers' RepetitionPenaltyLogitsProcessor);
+- ``no_repeat_ngram_size`` n: a token that would complete an n-gram already in the sequence is banned;
+- ``min_new_tokens``: end-of-sequence tokens are banned until that many tokens were generated;
+- ``bad_words_ids``: a one-token entry is always banned; a longer one bans its last token when the
+  sequence ends with the others.
+
+Greedy decoding under these rules equals ``model.generate`` with the same settings (tested).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from laser.tree import DraftTree
+
+if TYPE_CHECKING:
+    from laser.engine import Request
+
+
+@dataclass(frozen=True)
+class GenerationRules:
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    min_new_tokens: int = 0
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.no_repeat_ngram_size < 0 or self.min_new_tokens < 0:
+            raise ValueError("no_repeat_ngram_size and min_new_tokens must be >= 0")
+        object.__setattr__(self, "bad_words_ids", tuple(tuple(int(t) for t in w) for w in self.bad_words_ids))
+        if any(len(w) == 0 for w in self.bad_words_ids):
+            raise ValueError("bad_words_ids entries must be non-empty token sequences")
+
+    @property
+    def active(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
+                or bool(self.bad_words_ids))
+
+
+NO_RULES = GenerationRules()
+
+
+def apply_rules(logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence["Request"],
+                eos_ids: set[int]) -> torch.Tensor:
+    """``[B, N, V]`` logits with each request's rules applied to each of its tree rows."""
+    out = logits.clone()
+    for b, (tree, req) in enumerate(zip(trees, requests)):
+        if req.rules.active:
+            out[b, : len(tree)] = _apply_one(out[b, : len(tree)], tree, req, eos_ids)
+    return out
+
+
+def _row_sequences(tree: DraftTree, context: list[int]) -> list[list[int]]:
+    """The token sequence each row continues: the context (root last) + the draft path to the node."""
+    seqs: list[list[int]] = [context]
+    for i in range(1, len(tree)):
+        seqs.append(seqs[tree.parents[i]] + [int(tree.tokens[i])])
+    return seqs
+
+
+def _apply_one(rows: torch.Tensor, tree: DraftTree, req: "Request", eos_ids: set[int]) -> torch.Tensor:
+    rules, context = req.rules, req.tokens
+    seqs = _row_sequences(tree, context)
+    neg_inf = torch.finfo(rows.dtype).min
+    if rules.repetition_penalty != 1.0:
+        rows = _repetition_penalty(rows, tree, context, rules.repetition_penalty)
+    banned: list[set[int]] = [set() for _ in seqs]
+    if rules.no_repeat_ngram_size > 0:
+        _ban_repeated_ngrams(banned, seqs, rules.no_repeat_ngram_size)
+    for word in rules.bad_words_ids:
+        if len(word) == 1 and word[0] in eos_ids:  # as generate: a lone EOS is never a bad word
+            continue
+        for i, seq in enumerate(seqs):
+            if len(word) == 1 or (len(seq) >= len(word) - 1 and tuple(seq[len(seq) - len(word) + 1:]) == word[:-1]):
+                banned[i].add(word[-1])
+    if rules.min_new_tokens > 0:
+        for i in range(len(seqs)):
+            if len(req.new_tokens) + int(tree.depth[i]) < rules.min_new_tokens:
+                banned[i] |= eos_ids
+    idx = [(i, t) for i, toks in enumerate(banned) for t in toks if 0 <= t < rows.shape[-1]]
+    if idx:
+        r, t = zip(*idx)
+        rows[list(r), list(t)] = neg_inf
+    return rows
+
+
+def _repetition_penalty(rows: torch.Tensor, tree: DraftTree, context: list[int], theta: float) -> torch.Tensor:
+    """Penalise, per row, the tokens present in the context or on the draft path to that row."""
+    present = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
+    present[:, torch.as_tensor(sorted(set(context)), device=rows.device)] = True
+    path_rows, path_toks = [], []
+    for i in range(1, len(tree)):
+        j = i
+        while j > 0:  # node i's row sees every draft token from it up to the root
+            path_rows.append(i), path_toks.append(int(tree.tokens[j]))
+            j = int(tree.parents[j])
+    if path_rows:
+        present[path_rows, path_toks] = True
+    penalised = torch.where(rows < 0, rows * theta, rows / theta)
+    return torch.where(present, penalised, rows)
+
+
+def _ban_repeated_ngrams(banned: list[set[int]], seqs: list[list[int]], n: int) -> None:
+    """For each row: tokens that would repeat an n-gram of its sequence."""
+    context = seqs[0]
+    seen: dict[tuple[int, ...], set[int]] = defaultdict(set)
+    for k in range(len(context) - n + 1):
+        seen[tuple(context[k:k + n - 1])].add(context[k + n - 1])
+    for i, seq in enumerate(seqs):
+        if len(seq) + 1 < n:
+            continue
+        extra: dict[tuple[int, ...], set[int]] = defaultdict(set)
+        start = max(len(context) - n + 1, 0)
+        for k in range(start, len(seq) - n + 1):  # n-grams that end on the draft path
+            if k + n > len(context):
+                extra[tuple(seq[k:k + n - 1])].add(seq[k + n - 1])
+        prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+        banned[i] |= seen.get(prefix, set()) | extra.get(prefix, set())
