@@ -70,6 +70,18 @@ def test_batched_proposals_equal_one_by_one(tiny_lm, noisy):
             prompts[i] = prompts[i] + new
 
 
+def test_one_draft_forward_per_position_for_the_whole_batch(tiny_lm, noisy):
+    calls = []
+    handle = noisy.model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        prompts = random_prompts(8, 96, seed=6)
+        drafters = [ModelDrafter(noisy.model, p, 3) for p in prompts]
+        trees = ModelDrafter.propose_batch(drafters, prompts, [None] * 8)
+    finally:
+        handle.remove()
+    assert len(calls) == 3 and all(len(t) == 4 for t in trees)
+
+
 # ---- spec_sampling ------------------------------------------------------------------------------------
 
 def _check_greedy(lm, prompts, refs, outs):
