@@ -6,6 +6,12 @@ cropped to the context plus the accepted drafts (a rewind, never a recompute); t
 only what the draft has not seen (the bonus token, and the last draft when every draft was accepted).
 At temperature 0 drafts are the draft model's argmax; above it they are sampled from the draft's
 distribution under the request's sampling settings, with a generator of the drafter's own.
+
+Batching (``propose_batch``): the requests of a step that share a draft model draft together, one draft
+forward per draft position. Their caches are stacked right-padded into one batch cache (a 4D mask hides
+padding, position ids count each row's own tokens) and each row's entries are gathered back into its
+own cache afterwards: a copy of the draft caches per step, simpler than one long-lived batch cache
+whose rows would have to follow the engine's batch as requests finish. A single request skips it.
 """
 from __future__ import annotations
 
