@@ -170,3 +170,13 @@ def test_topk_imp_lossless_samples_the_target_and_paper_mode_does_not(toy):  # n
     paper = _pvalue(lm, _joint_counts(TopKImp(lm, draft=draft_lm, gamma=2, K=3, mode="paper"), prompt), prompt)
     assert lossless > 1e-3, f"lossless TopK-ImpSpecDec rejected: p={lossless:.2g}"
     assert paper < 1e-3, f"paper mode is not lossless, yet matched the target: p={paper:.2g}"
+
+
+@pytest.mark.slow
+def test_spec_sampling_on_the_bundled_model(smollm):
+    """A bundled draft by name (vocabulary checked through both tokenizers), and a truncated draft at batch 3."""
+    assert laser.get_decoder("spec_sampling", smollm, draft="smollm2-135m").params()["draft"] == "smollm2-135m"
+    dec = laser.get_decoder("spec_sampling", smollm, draft="truncate:8", gamma=4)
+    ids = [dec.encode(f"In one sentence, describe the movie {t}.") for t in ("Alien", "Heat", "Titanic")]
+    refs = [greedy_reference(smollm, i, 24) for i in ids]
+    _check_greedy(smollm, ids, refs, dec.generate_batch(ids, 24))
