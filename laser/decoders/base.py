@@ -90,6 +90,10 @@ class Decoder:
             return NoDrafter()
         return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)
 
+    def request_drafter(self, pool: DraftSource | None, prompt_ids: list[int], sampling: SamplingParams) -> Drafter:
+        """The drafter of one request; override when it depends on the request's sampling settings."""
+        return self.drafter(pool, prompt_ids)
+
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None,
                  sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, [pool], [sampling], rules)[0]
@@ -109,8 +113,9 @@ class Decoder:
         for s in set(samplings):
             self.check_sampling(s)
         ids = [self.encode(p) for p in prompts]
-        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.drafter(pool, t), max_new_tokens=max_new_tokens,
-                        sampling=s, rules=rules) for t, pool, s in zip(ids, pools, samplings)]
+        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.request_drafter(pool, t, s),
+                        max_new_tokens=max_new_tokens, sampling=s, rules=rules)
+                for t, pool, s in zip(ids, pools, samplings)]
         self.engine.run(seqs)
         return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
 
