@@ -78,9 +78,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 minus the process umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write_bytes(path: Path, write: Any) -> None:
-    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename."""
+    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename.
+
+    ``mkstemp`` creates the temp file 0600; it gets the umask-derived mode of a normal write instead.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, file_mode())
     os.close(fd)
     try:
         write(tmp)
