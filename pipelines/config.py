@@ -47,6 +47,9 @@ class GenerationConfig(_Strict):
 
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
     max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
+    degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
+        "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
+        "greedy autoregressive decoder, or record it in failures.jsonl")
 
 
 class OldKnowledgeConfig(_Strict):

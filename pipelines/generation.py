@@ -17,7 +17,8 @@ from typing import Any, Iterable
 from tqdm.auto import tqdm
 
 from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
-from pipelines.prompts import item_prompt, user_prompt
+from pipelines.prompts import item_prompt, user_prompt, words_for_budget
+from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, text_quality
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
+    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/quality.py)
 
 
 @dataclass
@@ -125,15 +127,17 @@ class GenerationWorker:
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
         """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
+        words = words_for_budget(task.max_new_tokens)
         if req.entity_type == "user":
             return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
-                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens)
+                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
         if req.entity_type == "item":
-            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain)
+            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
     def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str) -> dict[str, Any]:
         st = res.stats
+        q = text_quality(res.text, st.finish_reason)
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
             "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
@@ -142,7 +146,24 @@ class GenerationWorker:
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
+            "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
+            "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
         }
+
+    def _apply_policy(self, task: DecodeTask, req: GenerationRequest, prompt: str,
+                      row: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``task.degenerate`` to a degenerate row: keep it flagged, regenerate it greedily (kept,
+        flagged, when still degenerate), or raise so that it becomes a failure."""
+        if not row["degenerate"] or task.degenerate == "keep":
+            return row
+        reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
+        if task.degenerate == "fail":
+            raise DegenerateTextError(reason)
+        log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
+        greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}})
+        decoder, params_json = self._decoder(greedy)
+        res = decoder.generate(prompt, task.max_new_tokens, None)
+        return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:
         """Rows for the requests that succeed, a failure record (with the reason) for each that does not.
@@ -168,10 +189,14 @@ class GenerationWorker:
         for i, (req, prompt, pool) in enumerate(ready):
             try:
                 res = gens[i] if gens is not None else decoder.generate(prompt, task.max_new_tokens, pool)
-                out.rows.append(self._row(task, req, pool, res, params_json))
+                out.rows.append(self._apply_policy(task, req, prompt, self._row(task, req, pool, res, params_json)))
             except Exception as exc:
                 out.failures.append(_failure(req, exc))
         return out
+
+
+class DegenerateTextError(ValueError):
+    """A generated text is degenerate and the policy sends it to failures."""
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
@@ -241,6 +266,10 @@ class GenerationReport:
     target_forwards: int = 0
     accepted_tokens: int = 0
     wall_s: float = 0.0
+    prefill_s: float = 0.0  # summed over rows (rows of one batch share their steps)
+    decode_s: float = 0.0
+    greedy_retries: int = 0
+    quality: QualitySummary = field(default_factory=QualitySummary)
 
     @property
     def aal(self) -> float:
@@ -249,7 +278,14 @@ class GenerationReport:
 
     @property
     def tokens_per_s(self) -> float:
+        """Wall throughput: generated tokens / seconds of the pass, which includes actor start-up and model
+        load, pool loads, prompt building, prefill, decoding and writing."""
         return self.n_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode-only throughput: generated tokens / summed per-row decoding seconds (prefill excluded)."""
+        return self.n_tokens / self.decode_s if self.decode_s else 0.0
 
 
 class WorkerGroup:
@@ -329,6 +365,10 @@ def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationRepo
         report.n_tokens += row["n_tokens"]
         report.target_forwards += row["target_forwards"]
         report.accepted_tokens += row["accepted_tokens"]
+        report.prefill_s += row.get("prefill_s") or 0.0
+        report.decode_s += row.get("decode_s") or 0.0
+        report.greedy_retries += bool(row.get("greedy_retry"))
+        report.quality.add(text_quality(row["knowledge"], row["finish_reason"]))
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
     report.done += len(result.rows)

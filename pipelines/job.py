@@ -144,7 +144,7 @@ def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: 
     return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
-                      pool_cache_size=cfg.execution.pool_cache_size)
+                      pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate)
 
 
 def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
@@ -343,8 +343,13 @@ class JobSummary:
                    total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "old": {**asdict(self.old), "aal": self.old.aal},
-                "new": {**asdict(self.new), "aal": self.new.aal}}
+        return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
+
+
+def _report_json(rep: GenerationReport) -> dict[str, Any]:
+    """A pass's figures for summary.json, with the derived rates and the quality shares."""
+    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s,
+            "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
 
 
 def run_job(cfg: JobConfig) -> JobSummary:
@@ -365,22 +370,34 @@ def run_job(cfg: JobConfig) -> JobSummary:
 
 
 def print_summary(summary: JobSummary) -> None:
-    """The closing summary as a rich table: per step entities, tokens, speed, AAL, forwards saved."""
+    """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"laser job {summary.run_id}")
-    for col in ("step", "done", "failed", "tokens", "tokens/s", "AAL", "forwards saved"):
-        table.add_column(col, justify="right" if col != "step" else "left")
+    speed = Table(title=f"laser job {summary.run_id}")
+    for col in ("step", "done", "failed", "tokens", "tok/s wall", "tok/s decode", "AAL", "forwards saved"):
+        speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
+    quality = Table(title="knowledge quality (pipelines/quality.py)")
+    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "greedy retries"):
+        quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.done == rep.failed == 0:
-            table.add_row(name, "0", "0", "-", "-", "-", "-")  # nothing generated in this pass
+            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-")  # nothing generated in this pass
             continue
         # every accepted draft token is a target forward saved against one forward per token
         share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
-        table.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
-                      f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+        speed.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
+                      f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+        q = rep.quality
+        quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
+                        str(q.degenerate), str(rep.greedy_retries))
     console = Console()
-    console.print(table)
+    if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
+        console = Console(width=max(console.width, 110))
+    console.print(speed)
+    console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
+                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / summed "
+                  "per-row decoding seconds (prefill excluded).")
+    console.print(quality)
     console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
                   f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")
