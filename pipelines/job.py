@@ -32,6 +32,7 @@ from pipelines.data.split import split_old_new
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
+from pipelines.validation import check_decoder, load_inputs
 from pools.build import group_key
 
 
@@ -118,25 +119,6 @@ def worker_group(cfg: JobConfig) -> WorkerGroup:
     ex = cfg.execution
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed)
     return WorkerGroup(spec, ex.num_workers, ex.address)
-
-
-def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> None:
-    """Fail before any actor starts when the decoder is unknown or a parameter is not one it takes."""
-    import inspect
-
-    import laser
-
-    decoders = laser.available_decoders()
-    if name not in decoders:
-        raise ValueError(f"{key}.name: unknown decoder {name!r}; available: {sorted(decoders)}")
-    sig = inspect.signature(decoders[name].__init__)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    accepted = [n for n in sig.parameters if n not in ("self", "lm")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(f"{key}.params.{unknown[0]}: decoder {name!r} takes no parameter {unknown[0]!r} "
-                         f"(it takes {accepted})")
 
 
 def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
@@ -357,8 +339,11 @@ def run_job(cfg: JobConfig) -> JobSummary:
     start = time.perf_counter()
     paths = JobPaths.of(cfg)
     check_decoder(cfg.decoder.name, dict(cfg.decoder.params))  # before hours of old knowledge
+    if cfg.old_knowledge.generate_missing:
+        check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
+                      "old_knowledge.decoder")
+    data = load_inputs(load_job_data, cfg)  # nothing is created before the inputs are known good
     paths.root.mkdir(parents=True, exist_ok=True)
-    data = load_job_data(cfg)
     with worker_group(cfg) as workers:
         old = step_old_knowledge(cfg, data, workers)
         routing = step_route(cfg, data)
