@@ -215,7 +215,15 @@ def ensure_ray(address: str | None, num_cpus: int) -> None:
         ray.init(address=address, log_to_driver=True)
     else:
         log.info("starting local Ray with %d CPUs", num_cpus)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # Ray keeps its default (token authentication on a new local cluster) but its notice about it is
+        # noise on an in-process run: mute that one logger while the cluster starts.
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        finally:
+            notice.setLevel(level)
 
 
 def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:

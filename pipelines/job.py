@@ -200,7 +200,8 @@ def _groups(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.D
         attr = router.attribute_groups(frame, grouping, id_col)
         vectors = getattr(emb, emb_of) if emb is not None else None
         collab = None
-        if vectors is not None and len(vectors) > 0:
+        uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
+        if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
             collab = router.collaborative_groups(vectors, n_clusters=min(rc.n_clusters, len(vectors)), seed=rc.seed)
         out[etype] = (attr, collab)
     return out

@@ -110,6 +110,7 @@ def _task(tiny, tmp_path, etype: str, kind: str, seed: int) -> TaskFixture:
     return TaskFixture(etype, kind, prompts, knowledge, members)
 
 
+@pytest.mark.slow
 def test_suite_end_to_end_on_a_tiny_model(tiny, tmp_path):
     tasks = {"user": _task(tiny, tmp_path, "user", router.COLLABORATIVE, 1),
              "item": _task(tiny, tmp_path, "item", router.ATTRIBUTE, 2)}
