@@ -39,12 +39,24 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What an actor loads once: the model, its dtype, and the torch threads (= Ray CPUs) it uses."""
+    """What an actor loads once: the model, its dtype, the torch threads (= Ray CPUs) and the Ray GPUs
+    (a fraction shares one GPU) it uses."""
 
     model: str
     dtype: str = "auto"
     threads: int = 1
     seed: int = 0
+    gpus: float = 0.0
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: the GPU Ray assigns when the actor reserves GPUs, else the CPU."""
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+def actor_options(spec: ModelSpec) -> dict[str, float]:
+    """The Ray resources one generation actor reserves."""
+    return {"num_cpus": spec.threads, "num_gpus": spec.gpus}
 
 
 @dataclass
@@ -85,7 +97,9 @@ class GenerationWorker:
 
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
-        self.lm = laser.load_model(spec.model, dtype=spec.dtype)
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
+        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
         self._decoders: dict[str, tuple[Any, str]] = {}
         self._pools: OrderedDict[str, Any] = OrderedDict()
         self._store: Any = None
@@ -299,6 +313,8 @@ class GenerationReport:
 class WorkerGroup:
     """``num_workers`` generation actors sharing one model spec; serves several passes, then ``close``."""
 
+    worker_cls: type = GenerationWorker  # the actor class (tests may probe scheduling with a lighter one)
+
     def __init__(self, spec: ModelSpec, num_workers: int, address: str | None = None) -> None:
         self.spec, self.num_workers, self.address = spec, num_workers, address
         self.actors: list[Any] = []
@@ -307,7 +323,7 @@ class WorkerGroup:
         import ray
 
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
-        remote_cls = ray.remote(GenerationWorker).options(num_cpus=self.spec.threads)
+        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec))
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
 

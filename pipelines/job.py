@@ -117,7 +117,8 @@ def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRe
 def worker_group(cfg: JobConfig) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job)."""
     ex = cfg.execution
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
+                     gpus=ex.gpus_per_worker)
     return WorkerGroup(spec, ex.num_workers, ex.address)
 
 
