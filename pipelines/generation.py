@@ -238,6 +238,9 @@ def ensure_ray(address: str | None, num_cpus: int) -> None:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         finally:
             notice.setLevel(level)
+    from pipelines.interrupts import reassert
+
+    reassert()  # ray.init replaced the SIGTERM handler of an interruptible job
 
 
 def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
@@ -350,7 +353,10 @@ class WorkerGroup:
             for a in range(len(self.actors)):
                 dispatch(a)
             while in_flight:
-                [ref], _ = ray.wait(list(in_flight), num_returns=1)
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)  # short: signals get handled
+                if not ready:
+                    continue
+                [ref] = ready
                 actor, batch = in_flight.pop(ref)
                 try:
                     result: BatchResult = ray.get(ref)
