@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
+from pipelines.accounting import skipped_entities
 from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
@@ -318,6 +319,8 @@ class JobSummary:
     total_rows: int
     open_failures: int
     wall_s: float
+    skipped: dict[str, int] = field(default_factory=dict)  # entities without knowledge, by reason
+    input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
 
     @classmethod
     def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path,
@@ -352,6 +355,7 @@ def run_job(cfg: JobConfig) -> JobSummary:
         step_build_pools(cfg)
         new = step_generate(cfg, data, routing, workers)
     summary = JobSummary.of(cfg, old, new, paths.knowledge, time.perf_counter() - start)
+    summary.skipped, summary.input_notes = skipped_entities(data.dataset, data.split), dict(data.dataset.notes)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1))
     return summary
 
@@ -386,5 +390,9 @@ def print_summary(summary: JobSummary) -> None:
                   "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / summed "
                   "per-row decoding seconds (prefill excluded).")
     console.print(quality)
+    if summary.skipped:
+        console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
+    if summary.input_notes:
+        console.print("input: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.input_notes.items()))
     console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
                   f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")

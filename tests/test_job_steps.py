@@ -116,7 +116,8 @@ def test_summary_numbers(capsys):
         new.quality.add(text_quality(text, reason))
     assert new.aal == 3.0 and new.tokens_per_s == 10.0 and new.decode_tokens_per_s == 20.0
     summary = jobmod.JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
-                                open_failures=1, wall_s=5.0)
+                                open_failures=1, wall_s=5.0, skipped={"users without interactions": 5},
+                                input_notes={"sample_dropped_interactions": 12})
     jobmod.print_summary(summary)
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "new knowledge" in line)
@@ -127,6 +128,9 @@ def test_summary_numbers(capsys):
     flat = " ".join(text.split())
     assert "including actor start-up, model load" in flat and "(prefill excluded)" in flat  # what each covers
     assert "unresolved failures: 1" in text and "out/knowledge" in text
+    assert "skipped (no new knowledge): 5 users without interactions" in flat
+    assert "sample dropped interactions: 12" in flat
+    assert summary.to_json()["skipped"] == {"users without interactions": 5}
     js = summary.to_json()["new"]
     assert js["aal"] == 3.0 and js["tokens_per_s_decode"] == 20.0
     assert js["quality"] == {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222}
