@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
 from pipelines.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, text_quality
+from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
 
 log = logging.getLogger(__name__)
 
@@ -398,7 +398,7 @@ def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationRepo
         report.prefill_s += row.get("prefill_s") or 0.0
         report.decode_s += row.get("decode_s") or 0.0
         report.greedy_retries += bool(row.get("greedy_retry"))
-        report.quality.add(text_quality(row["knowledge"], row["finish_reason"]))
+        report.quality.add(TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"]))
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
     report.done += len(result.rows)
