@@ -387,8 +387,8 @@ def print_summary(summary: JobSummary) -> None:
         console = Console(width=max(console.width, 110))
     console.print(speed)
     console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
-                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / summed "
-                  "per-row decoding seconds (prefill excluded).")
+                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
+                  "decoding seconds (each batch once; prefill excluded; actors run in parallel).")
     console.print(quality)
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))

@@ -126,7 +126,7 @@ def test_summary_numbers(capsys):
     quality_row = [line for line in text.splitlines() if "new knowledge" in line][1]
     assert [c.strip() for c in quality_row.strip("│ ").split("│")] == ["new knowledge", "3", "2 (67%)", "22.2%", "1", "0"]
     flat = " ".join(text.split())
-    assert "including actor start-up, model load" in flat and "(prefill excluded)" in flat  # what each covers
+    assert "including actor start-up, model load" in flat and "prefill excluded" in flat  # what each covers
     assert "unresolved failures: 1" in text and "out/knowledge" in text
     assert "skipped (no new knowledge): 5 users without interactions" in flat
     assert "sample dropped interactions: 12" in flat

@@ -112,7 +112,7 @@ def test_policy_keep_flags_the_row(worker, looper):
 
     _record(result, Sink(), report)
     assert (report.quality.n, report.quality.degenerate, report.quality.finished_eos) == (2, 2, 0)
-    assert report.decode_s == 1.0
+    assert result.decode_s == report.decode_s == 0.5  # one batch of two rows sharing 0.5 s of steps
 
 
 def test_policy_retry_greedy_regenerates_with_autoregressive(worker, looper):
@@ -122,6 +122,7 @@ def test_policy_retry_greedy_regenerates_with_autoregressive(worker, looper):
     assert [r["decoder"] for r in result.rows] == ["autoregressive"] * 2
     assert all(r["greedy_retry"] for r in result.rows)
     assert [r["knowledge"] for r in result.rows] == [r["knowledge"] for r in plain]
+    assert result.decode_s == pytest.approx(0.5 + sum(r["decode_s"] for r in result.rows))  # retries count too
 
 
 def test_policy_fail_sends_the_row_to_failures(worker, looper):
