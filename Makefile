@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench
+.PHONY: setup demo test test-quick bench
 setup:
 	@bash scripts/setup.sh
 
@@ -7,6 +7,9 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+test-quick: setup
+	.venv/bin/python -m pytest -q -m "not slow"
 
 bench: setup
 	.venv/bin/laser bench decode --json bench-decode.json

@@ -6,11 +6,24 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="LASER: fast LLM knowledge generation for recommenders.")
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="LASER: fast LLM knowledge generation for recommenders.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"laser {version('laser-knowledge')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("laser (laser-knowledge not installed)")
+        raise typer.Exit()
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging.")) -> None:
+def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the laser-knowledge version and exit.")) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
 
@@ -93,3 +106,7 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
         except ValidationError as err:
             raise typer.BadParameter(f"{dataset_config}: not a dataset config: {err}") from err
     run_suite(json_out, settings, dataset)
+
+
+if __name__ == "__main__":
+    app()

@@ -11,21 +11,24 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-import torch
 import typer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from rich.console import Console
 from rich.table import Table
 
 from jobs.config import ConfigError, SplitConfig, format_errors, apply_overrides, read_yaml
-from pipelines.ctr import (MODEL_LABELS, NO_KNOWLEDGE, ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig,
-                           build_samples, compare_sources, summarise)
-from pipelines.data import DatasetConfig, load_dataset, split_old_new
-from pipelines.encoding import DEFAULT_ENCODER, encode_knowledge
+from pipelines.data.config import DatasetConfig
 
 log = logging.getLogger(__name__)
+
+# torch, scikit-learn and the CTR models load only when the command runs (`laser --help` stays fast);
+# these names equal pipelines.ctr.NO_KNOWLEDGE, pipelines.encoding.DEFAULT_ENCODER and
+# pipelines.ctr.MODEL_LABELS (tests/test_cli_small.py checks it).
+NO_KNOWLEDGE = "none"
+DEFAULT_ENCODER = "all-minilm-l6-v2"
+MODEL_LABELS = {"din": "DIN", "dcnv2": "DCNv2"}
 
 
 class _Strict(BaseModel):
@@ -100,6 +103,8 @@ def load_ctr_config(path: str | Path, overrides: list[str] | None = None) -> Ctr
 
 def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
     """Run the comparison described by ``cfg`` and return the JSON-ready summary."""
+    import torch
+
     threads_before = torch.get_num_threads()
     if cfg.threads is not None:
         torch.set_num_threads(cfg.threads)
@@ -110,6 +115,10 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 
 
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
+    from pipelines.ctr import ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig, build_samples, compare_sources, summarise
+    from pipelines.data import load_dataset, split_old_new
+    from pipelines.encoding import encode_knowledge
+
     ds = load_dataset(cfg.dataset)
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,
                           new_item_fraction=cfg.split.new_item_fraction, new_count=cfg.split.new_count)
@@ -117,7 +126,7 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     if samples.height == 0:
         raise ValueError(f"dataset {ds.name!r} has no new interactions to build CTR samples from")
     catalog = ItemCatalog.build(ds.items, extra_item_ids=ds.interactions["item_id"].unique().to_list())
-    sources: dict[str, KnowledgeVectors | None] = {NO_KNOWLEDGE: None}
+    sources: dict[str, Any] = {NO_KNOWLEDGE: None}
     vector_files: dict[str, str] = {}
     for name, path in cfg.knowledge.items():
         vectors = encode_knowledge(path, cfg.encoder, batch_size=cfg.encode_batch_size, progress=progress)
@@ -132,7 +141,7 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
             "encoder": cfg.encoder, "vectors": vector_files, "config": cfg.model_dump(mode="json"), **summary}
 
 
-def _log_coverage(name: str, vectors: KnowledgeVectors, samples) -> None:
+def _log_coverage(name: str, vectors: Any, samples: Any) -> None:
     users = set(samples["user_id"].to_list())
     items = set(samples["item_id"].to_list())
     log.info("knowledge %r covers %d/%d sample users and %d/%d sample items", name,

@@ -90,5 +90,7 @@ COMMANDS = {"run": run, "demo": demo, "route": route, "build-pools": build_pools
 
 def register(app: typer.Typer) -> None:
     """Add the job commands to the `laser` app."""
+    from jobs.errors import clean_errors
+
     for name, fn in COMMANDS.items():
-        app.command(name)(fn)
+        app.command(name)(clean_errors(fn))

@@ -47,6 +47,9 @@ class GenerationConfig(_Strict):
 
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
     max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
+    degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
+        "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
+        "greedy autoregressive decoder, or record it in failures.jsonl")
 
 
 class OldKnowledgeConfig(_Strict):
@@ -79,9 +82,19 @@ class ExecutionConfig(_Strict):
 
     num_workers: int = Field(2, ge=1, description="generation actors")
     threads_per_worker: int = Field(1, ge=1, description="torch threads and Ray CPUs per actor")
+    gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per actor (fractions share a GPU); > 0: the "
+                                   "model loads on the GPU (dtype auto = bfloat16), 0: on the CPU")
     address: str | None = Field(None, description="Ray address; null = local Ray started in-process")
     batch_size: int = Field(4, ge=1, description="requests per actor task")
     pool_cache_size: int = Field(8, ge=1, description="pools an actor keeps loaded (LRU)")
+
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _whole_above_one(cls, v: float) -> float:
+        if v > 1 and v != int(v):
+            raise ValueError("above 1, gpus_per_worker must be a whole number of GPUs (Ray shares only fractions < 1)")
+        return v
 
 
 class OutputConfig(_Strict):

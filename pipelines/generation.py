@@ -17,7 +17,8 @@ from typing import Any, Iterable
 from tqdm.auto import tqdm
 
 from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
-from pipelines.prompts import item_prompt, user_prompt
+from pipelines.prompts import item_prompt, user_prompt, words_for_budget
+from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,24 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """What an actor loads once: the model, its dtype, and the torch threads (= Ray CPUs) it uses."""
+    """What an actor loads once: the model, its dtype, the torch threads (= Ray CPUs) and the Ray GPUs
+    (a fraction shares one GPU) it uses."""
 
     model: str
     dtype: str = "auto"
     threads: int = 1
     seed: int = 0
+    gpus: float = 0.0
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: the GPU Ray assigns when the actor reserves GPUs, else the CPU."""
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+def actor_options(spec: ModelSpec) -> dict[str, float]:
+    """The Ray resources one generation actor reserves."""
+    return {"num_cpus": spec.threads, "num_gpus": spec.gpus}
 
 
 @dataclass
@@ -59,6 +72,7 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
+    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/quality.py)
 
 
 @dataclass
@@ -67,6 +81,7 @@ class BatchResult:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
+    decode_s: float = 0.0  # the actor's decoding seconds for the batch (shared steps counted once)
 
 
 class GenerationWorker:
@@ -83,7 +98,9 @@ class GenerationWorker:
 
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
-        self.lm = laser.load_model(spec.model, dtype=spec.dtype)
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
+        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
         self._decoders: dict[str, tuple[Any, str]] = {}
         self._pools: OrderedDict[str, Any] = OrderedDict()
         self._store: Any = None
@@ -125,15 +142,17 @@ class GenerationWorker:
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
         """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
+        words = words_for_budget(task.max_new_tokens)
         if req.entity_type == "user":
             return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
-                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens)
+                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
         if req.entity_type == "item":
-            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain)
+            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
     def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str) -> dict[str, Any]:
         st = res.stats
+        q = text_quality(res.text, st.finish_reason)
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
             "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
@@ -142,7 +161,24 @@ class GenerationWorker:
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
+            "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
+            "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
         }
+
+    def _apply_policy(self, task: DecodeTask, req: GenerationRequest, prompt: str,
+                      row: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``task.degenerate`` to a degenerate row: keep it flagged, regenerate it greedily (kept,
+        flagged, when still degenerate), or raise so that it becomes a failure."""
+        if not row["degenerate"] or task.degenerate == "keep":
+            return row
+        reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
+        if task.degenerate == "fail":
+            raise DegenerateTextError(reason)
+        log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
+        greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}})
+        decoder, params_json = self._decoder(greedy)
+        res = decoder.generate(prompt, task.max_new_tokens, None)
+        return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:
         """Rows for the requests that succeed, a failure record (with the reason) for each that does not.
@@ -165,13 +201,22 @@ class GenerationWorker:
         except Exception as exc:
             log.warning("batch of %d failed (%s); decoding one by one", len(ready), exc)
             gens = None
+        if gens is not None:  # rows of a batch decode together: the batch took its longest row's time
+            out.decode_s = max((g.stats.decode_s for g in gens), default=0.0)
         for i, (req, prompt, pool) in enumerate(ready):
             try:
                 res = gens[i] if gens is not None else decoder.generate(prompt, task.max_new_tokens, pool)
-                out.rows.append(self._row(task, req, pool, res, params_json))
+                out.decode_s += res.stats.decode_s if gens is None else 0.0
+                row = self._apply_policy(task, req, prompt, self._row(task, req, pool, res, params_json))
+                out.decode_s += row["decode_s"] if row["greedy_retry"] else 0.0
+                out.rows.append(row)
             except Exception as exc:
                 out.failures.append(_failure(req, exc))
         return out
+
+
+class DegenerateTextError(ValueError):
+    """A generated text is degenerate and the policy sends it to failures."""
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
@@ -190,7 +235,18 @@ def ensure_ray(address: str | None, num_cpus: int) -> None:
         ray.init(address=address, log_to_driver=True)
     else:
         log.info("starting local Ray with %d CPUs", num_cpus)
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # Ray keeps its default (token authentication on a new local cluster) but its notice about it is
+        # noise on an in-process run: mute that one logger while the cluster starts.
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        finally:
+            notice.setLevel(level)
+    from pipelines.interrupts import reassert
+
+    reassert()  # ray.init replaced the SIGTERM handler of an interruptible job
 
 
 def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
@@ -241,6 +297,10 @@ class GenerationReport:
     target_forwards: int = 0
     accepted_tokens: int = 0
     wall_s: float = 0.0
+    prefill_s: float = 0.0  # summed over rows
+    decode_s: float = 0.0  # actors' decoding seconds, summed over batches (a batch's shared steps once)
+    greedy_retries: int = 0
+    quality: QualitySummary = field(default_factory=QualitySummary)
 
     @property
     def aal(self) -> float:
@@ -249,11 +309,22 @@ class GenerationReport:
 
     @property
     def tokens_per_s(self) -> float:
+        """Wall throughput: generated tokens / seconds of the pass, which includes actor start-up and model
+        load, pool loads, prompt building, prefill, decoding and writing."""
         return self.n_tokens / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode-only throughput: generated tokens / actor decoding seconds (a batch counts its longest row's
+        decoding time; prefill, model and pool loads excluded). Actors run in parallel, so wall throughput
+        can exceed it when prefill is small."""
+        return self.n_tokens / self.decode_s if self.decode_s else 0.0
 
 
 class WorkerGroup:
     """``num_workers`` generation actors sharing one model spec; serves several passes, then ``close``."""
+
+    worker_cls: type = GenerationWorker  # the actor class (tests may probe scheduling with a lighter one)
 
     def __init__(self, spec: ModelSpec, num_workers: int, address: str | None = None) -> None:
         self.spec, self.num_workers, self.address = spec, num_workers, address
@@ -263,7 +334,7 @@ class WorkerGroup:
         import ray
 
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
-        remote_cls = ray.remote(GenerationWorker).options(num_cpus=self.spec.threads)
+        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec))
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
 
@@ -290,7 +361,10 @@ class WorkerGroup:
             for a in range(len(self.actors)):
                 dispatch(a)
             while in_flight:
-                [ref], _ = ray.wait(list(in_flight), num_returns=1)
+                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)  # short: signals get handled
+                if not ready:
+                    continue
+                [ref] = ready
                 actor, batch = in_flight.pop(ref)
                 try:
                     result: BatchResult = ray.get(ref)
@@ -329,6 +403,10 @@ def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationRepo
         report.n_tokens += row["n_tokens"]
         report.target_forwards += row["target_forwards"]
         report.accepted_tokens += row["accepted_tokens"]
+        report.prefill_s += row.get("prefill_s") or 0.0
+        report.greedy_retries += bool(row.get("greedy_retry"))
+        report.quality.add(TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"]))
+    report.decode_s += result.decode_s
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
     report.done += len(result.rows)

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
 
+from pipelines.accounting import skipped_entities
 from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
@@ -32,6 +33,7 @@ from pipelines.data.split import split_old_new
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
+from pipelines.validation import check_decoder, load_inputs
 from pools.build import group_key
 
 
@@ -116,22 +118,9 @@ def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRe
 def worker_group(cfg: JobConfig) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job)."""
     ex = cfg.execution
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
+                     gpus=ex.gpus_per_worker)
     return WorkerGroup(spec, ex.num_workers, ex.address)
-
-
-def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> None:
-    """Fail before any actor starts when the decoder is unknown or a parameter is not one it takes."""
-    import inspect
-
-    sig = inspect.signature(decoder_class(name, key).__init__)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
-        return
-    accepted = [n for n in sig.parameters if n not in ("self", "lm")]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise ValueError(f"{key}.params.{unknown[0]}: decoder {name!r} takes no parameter {unknown[0]!r} "
-                         f"(it takes {accepted})")
 
 
 def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
@@ -139,7 +128,7 @@ def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: 
     return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
-                      pool_cache_size=cfg.execution.pool_cache_size)
+                      pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate)
 
 
 def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
@@ -227,7 +216,8 @@ def _groups(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.D
         attr = router.attribute_groups(frame, grouping, id_col)
         vectors = getattr(emb, emb_of) if emb is not None else None
         collab = None
-        if vectors is not None and len(vectors) > 0:
+        uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
+        if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
             collab = router.collaborative_groups(vectors, n_clusters=min(rc.n_clusters, len(vectors)), seed=rc.seed)
         out[etype] = (attr, collab)
     return out
@@ -344,6 +334,8 @@ class JobSummary:
     total_rows: int
     open_failures: int
     wall_s: float
+    skipped: dict[str, int] = field(default_factory=dict)  # entities without knowledge, by reason
+    input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
 
     @classmethod
     def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path,
@@ -353,8 +345,13 @@ class JobSummary:
                    total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "old": {**asdict(self.old), "aal": self.old.aal},
-                "new": {**asdict(self.new), "aal": self.new.aal}}
+        return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
+
+
+def _report_json(rep: GenerationReport) -> dict[str, Any]:
+    """A pass's figures for summary.json, with the derived rates and the quality shares."""
+    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s,
+            "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
 
 
 def run_job(cfg: JobConfig) -> JobSummary:
@@ -362,35 +359,55 @@ def run_job(cfg: JobConfig) -> JobSummary:
     start = time.perf_counter()
     paths = JobPaths.of(cfg)
     check_decoder(cfg.decoder.name, dict(cfg.decoder.params))  # before hours of old knowledge
+    if cfg.old_knowledge.generate_missing:
+        check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
+                      "old_knowledge.decoder")
+    data = load_inputs(load_job_data, cfg)  # nothing is created before the inputs are known good
     paths.root.mkdir(parents=True, exist_ok=True)
-    data = load_job_data(cfg)
     with worker_group(cfg) as workers:
         old = step_old_knowledge(cfg, data, workers)
         routing = step_route(cfg, data)
         step_build_pools(cfg)
         new = step_generate(cfg, data, routing, workers)
     summary = JobSummary.of(cfg, old, new, paths.knowledge, time.perf_counter() - start)
+    summary.skipped, summary.input_notes = skipped_entities(data.dataset, data.split), dict(data.dataset.notes)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1))
     return summary
 
 
 def print_summary(summary: JobSummary) -> None:
-    """The closing summary as a rich table: per step entities, tokens, speed, AAL, forwards saved."""
+    """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"laser job {summary.run_id}")
-    for col in ("step", "done", "failed", "tokens", "tokens/s", "AAL", "forwards saved"):
-        table.add_column(col, justify="right" if col != "step" else "left")
+    speed = Table(title=f"laser job {summary.run_id}")
+    for col in ("step", "done", "failed", "tokens", "tok/s wall", "tok/s decode", "AAL", "forwards saved"):
+        speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
+    quality = Table(title="knowledge quality (pipelines/quality.py)")
+    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "greedy retries"):
+        quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.done == rep.failed == 0:
-            table.add_row(name, "0", "0", "-", "-", "-", "-")  # nothing generated in this pass
+            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-")  # nothing generated in this pass
             continue
         # every accepted draft token is a target forward saved against one forward per token
         share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
-        table.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
-                      f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+        speed.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
+                      f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+        q = rep.quality
+        quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
+                        str(q.degenerate), str(rep.greedy_retries))
     console = Console()
-    console.print(table)
+    if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
+        console = Console(width=max(console.width, 110))
+    console.print(speed)
+    console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
+                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
+                  "decoding seconds (each batch once; prefill excluded; actors run in parallel).")
+    console.print(quality)
+    if summary.skipped:
+        console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
+    if summary.input_notes:
+        console.print("input: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.input_notes.items()))
     console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
                   f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")

@@ -50,8 +50,17 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        # quality (pipelines/quality.py) and timing detail; null in shards written before they existed
+        pa.field("finished_eos", pa.bool_()),
+        pa.field("repeat_4gram", pa.float64()),  # share of word 4-grams that repeat an earlier one
+        pa.field("degenerate", pa.bool_()),
+        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a degenerate first text
+        pa.field("prefill_s", pa.float64()),
+        pa.field("decode_s", pa.float64()),
     ]
 )
+# columns a row may omit: quality is computed from the text, the rest is null
+OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s")
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
@@ -78,9 +87,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 minus the process umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write_bytes(path: Path, write: Any) -> None:
-    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename."""
+    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename.
+
+    ``mkstemp`` creates the temp file 0600; it gets the umask-derived mode of a normal write instead.
+    """
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, file_mode())
     os.close(fd)
     try:
         write(tmp)
@@ -157,6 +177,19 @@ def open_store(store: str | Path) -> Manifest:
     return manifest
 
 
+def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``row`` with the quality columns it lacks computed from its text and finish reason."""
+    from pipelines.quality import text_quality
+
+    out = {c: None for c in OPTIONAL_COLUMNS} | dict(row)
+    if out["finished_eos"] is None or out["repeat_4gram"] is None or out["degenerate"] is None:
+        q = text_quality(str(out["knowledge"]), str(out["finish_reason"]))
+        out.update(finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate)
+    if out["greedy_retry"] is None:
+        out["greedy_retry"] = False
+    return out
+
+
 class KnowledgeWriter:
     """Buffers knowledge rows and writes them as atomic Parquet shards of ``shard_rows`` rows.
 
@@ -177,10 +210,10 @@ class KnowledgeWriter:
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
-        missing = [c for c in KNOWLEDGE_SCHEMA.names if c not in row]
+        missing = [c for c in KNOWLEDGE_SCHEMA.names if c not in row and c not in OPTIONAL_COLUMNS]
         if missing:
             raise ValueError(f"knowledge row for {row.get('entity_type')}/{row.get('entity_id')} lacks {missing}")
-        self._buffer.append(dict(row))
+        self._buffer.append(with_quality(row))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
 

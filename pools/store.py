@@ -59,8 +59,16 @@ class TokenizerFingerprint:
                    hashlib.sha256(vocab).hexdigest())
 
 
+def _file_mode() -> int:
+    """0o666 minus the process umask: the mode of a normally written file (mkstemp's default is 0600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, _file_mode())
     os.close(fd)
     try:
         write(tmp)

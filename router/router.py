@@ -129,6 +129,9 @@ def write_routing(table: pa.Table, path: str | Path) -> Path:
         raise ValueError(f"routing table lacks column(s) {missing}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    mask = os.umask(0)  # mkstemp makes 0600; give the file the mode a normal write would
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)
     os.close(fd)
     try:
         pq.write_table(table.select(ROUTING_SCHEMA.names).cast(ROUTING_SCHEMA), tmp)

@@ -45,6 +45,17 @@ def test_method_metrics_by_hand():
     assert per_step["other"] == pytest.approx(1000 * 0.7 / 3 - 1000 * (0.04 + 0.02 + 0.5 + 0.02 + 0.01) / 3)
 
 
+def test_method_quality_per_decoder():
+    loop = "a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"
+    reference = [Run([1], 1.0, text="A quiet drama fan who likes westerns.", finish_reason="eos")] * 2
+    runs = [Run([1], 1.0, text=loop, finish_reason="length"),
+            Run([1], 1.0, text="A quiet drama fan who likes westerns.", finish_reason="eos")]
+    q = method_metrics(runs, reference)["quality"]
+    assert (q["n"], q["finished_eos"], q["degenerate"]) == (2, 1, 1)
+    assert method_metrics(reference, reference)["quality"]["degenerate"] == 0
+    assert method_metrics([Run([1], 1.0)], [Run([1], 1.0)])["quality"] is None  # no text: no figures
+
+
 def test_summarise_reference_and_methods_without_stats():
     rows = {"ref": [Run([1, 2], 1.0)], "same": [Run([1, 2], 0.5)]}
     out = summarise(rows, "ref")
@@ -110,6 +121,7 @@ def _task(tiny, tmp_path, etype: str, kind: str, seed: int) -> TaskFixture:
     return TaskFixture(etype, kind, prompts, knowledge, members)
 
 
+@pytest.mark.slow
 def test_suite_end_to_end_on_a_tiny_model(tiny, tmp_path):
     tasks = {"user": _task(tiny, tmp_path, "user", router.COLLABORATIVE, 1),
              "item": _task(tiny, tmp_path, "item", router.ATTRIBUTE, 2)}

@@ -40,6 +40,7 @@ def test_bundled_demo_config_is_valid():
     assert set(cfg.knowledge) == {"greedy", "relaxed"} and cfg.seeds == [0, 1, 2] and cfg.label_threshold() == 4.0
 
 
+@pytest.mark.slow
 def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
     ds, truth = generate(SyntheticParams(**SYNTH), seed=0)
     rows = [("user", r["user_id"], f"This viewer enjoys {' and '.join(r['liked_genres'])} films.")

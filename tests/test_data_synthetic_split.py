@@ -130,3 +130,33 @@ def test_limit_dataset_seeded_and_consistent():
     users_only = load_dataset(DatasetConfig(limit_users=10, synthetic=SMALL))
     assert users_only.users.height == 10
     assert set(users_only.items["item_id"]) == set(users_only.interactions["item_id"])
+
+
+def test_trial_sample_keeps_histories_and_says_what_it_dropped(caplog):
+    """Like ml-latest-small: every user has >= 20 ratings; a few popular items and many rare ones."""
+    rows = [(f"u{u}", f"pop{i}", 4.0, 100 + i) for u in range(10) for i in range(5)]
+    rows += [(f"u{u}", f"rare{u}-{j}", 3.0, 200 + j) for u in range(10) for j in range(20)]
+    inter = pl.DataFrame(rows, schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64,
+                                       "timestamp": pl.Int64}, orient="row")
+    items = pl.DataFrame({"item_id": sorted(set(inter["item_id"]))}).with_columns(title=pl.col("item_id"))
+    users = pl.DataFrame({"user_id": [f"u{u}" for u in range(12)]})  # two users never rated anything
+    ds = Dataset("ml-like", "movie", inter, items, users)
+    with caplog.at_level("INFO"):
+        small = limit_dataset(ds, limit_users=10, limit_items=10, seed=0)
+    per_user = small.interactions.group_by("user_id").len()
+    assert per_user.height == 10 and per_user["len"].min() >= 5  # every kept user keeps the popular items
+    assert {f"pop{i}" for i in range(5)} <= set(small.items["item_id"])
+    assert small.notes == {"sample_dropped_interactions": 250 - small.interactions.height,
+                           "sample_users_without_interactions": 0}
+    assert "dropped 195 with items outside the sample" in caplog.text
+
+
+def test_users_without_knowledge_are_counted(caplog):
+    from pipelines.accounting import NO_INTERACTIONS, skipped_entities
+
+    ds = synthetic_dataset(SMALL, seed=0)
+    ds.users = pl.concat([ds.users, ds.users.head(2).with_columns(user_id=pl.Series(["ghost1", "ghost2"]))])
+    with caplog.at_level("WARNING"):
+        skipped = skipped_entities(ds, split_old_new(ds))
+    assert skipped == {NO_INTERACTIONS: 2}
+    assert "2 users without interactions get no new knowledge (e.g. ['ghost1', 'ghost2'])" in caplog.text

@@ -8,6 +8,8 @@ import pytest
 from pipelines import encoding
 from pipelines.encoding import encode_knowledge, get_encoder, read_vectors, vectors_path_for
 
+pytestmark = pytest.mark.slow  # loads the packaged sentence encoder
+
 
 @pytest.fixture(scope="module")
 def encoder():

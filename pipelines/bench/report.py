@@ -28,6 +28,7 @@ from rich.table import Table
 import laser
 from laser import DecodeStats
 from pipelines.prompts import PROMPT_VERSION
+from pipelines.quality import summarise_quality
 
 STAGES = ("prefill_s", "retrieval_s", "tree_s", "forward_s", "verify_s", "cache_s")
 
@@ -39,6 +40,8 @@ class Run:
     tokens: list[int]
     seconds: float
     stats: DecodeStats | None = None
+    text: str | None = None  # the decoded text, for the quality figures
+    finish_reason: str | None = None  # "eos" | "length"
 
 
 def repeat_median(fn: Callable[[], Run], repeats: int) -> Run:
@@ -54,7 +57,10 @@ def hf_generate(lm: laser.LoadedModel, ids: list[int], max_new_tokens: int, **ge
     out = lm.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
                             do_sample=False, **generate_kwargs)
     seconds = time.perf_counter() - t0
-    return Run(_until_eos(out[0, len(ids):].tolist(), lm.eos_ids), seconds)
+    tokens = _until_eos(out[0, len(ids):].tolist(), lm.eos_ids)
+    finish = "eos" if tokens and tokens[-1] in lm.eos_ids else "length"
+    text = lm.tokenizer.decode(tokens, skip_special_tokens=True) if lm.tokenizer is not None else None
+    return Run(tokens, seconds, text=text, finish_reason=finish)
 
 
 def _until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -69,7 +75,9 @@ def timed_decode(decoder: laser.Decoder, ids: list[int], max_new_tokens: int, po
     """One of our decoders on one prompt, timed (wall clock around the call)."""
     t0 = time.perf_counter()
     out = decoder.generate(ids, max_new_tokens, pool=pool)
-    return Run(out.token_ids, time.perf_counter() - t0, out.stats)
+    seconds = time.perf_counter() - t0
+    text = out.text if getattr(decoder.lm, "tokenizer", None) is not None else None  # no tokenizer: no text
+    return Run(out.token_ids, seconds, out.stats, text=text, finish_reason=out.stats.finish_reason)
 
 
 def tokens_per_s(runs: Sequence[Run]) -> float:
@@ -108,7 +116,15 @@ def method_metrics(runs: Sequence[Run], reference: Sequence[Run]) -> dict[str, A
         "target_forwards": steps,
         "time_breakdown_s": totals if stats else None,
         "time_breakdown_ms_per_step": _per_step_ms(totals, decode_s, steps, len(runs)) if steps else None,
+        "quality": _quality(runs),
     }
+
+
+def _quality(runs: Sequence[Run]) -> dict[str, Any] | None:
+    """EOS share, mean repeated-4-gram share and degenerate count (pipelines/quality.py) when texts are known."""
+    if any(r.text is None or r.finish_reason is None for r in runs):
+        return None
+    return summarise_quality([r.text for r in runs], [r.finish_reason for r in runs]).as_dict()
 
 
 def _per_step_ms(totals: dict[str, float], decode_s: float, steps: int, requests: int) -> dict[str, float]:

@@ -46,34 +46,46 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
 
 
 def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0) -> Dataset:
-    """Seeded sample for trial runs, keeping only interactions among kept users and kept items.
+    """Seeded sample for trial runs that keeps the kept users' histories as whole as it can.
 
-    Users are drawn uniformly from those with interactions. Items are drawn uniformly from the items
-    the kept users interacted with (topped up from the other items when those are too few), so a small
-    trial still has histories to work on; with only ``limit_users`` set, the items are those the kept
-    users interacted with.
+    Users are drawn uniformly (seeded) from those with interactions. Items are the ``limit_items`` items
+    the kept users rated most (ties by item id), topped up with a seeded draw from the other items when
+    they rated fewer; only interactions among kept users and items remain. With only ``limit_users``
+    the items are those the kept users interacted with. What the sample dropped (interactions of kept
+    users, kept users left without any interaction) is logged and kept in ``ds.notes``.
     """
     if limit_users is None and limit_items is None:
         return ds
-    inter = ds.interactions
+    inter, users, items = ds.interactions, ds.users, ds.items
     if limit_users is not None:
         active = inter.select("user_id").unique().sort("user_id")["user_id"]
         if active.len() > limit_users:
             active = active.sample(limit_users, seed=seed)
         inter = inter.filter(pl.col("user_id").is_in(active.implode()))
-        users = ds.users.filter(pl.col("user_id").is_in(active.implode()))
-    else:
-        users = ds.users
-    items = ds.items
+        users = users.filter(pl.col("user_id").is_in(active.implode()))
+    before = inter
     if limit_items is not None:
-        seen = inter.select("item_id").unique().sort("item_id")["item_id"]
-        if seen.len() >= limit_items:
-            kept = seen.sample(limit_items, seed=seed)
-        else:
-            others = items.filter(~pl.col("item_id").is_in(seen.implode())).sort("item_id")["item_id"]
-            kept = pl.concat([seen, others.sample(min(limit_items - seen.len(), others.len()), seed=seed)])
+        kept = _most_rated_items(inter, items, limit_items, seed)
         items = items.filter(pl.col("item_id").is_in(kept.implode()))
         inter = inter.filter(pl.col("item_id").is_in(kept.implode()))
     elif limit_users is not None:
         items = items.filter(pl.col("item_id").is_in(inter["item_id"].unique().implode()))
-    return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=items, users=users)
+    notes = dict(ds.notes)
+    notes["sample_dropped_interactions"] = before.height - inter.height
+    emptied = sorted(set(before["user_id"]) - set(inter["user_id"]))
+    notes["sample_users_without_interactions"] = len(emptied)
+    log.info("trial sample: %d users, %d items; kept %d of the kept users' %d interactions (dropped %d with items "
+             "outside the sample); %d kept users have no interaction left%s", users.height, items.height,
+             inter.height, before.height, before.height - inter.height, len(emptied),
+             f" (e.g. {emptied[:5]})" if emptied else "")
+    return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=items, users=users, notes=notes)
+
+
+def _most_rated_items(inter: pl.DataFrame, items: pl.DataFrame, limit: int, seed: int) -> pl.Series:
+    """The ``limit`` items with most interactions in ``inter`` (ties by id), topped up from the rest."""
+    counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])
+    kept = counts["item_id"].head(limit)
+    if kept.len() < limit:
+        others = items.filter(~pl.col("item_id").is_in(kept.implode())).sort("item_id")["item_id"]
+        kept = pl.concat([kept, others.sample(min(limit - kept.len(), others.len()), seed=seed)])
+    return kept

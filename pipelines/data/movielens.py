@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
-from pipelines.data.readers import DataFileError, coerce, read_delimited
+from pipelines.data.readers import DataFileError, coerce, drop_unknown_items, read_checked_csv, read_delimited
 from pipelines.data.schema import Dataset, conform_interactions, conform_items, conform_users
 from pipelines.data.titles import split_title_year
 
@@ -47,17 +48,21 @@ def load_movielens(path: Path) -> Dataset:
     directory = path if path.is_dir() else path.parent
     variant = detect_variant(directory)
     log.info("reading MovieLens %s from %s", variant, directory)
+    notes: dict[str, Any] = {}
     if variant == "100k":
         inter, items, users = _read_100k(directory)
+        ratings = directory / "u.data"
     elif variant in ("1m", "10m"):
         inter, items, users = _read_dat(directory)
+        ratings = directory / "ratings.dat"
     else:
-        inter, items, users = _read_latest(directory)
-    inter = conform_interactions(inter)
+        inter, items, users = _read_latest(directory, notes)
+        ratings = directory / "ratings.csv"
+    inter = conform_interactions(drop_unknown_items(inter, items, ratings, notes).drop("line_no"))
     if users is None:
         users = inter.select("user_id").unique().sort("user_id")
     return Dataset(name=f"ml-{variant}", domain="movie", interactions=inter, items=conform_items(items),
-                   users=conform_users(users))
+                   users=conform_users(users), notes=notes)
 
 
 def _genre_list(column: str, separator: str = "|") -> pl.Expr:
@@ -67,7 +72,7 @@ def _genre_list(column: str, separator: str = "|") -> pl.Expr:
 
 
 def _read_100k(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    inter = read_delimited(d / "u.data", "\t", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES)
+    inter = read_delimited(d / "u.data", "\t", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True)
     flags = [f"g{k}" for k in range(len(GENRES_100K))]
     raw = read_delimited(d / "u.item", "|", ["item_id", "title", "release_date", "video_release", "url", *flags],
                          {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"])
@@ -83,7 +88,7 @@ def _read_100k(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
 
 
 def _read_dat(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
-    inter = read_delimited(d / "ratings.dat", "::", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES)
+    inter = read_delimited(d / "ratings.dat", "::", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True)
     movies = read_delimited(d / "movies.dat", "::", ["item_id", "title", "genres"],
                             {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"])
     items = movies.with_columns(*split_title_year("title"), _genre_list("genres"))
@@ -96,25 +101,24 @@ def _read_dat(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]
     return inter, items, users
 
 
-def _read_csv(path: Path, names: dict[str, str], dtypes: dict[str, pl.DataType], required: list[str]) -> pl.DataFrame:
-    """A headed MovieLens CSV, source columns renamed per ``names``; bad rows skipped and reported."""
+def _read_csv(path: Path, names: dict[str, str], dtypes: dict[str, pl.DataType], required: list[str],
+              notes: dict[str, Any]) -> pl.DataFrame:
+    """A headed MovieLens CSV, source columns renamed per ``names``, with ``line_no`` (header = line 1);
+    bad rows skipped and reported (``read_checked_csv``)."""
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
-    try:
-        frame = pl.read_csv(path, infer_schema=False, truncate_ragged_lines=True, encoding="utf8-lossy")
-    except pl.exceptions.PolarsError as err:
-        raise DataFileError(f"{path}: unreadable CSV ({err})") from err
+    frame = read_checked_csv(path, ",", notes)
     missing = [c for c in names if c not in frame.columns]
     if missing:
-        raise DataFileError(f"{path}: missing column(s) {missing}; found {frame.columns}")
-    frame = frame.select(pl.col(src).alias(dst) for src, dst in names.items()).with_row_index("row", offset=2)
-    return coerce(frame, dtypes, required, path, row_no="row")
+        raise DataFileError(f"{path}: missing column(s) {missing}; found {frame.columns[:-1]}")
+    frame = frame.select(*(pl.col(src).alias(dst) for src, dst in names.items()), "line_no")
+    return coerce(frame, dtypes, required, path, keep_row_no=True)
 
 
-def _read_latest(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, None]:
+def _read_latest(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame, None]:
     inter = _read_csv(d / "ratings.csv", {"userId": "user_id", "movieId": "item_id", "rating": "rating",
-                                          "timestamp": "timestamp"}, _RATING_TYPES, _RATING_NAMES)
+                                          "timestamp": "timestamp"}, _RATING_TYPES, _RATING_NAMES, notes)
     movies = _read_csv(d / "movies.csv", {"movieId": "item_id", "title": "title", "genres": "genres"},
-                       {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"])
+                       {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"], notes).drop("line_no")
     items = movies.with_columns(*split_title_year("title"), _genre_list("genres"))
     return inter, items, None

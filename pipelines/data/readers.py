@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -77,7 +78,7 @@ def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: st
 
 
 def cast_rows(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequence[str],
-              row_no: str = "line_no") -> tuple[pl.DataFrame, list[int]]:
+              row_no: str = "line_no", keep_row_no: bool = False) -> tuple[pl.DataFrame, list[int]]:
     """Cast columns (non-strict; text stripped, empty text = missing); split off rows whose ``required``
     columns end up null. Returns (good rows without ``row_no``, row numbers of the bad rows)."""
     def typed(name: str, dtype: pl.DataType) -> pl.Expr:
@@ -89,19 +90,20 @@ def cast_rows(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Seq
 
     cast = frame.with_columns(typed(name, dtype) for name, dtype in dtypes.items())
     ok = pl.all_horizontal(pl.col(c).is_not_null() for c in required)
-    return cast.filter(ok).drop(row_no), cast.filter(~ok)[row_no].to_list()
+    good = cast.filter(ok)
+    return (good if keep_row_no else good.drop(row_no)), cast.filter(~ok)[row_no].to_list()
 
 
 def coerce(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequence[str], path: Path,
-           row_no: str = "line_no") -> pl.DataFrame:
+           row_no: str = "line_no", keep_row_no: bool = False) -> pl.DataFrame:
     """``cast_rows`` plus ``report_bad``: the typed good rows of a frame read from ``path``."""
-    good, bad = cast_rows(frame, dtypes, required, row_no)
+    good, bad = cast_rows(frame, dtypes, required, row_no, keep_row_no)
     report_bad(path, frame.height, bad, "line" if row_no == "line_no" else "row")
     return good
 
 
 def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: dict[str, pl.DataType],
-                   required: Sequence[str]) -> pl.DataFrame:
+                   required: Sequence[str], keep_line_no: bool = False) -> pl.DataFrame:
     """A headerless file with a (possibly multi-character) separator, e.g. MovieLens ``::`` or ``|``.
 
     Columns not in ``dtypes`` stay strings. Lines with the wrong number of fields or uncastable
@@ -112,7 +114,8 @@ def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: dic
     good_shape = pl.col("_f").list.len() == len(names)
     fields = parts.filter(good_shape).select(
         "line_no", *(pl.col("_f").list.get(k).alias(n) for k, n in enumerate(names)))
-    good, bad_cast = cast_rows(fields, {n: dtypes[n] for n in names if n in dtypes}, required)
+    good, bad_cast = cast_rows(fields, {n: dtypes[n] for n in names if n in dtypes}, required,
+                               keep_row_no=keep_line_no)
     report_bad(path, lines.height, sorted(parts.filter(~good_shape)["line_no"].to_list() + bad_cast))
     return good
 
@@ -151,3 +154,81 @@ def records_frame(path: Path, extract: Callable[[dict], dict | None], schema: di
             rows.append(row)
     report_bad(path, total, bad)
     return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+# ---- checked CSV: the load report ----------------------------------------------------------------
+# Line numbers are physical lines of the file, counting from 1, so the header is line 1 and the first
+# data row is line 2.
+
+_QUOTED = r'"[^"]*"'  # a quoted field (doubled quotes inside split into adjacent matches, all removed)
+
+
+def note(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) -> None:
+    """Record ``len(lines)`` rows of ``path`` skipped or repaired for ``what`` in a load report, and log it."""
+    if not lines:
+        return
+    shown = sorted(lines)[:SHOWN_BAD_LINES * 2]
+    notes[f"{path.name}: {what}"] = {"count": len(lines), "lines": shown}
+    log.warning("%s: %s: %d line(s) (file lines, header = line 1): %s%s", path, what, len(lines), shown,
+                " ..." if len(lines) > len(shown) else "")
+
+
+def utf8_lines(raw: bytes) -> tuple[bytes, list[int]]:
+    """``raw`` as UTF-8; each line that is not valid UTF-8 is decoded as Latin-1 instead (repaired).
+    Returns the text and the 1-based numbers of the repaired lines."""
+    try:
+        raw.decode("utf-8")
+        return raw, []
+    except UnicodeDecodeError:
+        pass
+    out, repaired = [], []
+    for no, line in enumerate(raw.split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError:
+            line = line.decode("latin-1").encode("utf-8")
+            repaired.append(no)
+        out.append(line)
+    return b"\n".join(out), repaired
+
+
+def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.DataFrame:
+    """A headed CSV/TSV as strings plus ``line_no`` (file line, header = 1), by documented rules:
+    lines that are not UTF-8 are repaired as Latin-1; lines with more or fewer fields than the header
+    are skipped. Both are counted in ``notes`` with their line numbers. Quoted fields may hold the
+    separator but not a line break (such a row is reported as malformed)."""
+    raw, repaired = utf8_lines(read_bytes(path))
+    lines = pl.read_csv(io.BytesIO(raw), has_header=False, separator="\x1f", quote_char=None,
+                        schema={"line": pl.Utf8}, truncate_ragged_lines=True).with_row_index("line_no", offset=1)
+    lines = lines.with_columns(pl.col("line").str.strip_chars_end("\r")).filter(
+        pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+    if lines.is_empty():
+        raise DataFileError(f"{path}: empty file")
+    fields = pl.col("line").str.replace_all(_QUOTED, "").str.count_matches(separator, literal=True) + 1
+    lines = lines.with_columns(_n=fields)
+    width = lines["_n"][0]
+    body = lines.slice(1)
+    note(notes, path, "lines not UTF-8, repaired as Latin-1", repaired)
+    note(notes, path, f"rows with more fields than the header's {width}, skipped",
+         body.filter(pl.col("_n") > width)["line_no"].to_list())
+    note(notes, path, f"rows with fewer fields than the header's {width}, skipped",
+         body.filter(pl.col("_n") < width)["line_no"].to_list())
+    good = body.filter(pl.col("_n") == width)
+    text = "\n".join([lines["line"][0], *good["line"].to_list()])
+    try:
+        frame = pl.read_csv(io.BytesIO(text.encode()), separator=separator, infer_schema=False)
+    except pl.exceptions.PolarsError as err:
+        raise DataFileError(f"{path}: unreadable CSV ({err})") from err
+    if frame.height != good.height:
+        raise DataFileError(f"{path}: {good.height} rows checked but {frame.height} parsed; a quoted field "
+                            "probably holds a line break")
+    return frame.with_columns(good["line_no"])
+
+
+def drop_unknown_items(inter: pl.DataFrame, items: pl.DataFrame, path: Path, notes: dict[str, Any],
+                       line_col: str = "line_no") -> pl.DataFrame:
+    """Interactions whose item is in ``items`` (the catalogue); the others are skipped and counted."""
+    known = pl.col("item_id").is_in(items["item_id"].implode())
+    note(notes, path, "interactions with items missing from the items file, skipped",
+         inter.filter(~known)[line_col].to_list())
+    return inter.filter(known)

@@ -9,7 +9,8 @@ users         user_id: Utf8, plus attribute columns (age: Int32?, gender: Utf8?,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import polars as pl
 
@@ -28,6 +29,7 @@ class Dataset:
     interactions: pl.DataFrame
     items: pl.DataFrame
     users: pl.DataFrame
+    notes: dict[str, Any] = field(default_factory=dict)  # what loading and sampling skipped or repaired
 
 
 @dataclass

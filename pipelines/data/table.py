@@ -11,30 +11,36 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
 from pipelines.data.config import DatasetConfig
-from pipelines.data.readers import DataFileError, coerce
+from pipelines.data.readers import DataFileError, coerce, drop_unknown_items, read_checked_csv
 from pipelines.data.schema import (INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items,
                                    conform_users)
 
 log = logging.getLogger(__name__)
 
 
-def read_table(path: Path) -> pl.DataFrame:
-    """A whole table file by its extension: .parquet, .csv, .tsv, .jsonl/.ndjson (optionally .gz for text)."""
+LINE = "_line"  # CSV/TSV: file line (header = line 1); JSON lines: file line; Parquet: row number from 1
+
+
+def read_table(path: Path, notes: dict[str, Any] | None = None) -> pl.DataFrame:
+    """A whole table file by its extension: .parquet, .csv, .tsv, .jsonl/.ndjson (optionally .gz for text),
+    with a ``_line`` column. CSV/TSV go through ``read_checked_csv`` (rows repaired or skipped are
+    counted in ``notes``)."""
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     name = path.name.lower().removesuffix(".gz")
     try:
         if name.endswith(".parquet"):
-            return pl.read_parquet(path)
+            return pl.read_parquet(path).with_row_index(LINE, offset=1)
         if name.endswith((".csv", ".tsv")):
-            return pl.read_csv(path, separator="\t" if name.endswith(".tsv") else ",", infer_schema=False,
-                               truncate_ragged_lines=True, encoding="utf8-lossy")
+            frame = read_checked_csv(path, "\t" if name.endswith(".tsv") else ",", {} if notes is None else notes)
+            return frame.rename({"line_no": LINE})
         if name.endswith((".jsonl", ".ndjson")):
-            return pl.read_ndjson(path, infer_schema_length=None)
+            return pl.read_ndjson(path, infer_schema_length=None).with_row_index(LINE, offset=1)
     except pl.exceptions.PolarsError as err:
         raise DataFileError(f"{path}: unreadable ({err})") from err
     raise DataFileError(f"{path}: unknown table type; use .parquet, .csv, .tsv, .jsonl or .ndjson")
@@ -75,13 +81,13 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     else:
         inter_path = path
     required = list(INTERACTIONS_SCHEMA)
-    inter = _rename(read_table(inter_path), mapping, required, inter_path).select(required)
-    inter = _timestamp_seconds(inter).with_row_index("row", offset=1)
-    inter = conform_interactions(coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no="row"))
+    notes: dict[str, Any] = {}
+    inter = _rename(read_table(inter_path, notes), mapping, required, inter_path).select(*required, LINE)
+    inter = coerce(_timestamp_seconds(inter), INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True)
 
     if cfg.items_file:
         items_path = directory / cfg.items_file
-        items = _rename(read_table(items_path), mapping, ["item_id"], items_path)
+        items = _rename(read_table(items_path, notes).drop(LINE), mapping, ["item_id"], items_path)
         if "genres" in items.columns and items.schema["genres"] == pl.Utf8:
             items = items.with_columns(pl.col("genres").str.split(cfg.genres_separator).list.eval(
                 pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != "")))
@@ -95,11 +101,15 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
         log.warning("no dataset.items_file: item titles fall back to item ids")
         items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
 
+    inter = inter.with_columns(pl.col("item_id").cast(pl.Utf8))
+    if cfg.items_file:
+        inter = drop_unknown_items(inter, items, inter_path, notes, LINE)
+    inter = conform_interactions(inter.drop(LINE))
     if cfg.users_file:
         users_path = directory / cfg.users_file
-        users = _rename(read_table(users_path), mapping, ["user_id"], users_path)
+        users = _rename(read_table(users_path, notes).drop(LINE), mapping, ["user_id"], users_path)
     else:
         users = inter.select("user_id").unique().sort("user_id")
     name = cfg.name or inter_path.name.split(".")[0]
     return Dataset(name=name, domain=cfg.resolved_domain(), interactions=inter, items=conform_items(items),
-                   users=conform_users(users))
+                   users=conform_users(users), notes=notes)

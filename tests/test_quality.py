@@ -1,0 +1,152 @@
+"""Knowledge quality: the repetition score, the degenerate rule, quality columns in the store and the
+configured policy for degenerate rows (keep, greedy retry, failure)."""
+from __future__ import annotations
+
+import pytest
+
+from pipelines import knowledge as kn
+from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
+from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
+from test_knowledge_store import row
+
+LOOP = "This user enjoys a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"
+PROSE = ("This user enjoys slow, character-driven dramas from the seventies and eighties, with a soft spot for "
+         "quiet westerns; loud action films and broad comedies leave them cold.")
+
+
+def test_repeat_share_counts_repeated_word_4grams():
+    assert words("It's A dark, dark night.") == ["it's", "a", "dark", "dark", "night"]
+    assert repeated_ngram_share("a b c d a b c d") == pytest.approx(1 - 4 / 5)  # abcd, bcda, cdab, dabc, abcd
+    assert repeated_ngram_share("one two three") == 0.0
+    assert repeated_ngram_share(PROSE) == 0.0
+    assert repeated_ngram_share(LOOP) > 0.5
+
+
+def test_degenerate_rule():
+    assert text_quality(LOOP, "length").degenerate and not text_quality(LOOP, "length").finished_eos
+    assert not text_quality(PROSE, "eos").degenerate and text_quality(PROSE, "eos").finished_eos
+    assert text_quality("Drama.", "eos").degenerate  # fewer than three words
+    assert "limit 20%" in text_quality(LOOP, "length").reason() and MAX_REPEAT_4GRAM == 0.2
+
+
+def test_summary_for_benchmarks():
+    s = summarise_quality([LOOP, PROSE, PROSE], ["length", "eos", "eos"])
+    assert (s.n, s.finished_eos, s.degenerate) == (3, 2, 1)
+    assert s.mean_repeat_4gram == pytest.approx(text_quality(LOOP, "length").repeat_4gram / 3)
+
+
+def test_store_rows_carry_quality_computed_when_absent(tmp_path):
+    with kn.KnowledgeWriter(tmp_path, shard_rows=8) as w:
+        w.add(row(0) | {"knowledge": LOOP, "finish_reason": "length"})
+        w.add(row(1) | {"knowledge": PROSE})
+    frame = kn.read_knowledge(tmp_path)
+    assert frame["finished_eos"].to_list() == [False, True]
+    assert frame["degenerate"].to_list() == [True, False]
+    assert frame["greedy_retry"].to_list() == [False, False]
+    assert frame["repeat_4gram"][0] > 0.5 and frame["repeat_4gram"][1] == 0.0
+
+
+def test_shards_written_before_the_quality_columns_still_read(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    old_schema = pa.schema([f for f in kn.KNOWLEDGE_SCHEMA if f.name not in kn.OPTIONAL_COLUMNS])
+    pq.write_table(pa.Table.from_pylist([row(0)], schema=old_schema), tmp_path / "part-00000.parquet")
+    frame = kn.read_knowledge(tmp_path)
+    assert frame.height == 1 and frame["degenerate"][0] is None
+
+
+class Looper:
+    """A stand-in decoder that always writes a looping text (the policy, not the decoder, is under test)."""
+
+    name = "looper"
+    summary = "test: loops"
+
+    def __init__(self, lm, **params):
+        self.lm = lm
+
+    def params(self):
+        return {}
+
+    def generate(self, prompt, max_new_tokens, pool=None):
+        return self.generate_batch([prompt], max_new_tokens, [pool])[0]
+
+    def generate_batch(self, prompts, max_new_tokens, pools=None):
+        from laser.decoders.base import Generation
+        from laser.engine import DecodeStats
+
+        ids = self.lm.tokenizer(LOOP, add_special_tokens=False)["input_ids"]
+        return [Generation(ids, LOOP, DecodeStats(target_forwards=len(ids), new_tokens=len(ids),
+                                                  finish_reason="length", decode_s=0.5)) for _ in prompts]
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    return GenerationWorker(ModelSpec(str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))))
+
+
+@pytest.fixture
+def looper(monkeypatch):
+    from laser.decoders import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY) | {"looper": Looper})
+
+
+REQS = [GenerationRequest("user", "u1", history=[("Heat", 4.0)]), GenerationRequest("item", "i1", item={
+    "item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
+
+
+def test_policy_keep_flags_the_row(worker, looper):
+    result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="keep"), REQS)
+    assert [(r["degenerate"], r["greedy_retry"], r["decoder"]) for r in result.rows] == [(True, False, "looper")] * 2
+    report = GenerationReport()
+    from pipelines.generation import _record
+
+    class Sink:
+        def add(self, r):
+            pass
+
+        def add_failure(self, *a):
+            pass
+
+    _record(result, Sink(), report)
+    assert (report.quality.n, report.quality.degenerate, report.quality.finished_eos) == (2, 2, 0)
+    assert result.decode_s == report.decode_s == 0.5  # one batch of two rows sharing 0.5 s of steps
+
+
+def test_policy_retry_greedy_regenerates_with_autoregressive(worker, looper):
+    task = DecodeTask("looper", max_new_tokens=8, degenerate="retry_greedy")
+    result = worker.generate(task, REQS)
+    plain = worker.generate(DecodeTask("autoregressive", max_new_tokens=8), REQS).rows
+    assert [r["decoder"] for r in result.rows] == ["autoregressive"] * 2
+    assert all(r["greedy_retry"] for r in result.rows)
+    assert [r["knowledge"] for r in result.rows] == [r["knowledge"] for r in plain]
+    assert result.decode_s == pytest.approx(0.5 + sum(r["decode_s"] for r in result.rows))  # retries count too
+
+
+def test_policy_fail_sends_the_row_to_failures(worker, looper):
+    result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="fail"), REQS)
+    assert not result.rows
+    assert [f["entity_id"] for f in result.failures] == ["u1", "i1"]
+    assert result.failures[0]["reason"].startswith("DegenerateTextError: degenerate text")
+
+
+def _asked_words(prompt: str) -> int:
+    import re
+
+    return int(re.search(r"at most (\d+) words", prompt).group(1))
+
+
+@pytest.mark.parametrize("name", ["demo", "movielens", "amazon"])
+def test_shipped_configs_ask_for_what_their_token_budget_holds(name, worker):
+    from jobs.config import bundled_config, load_config
+    from pipelines.prompts import TOKENS_PER_WORD
+
+    cfg = load_config(bundled_config(name))
+    for budget in {cfg.generation.max_new_tokens, cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens}:
+        task = DecodeTask("autoregressive", max_new_tokens=budget, domain=cfg.dataset.resolved_domain())
+        for req in REQS:
+            words_asked = _asked_words(worker.prompt(task, req))
+            assert words_asked * TOKENS_PER_WORD <= budget, (name, budget, req.entity_type)
+            assert words_asked >= 10
