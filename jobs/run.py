@@ -23,16 +23,23 @@ def _load(config: Path | None, overrides: list[str] | None) -> JobConfig:
         raise typer.Exit(2) from None
 
 
-def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
+        incremental: bool = typer.Option(False, "--incremental", help=(
+            "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
+            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."))) -> None:
     """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
     from pipelines.job import print_summary, run_job
 
+    if incremental:
+        from jobs.scheduled import run_scheduled
+
+        raise typer.Exit(run_scheduled(_load(config, set_)))
     print_summary(run_job(_load(config, set_)))
 
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
     """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
-    run(bundled_config("demo"), set_)
+    run(bundled_config("demo"), set_, incremental=False)
 
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:

@@ -34,6 +34,7 @@ class GenerationRequest:
     group_id: str | None = None
     history: list[tuple[str, float]] | None = None
     item: dict[str, Any] | None = None
+    source_hash: str | None = None  # what the knowledge is generated from (pipelines.schedule.source_hash)
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ class GenerationWorker:
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
+            "source_hash": req.source_hash,
         }
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:

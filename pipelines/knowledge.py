@@ -50,6 +50,7 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
     ]
 )
 KEY_COLUMNS = ("entity_type", "entity_id")
