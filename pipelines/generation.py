@@ -21,6 +21,8 @@ from pipelines.prompts import item_prompt, user_prompt
 
 log = logging.getLogger(__name__)
 
+ACTOR_RESTARTS = 3  # restarts of a generation actor whose process died, and retries of its in-flight batch
+
 
 @dataclass
 class GenerationRequest:
@@ -265,7 +267,10 @@ class WorkerGroup:
         import ray
 
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
-        remote_cls = ray.remote(GenerationWorker).options(num_cpus=self.spec.threads)
+        # a killed worker process is restarted (the model reloads) and its in-flight batch re-run; rows are
+        # written by the driver from returned results only, so a retried batch is never written twice
+        remote_cls = ray.remote(GenerationWorker).options(num_cpus=self.spec.threads, max_restarts=ACTOR_RESTARTS,
+                                                          max_task_retries=ACTOR_RESTARTS)
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
 
