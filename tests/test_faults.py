@@ -130,14 +130,14 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
     real = pq.write_table
     calls = {"n": 0}
 
-    def disk_full_on_second_shard(table, where, *a, **k):
+    def disk_full_from_second_shard(table, where, *a, **k):  # the disk stays full (also for close's flush)
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] >= 2:
             Path(where).write_bytes(b"PAR1 half a shard")  # bytes land, then the disk is full
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, *a, **k)
 
-    monkeypatch.setattr("pipelines.knowledge.pq.write_table", disk_full_on_second_shard)
+    monkeypatch.setattr("pipelines.knowledge.pq.write_table", disk_full_from_second_shard)
     with pytest.raises(OSError, match="No space left"):
         with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
             for r in rows:
