@@ -153,3 +153,68 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
             if r["entity_id"] not in done:
                 w.add(r)
     assert sorted(read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(6)]
+
+
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 8] = bytes(b ^ 0xFF for b in data[mid:mid + 8])  # same size, different bytes
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
+    from pipelines.knowledge import CorruptShardError, done_keys, open_store
+    from test_features_feast import _row
+
+    store = tmp_path / "knowledge"
+    with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
+        for i in range(6):
+            w.add(_row("user", f"u{i}", f"text {i}", "r"))
+    manifest = (store / "manifest.json").read_text()
+    assert manifest.count('"sha256"') == 3
+    _corrupt(store / "part-00001.parquet")
+    with pytest.raises(CorruptShardError, match="part-00001.parquet: checksum mismatch"):
+        read_knowledge(store)
+    assert {i for _, i in done_keys(store)} == {"u0", "u1", "u4", "u5"}  # u2, u3 count as not done
+    open_store(store)  # a writer opening the store moves the shard aside
+    assert (store / "quarantine" / "part-00001.parquet").exists()
+    assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1", "u4", "u5"]
+
+
+def test_corrupt_pool_files_are_detected(tmp_path, tiny_model):
+    from pools.store import PoolStore, PoolStoreError, TokenizerFingerprint, write_store
+
+    fp = TokenizerFingerprint("t", "0")
+    write_store(tmp_path / "p", {"user/attribute/a": [[5, 6, 7, 8], [5, 6, 9]]}, fp)
+    good = PoolStore.open(tmp_path / "p").get("user/attribute/a")
+    _corrupt(tmp_path / "p" / "pool-00000.pkl")  # snapshot: never unpickled, rebuilt from the texts
+    rebuilt = PoolStore.open(tmp_path / "p").get("user/attribute/a")
+    assert type(rebuilt) is type(good) and len(rebuilt) == len(good) > 0
+    _corrupt(tmp_path / "p" / "pool-00000.arrow")  # the texts themselves: an error naming the file
+    with pytest.raises(PoolStoreError, match="pool-00000.arrow: checksum mismatch"):
+        PoolStore.open(tmp_path / "p").get("user/attribute/a")
+
+
+def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_session, tmp_path):
+    from pools.store import PoolStore
+
+    data = write_table_data(tmp_path / "data", n_users=10)
+    out = tmp_path / "job"
+    cfg = incremental_config(tiny_model, data, out, "output.shard_rows=4")
+    first = run_incremental(cfg)
+    victim = out / "knowledge" / "part-00001.parquet"
+    import pyarrow.parquet as pq
+
+    lost = set(pq.read_table(victim).column("entity_id").to_pylist())
+    _corrupt(victim)
+    pool_file = sorted((out / "pools").glob("pool-*.arrow"))[0]
+    _corrupt(pool_file)
+    second = run_incremental(cfg)
+    assert second.status == "succeeded" and second.entities_new == len(lost) == second.generated
+    rows = read_knowledge(out / "knowledge")
+    keys = list(zip(rows["entity_type"], rows["entity_id"]))
+    assert len(keys) == len(set(keys)) == first.entities_new  # every entity once again
+    assert set(rows.filter(pl.col("run_id") == second.run_id)["entity_id"]) == lost
+    store = PoolStore.open(out / "pools")
+    for key in store.keys():
+        store.token_ids(key)  # every pool file matches its checksum again (rebuilt)

@@ -25,7 +25,7 @@ import polars as pl
 
 from pipelines.config import JobConfig
 from pipelines.generation import GenerationReport, GenerationRequest, WorkerGroup
-from pipelines.knowledge import KnowledgeWriter, read_knowledge
+from pipelines.knowledge import KnowledgeWriter, open_store, read_knowledge
 from pipelines.schedule import exitcodes
 from pipelines.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
 from pipelines.schedule.ledger import RunLedger, RunRecord
@@ -92,6 +92,9 @@ def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
                                step_old_knowledge, step_route, worker_group)
 
     paths = JobPaths.of(cfg)
+    for store in (paths.knowledge, paths.old_knowledge):  # corrupt shards out, so their entities are redone
+        if store.exists():
+            open_store(store)
     data = load_job_data(cfg)
     inter = data.dataset.interactions
     rec.watermark = int(inter["timestamp"].max()) if inter.height else None
