@@ -225,10 +225,10 @@ class KnowledgeWriter:
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
-        missing = [c for c in KNOWLEDGE_SCHEMA.names if c not in row]
+        missing = [f.name for f in KNOWLEDGE_SCHEMA if f.name not in row and not f.nullable]
         if missing:
             raise ValueError(f"knowledge row for {row.get('entity_type')}/{row.get('entity_id')} lacks {missing}")
-        self._buffer.append(dict(row))
+        self._buffer.append({f.name: None for f in KNOWLEDGE_SCHEMA if f.nullable} | dict(row))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
 
