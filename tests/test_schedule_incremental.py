@@ -8,6 +8,7 @@ import pytest
 
 from jobs.config import load_config
 from pipelines.data.config import DatasetConfig
+from pipelines.features.feast_repo import ingest, online_features
 from pipelines.data.load import load_dataset
 from pipelines.knowledge import read_knowledge
 from pipelines.schedule.incremental import run_incremental
@@ -71,6 +72,7 @@ def test_incremental_run_regenerates_exactly_the_changed_users(tiny_model, ray_s
     out = tmp_path / "job"
     cfg = incremental_config(tiny_model, data, out)
     first = run_incremental(cfg)
+    repo, _ = ingest(out)  # the feature store after the first run
     assert first.status == "succeeded" and first.entities_changed == first.entities_unchanged == 0
     assert first.generated == first.entities_new > 0 and first.previous_watermark is None
     before = read_knowledge(out / "knowledge")
@@ -110,3 +112,11 @@ def test_incremental_run_regenerates_exactly_the_changed_users(tiny_model, ray_s
     lk = latest.filter(pl.col("store") == "knowledge")
     assert {i for i, r in zip(lk["entity_id"], lk["run_id"]) if r == second.run_id} == set(changed)
     assert set(lk["entity_id"]) == set(after["entity_id"])
+
+    # the feature store, materialized incrementally, serves the changed users' new knowledge
+    _, done = ingest(out)
+    assert done["user_knowledge"] == "incremental"
+    got = online_features(repo.store(), "user", users, ("knowledge", "run_id"))
+    want = latest.filter(pl.col("entity_type") == "user").sort("entity_id")
+    assert got["knowledge"] == want["knowledge"].to_list() and got["user_id"] == want["entity_id"].to_list()
+    assert {u for u, r in zip(got["user_id"], got["run_id"]) if r == second.run_id} == set(changed)

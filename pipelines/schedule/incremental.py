@@ -70,8 +70,8 @@ def users_after(interactions: pl.DataFrame, watermark: int | None) -> int:
 
 
 def new_run_id(cfg: JobConfig, record_time: Any) -> str:
-    """A unique id per scheduled run: the config hash and the start time (UTC, seconds)."""
-    return f"{cfg.resolved_run_id()}-{record_time:%Y%m%dT%H%M%SZ}"
+    """A unique id per scheduled run: the config hash and the start time (UTC, microseconds)."""
+    return f"{cfg.resolved_run_id()}-{record_time:%Y%m%dT%H%M%S.%fZ}"
 
 
 def _generate_changed(cfg: JobConfig, plan: ChangePlan, run_id: str, domain: str, workers: WorkerGroup) -> GenerationReport:
