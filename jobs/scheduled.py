@@ -18,15 +18,23 @@ log = logging.getLogger(__name__)
 def run_scheduled(cfg: JobConfig) -> int:
     """Run once incrementally; print a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
+    from pipelines.job import check_decoder, old_knowledge_params
     from pipelines.schedule.incremental import exit_code, run_incremental
     from pipelines.schedule.lock import LockHeld
 
+    try:  # configuration errors first, before the lock and hours of work
+        check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+        check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
+                      "old_knowledge.decoder")
+    except ValueError as exc:
+        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+        return exitcodes.CONFIG
     try:
         rec = run_incremental(cfg)
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         return exitcodes.LOCKED
-    except (DataFileError, FileNotFoundError, ValueError) as exc:
+    except (DataFileError, FileNotFoundError) as exc:  # input data missing or unreadable: names the file
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
     except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)

@@ -71,6 +71,14 @@ def test_cli_config_error_exit_code(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == exitcodes.CONFIG == 2
     assert "decoder.nope" in res.stderr
+    res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental", "--set", "decoder.params.zz=1",
+                          "--set", f"output.path={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == exitcodes.CONFIG and "decoder.params.zz" in res.stderr
+    res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental", "--set", "dataset.format=table",
+                          "--set", f"dataset.path={tmp_path}/missing.parquet", "--set", f"output.path={tmp_path}"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == exitcodes.CONFIG and "missing.parquet" in res.stderr
+    assert RunLedger(tmp_path).records()[-1].status == "failed"  # the ledger says why the run stopped
 
 
 def test_ledger_records_and_resume_detection(tmp_path):
