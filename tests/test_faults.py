@@ -181,7 +181,7 @@ def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1", "u4", "u5"]
 
 
-def test_corrupt_pool_files_are_detected(tmp_path, tiny_model):
+def test_corrupt_pool_files_are_detected(tmp_path):
     from pools.store import PoolStore, PoolStoreError, TokenizerFingerprint, write_store
 
     fp = TokenizerFingerprint("t", "0")
