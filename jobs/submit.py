@@ -16,6 +16,7 @@ import logging
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 PACKAGES = ("laser", "pools", "router", "pipelines", "jobs")
 EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
+AGENT_WAIT_S = 120  # how long a submission retries while the cluster's job agent is not up yet
 
 
 class SubmitError(ValueError):
@@ -122,8 +124,18 @@ def submit(config: str | Path, address: str, overrides: list[str] | None = None,
         overrides.append("execution.address=auto")
     validate(path, overrides)  # fail here, naming the bad key, rather than on the cluster
     extra = ["--incremental"] if incremental else []
-    return client(address, token_file).submit_job(entrypoint=entrypoint(path.name, overrides, extra),
-                                                  runtime_env=runtime_env(path, pip, env), submission_id=submission_id)
+    c = client(address, token_file)
+    kwargs = {"entrypoint": entrypoint(path.name, overrides, extra), "runtime_env": runtime_env(path, pip, env),
+              "submission_id": submission_id}
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return c.submit_job(**kwargs)
+        except RuntimeError as exc:  # a cluster that just started has no job agent registered yet
+            if "try again later" not in str(exc) or time.monotonic() > deadline:
+                raise
+            log.info("%s: %s; retrying", address, exc)
+            time.sleep(2)
 
 
 def follow(address: str, job_id: str, token_file: str | Path | None = None,
@@ -141,8 +153,6 @@ def follow(address: str, job_id: str, token_file: str | Path | None = None,
     asyncio.run(tail())
     info = c.get_job_info(job_id)
     while not info.status.is_terminal():  # the log stream can close just before the status is final
-        import time
-
         time.sleep(0.5)
         info = c.get_job_info(job_id)
     log.info("job %s: %s", job_id, info.status)
