@@ -40,6 +40,10 @@ from jobs import run as _job_commands  # noqa: E402  (run, demo, route, build-po
 
 _job_commands.register(app)
 
+from jobs import features as _feature_commands  # noqa: E402  (latest, encode, ingest feast)
+
+_feature_commands.register(app)
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)

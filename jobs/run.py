@@ -23,16 +23,23 @@ def _load(config: Path | None, overrides: list[str] | None) -> JobConfig:
         raise typer.Exit(2) from None
 
 
-def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
+        incremental: bool = typer.Option(False, "--incremental", help=(
+            "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
+            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."))) -> None:
     """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
     from pipelines.job import print_summary, run_job
 
+    if incremental:
+        from jobs.scheduled import run_scheduled
+
+        raise typer.Exit(run_scheduled(_load(config, set_)))
     print_summary(run_job(_load(config, set_)))
 
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
     """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
-    run(bundled_config("demo"), set_)
+    run(bundled_config("demo"), set_, incremental=False)
 
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
@@ -72,16 +79,32 @@ def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
 
 def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
            address: str = typer.Option("http://127.0.0.1:8265", help="Ray dashboard address of the cluster."),
-           pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env.")) -> None:
-    """Submit the job to a Ray cluster (Ray Jobs); prints the submission id."""
+           pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env."),
+           wait: bool = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status."),
+           incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),
+           token_file: Optional[Path] = typer.Option(None, "--token-file", help=(
+               "File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or "
+               "RAY_AUTH_TOKEN_PATH."))) -> None:
+    """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it)."""
+    from jobs.submit import AuthError, SubmitError, follow
     from jobs.submit import submit as submit_job
 
     try:
-        job_id = submit_job(config, address, set_, pip=pip)
-    except ConfigError as exc:
+        job_id = submit_job(config, address, set_, pip=pip, token_file=token_file, incremental=incremental)
+    except (ConfigError, SubmitError, ValueError) as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
-    typer.echo(f"submitted {job_id}; follow with: ray job logs --address {address} -f {job_id}")
+    except AuthError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(77) from None
+    if not wait:
+        typer.echo(f"submitted {job_id}; follow with: laser submit ... --wait, or ray job logs --address {address} "
+                   f"-f {job_id} (which exits 0 even when the job fails; check `ray job status`)")
+        return
+    typer.echo(f"submitted {job_id}; following its logs", err=True)
+    code = follow(address, job_id, token_file)
+    typer.echo(f"job {job_id} finished with exit status {code}", err=True)
+    raise typer.Exit(code)
 
 
 COMMANDS = {"run": run, "demo": demo, "route": route, "build-pools": build_pools, "generate": generate,

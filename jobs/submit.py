@@ -1,28 +1,61 @@
 """Running a job config on a Ray cluster through Ray Jobs submission.
 
-The cluster runs the same ``laser run`` entry point; the config file travels in the job's working
-directory (``runtime_env.working_dir``), so it is referenced by its name relative to that directory.
+Before anything is sent, the whole config and the decoders' parameters are validated locally, and a
+relative ``output.path`` is refused (on the cluster it would land in the job's temporary working
+directory). The job ships its own code: ``runtime_env.py_modules`` uploads the project's packages
+(``laser``, ``pools``, ``router``, ``pipelines``, ``jobs``), ``working_dir`` is the config's folder, and the
+entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers,
+ray, ...; or ``--pip``) but without this project installed runs it. With token authentication on the
+cluster (``RAY_AUTH_MODE=token``), the token comes from ``--token-file``, ``RAY_AUTH_TOKEN`` or
+``RAY_AUTH_TOKEN_PATH`` and is sent as a bearer header.
 """
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
 import shlex
+import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from jobs.config import load_config
+from jobs.config import JobConfig, load_config
+
+log = logging.getLogger(__name__)
+
+PACKAGES = ("laser", "pools", "router", "pipelines", "jobs")
+EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
+AGENT_WAIT_S = 120  # how long a submission retries while the cluster's job agent is not up yet
 
 
-def entrypoint(config_name: str, overrides: list[str] | None = None) -> str:
-    """The shell command the cluster runs: ``laser run CONFIG --set k=v ...`` (each argument quoted)."""
-    args = ["laser", "run", config_name]
+class SubmitError(ValueError):
+    """The job cannot be submitted as configured (message names the key)."""
+
+
+class AuthError(RuntimeError):
+    """The cluster refused the submission's credentials."""
+
+
+def entrypoint(config_name: str, overrides: list[str] | None = None, extra: list[str] | None = None) -> str:
+    """The shell command the cluster runs: ``python -m jobs run CONFIG --set k=v ...`` (each argument quoted)."""
+    args = ["python", "-m", "jobs", "run", config_name, *(extra or [])]
     for item in overrides or []:
         args += ["--set", item]
     return shlex.join(args)
 
 
+def project_modules() -> list[str]:
+    """Folders of the project's packages, uploaded with the job (``runtime_env.py_modules``)."""
+    import importlib
+
+    return [str(Path(importlib.import_module(name).__file__).parent) for name in PACKAGES]
+
+
 def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Ray runtime env: the config's folder as working dir, optional pip packages and env vars."""
-    out: dict[str, Any] = {"working_dir": str(config_path.parent.resolve())}
+    """Ray runtime env: the config's folder as working dir, the project's code, optional pip packages and env vars."""
+    out: dict[str, Any] = {"working_dir": str(config_path.parent.resolve()), "py_modules": project_modules(),
+                           "excludes": list(EXCLUDES)}
     if pip:
         out["pip"] = list(pip)
     if env:
@@ -30,19 +63,100 @@ def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, 
     return out
 
 
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def validate(config: Path, overrides: list[str]) -> JobConfig:
+    """The config as the cluster will read it; raises ConfigError / SubmitError / ValueError naming the key."""
+    from pipelines.job import check_decoder, old_knowledge_params
+
+    cfg = load_config(config, overrides)
+    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+    check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder), "old_knowledge.decoder")
+    for key, value in (("output.path", cfg.output.path), ("old_knowledge.path", cfg.old_knowledge.path),
+                       ("dataset.path", cfg.dataset.path)):
+        if value and not is_uri(value) and not Path(value).is_absolute():
+            raise SubmitError(f"{key}: {value!r} is relative; on the cluster it would resolve inside the job's "
+                              f"temporary working directory. Pass an absolute path on storage every node shares, "
+                              f"e.g. --set {key}={Path(value).resolve()}")
+    if is_uri(cfg.output.path):
+        raise SubmitError(f"output.path: {cfg.output.path!r}: URIs are not supported yet; use a shared file system path")
+    return cfg
+
+
+def auth_headers(token_file: str | Path | None = None) -> dict[str, str]:
+    """``Authorization: Bearer <token>`` from ``token_file``, ``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; {} if none."""
+    token = None
+    if token_file is not None:
+        token = Path(token_file).expanduser().read_text().strip()
+    elif os.environ.get("RAY_AUTH_TOKEN"):
+        token = os.environ["RAY_AUTH_TOKEN"].strip()
+    elif os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).expanduser().read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def client(address: str, token_file: str | Path | None = None) -> Any:
+    """A JobSubmissionClient for ``address``; AuthError with the fix when the cluster wants a token."""
+    from ray.job_submission import JobSubmissionClient
+
+    try:
+        return JobSubmissionClient(address, headers=auth_headers(token_file) or None)
+    except Exception as exc:  # ray raises its own AuthenticationError (a ConnectionError subclass)
+        if "uthenticat" in str(exc) or "Unauthorized" in str(exc) or "Forbidden" in str(exc):
+            raise AuthError(f"{address}: the cluster requires token authentication and refused this client "
+                            "(pass --token-file FILE, or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH to the cluster's "
+                            "token; `ray get-auth-token` on the head prints it)") from exc
+        raise
+
+
 def submit(config: str | Path, address: str, overrides: list[str] | None = None, pip: list[str] | None = None,
-           env: dict[str, str] | None = None, submission_id: str | None = None) -> str:
+           env: dict[str, str] | None = None, submission_id: str | None = None, token_file: str | Path | None = None,
+           incremental: bool = False) -> str:
     """Validate the config locally, then submit it as a Ray job at ``address``; returns the job id.
 
     The job inside the cluster connects to it (``execution.address=auto``) unless an override says otherwise.
     """
-    from ray.job_submission import JobSubmissionClient
-
     path = Path(config)
     overrides = list(overrides or [])
     if not any(o.split("=", 1)[0].strip() == "execution.address" for o in overrides):
         overrides.append("execution.address=auto")
-    load_config(path, overrides)  # fail here, naming the bad key, rather than on the cluster
-    client = JobSubmissionClient(address)
-    return client.submit_job(entrypoint=entrypoint(path.name, overrides), runtime_env=runtime_env(path, pip, env),
-                             submission_id=submission_id)
+    validate(path, overrides)  # fail here, naming the bad key, rather than on the cluster
+    extra = ["--incremental"] if incremental else []
+    c = client(address, token_file)
+    kwargs = {"entrypoint": entrypoint(path.name, overrides, extra), "runtime_env": runtime_env(path, pip, env),
+              "submission_id": submission_id}
+    deadline = time.monotonic() + AGENT_WAIT_S
+    while True:
+        try:
+            return c.submit_job(**kwargs)
+        except RuntimeError as exc:  # a cluster that just started has no job agent registered yet
+            if "try again later" not in str(exc) or time.monotonic() > deadline:
+                raise
+            log.info("%s: %s; retrying", address, exc)
+            time.sleep(2)
+
+
+def follow(address: str, job_id: str, token_file: str | Path | None = None,
+           write: Callable[[str], Any] = sys.stdout.write) -> int:
+    """Stream the job's logs until it ends; its exit status: 0 when it succeeded, else the driver's exit code
+    (1 when Ray does not know it, e.g. the job was stopped)."""
+    from ray.job_submission import JobStatus
+
+    c = client(address, token_file)
+
+    async def tail() -> None:
+        async for lines in c.tail_job_logs(job_id):
+            write(lines)
+
+    asyncio.run(tail())
+    info = c.get_job_info(job_id)
+    while not info.status.is_terminal():  # the log stream can close just before the status is final
+        time.sleep(0.5)
+        info = c.get_job_info(job_id)
+    log.info("job %s: %s", job_id, info.status)
+    if info.status == JobStatus.SUCCEEDED:
+        return 0
+    code = getattr(info, "driver_exit_code", None)
+    return int(code) if code else 1

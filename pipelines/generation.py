@@ -22,6 +22,8 @@ from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality,
 
 log = logging.getLogger(__name__)
 
+ACTOR_RESTARTS = 3  # restarts of a generation actor whose process died, and retries of its in-flight batch
+
 
 @dataclass
 class GenerationRequest:
@@ -35,6 +37,7 @@ class GenerationRequest:
     group_id: str | None = None
     history: list[tuple[str, float]] | None = None
     item: dict[str, Any] | None = None
+    source_hash: str | None = None  # what the knowledge is generated from (pipelines.schedule.source_hash)
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ class GenerationWorker:
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
             "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
             "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
+            "source_hash": req.source_hash,
         }
 
     def _apply_policy(self, task: DecodeTask, req: GenerationRequest, prompt: str,
@@ -334,7 +338,10 @@ class WorkerGroup:
         import ray
 
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
-        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec))
+        # a killed worker process is restarted (the model reloads) and its in-flight batch re-run; rows are
+        # written by the driver from returned results only, so a retried batch is never written twice
+        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec), max_restarts=ACTOR_RESTARTS,
+                                                         max_task_retries=ACTOR_RESTARTS)
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
 

@@ -34,6 +34,7 @@ from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
 from pipelines.validation import check_decoder, load_inputs
+from pipelines.schedule.sources import source_hash
 from pools.build import group_key
 
 
@@ -99,6 +100,7 @@ def item_requests(items: pl.DataFrame, routes: dict[tuple[str, str], dict[str, A
 def _request(entity_type: str, entity_id: str, routes: dict[tuple[str, str], dict[str, Any]] | None,
              **payload: Any) -> GenerationRequest:
     route = (routes or {}).get((entity_type, entity_id))
+    payload["source_hash"] = source_hash(entity_type, PROMPT_VERSION, payload.get("history", payload.get("item")))
     if route is None or route.get("pool_kind") is None:
         return GenerationRequest(entity_type, entity_id, **payload)
     key = group_key(entity_type, route["pool_kind"], route["group_id"])
@@ -263,8 +265,9 @@ def load_tokenizer(model: str) -> Any:
     return laser.load_tokenizer(model)
 
 
-def step_build_pools(cfg: JobConfig) -> dict[str, int]:
-    """Step 3: one pool per group from its members' old knowledge, persisted; returns {pool key: texts}."""
+def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None) -> dict[str, int]:
+    """Step 3: one pool per group from its members' old knowledge (or ``knowledge``: entity_type, entity_id,
+    knowledge), persisted; returns {pool key: texts}."""
     import router
     from pools.build import PoolBuildConfig, collect_sources
     from pools.store import TokenizerFingerprint, write_store
@@ -273,7 +276,9 @@ def step_build_pools(cfg: JobConfig) -> dict[str, int]:
     if not paths.memberships.exists():
         raise FileNotFoundError(f"{paths.memberships}: no group memberships; run `laser route` first")
     memberships = router.read_routing(paths.memberships)
-    old = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    if knowledge is None:
+        knowledge = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    old = knowledge.select(["entity_type", "entity_id", "knowledge"])
     tokenizer = load_tokenizer(cfg.model.name)
     build = PoolBuildConfig(max_pool_size=cfg.routing.max_pool_size, with_global=True, on_missing="skip",
                             seed=cfg.routing.seed)

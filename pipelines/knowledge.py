@@ -15,6 +15,7 @@ Old knowledge (the pools' source) lives in the same format in its own store dire
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -57,6 +58,7 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a degenerate first text
         pa.field("prefill_s", pa.float64()),
         pa.field("decode_s", pa.float64()),
+        pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null
@@ -66,6 +68,7 @@ FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
 MANIFEST = "manifest.json"
 FAILURES = "failures.jsonl"
+QUARANTINE = "quarantine"  # corrupt shards are moved here by the next writer; their entities are regenerated
 _SHARD_RE = re.compile(r"^part-(\d{5,})\.parquet$")
 
 
@@ -77,6 +80,33 @@ def encode_params(params: Mapping[str, Any]) -> str:
 def utc_now() -> datetime:
     """The current time as a timezone-aware UTC datetime (the ``generated_at`` value)."""
     return datetime.now(timezone.utc)
+
+
+class CorruptShardError(ValueError):
+    """A shard whose bytes do not match the manifest's sha256, or that Parquet cannot read."""
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_shard(root: Path, shard: Mapping[str, Any], columns: list[str] | None = None) -> pa.Table:
+    """One shard, checked against the manifest's sha256 (when recorded) before Parquet reads it."""
+    path = root / shard["file"]
+    expected = shard.get("sha256")
+    if expected and file_sha256(path) != expected:
+        raise CorruptShardError(f"{path}: checksum mismatch with {root / MANIFEST}; the shard is corrupt (the next "
+                                f"run moves it to {QUARANTINE}/ and regenerates its entities)")
+    try:
+        if columns is not None:
+            return pq.read_table(path, columns=columns)
+        return pq.read_table(path, schema=KNOWLEDGE_SCHEMA)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise CorruptShardError(f"{path}: unreadable shard ({exc})") from exc
 
 
 def _fsync_dir(path: Path) -> None:
@@ -174,6 +204,8 @@ def open_store(store: str | Path) -> Manifest:
     if len(manifest.shards) > listed:
         log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
         manifest.save(root)
+    if quarantine_corrupt(root, manifest):
+        manifest.save(root)
     return manifest
 
 
@@ -188,6 +220,22 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     if out["greedy_retry"] is None:
         out["greedy_retry"] = False
     return out
+
+
+def quarantine_corrupt(root: Path, manifest: Manifest) -> list[str]:
+    """Move corrupt shards to ``quarantine/`` and out of ``manifest`` (not saved here); their entities
+    are then missing, so a resumed or incremental run regenerates them. Returns the moved file names."""
+    moved = []
+    for shard in list(manifest.shards):
+        try:
+            read_shard(root, shard, columns=list(KEY_COLUMNS))
+        except CorruptShardError as exc:
+            log.error("%s; quarantined", exc)
+            (root / QUARANTINE).mkdir(exist_ok=True)
+            os.replace(root / shard["file"], root / QUARANTINE / shard["file"])
+            manifest.shards.remove(shard)
+            moved.append(shard["file"])
+    return moved
 
 
 class KnowledgeWriter:
@@ -210,10 +258,10 @@ class KnowledgeWriter:
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
-        missing = [c for c in KNOWLEDGE_SCHEMA.names if c not in row and c not in OPTIONAL_COLUMNS]
+        missing = [f.name for f in KNOWLEDGE_SCHEMA if f.name not in row and not f.nullable]
         if missing:
             raise ValueError(f"knowledge row for {row.get('entity_type')}/{row.get('entity_id')} lacks {missing}")
-        self._buffer.append(with_quality(row))
+        self._buffer.append(with_quality({f.name: None for f in KNOWLEDGE_SCHEMA if f.nullable} | dict(row)))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
 
@@ -238,7 +286,8 @@ class KnowledgeWriter:
         existing = [int(_SHARD_RE.match(s["file"]).group(1)) for s in self.manifest.shards]
         name = f"part-{max(existing, default=-1) + 1:05d}.parquet"
         _atomic_write_bytes(self.store / name, lambda tmp: pq.write_table(table, tmp))
-        self.manifest.shards.append({"file": name, "rows": table.num_rows, "run_id": self.run_id})
+        self.manifest.shards.append({"file": name, "rows": table.num_rows, "run_id": self.run_id,
+                                     "sha256": file_sha256(self.store / name)})
         self.manifest.save(self.store)
         self.rows_written += table.num_rows
         self._buffer.clear()
@@ -262,7 +311,7 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
     """
     root = Path(store)
     manifest = scan_store(root)
-    tables = [pq.read_table(root / s["file"], schema=KNOWLEDGE_SCHEMA) for s in manifest.shards]
+    tables = [read_shard(root, s) for s in manifest.shards]  # a corrupt shard raises, never read silently
     table = pa.concat_tables(tables) if tables else KNOWLEDGE_SCHEMA.empty_table()
     if dedup and table.num_rows:
         frame = pl.from_arrow(table).unique(subset=[*KEY_COLUMNS, "run_id"], keep="first", maintain_order=True)
@@ -283,7 +332,11 @@ def done_keys(store: str | Path) -> set[tuple[str, str]]:
     manifest = scan_store(root)
     keys: set[tuple[str, str]] = set()
     for shard in manifest.shards:
-        t = pq.read_table(root / shard["file"], columns=list(KEY_COLUMNS))
+        try:
+            t = read_shard(root, shard, columns=list(KEY_COLUMNS))
+        except CorruptShardError as exc:  # not done: its entities are generated again
+            log.error("%s", exc)
+            continue
         keys.update(zip(t.column("entity_type").to_pylist(), t.column("entity_id").to_pylist()))
     return keys
 

@@ -107,12 +107,14 @@ def write_store(directory: str | Path, texts: Mapping[str, Sequence[Sequence[int
                 writer.write_table(table)
 
         _atomic_write(directory / name, write)
-        entries[key] = {"file": name, "n_texts": len(texts[key]), "n_tokens": sum(len(t) for t in texts[key])}
+        entries[key] = {"file": name, "n_texts": len(texts[key]), "n_tokens": sum(len(t) for t in texts[key]),
+                        "sha256": _sha256(directory / name)}
         if snapshot:
             pool = materialize(list(texts[key]))
             entries[key]["snapshot"] = name.replace(".arrow", ".pkl")
             _atomic_write(directory / entries[key]["snapshot"],
                           lambda tmp, pool=pool: Path(tmp).write_bytes(pickle.dumps(pool, protocol=5)))
+            entries[key]["snapshot_sha256"] = _sha256(directory / entries[key]["snapshot"])
     manifest = {"format_version": FORMAT_VERSION, "tokenizer": asdict(tokenizer), "meta": dict(meta or {}),
                 "pools": entries}
     _atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
@@ -122,6 +124,10 @@ def write_store(directory: str | Path, texts: Mapping[str, Sequence[Sequence[int
             stale.unlink()
     log.info("wrote %d pools to %s", len(entries), directory)
     return PoolStore(directory, manifest)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 class PoolStore:
@@ -168,7 +174,11 @@ class PoolStore:
         if key not in self:
             shown = ", ".join(self.keys()[:8])
             raise PoolStoreError(f"{self.directory}: no pool {key!r} (empty or unknown group); pools: {shown}")
-        path = self.directory / self.manifest["pools"][key]["file"]
+        entry = self.manifest["pools"][key]
+        path = self.directory / entry["file"]
+        if entry.get("sha256") and _sha256(path) != entry["sha256"]:
+            raise PoolStoreError(f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
+                                 "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)")
         with pa.memory_map(str(path)) as source:
             column = pa.ipc.open_file(source).read_all().column(_COLUMN).combine_chunks()
             values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
@@ -177,7 +187,13 @@ class PoolStore:
     def get(self, key: str) -> RetrievalPool:
         """Pool ``key``, built from its stored texts on first use and cached."""
         if key not in self._pools:
-            snapshot = self.manifest["pools"].get(key, {}).get("snapshot")
+            entry = self.manifest["pools"].get(key, {})
+            snapshot = entry.get("snapshot")
+            if snapshot and entry.get("snapshot_sha256") and \
+                    _sha256(self.directory / snapshot) != entry["snapshot_sha256"]:
+                log.error("%s: snapshot checksum mismatch; rebuilding pool %r from its texts", self.directory / snapshot,
+                          key)  # never unpickle bytes that are not the ones written
+                snapshot = None
             if snapshot:
                 with paused_gc():
                     self._pools[key] = pickle.loads((self.directory / snapshot).read_bytes())

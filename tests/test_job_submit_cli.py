@@ -15,18 +15,19 @@ from pipelines.generation import BatchScheduler, GenerationRequest, make_batches
 
 def test_entrypoint_quotes_overrides():
     cmd = submit_mod.entrypoint("job.yaml", ["output.path=runs/a b", "decoder.params.k=3"])
-    assert cmd == "laser run job.yaml --set 'output.path=runs/a b' --set decoder.params.k=3"
-    assert shlex.split(cmd) == ["laser", "run", "job.yaml", "--set", "output.path=runs/a b", "--set", "decoder.params.k=3"]
+    assert cmd == "python -m jobs run job.yaml --set 'output.path=runs/a b' --set decoder.params.k=3"
+    assert shlex.split(cmd) == ["python", "-m", "jobs", "run", "job.yaml", "--set", "output.path=runs/a b", "--set",
+                                "decoder.params.k=3"]
 
 
 def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
     config = tmp_path / "cfgs" / "ml.yaml"
     config.parent.mkdir()
-    config.write_text("dataset:\n  format: synthetic\noutput:\n  path: runs/ml\n")
+    config.write_text(f"dataset:\n  format: synthetic\noutput:\n  path: {tmp_path / 'runs' / 'ml'}\n")
     calls = {}
 
     class FakeClient:
-        def __init__(self, address):
+        def __init__(self, address, headers=None):
             calls["address"] = address
 
         def submit_job(self, **kwargs):
@@ -39,14 +40,20 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
     job_id = submit_mod.submit(config, "http://head:8265", ["decoder.params.k=3"], pip=["extra==1.0"], env={"A": "1"})
     assert job_id == "raysubmit_123"
     assert calls["address"] == "http://head:8265"
-    assert calls["entrypoint"] == "laser run ml.yaml --set decoder.params.k=3 --set execution.address=auto"
-    assert calls["runtime_env"] == {"working_dir": str(config.parent.resolve()), "pip": ["extra==1.0"],
-                                    "env_vars": {"A": "1"}}
+    assert calls["entrypoint"] == "python -m jobs run ml.yaml --set decoder.params.k=3 --set execution.address=auto"
+    env = calls["runtime_env"]
+    assert env["working_dir"] == str(config.parent.resolve()) and env["pip"] == ["extra==1.0"]
+    assert env["env_vars"] == {"A": "1"}
+    assert [p.rsplit("/", 1)[-1] for p in env["py_modules"]] == ["laser", "pools", "router", "pipelines", "jobs"]
     calls.clear()
     submit_mod.submit(config, "http://head:8265", ["execution.address=ray://other:10001"])
     assert calls["entrypoint"].endswith("--set execution.address=ray://other:10001")  # an explicit address is kept
     with pytest.raises(ValueError, match=r"decoder\.nme: unknown key"):
         submit_mod.submit(config, "http://head:8265", ["decoder.nme=x"])  # validated before submission
+    with pytest.raises(ValueError, match=r"decoder\.params\.zz: decoder 'laser' takes no parameter"):
+        submit_mod.submit(config, "http://head:8265", ["decoder.params.zz=1"])
+    with pytest.raises(submit_mod.SubmitError, match=r"output\.path: 'runs/x' is relative"):
+        submit_mod.submit(config, "http://head:8265", ["output.path=runs/x"])
 
 
 def test_cli_names_the_bad_key(tmp_path):

@@ -1,0 +1,1 @@
+"""Example files for operating the pipeline (scheduler integrations)."""

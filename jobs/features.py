@@ -1,0 +1,55 @@
+"""`laser latest`, `laser encode` and `laser ingest feast`: the job's knowledge as features."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from jobs.run import ConfigArg, SetOpt, _load
+
+EncoderOpt = typer.Option("all-minilm-l6-v2", "--encoder", help="Packaged encoder name or local encoder folder.")
+
+ingest_app = typer.Typer(no_args_is_help=True, help="Load the job's knowledge into a feature store.")
+
+
+def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
+    """Rebuild <output>/latest.parquet: one row per entity, its newest knowledge."""
+    from pipelines.job import JobPaths
+    from pipelines.schedule.latest import LATEST_FILE, latest_view, write_latest
+
+    paths = JobPaths.of(_load(config, set_))
+    view = latest_view(paths.knowledge, paths.old_knowledge)
+    typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
+
+
+def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
+    """Encode the latest view's knowledge into <output>/features/{user,item}_knowledge.parquet."""
+    from pipelines.features.encode import encode_latest
+
+    tables = encode_latest(_load(config, set_).output.path, encoder)
+    typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
+
+
+@ingest_app.command("feast")
+def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
+    """Encode, write the Feast repository <output>/feast, apply it and materialize into its SQLite online store."""
+    from pipelines.features.feast_repo import ingest
+    from pipelines.schedule import exitcodes
+    from pipelines.schedule.lock import LockHeld
+
+    try:
+        repo, done = ingest(_load(config, set_).output.path, encoder)
+    except LockHeld as exc:
+        typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(exitcodes.LOCKED) from None
+    except FileNotFoundError as exc:
+        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(exitcodes.CONFIG) from None
+    typer.echo(f"feast repository {repo.path}: " + ", ".join(f"{v} {k}" for k, v in done.items()))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("latest")(latest)
+    app.command("encode")(encode)
+    app.add_typer(ingest_app, name="ingest")

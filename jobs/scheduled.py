@@ -1,0 +1,47 @@
+"""`laser run CONFIG --incremental`: one scheduled run, with exit codes a scheduler can act on.
+
+Exit codes (``pipelines.schedule.exitcodes``): 0 done; 1 unexpected error; 2 invalid config or input
+data; 3 finished with failed entities (retried by the next run); 75 another run holds the output's lock.
+"""
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from pipelines.config import JobConfig
+from pipelines.schedule import exitcodes
+
+log = logging.getLogger(__name__)
+
+
+def run_scheduled(cfg: JobConfig) -> int:
+    """Run once incrementally; print a one-line result; return the exit code."""
+    from pipelines.data.readers import DataFileError
+    from pipelines.job import check_decoder, old_knowledge_params
+    from pipelines.schedule.incremental import exit_code, run_incremental
+    from pipelines.schedule.lock import LockHeld
+
+    try:  # configuration errors first, before the lock and hours of work
+        check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+        check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
+                      "old_knowledge.decoder")
+    except ValueError as exc:
+        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+        return exitcodes.CONFIG
+    try:
+        rec = run_incremental(cfg)
+    except LockHeld as exc:
+        typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
+        return exitcodes.LOCKED
+    except (DataFileError, FileNotFoundError) as exc:  # input data missing or unreadable: names the file
+        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+        return exitcodes.CONFIG
+    except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)
+        log.exception("run failed")
+        typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
+        return exitcodes.ERROR
+    typer.echo(f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
+               f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}; "
+               f"watermark {rec.watermark}")
+    return exit_code(rec)

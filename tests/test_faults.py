@@ -1,0 +1,220 @@
+"""Faults, each for real: a Ray worker process killed mid-batch, a driver killed mid-run then resumed while a
+second run is refused by the lock, a write failing part-way (disk full, simulated)."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+
+from pipelines.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
+from pipelines.knowledge import KnowledgeWriter, read_knowledge
+from pipelines.schedule import exitcodes
+from pipelines.schedule.incremental import run_incremental
+from pipelines.schedule.ledger import RunLedger
+from test_job_e2e import save_tiny_model
+from test_schedule_incremental import incremental_config, write_table_data
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _pid(actor) -> int:
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
+    requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(16)]
+    task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
+    group = WorkerGroup(ModelSpec(tiny_model, dtype="float32"), num_workers=2)
+    group._start(2)
+    victim = _pid(group.actors[0])
+    store = tmp_path / "knowledge"
+    killed = threading.Event()
+
+    def kill_when_busy() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 2:
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)  # the actor is decoding its next batch
+        killed.set()
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    try:
+        with KnowledgeWriter(store, shard_rows=1, run_id="r") as writer:
+            report = group.run(requests, task, writer, batch_size=2)
+        killer.join()
+        assert killed.is_set()
+        assert _pid(group.actors[0]) != victim  # restarted in a new process
+    finally:
+        group.close()
+    rows = read_knowledge(store, dedup=False)
+    assert report.failed == 0 and report.done == len(requests)
+    assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice
+
+
+def _lock_record(out: Path) -> str:
+    path = out / ".run.lock"
+    return path.read_text() if path.exists() else ""
+
+
+def test_concurrent_run_refused_then_killed_driver_resumes(tiny_model, ray_session, tmp_path):
+    data = write_table_data(tmp_path / "data")
+    out = tmp_path / "job"
+    cfg = incremental_config(tiny_model, data, out, "generation.max_new_tokens=600",
+                             "old_knowledge.max_new_tokens=8", "output.shard_rows=1", "execution.batch_size=1", f"execution.address={ray_session}")
+    config_file = tmp_path / "job.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    first = subprocess.Popen([*LASER, "run", str(config_file), "--incremental"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = out / "knowledge"
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and f"{first.pid}" not in _lock_record(out):
+            time.sleep(0.02)
+        second = subprocess.run([*LASER, "run", str(config_file), "--incremental"], cwd=REPO, capture_output=True,
+                                text=True, timeout=300)
+        assert second.returncode == exitcodes.LOCKED, second.stderr
+        assert f"pid={first.pid}" in second.stderr
+        while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 3:
+            time.sleep(0.02)
+        assert first.poll() is None, "the first run ended before it could be killed"
+    finally:
+        first.send_signal(signal.SIGKILL)  # the driver dies mid-run
+        first.wait()
+    written = read_knowledge(store, dedup=False)
+    [killed] = RunLedger(out).records()
+    assert killed.status == "running" and 0 < written.height < killed.entities_new
+    rec = run_incremental(cfg)  # resume: the stale lock is taken over, the run id kept
+    assert rec.run_id == killed.run_id and rec.status == "succeeded"
+    after = read_knowledge(store, dedup=False)
+    keys = list(zip(after["entity_type"], after["entity_id"]))
+    assert len(keys) == len(set(keys)) == killed.entities_new  # none lost, none twice
+    assert rec.generated == killed.entities_new - written.height and rec.entities_unchanged == written.height
+    assert [r.status for r in RunLedger(out).records()] == ["succeeded"]
+
+
+def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from test_features_feast import _row
+
+    store = tmp_path / "knowledge"
+    rows = [_row("user", f"u{i}", f"text {i}", "r") for i in range(6)]
+    real = pq.write_table
+    calls = {"n": 0}
+
+    def disk_full_from_second_shard(table, where, *a, **k):  # the disk stays full (also for close's flush)
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            Path(where).write_bytes(b"PAR1 half a shard")  # bytes land, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(table, where, *a, **k)
+
+    monkeypatch.setattr("pipelines.knowledge.pq.write_table", disk_full_from_second_shard)
+    with pytest.raises(OSError, match="No space left"):
+        with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
+            for r in rows:
+                w.add(r)
+    assert not list(store.glob(".*.tmp"))  # the partial temp file is gone
+    assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1"]  # readable: the complete shard only
+    monkeypatch.setattr("pipelines.knowledge.pq.write_table", real)
+    from pipelines.knowledge import done_keys
+
+    done = {i for _, i in done_keys(store)}
+    with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:  # resume: the rest
+        for r in rows:
+            if r["entity_id"] not in done:
+                w.add(r)
+    assert sorted(read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(6)]
+
+
+def _corrupt(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid:mid + 8] = bytes(b ^ 0xFF for b in data[mid:mid + 8])  # same size, different bytes
+    path.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
+    from pipelines.knowledge import CorruptShardError, done_keys, open_store
+    from test_features_feast import _row
+
+    store = tmp_path / "knowledge"
+    with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
+        for i in range(6):
+            w.add(_row("user", f"u{i}", f"text {i}", "r"))
+    manifest = (store / "manifest.json").read_text()
+    assert manifest.count('"sha256"') == 3
+    _corrupt(store / "part-00001.parquet")
+    with pytest.raises(CorruptShardError, match="part-00001.parquet: checksum mismatch"):
+        read_knowledge(store)
+    assert {i for _, i in done_keys(store)} == {"u0", "u1", "u4", "u5"}  # u2, u3 count as not done
+    open_store(store)  # a writer opening the store moves the shard aside
+    assert (store / "quarantine" / "part-00001.parquet").exists()
+    assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1", "u4", "u5"]
+
+
+def test_corrupt_pool_files_are_detected(tmp_path):
+    from pools.store import PoolStore, PoolStoreError, TokenizerFingerprint, write_store
+
+    fp = TokenizerFingerprint("t", "0")
+    write_store(tmp_path / "p", {"user/attribute/a": [[5, 6, 7, 8], [5, 6, 9]]}, fp)
+    good = PoolStore.open(tmp_path / "p").get("user/attribute/a")
+    _corrupt(tmp_path / "p" / "pool-00000.pkl")  # snapshot: never unpickled, rebuilt from the texts
+    rebuilt = PoolStore.open(tmp_path / "p").get("user/attribute/a")
+    assert type(rebuilt) is type(good) and len(rebuilt) == len(good) > 0
+    _corrupt(tmp_path / "p" / "pool-00000.arrow")  # the texts themselves: an error naming the file
+    with pytest.raises(PoolStoreError, match="pool-00000.arrow: checksum mismatch"):
+        PoolStore.open(tmp_path / "p").get("user/attribute/a")
+
+
+def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_session, tmp_path):
+    from pools.store import PoolStore
+
+    data = write_table_data(tmp_path / "data", n_users=10)
+    out = tmp_path / "job"
+    cfg = incremental_config(tiny_model, data, out, "output.shard_rows=4")
+    first = run_incremental(cfg)
+    victim = out / "knowledge" / "part-00001.parquet"
+    import pyarrow.parquet as pq
+
+    lost = set(pq.read_table(victim).column("entity_id").to_pylist())
+    _corrupt(victim)
+    pool_file = sorted((out / "pools").glob("pool-*.arrow"))[0]
+    _corrupt(pool_file)
+    second = run_incremental(cfg)
+    assert second.status == "succeeded" and second.entities_new == len(lost) == second.generated
+    rows = read_knowledge(out / "knowledge")
+    keys = list(zip(rows["entity_type"], rows["entity_id"]))
+    assert len(keys) == len(set(keys)) == first.entities_new  # every entity once again
+    assert set(rows.filter(pl.col("run_id") == second.run_id)["entity_id"]) == lost
+    store = PoolStore.open(out / "pools")
+    for key in store.keys():
+        store.token_ids(key)  # every pool file matches its checksum again (rebuilt)
