@@ -10,67 +10,19 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
-from laser.drafting import Drafter
 from laser.kv_cache import TreeKVCache
-from laser.rules import NO_RULES, GenerationRules, apply_rules
-from laser.sampling import GREEDY, SamplingParams
+from laser.request import DecodeStats, Request
+from laser.rules import apply_rules
 from laser.tree import pack_trees
 from laser.verify import Outcome, Verifier
 
 # Attention backends known to apply a custom 4D additive mask. Others (flash_attention_2 takes only
 # padding masks, kernels that assume causality) would silently attend to sibling branches of a tree.
 TREE_MASK_BACKENDS = ("eager", "sdpa")
-
-
-@dataclass
-class DecodeStats:
-    """Counters of one generation. Times are wall seconds; in a batch, shared steps count for each member."""
-
-    target_forwards: int = 0  # decoding forwards of the target, prefill excluded
-    accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted per forward
-    drafted_per_step: list[int] = field(default_factory=list)  # draft tokens proposed per forward
-    new_tokens: int = 0
-    finish_reason: str = ""  # "eos" | "length" | "verifier"
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
-    retrieval_s: float = 0.0  # drafting: proposing trees + drafter upkeep
-    tree_s: float = 0.0  # laying out trees, masks and positions
-    forward_s: float = 0.0
-    verify_s: float = 0.0
-    cache_s: float = 0.0  # KV compaction
-
-    @property
-    def aal(self) -> float:
-        """Average acceptance length: tokens per target forward, (accepted + 1) averaged over steps."""
-        steps = len(self.accepted_per_step)
-        return (sum(self.accepted_per_step) + steps) / steps if steps else 0.0
-
-
-@dataclass(eq=False)  # requests are compared by identity: two requests with equal contents are distinct
-class Request:
-    tokens: list[int]  # prompt + generated; the last one is the next root (not yet cached)
-    prompt_len: int
-    drafter: Drafter
-    max_new_tokens: int
-    sampling: SamplingParams = GREEDY
-    rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
-    budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
-    state: dict[str, Any] = field(default_factory=dict)  # verifier-owned per-request state (e.g. beams)
-    cache_len: int = 0
-    stats: DecodeStats = field(default_factory=DecodeStats)
-    generator: torch.Generator = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.generator = self.sampling.generator()
-
-    @property
-    def new_tokens(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
 
 
 class _Clock:

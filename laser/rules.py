@@ -16,14 +16,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
 from laser.tree import DraftTree
 
-if TYPE_CHECKING:
-    from laser.engine import Request
+
+class _Ruled(Protocol):
+    """What the rules read of a request (``laser.request.Request``)."""
+
+    tokens: list[int]
+    rules: "GenerationRules"
+
+    @property
+    def new_tokens(self) -> list[int]: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ class GenerationRules:
 NO_RULES = GenerationRules()
 
 
-def apply_rules(logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence["Request"],
+def apply_rules(logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence[_Ruled],
                 eos_ids: set[int]) -> torch.Tensor:
     """``[B, N, V]`` logits with each request's rules applied to each of its tree rows."""
     out = logits.clone()
@@ -69,7 +76,7 @@ def _row_sequences(tree: DraftTree, context: list[int]) -> list[list[int]]:
     return seqs
 
 
-def _apply_one(rows: torch.Tensor, tree: DraftTree, req: "Request", eos_ids: set[int]) -> torch.Tensor:
+def _apply_one(rows: torch.Tensor, tree: DraftTree, req: _Ruled, eos_ids: set[int]) -> torch.Tensor:
     rules, context = req.rules, req.tokens
     seqs = _row_sequences(tree, context)
     neg_inf = torch.finfo(rows.dtype).min

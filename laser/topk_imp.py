@@ -27,7 +27,7 @@ from laser.tree import DraftTree, TreeBatch
 from laser.verify import Outcome, TopKVerifier, Verifier
 
 if TYPE_CHECKING:
-    from laser.engine import Request
+    from laser.request import Request
 
 Mode = Literal["paper", "lossless"]
 

@@ -17,15 +17,13 @@ Every verifier returns, per request, an :class:`Outcome`: the tree nodes whose K
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import torch
 
+from laser.request import Request
 from laser.sampling import sample, target_probs
 from laser.tree import DraftTree, TreeBatch
-
-if TYPE_CHECKING:
-    from laser.engine import Request
 
 
 @dataclass
@@ -41,7 +39,7 @@ class Outcome:
 class Verifier:
     """Base class: ``verify`` turns a forward's logits ``[B, N, V]`` into one Outcome per request."""
 
-    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         raise NotImplementedError
 
 
@@ -72,7 +70,7 @@ class TopKVerifier(Verifier):
             ok |= (draft_logit >= at_parent(kth)) & (log_prob.exp() > self.p)
         return (ok | (batch.parents < 0)) & batch.node_valid
 
-    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"] = ()) -> list[Outcome]:
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request] = ()) -> list[Outcome]:
         return select_paths(logits, batch, self.accept_nodes(logits, batch))
 
 
@@ -104,7 +102,7 @@ class RejectionSampler(Verifier):
         self.broken_residual = broken_residual
         self._greedy = TopKVerifier(1)
 
-    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         greedy_rows = [b for b, r in enumerate(requests) if r.sampling.greedy]
         out: list[Outcome | None] = [None] * len(requests)
         if greedy_rows:  # temperature 0: the vectorised greedy rule (what rejection reduces to)
@@ -157,12 +155,12 @@ class BeamVerifier(Verifier):
     usually keeps no KV (``path=[]``: beams are re-laid as the next tree) and ends the request when done.
     """
 
-    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
+    def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         return [self.verify_beams(tree, log_probs[b, : len(tree)], req) for b, (tree, req)
                 in enumerate(zip(batch.trees, requests))]
 
-    def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: "Request") -> Outcome:
+    def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         raise NotImplementedError
 
 
