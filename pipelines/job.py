@@ -34,7 +34,7 @@ from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
 from pipelines.validation import check_decoder, load_inputs
-from pipelines.schedule.sources import source_hash
+from pipelines.sources import source_hash
 from pools.build import group_key
 
 

@@ -1,5 +1,5 @@
 """Operating the job on a schedule: run ledger, output lock, incremental selection, latest view.
 
-Modules are imported directly (``pipelines.schedule.incremental`` etc.); this package file stays
-import-free so that ``pipelines.job`` can use :mod:`pipelines.schedule.sources` without a cycle.
+Modules are imported directly (``pipelines.schedule.incremental`` etc.). The rows' source hash, which
+the job itself computes, lives below the job in :mod:`pipelines.sources`.
 """
