@@ -9,16 +9,22 @@ packs trees, runs the forward, compacts the cache and keeps the stats.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
-from typing import Callable
+from collections import defaultdict, deque
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
+from transformers.cache_utils import DynamicCache
 
-from laser.kv_cache import TreeKVCache
+from laser.kv_cache import SlotKVCache
 from laser.request import DecodeStats, Request
 from laser.rules import apply_rules
 from laser.tree import pack_trees
 from laser.verify import Outcome, Verifier
+
+if TYPE_CHECKING:
+    from laser.budget import BudgetPolicy
+
+TREE_ROOM = 128  # KV positions reserved per slot beyond prompt + new tokens, for one step's draft tree
 
 # Attention backends known to apply a custom 4D additive mask. Others (flash_attention_2 takes only
 # padding masks, kernels that assume causality) would silently attend to sibling branches of a tree.
@@ -51,49 +57,118 @@ def check_tree_attention(model: torch.nn.Module) -> None:
 
 
 class TreeDecodingEngine:
-    """Runs a batch of requests through speculative decoding with one verifier."""
+    """Decodes requests with one verifier, continuously: up to ``slots`` requests share each forward.
 
-    def __init__(self, model: torch.nn.Module, verifier: Verifier, eos_ids: set[int]):
+    A finished request leaves at once and a waiting one is prefilled into its slot (several waiting
+    requests in one padded forward, long prompts in chunks of ``prefill_tokens``), so the batch stays full
+    until the queue drains. ``budget`` (a :class:`laser.budget.BudgetPolicy`) sets every row's draft
+    budget each step; without one each request keeps its own ``budget``.
+    """
+
+    def __init__(self, model: torch.nn.Module, verifier: Verifier, eos_ids: set[int],
+                 budget: "BudgetPolicy | None" = None, prefill_tokens: int = 2048):
         check_tree_attention(model)
         self.model = model
         self.verifier = verifier
         self.eos_ids = eos_ids
+        self.budget = budget
+        self.prefill_tokens = prefill_tokens
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.clock = _Clock(self.device)
 
-    @torch.inference_mode()
-    def run(self, seqs: list[Request]) -> list[Request]:
-        cache = TreeKVCache()
-        self.clock.timed(seqs, "prefill_s", lambda: self._prefill(seqs, cache))
-        active = list(seqs)
-        while active:
-            finished = self._step(active, cache)
-            if finished:
-                done = {id(s) for s in finished}
-                keep = [i for i, s in enumerate(active) if id(s) not in done]
-                if keep:
-                    self.clock.timed(active, "cache_s", lambda: cache.select_rows(keep))
-                active = [active[i] for i in keep]
-        for s in seqs:
-            s.drafter.close()
-            s.stats.new_tokens = len(s.new_tokens)
+    def run(self, seqs: list[Request], slots: int | None = None) -> list[Request]:
+        """Decode ``seqs`` to the end, at most ``slots`` at a time (default: all at once)."""
+        queue = deque(seqs)
+        capacity = max(len(s.tokens) + s.max_new_tokens for s in seqs) + TREE_ROOM
+        for _ in self.stream(lambda n: [queue.popleft() for _ in range(min(n, len(queue)))],
+                             slots or len(seqs), capacity):
+            pass
         return seqs
 
-    def _prefill(self, seqs: list[Request], cache: TreeKVCache) -> None:
-        """Cache every prompt token but the last, which becomes the first step's root.
+    @torch.inference_mode()
+    def stream(self, take: Callable[[int], list[Request]], slots: int, capacity: int = 1024) -> Iterator[Request]:
+        """Decode requests pulled from ``take(n)`` (up to n waiting ones; [] when none is waiting) in up to
+        ``slots`` rows; yields each request as it finishes. Ends when no row is active and none is waiting.
 
-        Prompts are right-padded and run causally without an explicit mask (SDPA's fast causal path):
-        a valid token never sees a later pad, and pad slots stay hidden afterwards (``cache_len``).
+        ``capacity`` is the KV positions preallocated per slot (prompt + new tokens + one draft tree); a
+        longer request grows the buffers once.
+        """
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        cache = SlotKVCache(slots, capacity)
+        active: list[Request | None] = []
+        while True:
+            free = slots - sum(s is not None for s in active)
+            new = take(free) if free else []
+            if new:
+                self._admit(new, active, cache)
+            self._compact(active, cache)
+            if not active:
+                return
+            finished = self._step(active, cache)
+            done = {id(s) for s in finished}
+            for row, s in enumerate(active):
+                if id(s) in done:
+                    active[row] = None
+                    s.drafter.close()
+                    s.stats.new_tokens = len(s.new_tokens)
+                    if self.budget is not None:
+                        self.budget.forget(s)
+            yield from finished
+
+    def _admit(self, new: list[Request], active: list[Request | None], cache: SlotKVCache) -> None:
+        """Prefill ``new`` requests into free rows (holes first), several per padded forward."""
+        holes = [r for r, s in enumerate(active) if s is None]
+        rows = holes[: len(new)] + list(range(len(active), len(active) + len(new) - len(holes)))
+        active.extend([None] * (max(rows) + 1 - len(active)))
+        group: list[int] = []
+        for i, s in enumerate(new):
+            width = max([len(new[j].tokens) - 1 for j in group] + [len(s.tokens) - 1])
+            if group and width * (len(group) + 1) > self.prefill_tokens:
+                self._prefill([new[j] for j in group], [rows[j] for j in group], cache)
+                group = []
+            group.append(i)
+        self._prefill([new[j] for j in group], [rows[j] for j in group], cache)
+        for s, row in zip(new, rows):
+            active[row] = s
+
+    def _prefill(self, seqs: list[Request], rows: list[int], cache: SlotKVCache) -> None:
+        """Cache every prompt token but the last (the first step's root) in slot rows ``rows``.
+
+        Prompts are right-padded and run causally without an explicit mask (SDPA's fast causal path), in
+        chunks of at most ``prefill_tokens`` padded tokens: a valid token never sees a later pad, and pad
+        slots stay hidden afterwards (``cache_len``).
         """
         lens = [len(s.tokens) - 1 for s in seqs]
         width = max(lens)
-        if width == 0:
-            return
-        ids = torch.tensor([s.tokens[:-1] + [0] * (width - n) for s, n in zip(seqs, lens)], device=self.device)
-        self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         for s, n in zip(seqs, lens):
             s.cache_len = n
+        if width == 0:
+            return
+
+        def forward() -> None:
+            ids = torch.tensor([s.tokens[:-1] + [0] * (width - n) for s, n in zip(seqs, lens)], device=self.device)
+            tmp = DynamicCache()
+            chunk = max(1, self.prefill_tokens // len(seqs))
+            for at in range(0, width, chunk):
+                self.model(input_ids=ids[:, at:at + chunk], past_key_values=tmp, use_cache=True)
+            cache.write_rows(rows, tmp)
+
+        self.clock.timed(seqs, "prefill_s", forward)
+
+    def _compact(self, active: list[Request | None], cache: SlotKVCache) -> None:
+        """Close the holes finished requests left: the last live rows move into them."""
+        row = 0
+        while row < len(active):
+            if active[-1] is None:
+                active.pop()
+            elif active[row] is None:
+                cache.move_row(len(active) - 1, row, active[-1].cache_len)
+                active[row] = active.pop()
+            else:
+                row += 1
+        cache.resize(len(active), max((s.cache_len for s in active), default=0))
 
     def _propose(self, seqs: list[Request]) -> list:
         """Every request's tree; drafters of one class propose together (one draft forward for a batch)."""
@@ -108,9 +183,11 @@ class TreeDecodingEngine:
                 trees[i] = tree
         return trees
 
-    def _step(self, seqs: list[Request], cache: TreeKVCache) -> list[Request]:
+    def _step(self, seqs: list[Request], cache: SlotKVCache) -> list[Request]:
         """One speculative step for every active request; returns those that finished."""
         step_t0 = time.perf_counter()
+        if self.budget is not None:
+            self.budget.assign(seqs)
         trees = self.clock.timed(seqs, "retrieval_s", lambda: self._propose(seqs))
         offset = cache.used
         batch = self.clock.timed(seqs, "tree_s", lambda: pack_trees(
@@ -118,10 +195,12 @@ class TreeDecodingEngine:
         # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
         plain = batch.input_ids.shape[1] == 1 and all(s.cache_len == offset for s in seqs)
         want_hidden = any(s.drafter.needs_hidden for s in seqs)
+        forward_t0 = time.perf_counter()
         out = self.clock.timed(seqs, "forward_s", lambda: self.model(
             input_ids=batch.input_ids, attention_mask=None if plain else batch.attention_mask,
             position_ids=batch.position_ids, past_key_values=cache, use_cache=True,
             output_hidden_states=want_hidden))
+        forward_s = time.perf_counter() - forward_t0
         outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(
             self._logits(out.logits, trees, seqs), batch, seqs))
         self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs],
@@ -141,8 +220,11 @@ class TreeDecodingEngine:
             else:
                 hidden = out.hidden_states[-1][row, o.path[-1]] if s.drafter.needs_hidden and o.path else None
                 self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
+        step_s = time.perf_counter() - step_t0
         for s in seqs:
-            s.stats.decode_s += time.perf_counter() - step_t0
+            s.stats.decode_s += step_s
+        if self.budget is not None:
+            self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
         return finished
 
     def _logits(self, logits: torch.Tensor, trees: list, seqs: list[Request]) -> torch.Tensor:

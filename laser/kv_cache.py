@@ -1,11 +1,18 @@
-"""A transformers ``Cache`` whose layers write into preallocated buffers, so that speculative steps can
-keep or drop tree entries in place.
+"""A transformers ``Cache`` with a fixed number of request slots, each a preallocated row of KV buffers,
+so that speculative steps keep or drop tree entries in place and requests come and go without
+reallocating.
 
-Slots ``[0, used)`` are shared by the whole batch; sequence b's valid entries are slots
-``[0, cache_len[b])`` (the rest is padding or rejected draft, hidden by the attention mask). After a
-verification step the accepted path's slots are copied down to ``cache_len[b]`` onwards and ``used``
-shrinks to the longest sequence: when a path is already in place (a depth-first prefix laid out right
-after the prefix) nothing is copied, the cache is only truncated.
+Each layer holds ``[slots, H, capacity, D]`` buffers. The active requests occupy rows ``[0, rows)``;
+the model sees the views ``[:rows, :, :used]``. Slots ``[0, used)`` are shared by the active rows;
+request b's valid entries are slots ``[0, cache_len[b])`` (the rest is padding or rejected draft, hidden
+by the attention mask). After a verification step the accepted path's slots are copied down to
+``cache_len[b]`` onwards and ``used`` shrinks to the longest request: when a path is already in place
+(a depth-first prefix laid out right after the prefix) nothing is copied, the cache is only truncated.
+
+A new request's prompt is prefilled in a separate forward (a plain ``DynamicCache``) and copied into a
+free row (:meth:`SlotKVCache.write_rows`). A finished request's row is refilled, or the last active
+row moves into it (:meth:`SlotKVCache.move_row`). The buffers grow only when a request longer than the
+capacity arrives (doubling), never per step.
 """
 from __future__ import annotations
 
@@ -13,33 +20,39 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
-class _BufferLayer(DynamicLayer):
-    """One layer's keys/values in a growable buffer ``[B, H, capacity, D]``; ``keys``/``values`` are views."""
+class _SlotLayer(DynamicLayer):
+    """One layer's keys/values in ``[slots, H, capacity, D]`` buffers; ``keys``/``values`` are views."""
+
+    def __init__(self, slots: int, capacity: int, rows: int = 0) -> None:
+        super().__init__()
+        self.slots, self.capacity, self.rows, self.used = slots, capacity, rows, 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Allocate every slot's buffers, shaped like ``key_states`` (heads, head dim, dtype, device)."""
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k = key_states.new_empty(*key_states.shape[:2], 0, key_states.shape[-1])
-        self._v = value_states.new_empty(*value_states.shape[:2], 0, value_states.shape[-1])
-        self.used = 0
+        shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
+        self._k, self._v = key_states.new_empty(shape), key_states.new_empty(shape)
         self.is_initialized = True
         self._publish()
 
     def _publish(self) -> None:
-        self.keys, self.values = self._k[:, :, : self.used], self._v[:, :, : self.used]
+        self.keys, self.values = self._k[: self.rows, :, : self.used], self._v[: self.rows, :, : self.used]
 
-    def _reserve(self, slots: int) -> None:
-        if slots <= self._k.shape[2]:
+    def reserve(self, slots: int) -> None:
+        """Make room for ``slots`` positions per row (doubling; existing entries kept)."""
+        have = self._k.shape[2]
+        if slots <= have:
             return
-        grow = lambda buf: torch.cat([buf, buf.new_empty(*buf.shape[:2], max(slots, 2 * buf.shape[2]) - buf.shape[2], buf.shape[3])], 2)  # noqa: E731
+        grow = lambda buf: torch.cat([buf, buf.new_empty(*buf.shape[:2], max(slots, 2 * have) - have, buf.shape[3])], 2)  # noqa: E731
         self._k, self._v = grow(self._k), grow(self._v)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, n = self.used, key_states.shape[2]
-        self._reserve(start + n)
-        self._k[:, :, start:start + n] = key_states
-        self._v[:, :, start:start + n] = value_states
+        self.reserve(start + n)
+        self._k[: self.rows, :, start:start + n] = key_states
+        self._v[: self.rows, :, start:start + n] = value_states
         self.used = start + n
         self._publish()
         return self.keys, self.values
@@ -55,23 +68,63 @@ class _BufferLayer(DynamicLayer):
         self.used = used
         self._publish()
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        self._k, self._v = self._k[rows], self._v[rows]
+    def write_rows(self, rows: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        width = keys.shape[2]
+        self.reserve(width)
+        self._k[rows, :, :width] = keys
+        self._v[rows, :, :width] = values
+
+    def move_row(self, src: int, dst: int, width: int) -> None:
+        self._k[dst, :, :width] = self._k[src, :, :width]
+        self._v[dst, :, :width] = self._v[src, :, :width]
+
+    def set_rows(self, rows: int, used: int) -> None:
+        self.rows, self.used = rows, used
         self._publish()
 
 
-class TreeKVCache(Cache):
-    """KV cache for tree-attention decoding of a batch; pass it as ``past_key_values``."""
+class SlotKVCache(Cache):
+    """KV cache for tree-attention decoding of up to ``slots`` requests; pass it as ``past_key_values``.
 
-    def __init__(self) -> None:
-        super().__init__(layer_class_to_replicate=_BufferLayer)
+    ``capacity`` is the initial number of positions per slot (prompt + generated + one draft tree).
+    """
+
+    def __init__(self, slots: int, capacity: int) -> None:
+        super().__init__(layer_class_to_replicate=lambda: _SlotLayer(slots, capacity, self.rows))
+        self.slots, self.capacity = slots, capacity
+        self.rows = 0
 
     @property
     def used(self) -> int:
-        return self.get_seq_length()
+        return self.layers[0].used if self.layers else 0
+
+    def resize(self, rows: int, used: int) -> None:
+        """Expose rows ``[0, rows)`` and slots ``[0, used)`` to the next forward."""
+        self.rows = rows
+        for layer in self.layers:
+            layer.set_rows(rows, used)
+
+    def write_rows(self, rows: list[int], prefill: Cache) -> None:
+        """Copy a prefill cache's rows (one per new request, right-padded) into slot rows ``rows``."""
+        while len(self.layers) < len(prefill.layers):
+            self.layers.append(self.layer_class_to_replicate())
+        index = torch.tensor(rows, dtype=torch.long, device=prefill.layers[0].keys.device)
+        for layer, src in zip(self.layers, prefill.layers):
+            layer.write_rows(index, src.keys, src.values)
+
+    def move_row(self, src: int, dst: int, width: int) -> None:
+        """Copy row ``src``'s first ``width`` entries to row ``dst`` (compaction after a request leaves)."""
+        for layer in self.layers:
+            layer.move_row(src, dst, width)
+
+    def reserve(self, slots: int) -> None:
+        for layer in self.layers:
+            layer.reserve(slots)
 
     def keep_paths(self, starts: list[int], paths: list[list[int]], tree_offset: int) -> None:
-        """For each sequence b, move tree slots ``tree_offset + paths[b]`` to ``starts[b]`` onwards."""
+        """For each active row b, move tree slots ``tree_offset + paths[b]`` to ``starts[b]`` onwards."""
         b_idx, src, dst = [], [], []
         for row, (start, path) in enumerate(zip(starts, paths)):
             for j, node in enumerate(path):
@@ -83,9 +136,3 @@ class TreeKVCache(Cache):
         b_idx, src, dst = as_t(b_idx), as_t(src), as_t(dst)
         for layer in self.layers:
             layer.keep(b_idx, src, dst, used)
-
-    def select_rows(self, rows: list[int]) -> None:
-        """Keep only these batch rows (finished sequences leave the batch)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.layers[0].device)
-        for layer in self.layers:
-            layer.select_rows(index)

@@ -171,3 +171,30 @@ def test_generation_rules_inside_verification_equal_generate(tiny_lm, tiny_case,
     for prompt, ref, out in zip(prompts, refs, outs):
         assert out.token_ids == ref, f"prompt {prompt}: rules {rules}"
     assert sum(sum(o.stats.accepted_per_step) for o in outs) > 0
+
+
+@pytest.mark.parametrize("slots", [8, 32])
+def test_continuous_batching_equals_generate_with_arrivals_mid_decode(tiny_lm, slots):
+    """48 requests of different lengths stream through ``slots`` rows, arriving a few per step while
+    others are mid-decode; rows are refilled and compacted as requests finish. With the adaptive budget
+    (tree sizes change from step to step), every output equals target greedy."""
+    prompts = random_prompts(48, tiny_lm.model.config.vocab_size, seed=23)
+    max_new = [8 + (7 * i) % 41 for i in range(48)]
+    refs = [greedy_reference(tiny_lm, p, n) for p, n in zip(prompts, max_new)]
+    pool = RetrievalPool.from_token_ids(refs[::2] + random_prompts(20, 96, seed=5, length=(30, 60)))
+    decoder = laser.get_decoder("laser", tiny_lm, verification="greedy")
+    waiting = [decoder.request(p, n, pool) for p, n in zip(prompts, max_new)]
+    queue, done, steps_with_arrivals = list(waiting), [], 0
+
+    def arrive(free: int) -> list[Request]:
+        nonlocal steps_with_arrivals
+        n = min(free, 3, len(queue))  # a few at a time: the others arrive while these decode
+        steps_with_arrivals += n > 0 and len(done) > 0
+        return [queue.pop(0) for _ in range(n)]
+
+    for req in decoder.engine.stream(arrive, slots):
+        done.append(req)
+    assert len(done) == 48 and steps_with_arrivals > 0
+    outs = [laser.Generation(r.new_tokens, "", r.stats) for r in waiting]
+    _check(tiny_lm, prompts, refs, outs)
+    assert len(set(decoder.engine.budget.chosen)) > 1, "the budget never changed: the test would not vary trees"

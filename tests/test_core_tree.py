@@ -7,7 +7,9 @@ import pytest
 import torch
 
 from laser import DraftTree
-from laser.kv_cache import TreeKVCache
+from transformers.cache_utils import DynamicCache
+
+from laser.kv_cache import SlotKVCache
 from laser.engine import Request, TreeDecodingEngine
 from laser.drafting import NoDrafter
 from laser.tree import pack_trees
@@ -23,11 +25,14 @@ def sequential_logits(model, ids: list[int]) -> torch.Tensor:
     return model(torch.tensor([ids])).logits[0, -1]
 
 
-def prefill(model, prompts: list[list[int]]) -> tuple[TreeKVCache, list[Request]]:
+def prefill(model, prompts: list[list[int]]) -> tuple[SlotKVCache, list[Request]]:
     engine = TreeDecodingEngine(model, TopKVerifier(), eos_ids=set())
     seqs = [Request(tokens=list(p), prompt_len=len(p), drafter=NoDrafter(), max_new_tokens=1) for p in prompts]
-    cache = TreeKVCache()
-    engine._prefill(seqs, cache)
+    cache = SlotKVCache(slots=len(prompts), capacity=4)  # smaller than the prompts: the buffers must grow
+    active: list = []
+    engine._admit(seqs, active, cache)
+    engine._compact(active, cache)
+    assert active == seqs
     return cache, seqs
 
 
@@ -65,7 +70,7 @@ def test_kv_cache_after_compaction_equals_recomputed_cache(tiny_lm):
     cache.keep_paths([s.cache_len for s in seqs], paths, offset)
     for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
         accepted = prompt[:-1] + tree.tokens[path].tolist()
-        ref = TreeKVCache()
+        ref = DynamicCache()
         model(torch.tensor([accepted]), past_key_values=ref, use_cache=True)
         for layer, ref_layer in zip(cache.layers, ref.layers):
             torch.testing.assert_close(layer.keys[b, :, :len(accepted)], ref_layer.keys[0], atol=1e-5, rtol=1e-5)

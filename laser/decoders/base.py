@@ -16,6 +16,8 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
+from laser.budget import AdaptiveBudget, BudgetPolicy
+from laser.cost import forward_cost
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import LoadedModel
@@ -27,14 +29,7 @@ Prompt = str | Sequence[int]
 PoolNeed = Literal["routed", "global", "none"]
 
 
-def draft_defaults(device: torch.device) -> tuple[int, float]:
-    """Draft budget ``(K, min_prob)`` when a decoder is not given one.
-
-    On a GPU extra tree tokens are nearly free, so the paper's 64 nodes and no probability floor. On a
-    CPU every tree token costs forward time (a 64-node step about 3x a one-token step on 2 cores, see
-    the draft-budget study of `laser bench suite`), so fewer, likelier nodes: 32 with ``min_prob`` 0.1.
-    """
-    return (64, 0.0) if device.type == "cuda" else (32, 0.1)
+MAX_BUDGET = 64  # the largest tree the adaptive budget may choose (draft nodes)
 
 
 @dataclass
@@ -48,8 +43,10 @@ class Decoder:
     """Base class. Subclasses declare ``name``, ``summary``, ``pool``, and override ``verifier`` and/or
     ``drafter``. The default verifies greedily at temperature 0 and by exact rejection sampling above it.
 
-    ``generate`` decodes one request, ``generate_batch`` several in one padded batch. ``K`` and
-    ``min_prob`` default to :func:`draft_defaults` for the model's device. A ``pool`` is any
+    ``generate`` decodes one request, ``generate_batch`` several, continuously batched (up to ``slots``
+    at a time). ``K`` is the draft budget in tree nodes: ``None`` or ``"auto"`` chooses it every step from
+    the measured forward cost model and the running acceptance (:class:`laser.budget.AdaptiveBudget`,
+    at most ``MAX_BUDGET``); an integer fixes it (for studies). A ``pool`` is any
     :class:`laser.drafting.DraftSource` (e.g. ``pools.RetrievalPool``); without one every step drafts
     nothing and decoding is autoregressive.
     """
@@ -59,16 +56,21 @@ class Decoder:
     pool: ClassVar[PoolNeed] = "none"
     requires: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, lm: LoadedModel, K: int | None = None, n_max: int = 8, min_prob: float | None = None):
-        auto_K, auto_min_prob = draft_defaults(next(lm.model.parameters()).device)
-        K = auto_K if K is None else K
-        min_prob = auto_min_prob if min_prob is None else min_prob
-        if K < 0 or n_max < 1:
-            raise ValueError(f"K must be >= 0 and n_max >= 1, got K={K}, n_max={n_max}")
+    def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
+        self.adaptive = K is None or K == "auto"
+        K = MAX_BUDGET if self.adaptive else K
+        if not isinstance(K, int) or K < 0 or n_max < 1:
+            raise ValueError(f"K must be 'auto' or an integer >= 0 and n_max an integer >= 1, got K={K!r}, n_max={n_max!r}")
         if not 0.0 <= min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
         self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
-        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)
+        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids, budget=self.budget_policy())
+
+    def budget_policy(self) -> BudgetPolicy | None:
+        """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""
+        if not self.adaptive or self.K == 0:
+            return None
+        return AdaptiveBudget(forward_cost(self.lm.model), max_budget=self.K)
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any] | None:
@@ -83,7 +85,7 @@ class Decoder:
 
     def params(self) -> dict[str, Any]:
         """The decoder's settings, recorded with every generated row."""
-        return {"K": self.K, "n_max": self.n_max, "min_prob": self.min_prob}
+        return {"K": "auto" if self.adaptive else self.K, "n_max": self.n_max, "min_prob": self.min_prob}
 
     def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
         if pool is None or self.K == 0:
@@ -101,9 +103,10 @@ class Decoder:
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256,
                        pools: Sequence[DraftSource | None] | None = None,
                        sampling: SamplingParams | Sequence[SamplingParams] = GREEDY,
-                       rules: GenerationRules = NO_RULES) -> list[Generation]:
-        """Decode ``prompts`` together; ``sampling`` is one setting for all or one per prompt; ``rules``
-        (repetition penalty, no-repeat n-grams, min new tokens, bad words) apply inside verification."""
+                       rules: GenerationRules = NO_RULES, slots: int | None = None) -> list[Generation]:
+        """Decode ``prompts`` continuously batched, at most ``slots`` at a time (default: all); ``sampling``
+        is one setting for all or one per prompt; ``rules`` (repetition penalty, no-repeat n-grams, min new
+        tokens, bad words) apply inside verification."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         pools = list(pools) if pools is not None else [None] * len(prompts)
@@ -113,11 +116,15 @@ class Decoder:
         for s in set(samplings):
             self.check_sampling(s)
         ids = [self.encode(p) for p in prompts]
-        seqs = [Request(tokens=list(t), prompt_len=len(t), drafter=self.request_drafter(pool, t, s),
-                        max_new_tokens=max_new_tokens, sampling=s, rules=rules)
-                for t, pool, s in zip(ids, pools, samplings)]
-        self.engine.run(seqs)
+        seqs = [self.request(t, max_new_tokens, pool, s, rules) for t, pool, s in zip(ids, pools, samplings)]
+        self.engine.run(seqs, slots)
         return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
+
+    def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
+                sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Request:
+        """One engine request for prompt token ids (for callers that stream requests into ``engine``)."""
+        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.request_drafter(pool, ids, sampling),
+                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: text becomes one user chat message (chat template applied)."""

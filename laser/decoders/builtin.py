@@ -45,7 +45,7 @@ class Laser(Decoder):
     pool = "routed"
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
-                 K: int | None = None, n_max: int = 8, min_prob: float | None = None):
+                 K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
         self.verification, self.k, self.p = verification, k, p

@@ -1,0 +1,145 @@
+"""The engine's cost model: seconds of one target forward against its shape.
+
+A decoding forward runs ``rows`` requests with ``nodes`` tree tokens each over a cached context. Its
+time is measured once per device, model, dtype and thread count on a grid of shapes (rows x nodes,
+powers of two), cached as JSON for the next run, and interpolated bilinearly in log2 space. Beyond
+the measured tokens-per-forward the time is extrapolated in proportion to the tokens (the forward is
+compute-bound there).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+ROWS = (1, 2, 4, 8, 16, 32, 64)
+NODES = (1, 2, 4, 8, 16, 32, 64)
+MAX_MEASURED_TOKENS = 1024  # larger shapes are extrapolated, not timed
+CONTEXT = 256  # cached positions per row while timing
+
+
+def cost_cache_dir() -> Path:
+    return Path(os.environ.get("LASER_CACHE", Path.home() / ".cache" / "laser")) / "cost-models"
+
+
+@dataclass
+class ForwardCost:
+    """Measured forward seconds ``seconds[i][j]`` for ``rows[i]`` requests x ``nodes[j]`` tree tokens."""
+
+    key: str
+    rows: list[int]
+    nodes: list[int]
+    seconds: list[list[float]]
+    context: int = CONTEXT
+    measured: dict[str, float] = field(default_factory=dict)  # "rows x nodes" -> seconds actually timed
+
+    def time(self, rows: int, nodes: int) -> float:
+        """Predicted seconds of one forward of ``rows`` requests with ``nodes`` tokens each."""
+        r, n = np.log2(max(rows, 1)), np.log2(max(nodes, 1))
+        gr, gn = np.log2(self.rows), np.log2(self.nodes)
+        table = np.asarray(self.seconds)
+        # bilinear in (log rows, log nodes), clamped to the grid; then proportional beyond it
+        i = int(np.clip(np.searchsorted(gr, r) - 1, 0, len(gr) - 2))
+        j = int(np.clip(np.searchsorted(gn, n) - 1, 0, len(gn) - 2))
+        tr = float(np.clip((r - gr[i]) / (gr[i + 1] - gr[i]), 0, 1))
+        tn = float(np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1))
+        t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
+             + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
+        scale = max(rows / self.rows[-1], 1.0) * max(nodes / self.nodes[-1], 1.0)
+        return float(t * scale)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "ForwardCost":
+        return cls(**json.loads(path.read_text()))
+
+
+def cost_key(model: torch.nn.Module) -> str:
+    """What the timings depend on: the model's shape, dtype, device, attention backend and threads."""
+    p = next(model.parameters())
+    cfg = model.config
+    parts = [type(model).__name__, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+             getattr(cfg, "num_key_value_heads", cfg.num_attention_heads), cfg.intermediate_size, cfg.vocab_size,
+             str(p.dtype), torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
+             getattr(cfg, "_attn_implementation", None), torch.get_num_threads(), torch.__version__]
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+
+def forward_cost(model: torch.nn.Module, cache_dir: Path | None = None, repeats: int = 2,
+                 rows: tuple[int, ...] = ROWS, nodes: tuple[int, ...] = NODES) -> ForwardCost:
+    """The model's cost model, from the cache when this device/model/dtype/threads was measured before."""
+    key = cost_key(model)
+    path = (cache_dir or cost_cache_dir()) / f"{key}.json"
+    if path.exists():
+        try:
+            cost = ForwardCost.load(path)
+            if cost.key == key and cost.rows == list(rows) and cost.nodes == list(nodes):
+                return cost
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("cost model %s unreadable (%s); measuring again", path, exc)
+    cost = measure(model, key, rows, nodes, repeats)
+    cost.save(path)
+    return cost
+
+
+@torch.inference_mode()
+def measure(model: torch.nn.Module, key: str, rows: tuple[int, ...], nodes: tuple[int, ...],
+            repeats: int = 2) -> ForwardCost:
+    """Time tree forwards (4D mask, explicit positions) after a ``CONTEXT``-token cache, per shape."""
+    from transformers.cache_utils import DynamicCache
+
+    from laser.kv_cache import SlotKVCache
+    from laser.tree import additive_mask
+
+    device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    gen = torch.Generator().manual_seed(0)
+    log.info("measuring the forward cost model (%d shapes; cached for the next run)", len(rows) * len(nodes))
+    measured: dict[str, float] = {}
+    for b in rows:
+        cache, prefill = SlotKVCache(b, CONTEXT + max(nodes)), DynamicCache()
+        model(input_ids=torch.randint(0, model.config.vocab_size, (b, CONTEXT), generator=gen).to(device),
+              past_key_values=prefill, use_cache=True)
+        cache.write_rows(list(range(b)), prefill)
+        for n in nodes:
+            if b * n > MAX_MEASURED_TOKENS:
+                continue
+            ids = torch.randint(0, model.config.vocab_size, (b, n), generator=gen).to(device)
+            pos = (CONTEXT + torch.arange(n, device=device)).expand(b, n)
+            seen = torch.ones(b, 1, n, CONTEXT + n, dtype=torch.bool, device=device)
+            seen[..., CONTEXT:] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))
+            mask = additive_mask(seen, dtype)
+            times = []
+            for _ in range(repeats + 1):  # the first run warms up
+                cache.resize(b, CONTEXT)
+                sync()
+                t0 = time.perf_counter()
+                model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+                sync()
+                times.append(time.perf_counter() - t0)
+            measured[f"{b}x{n}"] = min(times[1:])
+    table = [[_fill(measured, b, n, nodes) for n in nodes] for b in rows]
+    return ForwardCost(key=key, rows=list(rows), nodes=list(nodes), seconds=table, measured=measured)
+
+
+def _fill(measured: dict[str, float], b: int, n: int, nodes: tuple[int, ...]) -> float:
+    """A timed shape's seconds, or the largest timed shape of that row count scaled by tokens."""
+    if f"{b}x{n}" in measured:
+        return measured[f"{b}x{n}"]
+    timed = [m for m in nodes if f"{b}x{m}" in measured]
+    top = max(timed)
+    return measured[f"{b}x{top}"] * n / top
