@@ -78,6 +78,45 @@ def bench_decode(json_out: Path = typer.Option(Path("bench-decode.json"), "--jso
                                                    max_new_tokens=max_new_tokens, threads=threads, seed=seed))
 
 
+@bench_app.command("throughput")
+def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json"), "--json", help="JSON output (Markdown and PNG beside it)."),
+                     dataset_config: Path | None = typer.Option(None, "--dataset-config", help=(
+                         "YAML with a DatasetConfig (a `dataset:` block of a job config, or its keys at the top); "
+                         "default: the synthetic demo data.")),
+                     model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
+                     concurrency: str = typer.Option("1,4,8,16,32,64", help="Requests in flight, comma-separated."),
+                     max_new_tokens: int = typer.Option(96, help="Generation budget per request."),
+                     min_prompts: int = typer.Option(8, help="Prompts measured at a concurrency below this."),
+                     fixed_k: str = typer.Option("8,32", "--fixed-k", help="Fixed draft budgets compared with the adaptive one."),
+                     threads: int = typer.Option(2, help="torch threads."),
+                     remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached one)."),
+                     seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
+    """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K."""
+    from pipelines.bench.throughput import ThroughputSettings, run_throughput
+
+    ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
+    settings = ThroughputSettings(model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
+                                  max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
+                                  seed=seed)
+    run_throughput(json_out, settings, _dataset(dataset_config))
+
+
+def _dataset(path: Path | None):
+    """The DatasetConfig of a YAML file (None: the demo data)."""
+    if path is None:
+        return None
+    from pydantic import ValidationError
+
+    from jobs.config import read_yaml
+    from pipelines.data.config import DatasetConfig
+
+    tree = read_yaml(path)
+    try:
+        return DatasetConfig(**tree.get("dataset", tree))
+    except ValidationError as err:
+        raise typer.BadParameter(f"{path}: not a dataset config: {err}") from err
+
+
 @bench_app.command("suite")
 def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json", help="JSON output (PNGs beside it)."),
                 quick: bool = typer.Option(False, "--quick", help="A few prompts, short outputs: a smoke check."),
@@ -92,24 +131,13 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                 threads: int = typer.Option(2, help="torch threads."),
                 seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
     """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task."""
-    from jobs.config import read_yaml
     from pipelines.bench.suite import SuiteSettings, run_suite
-    from pipelines.data.config import DatasetConfig
 
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
              "item_prompts": item_prompts, "max_new_tokens": max_new_tokens}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
-    dataset = None
-    if dataset_config is not None:
-        from pydantic import ValidationError
-
-        tree = read_yaml(dataset_config)
-        try:
-            dataset = DatasetConfig(**tree.get("dataset", tree))
-        except ValidationError as err:
-            raise typer.BadParameter(f"{dataset_config}: not a dataset config: {err}") from err
-    run_suite(json_out, settings, dataset)
+    run_suite(json_out, settings, _dataset(dataset_config))
 
 
 if __name__ == "__main__":

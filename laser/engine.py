@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
@@ -48,6 +49,32 @@ class _Clock:
         return out
 
 
+@dataclass(frozen=True)
+class StepRecord:
+    """One decoding forward: its shape, times and tokens (for throughput reports and the cost model)."""
+
+    rows: int
+    nodes: int  # tree tokens per row (padded width)
+    forward_s: float
+    step_s: float  # the whole step: drafting, packing, forward, verification, KV compaction
+    drafted: int  # draft tokens proposed, all rows
+    accepted: int  # draft tokens accepted, all rows
+
+
+@dataclass
+class EngineLog:
+    """What the engine did since the last ``clear``: every decoding step, and prefill totals."""
+
+    steps: deque = field(default_factory=lambda: deque(maxlen=200_000))
+    prefill_s: float = 0.0
+    prefill_forwards: int = 0
+    decode_s: float = 0.0  # decoding steps' seconds (prefill excluded)
+
+    def clear(self) -> None:
+        self.steps.clear()
+        self.prefill_s, self.prefill_forwards, self.decode_s = 0.0, 0, 0.0
+
+
 def check_tree_attention(model: torch.nn.Module) -> None:
     """Refuse attention backends that would ignore the tree mask (silently wrong tokens otherwise)."""
     backend = getattr(model.config, "_attn_implementation", None) or "eager"
@@ -76,6 +103,7 @@ class TreeDecodingEngine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.clock = _Clock(self.device)
+        self.log = EngineLog()
 
     def run(self, seqs: list[Request], slots: int | None = None) -> list[Request]:
         """Decode ``seqs`` to the end, at most ``slots`` at a time (default: all at once)."""
@@ -155,7 +183,10 @@ class TreeDecodingEngine:
                 self.model(input_ids=ids[:, at:at + chunk], past_key_values=tmp, use_cache=True)
             cache.write_rows(rows, tmp)
 
+        t0 = time.perf_counter()
         self.clock.timed(seqs, "prefill_s", forward)
+        self.log.prefill_s += time.perf_counter() - t0
+        self.log.prefill_forwards += 1
 
     def _compact(self, active: list[Request | None], cache: SlotKVCache) -> None:
         """Close the holes finished requests left: the last live rows move into them."""
@@ -223,6 +254,10 @@ class TreeDecodingEngine:
         step_s = time.perf_counter() - step_t0
         for s in seqs:
             s.stats.decode_s += step_s
+        self.log.decode_s += step_s
+        self.log.steps.append(StepRecord(len(seqs), batch.input_ids.shape[1], forward_s, step_s,
+                                         sum(len(t) - 1 for t in trees),
+                                         sum(max(len(o.path) - 1, 0) for o in outcomes)))
         if self.budget is not None:
             self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
         return finished

@@ -1,18 +1,22 @@
 """Knowledge generation on Ray: actors that hold the model, the decoder and an LRU of pools.
 
-The driver groups requests by pool key into batches, hands each idle actor a batch of a pool it
-already holds when there is one (so an actor loads few pools), and streams the results into a
-:class:`~pipelines.knowledge.KnowledgeWriter` as they come back (``ray.wait``), under a progress bar.
-An actor decodes each batch in one padded forward per step (``Decoder.generate_batch``). A request that
-fails (prompt too long, bad item, decoder error) becomes a failure record; it never takes down its batch. Local Ray is started in-process when no address is configured.
+Each actor runs the continuous engine in a background thread: up to ``slots`` requests decode together
+(rows of different pools share a batch, each drafting from its own pool), a finished request leaves at
+once and a waiting one takes its slot. The driver streams requests to every actor with pool affinity
+(chunks of one pool key, so an actor loads few pools), keeps each actor's queue ahead of its slots, and
+writes the rows into a :class:`~pipelines.knowledge.KnowledgeWriter` as they come back, under a
+progress bar. A request that fails (prompt too long, bad item, decoder error) becomes a failure record;
+it never takes down the others. Local Ray is started in-process when no address is configured.
 """
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from collections import OrderedDict, defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
@@ -84,7 +88,12 @@ class BatchResult:
 
     rows: list[dict[str, Any]] = field(default_factory=list)
     failures: list[dict[str, str]] = field(default_factory=list)
-    decode_s: float = 0.0  # the actor's decoding seconds for the batch (shared steps counted once)
+    decode_s: float = 0.0  # the actor's decoding seconds for these rows (shared steps counted once)
+
+    def merge(self, other: "BatchResult") -> None:
+        self.rows += other.rows
+        self.failures += other.failures
+        self.decode_s += other.decode_s
 
 
 class GenerationWorker:
@@ -108,6 +117,11 @@ class GenerationWorker:
         self._pools: OrderedDict[str, Any] = OrderedDict()
         self._store: Any = None
         self.pool_loads = 0
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple[DecodeTask, GenerationRequest]] = deque()
+        self._outbox: queue.Queue[BatchResult] = queue.Queue()
+        self._held: set[tuple[str, str]] = set()
+        self._worker: threading.Thread | None = None
 
     def _decoder(self, task: DecodeTask) -> tuple[Any, str]:
         """(decoder, its parameters as JSON) for ``task``, built once per distinct setting."""
@@ -184,39 +198,133 @@ class GenerationWorker:
         res = decoder.generate(prompt, task.max_new_tokens, None)
         return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
 
-    def generate(self, task: DecodeTask, requests: list[GenerationRequest]) -> BatchResult:
-        """Rows for the requests that succeed, a failure record (with the reason) for each that does not.
-
-        The requests whose prompt and pool are ready are decoded together in one padded batch; if that
-        batch fails, each is retried alone so that a bad entity fails by itself.
-        """
+    def generate(self, task: DecodeTask, requests: list[GenerationRequest], slots: int | None = None) -> BatchResult:
+        """Rows for the requests that succeed, a failure record (with the reason) for each that does not,
+        decoded continuously in ``slots`` rows (default: all at once), in this thread."""
+        waiting = deque(requests)
         out = BatchResult()
-        ready: list[tuple[GenerationRequest, str, Any]] = []
-        for req in requests:
-            try:
-                ready.append((req, self.prompt(task, req), self._pool(task, req.pool_key)))
-            except Exception as exc:  # one bad entity never takes down the batch
-                out.failures.append(_failure(req, exc))
-        if not ready:
-            return out
-        decoder, params_json = self._decoder(task)
-        try:
-            gens = decoder.generate_batch([p for _, p, _ in ready], task.max_new_tokens, [pool for _, _, pool in ready])
-        except Exception as exc:
-            log.warning("batch of %d failed (%s); decoding one by one", len(ready), exc)
-            gens = None
-        if gens is not None:  # rows of a batch decode together: the batch took its longest row's time
-            out.decode_s = max((g.stats.decode_s for g in gens), default=0.0)
-        for i, (req, prompt, pool) in enumerate(ready):
-            try:
-                res = gens[i] if gens is not None else decoder.generate(prompt, task.max_new_tokens, pool)
-                out.decode_s += res.stats.decode_s if gens is None else 0.0
-                row = self._apply_policy(task, req, prompt, self._row(task, req, pool, res, params_json))
-                out.decode_s += row["decode_s"] if row["greedy_retry"] else 0.0
-                out.rows.append(row)
-            except Exception as exc:
-                out.failures.append(_failure(req, exc))
+        for part in self._serve(task, lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))],
+                                slots or max(1, len(requests))):
+            out.merge(part)
         return out
+
+    def _serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
+        """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
+
+        A request whose prompt or pool cannot be made fails alone. If the engine fails mid-stream, the
+        requests it held are decoded one by one (so a bad entity fails by itself) and the stream goes on.
+        """
+        from laser.engine import TREE_ROOM
+
+        decoder, params_json = self._decoder(task)
+        held: dict[int, tuple[GenerationRequest, str, Any]] = {}  # engine request id -> what made it
+        failed: list[dict[str, str]] = []
+        capacity = (task.max_prompt_tokens or self.lm.context_length) + task.max_new_tokens + TREE_ROOM
+
+        def admit(n: int) -> list[Any]:
+            made: list[Any] = []
+            while len(made) < n:
+                got = take(n - len(made))
+                if not got:
+                    break
+                for req in got:
+                    try:
+                        prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
+                        r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool)
+                    except Exception as exc:  # one bad entity never takes down the others
+                        failed.append(_failure(req, exc))
+                        continue
+                    held[id(r)] = (req, prompt, pool)
+                    made.append(r)
+            return made
+
+        spent = decoder.engine.log.decode_s
+        while True:
+            try:
+                for r in decoder.engine.stream(admit, slots, capacity):
+                    req, prompt, pool = held.pop(id(r))
+                    part = self._finish(task, req, prompt, pool, decoder.result(r), params_json)
+                    part.decode_s, spent = decoder.engine.log.decode_s - spent, decoder.engine.log.decode_s
+                    part.failures[:0], failed[:] = failed, []
+                    yield part
+                break
+            except Exception as exc:
+                log.warning("decoding %d requests together failed (%s); decoding them one by one", len(held), exc)
+                stranded, spent = list(held.values()), decoder.engine.log.decode_s
+                held.clear()
+                for req, prompt, pool in stranded:
+                    yield self._alone(task, decoder, params_json, req, prompt, pool)
+        if failed:
+            yield BatchResult(failures=failed)
+
+    def _alone(self, task: DecodeTask, decoder: Any, params_json: str, req: GenerationRequest, prompt: str,
+               pool: Any) -> BatchResult:
+        try:
+            res = decoder.generate(prompt, task.max_new_tokens, pool)
+        except Exception as exc:
+            return BatchResult(failures=[_failure(req, exc)])
+        out = self._finish(task, req, prompt, pool, res, params_json)
+        out.decode_s += res.stats.decode_s
+        return out
+
+    def _finish(self, task: DecodeTask, req: GenerationRequest, prompt: str, pool: Any, res: Any,
+                params_json: str) -> BatchResult:
+        """The row of one finished generation, after the degenerate-text policy (or its failure)."""
+        try:
+            row = self._apply_policy(task, req, prompt, self._row(task, req, pool, res, params_json))
+        except Exception as exc:
+            return BatchResult(failures=[_failure(req, exc)])
+        return BatchResult(rows=[row], decode_s=row["decode_s"] if row["greedy_retry"] else 0.0)
+
+    # ---- streaming service (the Ray actor's side) ----------------------------------------------
+
+    def exchange(self, task: DecodeTask, requests: list[GenerationRequest], slots: int,
+                 wait_s: float = 0.5) -> tuple[BatchResult, set[tuple[str, str]]]:
+        """Queue ``requests`` for the background decoder, wait up to ``wait_s`` for finished ones, and return
+        them with the keys of every request this actor still holds (queued or decoding). The driver calls
+        it once at a time per actor; a key it sent that is neither returned nor held was lost (restart)."""
+        with self._lock:
+            for req in requests:
+                self._inbox.append((task, req))
+                self._held.add(_key(req))
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._decode_loop, args=(slots,), daemon=True)
+                self._worker.start()
+        out = BatchResult()
+        try:
+            out.merge(self._outbox.get(timeout=wait_s))
+            while True:
+                out.merge(self._outbox.get_nowait())
+        except queue.Empty:
+            pass
+        with self._lock:
+            for key in [(r["entity_type"], r["entity_id"]) for r in out.rows] + \
+                       [(f["entity_type"], f["entity_id"]) for f in out.failures]:
+                self._held.discard(key)
+            return out, set(self._held)
+
+    def _decode_loop(self, slots: int) -> None:
+        """Background thread: serve the inbox task by task (passes never mix in one engine stream)."""
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    self._worker = None
+                    return
+                task = self._inbox[0][0]
+
+            def take(n: int) -> list[GenerationRequest]:
+                with self._lock:
+                    got = []
+                    while self._inbox and len(got) < n and self._inbox[0][0] == task:
+                        got.append(self._inbox.popleft()[1])
+                    return got
+
+            for part in self._serve(task, take, slots):
+                self._outbox.put(part)
+
+
+def _key(req: GenerationRequest) -> tuple[str, str]:
+    return req.entity_type, req.entity_id
 
 
 class DegenerateTextError(ValueError):
@@ -346,8 +454,15 @@ class WorkerGroup:
             self.actors.append(remote_cls.remote(self.spec))
 
     def run(self, requests: list[GenerationRequest], task: DecodeTask, writer: KnowledgeWriter, *,
-            batch_size: int, desc: str = "knowledge") -> GenerationReport:
-        """Generate knowledge for ``requests``, streaming rows and failures to ``writer`` as batches finish."""
+            slots: int, desc: str = "knowledge") -> GenerationReport:
+        """Generate knowledge for ``requests`` with ``slots`` in flight per actor, streaming rows and failures
+        to ``writer`` as requests finish.
+
+        Each actor gets one :meth:`GenerationWorker.exchange` call at a time: new requests (chunks of one
+        pool key, enough to keep its queue ``slots // 2`` ahead of its slots) in, finished rows out. A
+        request an actor lost (its process died and Ray restarted it) is sent again, up to
+        ``ACTOR_RESTARTS`` times; an actor that stays dead hands its requests to the others.
+        """
         report = GenerationReport()
         if not requests:
             return report
@@ -356,36 +471,59 @@ class WorkerGroup:
 
         start = time.perf_counter()
         self._start(min(self.num_workers, len(requests)))
-        scheduler = BatchScheduler(make_batches(requests, batch_size))
-        in_flight: dict[Any, tuple[int, list[GenerationRequest]]] = {}
+        chunk = max(1, slots // 2)
+        scheduler = BatchScheduler(make_batches(requests, chunk))
+        outstanding: list[dict[tuple[str, str], GenerationRequest]] = [{} for _ in self.actors]
+        retry: deque[GenerationRequest] = deque()
+        losses: Counter[tuple[str, str]] = Counter()
+        alive = set(range(len(self.actors)))
+        calls: dict[Any, int] = {}
 
-        def dispatch(actor: int) -> None:
-            batch = scheduler.next_for(actor)
-            if batch is not None:
-                in_flight[self.actors[actor].generate.remote(task, batch)] = (actor, batch)
+        def call(a: int) -> None:
+            new: list[GenerationRequest] = []
+            while retry and len(outstanding[a]) + len(new) < slots + chunk:
+                new.append(retry.popleft())
+            while scheduler and len(outstanding[a]) + len(new) < slots + chunk:
+                new += scheduler.next_for(a)
+            for req in new:
+                outstanding[a][_key(req)] = req
+            if outstanding[a]:
+                calls[self.actors[a].exchange.remote(task, new, slots)] = a
 
         with tqdm(total=len(requests), desc=desc, unit="entity") as bar:
-            for a in range(len(self.actors)):
-                dispatch(a)
-            while in_flight:
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)  # short: signals get handled
+            for a in alive:
+                call(a)
+            while calls:
+                ready, _ = ray.wait(list(calls), num_returns=1, timeout=0.5)  # short: signals get handled
                 if not ready:
                     continue
                 [ref] = ready
-                actor, batch = in_flight.pop(ref)
+                a = calls.pop(ref)
                 try:
-                    result: BatchResult = ray.get(ref)
-                except RayActorError as exc:  # the actor died (e.g. out of memory): record, go on without it
-                    result = BatchResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id,
-                                                    "reason": f"worker died: {exc}"} for r in batch])
-                    log.error("generation actor %d died; %d requests recorded as failed", actor, len(batch))
-                else:
-                    dispatch(actor)
+                    result, held = ray.get(ref)
+                except RayActorError as exc:  # dead beyond its restarts: the others take over its requests
+                    log.error("generation actor %d died (%s); %d requests go to the others", a, exc, len(outstanding[a]))
+                    result, held = BatchResult(), set()
+                    alive.discard(a)
+                done = [(r["entity_type"], r["entity_id"]) for r in result.rows] + \
+                       [(f["entity_type"], f["entity_id"]) for f in result.failures]
+                for key in done:
+                    outstanding[a].pop(key, None)
+                for key in [k for k in outstanding[a] if k not in held]:  # lost with a dead process
+                    req = outstanding[a].pop(key)
+                    losses[key] += 1
+                    if losses[key] > ACTOR_RESTARTS:
+                        result.failures.append({"entity_type": key[0], "entity_id": key[1],
+                                                "reason": f"worker died {losses[key]} times decoding it"})
+                    else:
+                        retry.append(req)
                 _record(result, writer, report)
-                bar.update(len(batch))
-                if not in_flight and scheduler:
-                    raise RuntimeError(f"all generation actors died; {sum(map(len, scheduler.batches.values()))} "
-                                       "batches left")
+                bar.update(len(result.rows) + len(result.failures))
+                for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
+                    call(b)
+                if not calls and (scheduler or retry):
+                    raise RuntimeError(f"all generation actors died; {len(retry) + sum(map(len, scheduler.batches.values()))} "
+                                       "requests left")
         writer.flush()
         report.wall_s = time.perf_counter() - start
         return report

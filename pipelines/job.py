@@ -140,9 +140,9 @@ def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTas
         return GenerationReport()
     with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id) as writer:
         if workers is not None:
-            return workers.run(todo, task, writer, batch_size=cfg.execution.batch_size, desc=desc)
+            return workers.run(todo, task, writer, slots=cfg.execution.batch_size, desc=desc)
         with worker_group(cfg) as own:
-            return own.run(todo, task, writer, batch_size=cfg.execution.batch_size, desc=desc)
+            return own.run(todo, task, writer, slots=cfg.execution.batch_size, desc=desc)
 
 
 # ---- step 1: old knowledge -----------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, 
     killer.start()
     try:
         with KnowledgeWriter(store, shard_rows=1, run_id="r") as writer:
-            report = group.run(requests, task, writer, batch_size=2)
+            report = group.run(requests, task, writer, slots=2)
         killer.join()
         assert killed.is_set()
         assert _pid(group.actors[0]) != victim  # restarted in a new process

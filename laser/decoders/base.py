@@ -118,7 +118,11 @@ class Decoder:
         ids = [self.encode(p) for p in prompts]
         seqs = [self.request(t, max_new_tokens, pool, s, rules) for t, pool, s in zip(ids, pools, samplings)]
         self.engine.run(seqs, slots)
-        return [Generation(s.new_tokens, self.decode(s.new_tokens), s.stats) for s in seqs]
+        return [self.result(s) for s in seqs]
+
+    def result(self, request: Request) -> Generation:
+        """The generation of a finished request."""
+        return Generation(request.new_tokens, self.decode(request.new_tokens), request.stats)
 
     def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Request:

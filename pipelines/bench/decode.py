@@ -40,7 +40,7 @@ class DecodeBenchSettings:
     max_new_tokens: int = 160
     max_prompt_tokens: int = 512
     seed: int = 0
-    K: int | None = None  # None: the decoders' device default (laser.decoders.base.draft_defaults)
+    K: int | str = "auto"  # draft budget: "auto" (adaptive, the default) or fixed tree nodes
     n_max: int = 8
     k: int = 2
     p: float = 0.1

@@ -28,7 +28,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,6 @@ from tqdm import tqdm
 
 import laser
 import router
-from laser.decoders.base import draft_defaults
 from pipelines.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
 from pipelines.bench.plots import plot_studies
 from pipelines.bench.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
@@ -81,7 +80,7 @@ class SuiteSettings:
     item_group_size: int = 1000    # attribute groups larger than this are split by the next attribute
     repeats: int = 1
     seed: int = 0
-    K: int | None = None           # LASER's draft budget; None: the decoders' device default (draft_defaults)
+    K: int | str = "auto"          # LASER's draft budget: "auto" (adaptive, the default) or fixed nodes
     n_max: int = 8
     k: int = 2
     p: float = 0.1
@@ -274,8 +273,6 @@ def _pool_summary(task: TaskFixture, pools: dict[str, RetrievalPool]) -> dict[st
 def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSettings, json_out: Path,
                 extra: dict[str, Any] | None = None, console: Console | None = None) -> dict[str, Any]:
     """Measure every task, print the tables, write the JSON and the PNG plots beside it; return the report."""
-    if s.K is None:  # the draft budget the decoders pick for this device, named in the tables and plots
-        s = replace(s, K=draft_defaults(next(lm.model.parameters()).device)[0])
     console = console or wide_console()
     started = time.perf_counter()
     report: dict[str, Any] = {"settings": _jsonable(asdict(s)), "seeds": {"data_split_groups_pools": s.seed,

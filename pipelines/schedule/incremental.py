@@ -83,7 +83,7 @@ def _generate_changed(cfg: JobConfig, plan: ChangePlan, run_id: str, domain: str
     task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens, run_id, domain,
                  paths.pools)
     with KnowledgeWriter(paths.knowledge, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer:
-        return workers.run(plan.todo, task, writer, batch_size=cfg.execution.batch_size, desc="changed knowledge")
+        return workers.run(plan.todo, task, writer, slots=cfg.execution.batch_size, desc="changed knowledge")
 
 
 def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
