@@ -181,3 +181,27 @@ def test_store_ledger_and_lock_on_local_s3(s3_uri):
             RunLock(s3_uri, run_id="second").acquire()
     with RunLock(s3_uri, run_id="third") as lock:  # released: free again
         assert lock.stale is None
+
+
+@pytest.mark.slow
+def test_incremental_runs_on_a_memory_uri_output(tiny_model, ray_session, tmp_path, mem_uri):
+    """Two scheduled runs whose output is ``memory://`` (no rename): the second regenerates only the
+    edited users; ledger, latest view and stores live at the URI, the pools in ``output.work_dir``."""
+    import polars as pl
+
+    from pipelines.schedule.incremental import run_incremental
+    from test_schedule_incremental import edit_users, incremental_config, write_table_data
+
+    data = write_table_data(tmp_path / "data", n_users=10)
+    cfg = incremental_config(tiny_model, data, mem_uri, f"output.work_dir={tmp_path / 'work'}")
+    first = run_incremental(cfg)
+    assert first.status == "succeeded" and first.generated == first.entities_new > 0
+    users = sorted(kn.read_knowledge(f"{mem_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
+    edit_users(data, users[:1])
+    second = run_incremental(cfg)
+    assert (second.entities_changed, second.generated, second.entities_new) == (1, 1, 0)
+    assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded", "succeeded"]
+    latest = read_latest(mem_uri)
+    assert latest.filter(pl.col("run_id") == second.run_id)["entity_id"].to_list() == users[:1]
+    assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
+    assert (tmp_path / "work" / "pools" / "manifest.json").exists() and not tmp_path.joinpath("memory:").exists()
