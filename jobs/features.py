@@ -23,11 +23,24 @@ def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None
     typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
 
 
+def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
+    """The job's output.path; exit 2 when it is a URI (the features and Feast's file stores are local)."""
+    from pipelines.storage import is_uri
+
+    path = _load(config, set_).output.path
+    if is_uri(path):
+        typer.secho(f"laser {command}: output.path {path!r} is a URI; the feature tables and the Feast repository "
+                    "need a local output.path (copy the latest view to local storage first)", fg=typer.colors.RED,
+                    err=True)
+        raise typer.Exit(2)
+    return path
+
+
 def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
     """Encode the latest view's knowledge into <output>/features/{user,item}_knowledge.parquet."""
     from pipelines.features.encode import encode_latest
 
-    tables = encode_latest(_load(config, set_).output.path, encoder)
+    tables = encode_latest(_local_output(config, set_, "encode"), encoder)
     typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
 
 
@@ -39,7 +52,7 @@ def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, e
     from pipelines.schedule.lock import LockHeld
 
     try:
-        repo, done = ingest(_load(config, set_).output.path, encoder)
+        repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(exitcodes.LOCKED) from None

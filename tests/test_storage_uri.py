@@ -205,3 +205,16 @@ def test_incremental_runs_on_a_memory_uri_output(tiny_model, ray_session, tmp_pa
     assert latest.filter(pl.col("run_id") == second.run_id)["entity_id"].to_list() == users[:1]
     assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
     assert (tmp_path / "work" / "pools" / "manifest.json").exists() and not tmp_path.joinpath("memory:").exists()
+
+
+def test_cli_refuses_what_a_uri_output_cannot_do(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    config = tmp_path / "job.yaml"
+    config.write_text("output:\n  path: nosuchfs://bucket/job\n")
+    res = CliRunner().invoke(app, ["run", str(config), "--incremental"])
+    assert res.exit_code == 2 and "nosuchfs://bucket/job: no usable filesystem" in res.output
+    res = CliRunner().invoke(app, ["encode", str(config), "--set", "output.path=memory://b/job"])
+    assert res.exit_code == 2 and "need a local output.path" in res.output
