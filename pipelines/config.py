@@ -133,5 +133,6 @@ class JobConfig(_Strict):
         """``output.run_id`` or a short hash of everything that shapes the output (stable on resume)."""
         if self.output.run_id:
             return self.output.run_id
-        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id"}})
+        # work_dir only says where derived files go: the same output under another work_dir is the same job
+        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

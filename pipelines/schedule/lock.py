@@ -139,10 +139,14 @@ class _Lease:
 
     def _renew(self) -> None:
         while not self._stop.wait(self.lease_s / 3):
-            if self._holder().get("token") != self.record["token"]:
-                log.error("%s: this run's lease was taken over by another run; it no longer holds the lock", self.path)
-                return
-            self.path.write_bytes(self._body())
+            try:
+                if self._holder().get("token") != self.record["token"]:
+                    log.error("%s: this run's lease was taken over by another run; it no longer holds the lock",
+                              self.path)
+                    return
+                self.path.write_bytes(self._body())
+            except OSError as exc:  # a transient store error: the next renewal (still within the lease) retries
+                log.warning("%s: could not renew the lease (%s); retrying", self.path, exc)
 
     def release(self) -> None:
         self._stop.set()
