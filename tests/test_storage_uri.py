@@ -184,27 +184,30 @@ def test_store_ledger_and_lock_on_local_s3(s3_uri):
 
 
 @pytest.mark.slow
-def test_incremental_runs_on_a_memory_uri_output(tiny_model, ray_session, tmp_path, mem_uri):
-    """Two scheduled runs whose output is ``memory://`` (no rename): the second regenerates only the
-    edited users; ledger, latest view and stores live at the URI, the pools in ``output.work_dir``."""
+def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_session, tmp_path, mem_uri):
+    """`laser run` then a scheduled run, output on ``memory://`` (no rename): the scheduled run regenerates
+    only the edited user; stores, summary, ledger and latest view live at the URI, the pools in
+    ``output.work_dir``."""
     import polars as pl
 
+    from pipelines.job import run_job
     from pipelines.schedule.incremental import run_incremental
     from test_schedule_incremental import edit_users, incremental_config, write_table_data
 
     data = write_table_data(tmp_path / "data", n_users=10)
     cfg = incremental_config(tiny_model, data, mem_uri, f"output.work_dir={tmp_path / 'work'}")
-    first = run_incremental(cfg)
-    assert first.status == "succeeded" and first.generated == first.entities_new > 0
+    first = run_job(cfg)
+    assert first.new.done > 0 and first.new.failed == 0
+    assert json.loads((Location.of(mem_uri) / "summary.json").read_text())["total_rows"] == first.new.done
     users = sorted(kn.read_knowledge(f"{mem_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
     edit_users(data, users[:1])
     second = run_incremental(cfg)
     assert (second.entities_changed, second.generated, second.entities_new) == (1, 1, 0)
-    assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded", "succeeded"]
+    assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded"]
     latest = read_latest(mem_uri)
     assert latest.filter(pl.col("run_id") == second.run_id)["entity_id"].to_list() == users[:1]
     assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
-    assert (tmp_path / "work" / "pools" / "manifest.json").exists() and not tmp_path.joinpath("memory:").exists()
+    assert (tmp_path / "work" / "pools" / "manifest.json").exists()
 
 
 def test_cli_refuses_what_a_uri_output_cannot_do(tmp_path):
