@@ -24,8 +24,9 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 _LOCAL = LocalFileSystem()
-PACKAGES = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "abfs": "adlfs", "az": "adlfs",
-            "hdfs": "pyarrow (with libhdfs)"}
+HINTS = {"s3": "install s3fs (the s3 extra)", "s3a": "install s3fs (the s3 extra)", "gs": "install gcsfs",
+         "gcs": "install gcsfs", "abfs": "install adlfs", "az": "install adlfs",
+         "hdfs": "needs a JVM and libhdfs for pyarrow's HadoopFileSystem"}
 
 
 class StorageError(ValueError):
@@ -89,10 +90,11 @@ class Location:
             return cls(_LOCAL, str(Path(text)))
         try:
             fs, path = fsspec.core.url_to_fs(text)
-        except (ImportError, ValueError) as exc:
+        except (ImportError, ValueError, OSError) as exc:  # OSError: e.g. hdfs:// without a JVM and libhdfs
             scheme = text.split("://", 1)[0]
-            hint = f"; install {PACKAGES[scheme]}" if scheme in PACKAGES else ""
-            raise StorageError(f"{text}: no usable filesystem for {scheme}:// ({exc}){hint}") from None
+            hint = f"; {HINTS[scheme]}" if scheme in HINTS else ""
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StorageError(f"{text}: no usable filesystem for {scheme}:// ({reason}){hint}") from None
         return cls(_LOCAL, path) if isinstance(fs, LocalFileSystem) else cls(fs, path)
 
     @property

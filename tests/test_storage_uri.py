@@ -108,9 +108,13 @@ def test_file_uri_is_a_local_path(tmp_path):
     assert kn.read_knowledge(tmp_path / "knowledge").height == 4
 
 
-def test_unknown_scheme_is_named():
+def test_unknown_or_unusable_scheme_is_named():
     with pytest.raises(StorageError, match="nosuchfs://bucket/x: no usable filesystem"):
         Location.of("nosuchfs://bucket/x")
+    try:
+        Location.of("hdfs://namenode:8020/x")  # usable only with a JVM and libhdfs
+    except StorageError as exc:
+        assert "hdfs://namenode:8020/x: no usable filesystem" in str(exc)
 
 
 def test_lease_lock_on_memory_uri(mem_uri):
