@@ -24,16 +24,17 @@ def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None
 
 
 def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
-    """The job's output.path; exit 2 when it is a URI (the features and Feast's file stores are local)."""
-    from pipelines.storage import is_uri
+    """The job's output.path as a local path (``file://`` URIs too); exit 2 on an object store URI (the feature
+    tables and Feast's file offline store are local)."""
+    from pipelines.storage import Location
 
     path = _load(config, set_).output.path
-    if is_uri(path):
-        typer.secho(f"laser {command}: output.path {path!r} is a URI; the feature tables and the Feast repository "
-                    "need a local output.path (copy the latest view to local storage first)", fg=typer.colors.RED,
-                    err=True)
+    location = Location.of(path)
+    if not location.local:
+        typer.secho(f"laser {command}: output.path {path!r} is not on a local file system; the feature tables "
+                    "and the Feast repository need a local output.path", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
-    return path
+    return location.path
 
 
 def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:

@@ -224,4 +224,4 @@ def test_cli_refuses_what_a_uri_output_cannot_do(tmp_path):
     res = CliRunner().invoke(app, ["run", str(config), "--incremental"])
     assert res.exit_code == 2 and "nosuchfs://bucket/job: no usable filesystem" in res.output
     res = CliRunner().invoke(app, ["encode", str(config), "--set", "output.path=memory://b/job"])
-    assert res.exit_code == 2 and "need a local output.path" in res.output
+    assert res.exit_code == 2 and "need a local output.path" in res.output and "memory://b/job" in res.output
