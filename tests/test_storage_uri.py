@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
@@ -130,12 +131,10 @@ def test_expired_lease_is_taken_over_and_a_live_one_renewed(mem_uri):
     lock_obj = Location.of(mem_uri) / LOCK_FILE
     past = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
     lock_obj.write_text(json.dumps({"pid": 1, "host": "gone", "run_id": "killed", "token": "t", "expires": past}))
-    with RunLock(mem_uri, run_id="next", lease_s=0.3) as lock:
+    with RunLock(mem_uri, run_id="next", lease_s=1.5) as lock:
         assert lock.stale["run_id"] == "killed"
         first = json.loads(lock_obj.read_text())["expires"]
-        import time
-
-        time.sleep(0.5)  # the holder renews every lease_s / 3: never expires while it lives
+        time.sleep(1.0)  # the holder renews every lease_s / 3: never expires while it lives
         assert json.loads(lock_obj.read_text())["expires"] > first
         with pytest.raises(LockHeld):
             RunLock(mem_uri, run_id="other").acquire()
