@@ -140,5 +140,19 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
     run_suite(json_out, settings, _dataset(dataset_config))
 
 
+@bench_app.command("incremental")
+def bench_incremental(json_out: Path = typer.Option(Path("pipelines/bench/results/incremental.json"), "--json",
+                                                    help="JSON output (run logs beside it)."),
+                      config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
+                      work: Path = typer.Option(..., help="A fresh directory for the data tables and the output."),
+                      share: float = typer.Option(0.1, help="Share of the users whose newest rating changes."),
+                      seed: int = typer.Option(0, help="Seed of the choice of changed users.")) -> None:
+    """Wall time of an incremental run after `share` of the users changed, vs the full run (target <= 20%)."""
+    from jobs.config import bundled_config
+    from pipelines.bench.incremental import run_incremental_bench
+
+    run_incremental_bench(json_out, config or bundled_config("demo"), work, share, seed)
+
+
 if __name__ == "__main__":
     app()

@@ -14,12 +14,13 @@ EXIT_BAD_INPUT = 2
 
 
 def input_error_types() -> tuple[type[Exception], ...]:
-    """Exceptions that mean "the input is wrong": bad config, decoder, parameter, missing or bad data file."""
+    """Exceptions that mean "the input is wrong": bad config, decoder, parameter, output URI, missing or bad data file."""
     from pipelines.config import ConfigError
     from pipelines.data.readers import DataFileError
+    from pipelines.storage import StorageError
     from pipelines.validation import JobInputError
 
-    return ConfigError, JobInputError, DataFileError, FileNotFoundError
+    return ConfigError, JobInputError, DataFileError, StorageError, FileNotFoundError
 
 
 def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

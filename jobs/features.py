@@ -23,11 +23,25 @@ def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None
     typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
 
 
+def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
+    """The job's output.path as a local path (``file://`` URIs too); exit 2 on an object store URI (the feature
+    tables and Feast's file offline store are local)."""
+    from pipelines.storage import Location
+
+    path = _load(config, set_).output.path
+    location = Location.of(path)
+    if not location.local:
+        typer.secho(f"laser {command}: output.path {path!r} is not on a local file system; the feature tables "
+                    "and the Feast repository need a local output.path", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    return location.path
+
+
 def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
     """Encode the latest view's knowledge into <output>/features/{user,item}_knowledge.parquet."""
     from pipelines.features.encode import encode_latest
 
-    tables = encode_latest(_load(config, set_).output.path, encoder)
+    tables = encode_latest(_local_output(config, set_, "encode"), encoder)
     typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
 
 
@@ -39,7 +53,7 @@ def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, e
     from pipelines.schedule.lock import LockHeld
 
     try:
-        repo, done = ingest(_load(config, set_).output.path, encoder)
+        repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(exitcodes.LOCKED) from None

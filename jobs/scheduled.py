@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 def run_scheduled(cfg: JobConfig) -> int:
     """Run once incrementally; print a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
-    from pipelines.job import check_decoder, old_knowledge_params
+    from pipelines.job import JobPaths, check_decoder, old_knowledge_params
     from pipelines.schedule.incremental import exit_code, run_incremental
     from pipelines.schedule.lock import LockHeld
 
@@ -26,6 +26,7 @@ def run_scheduled(cfg: JobConfig) -> int:
         check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
         check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
                       "old_knowledge.decoder")
+        JobPaths.of(cfg)  # an output URI whose filesystem is not installed
     except ValueError as exc:
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG

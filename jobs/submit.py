@@ -2,7 +2,8 @@
 
 Before anything is sent, the whole config and the decoders' parameters are validated locally, and a
 relative ``output.path`` is refused (on the cluster it would land in the job's temporary working
-directory). The job ships its own code: ``runtime_env.py_modules`` uploads the project's packages
+directory); an ``output.path`` URI (``s3://...``) needs its fsspec filesystem installed and an absolute
+``output.work_dir`` on shared storage for the pools the actors read. The job ships its own code: ``runtime_env.py_modules`` uploads the project's packages
 (``laser``, ``pools``, ``router``, ``pipelines``, ``jobs``), ``working_dir`` is the config's folder, and the
 entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers,
 ray, ...; or ``--pip``) but without this project installed runs it. With token authentication on the
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobs.config import JobConfig, load_config
+from pipelines.storage import is_uri
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +65,6 @@ def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, 
     return out
 
 
-def is_uri(path: str) -> bool:
-    return "://" in path
-
-
 def validate(config: Path, overrides: list[str]) -> JobConfig:
     """The config as the cluster will read it; raises ConfigError / SubmitError / ValueError naming the key."""
     from pipelines.job import check_decoder, old_knowledge_params
@@ -81,8 +79,22 @@ def validate(config: Path, overrides: list[str]) -> JobConfig:
                               f"temporary working directory. Pass an absolute path on storage every node shares, "
                               f"e.g. --set {key}={Path(value).resolve()}")
     if is_uri(cfg.output.path):
-        raise SubmitError(f"output.path: {cfg.output.path!r}: URIs are not supported yet; use a shared file system path")
+        check_uri_output(cfg)
     return cfg
+
+
+def check_uri_output(cfg: JobConfig) -> None:
+    """An output URI needs its filesystem here and a work directory every node sees (actors read the pools)."""
+    from pipelines.storage import Location, StorageError
+
+    try:
+        Location.of(cfg.output.path)
+    except StorageError as exc:
+        raise SubmitError(f"output.path: {exc}") from None
+    work = cfg.output.work_dir
+    if not work or not Path(work).is_absolute():
+        raise SubmitError(f"output.path: {cfg.output.path!r} is a URI, so the derived files (routing, pools) need "
+                          f"output.work_dir: an absolute path on storage every node shares (got {work!r})")
 
 
 def auth_headers(token_file: str | Path | None = None) -> dict[str, str]:

@@ -100,7 +100,10 @@ class ExecutionConfig(_Strict):
 class OutputConfig(_Strict):
     """Where the job writes. ``path`` is the job directory (see README, "Running a job")."""
 
-    path: str = "runs/job"
+    path: str = Field("runs/job", description="job directory: a local path or an fsspec URI (s3://, gs://, ...)")
+    work_dir: str | None = Field(None, description=(
+        "local directory for the derived files (routing, memberships, pools; rebuilt every run) when path is "
+        "a URI; default $LASER_CACHE_DIR/work/<hash of path>; on a cluster, storage every node sees"))
     shard_rows: int = Field(256, ge=1, description="rows per knowledge Parquet shard")
     run_id: str | None = Field(None, description="default: a hash of the config, stable across resumes")
 
@@ -130,5 +133,6 @@ class JobConfig(_Strict):
         """``output.run_id`` or a short hash of everything that shapes the output (stable on resume)."""
         if self.output.run_id:
             return self.output.run_id
-        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id"}})
+        # work_dir only says where derived files go: the same output under another work_dir is the same job
+        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"}})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

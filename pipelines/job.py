@@ -8,13 +8,16 @@ Steps (LASER 2.2 / 4.1.1 streaming simulation):
   4. generate new knowledge for new histories and new items with the configured decoder;
   5. the rows are written to the knowledge store as they arrive; a summary closes the job.
 
-Job directory (``output.path``): ``knowledge/`` (new knowledge store), ``old_knowledge/`` (unless
-``old_knowledge.path`` is set), ``routing.parquet`` (the pool of each entity), ``memberships.parquet``
-(every group of each entity: pools hold all members' old knowledge), ``pools/`` and ``summary.json``.
+Job directory (``output.path``, a local path or an fsspec URI): ``knowledge/`` (new knowledge store),
+``old_knowledge/`` (unless ``old_knowledge.path`` is set), ``summary.json``; and the derived files,
+rebuilt every run, in the work directory (``output.path`` itself when local, see :class:`JobPaths`):
+``routing.parquet`` (the pool of each entity), ``memberships.parquet`` (every group of each entity:
+pools hold all members' old knowledge) and ``pools/``.
 A re-run of the same config skips every entity already written in either store.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -35,6 +38,7 @@ from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_
 from pipelines.prompts import PROMPT_VERSION, user_histories
 from pipelines.validation import check_decoder, load_inputs
 from pipelines.sources import source_hash
+from pipelines.storage import Location
 from pools.build import group_key
 
 
@@ -45,22 +49,39 @@ ROUTING_COLUMNS = ("entity_type", "entity_id", "pool_kind", "group_id", "reason"
 
 @dataclass(frozen=True)
 class JobPaths:
-    """Where a job reads and writes."""
+    """Where a job reads and writes. The stores, the summary, the ledger and the latest view live under
+    ``root`` (a local directory or an fsspec URI); the derived files (routing, memberships, pools) under
+    ``work``: ``root`` itself when it is local, else ``output.work_dir`` (see :func:`work_dir`)."""
 
-    root: Path
-    knowledge: Path
-    old_knowledge: Path
+    root: Location
+    knowledge: Location
+    old_knowledge: Location
+    summary: Location
+    work: Path
     routing: Path
     memberships: Path
     pools: Path
-    summary: Path
 
     @classmethod
     def of(cls, cfg: JobConfig) -> "JobPaths":
-        root = Path(cfg.output.path)
-        old = Path(cfg.old_knowledge.path) if cfg.old_knowledge.path else root / "old_knowledge"
-        return cls(root=root, knowledge=root / "knowledge", old_knowledge=old, routing=root / "routing.parquet",
-                   memberships=root / "memberships.parquet", pools=root / "pools", summary=root / "summary.json")
+        root = Location.of(cfg.output.path)
+        old = Location.of(cfg.old_knowledge.path) if cfg.old_knowledge.path else root / "old_knowledge"
+        work = work_dir(cfg, root)
+        return cls(root=root, knowledge=root / "knowledge", old_knowledge=old, summary=root / "summary.json",
+                   work=work, routing=work / "routing.parquet", memberships=work / "memberships.parquet",
+                   pools=work / "pools")
+
+
+def work_dir(cfg: JobConfig, root: Location) -> Path:
+    """The local directory of the derived files: the output itself, ``output.work_dir``, or a cache folder
+    named after the output URI."""
+    if cfg.output.work_dir:
+        return Path(cfg.output.work_dir)
+    if root.local:
+        return root.local_path
+    from laser.models import cache_dir
+
+    return cache_dir() / "work" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -108,7 +129,7 @@ def _request(entity_type: str, entity_id: str, routes: dict[tuple[str, str], dic
                              group_id=route["group_id"], **payload)
 
 
-def pending(requests: list[GenerationRequest], store: Path) -> list[GenerationRequest]:
+def pending(requests: list[GenerationRequest], store: Path | Location) -> list[GenerationRequest]:
     """The requests whose entity is not yet in ``store`` (resume)."""
     done = done_keys(store)
     left = [r for r in requests if (r.entity_type, r.entity_id) not in done]
@@ -133,7 +154,7 @@ def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: 
                       pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate)
 
 
-def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path, desc: str,
+def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path | Location, desc: str,
               workers: WorkerGroup | None) -> GenerationReport:
     todo = pending(requests, store)
     if not todo:
@@ -343,7 +364,7 @@ class JobSummary:
     input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
 
     @classmethod
-    def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path,
+    def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path | Location,
            wall_s: float) -> "JobSummary":
         """The summary of a run whose knowledge went to ``store``."""
         return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
@@ -369,6 +390,7 @@ def run_job(cfg: JobConfig) -> JobSummary:
                       "old_knowledge.decoder")
     data = load_inputs(load_job_data, cfg)  # nothing is created before the inputs are known good
     paths.root.mkdir(parents=True, exist_ok=True)
+    paths.work.mkdir(parents=True, exist_ok=True)
     with worker_group(cfg) as workers:
         old = step_old_knowledge(cfg, data, workers)
         routing = step_route(cfg, data)

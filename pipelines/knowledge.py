@@ -1,16 +1,22 @@
 """Knowledge Parquet: the job's output format, written in atomic shards with a manifest.
 
-A knowledge store is a directory::
+A knowledge store is a directory, local or at an fsspec URI (``s3://``, ``gs://``, ``memory://``;
+:mod:`pipelines.storage`)::
 
-    <store>/manifest.json               shards and their row counts (atomically replaced)
-    <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (temp file + fsync + rename)
+    <store>/manifest.json               shards, row counts and sha256s (atomically replaced)
+    <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (``part-00000-<8 hex>.parquet``
+                                        off local disks)
     <store>/failures.jsonl              entities that could not be generated (id, reason, run_id)
 
-Crash safety: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp file, so
-a shard on disk is always complete. The manifest is replaced after each shard; a shard renamed just
-before a crash but missing from the manifest is read anyway and adopted when a writer next opens the
-store. Readers never modify the store, so they may run while a job writes. Resume reads
-:func:`done_keys` and skips those entities, so a re-run neither loses nor duplicates rows.
+Crash safety, local: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp
+file, so a shard on disk is always complete. The manifest is replaced after each shard; a shard renamed
+just before a crash but missing from the manifest is read anyway and adopted when a writer next opens
+the store. On filesystems without atomic rename (object stores): each shard is one put under a unique
+name, then the manifest is put: that put is the commit. Readers trust only what the manifest lists; a
+shard object a crash left unlisted is ignored by readers and deleted by the next writer, and its
+entities are generated again. Either way readers never modify the store, so they may run while a job
+writes, and resume reads :func:`done_keys` (the manifest's shards) and skips those entities, so a
+re-run neither loses nor duplicates rows.
 Old knowledge (the pools' source) lives in the same format in its own store directory.
 """
 from __future__ import annotations
@@ -20,7 +26,7 @@ import json
 import logging
 import os
 import re
-import tempfile
+import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +35,8 @@ from typing import Any, Mapping
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from pipelines.storage import Location, atomic_write_local, file_mode  # noqa: F401  (file_mode: re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +77,7 @@ FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 MANIFEST = "manifest.json"
 FAILURES = "failures.jsonl"
 QUARANTINE = "quarantine"  # corrupt shards are moved here by the next writer; their entities are regenerated
-_SHARD_RE = re.compile(r"^part-(\d{5,})\.parquet$")
+_SHARD_RE = re.compile(r"^part-(\d{5,})(?:-[0-9a-f]{8})?\.parquet$")  # the suffix: unique names off local disks
 
 
 def encode_params(params: Mapping[str, Any]) -> str:
@@ -86,68 +94,50 @@ class CorruptShardError(ValueError):
     """A shard whose bytes do not match the manifest's sha256, or that Parquet cannot read."""
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+def file_sha256(path: str | Path | Location) -> str:
+    return hashlib.sha256(Location.of(path).read_bytes()).hexdigest()
 
 
-def read_shard(root: Path, shard: Mapping[str, Any], columns: list[str] | None = None) -> pa.Table:
+def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: list[str] | None = None) -> pa.Table:
     """One shard, checked against the manifest's sha256 (when recorded) before Parquet reads it."""
+    root = Location.of(root)
     path = root / shard["file"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise CorruptShardError(f"{path}: listed in {root / MANIFEST} but missing") from exc
     expected = shard.get("sha256")
-    if expected and file_sha256(path) != expected:
+    if expected and hashlib.sha256(data).hexdigest() != expected:
         raise CorruptShardError(f"{path}: checksum mismatch with {root / MANIFEST}; the shard is corrupt (the next "
                                 f"run moves it to {QUARANTINE}/ and regenerates its entities)")
     try:
         if columns is not None:
-            return pq.read_table(path, columns=columns)
-        return pq.read_table(path, schema=KNOWLEDGE_SCHEMA)
+            return pq.read_table(pa.BufferReader(data), columns=columns)
+        return pq.read_table(pa.BufferReader(data), schema=KNOWLEDGE_SCHEMA)
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptShardError(f"{path}: unreadable shard ({exc})") from exc
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def parquet_bytes(table: pa.Table) -> bytes:
+    """``table`` serialised as one Parquet file, in memory (written with one atomic put)."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
 
 
-def file_mode() -> int:
-    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 minus the process umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+def _write_shard(path: Location, table: pa.Table) -> str:
+    """Write one shard whole (local: temp file + fsync + rename; elsewhere one put); its sha256."""
+    if path.local:
+        _atomic_write_bytes(path.local_path, lambda tmp: pq.write_table(table, tmp))
+        return file_sha256(path)
+    data = parquet_bytes(table)
+    path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _atomic_write_bytes(path: Path, write: Any) -> None:
-    """Write ``path`` through a temp file in the same directory: ``write(tmp_path)``, fsync, rename.
-
-    ``mkstemp`` creates the temp file 0600; it gets the umask-derived mode of a normal write instead.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, file_mode())
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    def write(tmp: str) -> None:
-        Path(tmp).write_text(json.dumps(obj, indent=1))
-
-    _atomic_write_bytes(path, write)
+    """Local atomic write through ``write(tmp_path)`` (see :func:`pipelines.storage.atomic_write_local`)."""
+    atomic_write_local(Path(path), write)
 
 
 @dataclass
@@ -161,8 +151,8 @@ class Manifest:
         return sum(s["rows"] for s in self.shards)
 
     @classmethod
-    def load(cls, store: Path) -> "Manifest":
-        path = store / MANIFEST
+    def load(cls, store: str | Path | Location) -> "Manifest":
+        path = Location.of(store) / MANIFEST
         if not path.exists():
             return cls()
         try:
@@ -171,34 +161,55 @@ class Manifest:
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: unreadable knowledge manifest ({exc})") from exc
 
-    def save(self, store: Path) -> None:
-        _write_json_atomic(store / MANIFEST, {"format": "laser-knowledge/1", "shards": self.shards})
+    def save(self, store: str | Path | Location) -> None:
+        """Replace the manifest atomically: the commit point of every shard it lists."""
+        body = json.dumps({"format": "laser-knowledge/1", "shards": self.shards}, indent=1)
+        (Location.of(store) / MANIFEST).write_text(body)
 
 
-def _shard_files(store: Path) -> list[str]:
-    return sorted(p.name for p in store.glob("part-*.parquet") if _SHARD_RE.match(p.name))
+def _shard_files(root: Location) -> list[str]:
+    return [n for n in root.names("part-*.parquet") if _SHARD_RE.match(n)]
 
 
-def scan_store(store: str | Path) -> Manifest:
-    """The store's shards, read-only: the manifest plus complete shards it does not list yet (a shard is
-    renamed into place before the manifest is replaced, so such a shard is whole)."""
-    root = Path(store)
+def scan_store(store: str | Path | Location) -> Manifest:
+    """The store's shards, read-only: the manifest, plus (local stores only) complete shards it does not
+    list yet: a local shard is renamed into place whole before the manifest is replaced. On other
+    filesystems an unlisted shard object was never committed and is ignored."""
+    root = Location.of(store)
     if not root.exists():
         return Manifest()
     manifest = Manifest.load(root)
+    if not root.local:
+        return manifest
     listed = {s["file"] for s in manifest.shards}
     for name in _shard_files(root):
         if name not in listed:
-            manifest.shards.append({"file": name, "rows": pq.ParquetFile(root / name).metadata.num_rows, "run_id": None})
+            rows = pq.ParquetFile(root.local_path / name).metadata.num_rows
+            manifest.shards.append({"file": name, "rows": rows, "run_id": None})
     return manifest
 
 
-def open_store(store: str | Path) -> Manifest:
-    """For a writer: create ``store``, drop stale temp files, adopt shards missing from the manifest."""
-    root = Path(store)
+def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
+    """Delete what a crashed writer left uncommitted: local temp files; elsewhere shard objects that the
+    manifest does not list (put before the crash, never committed; their entities are regenerated)."""
+    if root.local:
+        for tmp in root.local_path.glob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+        return
+    listed = {s["file"] for s in manifest.shards}
+    orphans = [n for n in _shard_files(root) if n not in listed]
+    for name in orphans:
+        (root / name).remove()
+    if orphans:
+        log.warning("%s: deleted %d uncommitted shard objects", root, len(orphans))
+
+
+def open_store(store: str | Path | Location) -> Manifest:
+    """For a writer (one per store: the run lock): create ``store``, drop what a crash left uncommitted,
+    adopt complete local shards missing from the manifest, quarantine corrupt shards."""
+    root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
-    for tmp in root.glob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
+    _drop_uncommitted(root, Manifest.load(root))
     listed = len(Manifest.load(root).shards)
     manifest = scan_store(root)
     if len(manifest.shards) > listed:
@@ -222,17 +233,19 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def quarantine_corrupt(root: Path, manifest: Manifest) -> list[str]:
+def quarantine_corrupt(root: str | Path | Location, manifest: Manifest) -> list[str]:
     """Move corrupt shards to ``quarantine/`` and out of ``manifest`` (not saved here); their entities
     are then missing, so a resumed or incremental run regenerates them. Returns the moved file names."""
+    root = Location.of(root)
     moved = []
     for shard in list(manifest.shards):
         try:
             read_shard(root, shard, columns=list(KEY_COLUMNS))
         except CorruptShardError as exc:
             log.error("%s; quarantined", exc)
-            (root / QUARANTINE).mkdir(exist_ok=True)
-            os.replace(root / shard["file"], root / QUARANTINE / shard["file"])
+            if (root / shard["file"]).exists():
+                (root / QUARANTINE).mkdir(exist_ok=True)
+                (root / shard["file"]).move_to(root / QUARANTINE / shard["file"])
             manifest.shards.remove(shard)
             moved.append(shard["file"])
     return moved
@@ -248,7 +261,7 @@ class KnowledgeWriter:
     def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "") -> None:
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
-        self.store = Path(store)
+        self.store = Location.of(store)
         self.shard_rows = shard_rows
         self.run_id = run_id
         self.manifest = open_store(self.store)
@@ -269,10 +282,15 @@ class KnowledgeWriter:
         """Record one entity that could not be generated; appended and fsynced at once."""
         rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
                "failed_at": utc_now().isoformat()}
-        with open(self.store / FAILURES, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = json.dumps(rec) + "\n"
+        path = self.store / FAILURES
+        if path.local:
+            with open(path.local_path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+        else:  # no appends on object stores: the whole (small) file is put again
+            path.write_bytes((path.read_bytes() if path.exists() else b"") + line.encode())
         self.failures_written += 1
 
     def flush(self) -> None:
@@ -284,11 +302,13 @@ class KnowledgeWriter:
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise ValueError(f"{self.store}: knowledge rows do not match the schema: {exc}") from exc
         existing = [int(_SHARD_RE.match(s["file"]).group(1)) for s in self.manifest.shards]
-        name = f"part-{max(existing, default=-1) + 1:05d}.parquet"
-        _atomic_write_bytes(self.store / name, lambda tmp: pq.write_table(table, tmp))
-        self.manifest.shards.append({"file": name, "rows": table.num_rows, "run_id": self.run_id,
-                                     "sha256": file_sha256(self.store / name)})
-        self.manifest.save(self.store)
+        number = max(existing, default=-1) + 1
+        # local: the rename makes the name safe; elsewhere a unique name never meets an uncommitted object
+        name = f"part-{number:05d}.parquet" if self.store.local else f"part-{number:05d}-{uuid.uuid4().hex[:8]}.parquet"
+        entry = {"file": name, "rows": table.num_rows, "run_id": self.run_id,
+                 "sha256": _write_shard(self.store / name, table)}
+        Manifest(self.manifest.shards + [entry]).save(self.store)  # the commit: readers trust only what it lists
+        self.manifest.shards.append(entry)  # only once committed: a failed commit leaves nothing listed twice
         self.rows_written += table.num_rows
         self._buffer.clear()
         log.debug("%s: wrote %s (%d rows)", self.store, name, table.num_rows)
@@ -309,7 +329,7 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
     ``dedup`` keeps the first row per (entity_type, entity_id, run_id): a safeguard, since the writer
     never writes a key twice within a resumed run.
     """
-    root = Path(store)
+    root = Location.of(store)
     manifest = scan_store(root)
     tables = [read_shard(root, s) for s in manifest.shards]  # a corrupt shard raises, never read silently
     table = pa.concat_tables(tables) if tables else KNOWLEDGE_SCHEMA.empty_table()
@@ -328,7 +348,7 @@ def read_knowledge(store: str | Path, dedup: bool = True) -> pl.DataFrame:
 
 def done_keys(store: str | Path) -> set[tuple[str, str]]:
     """(entity_type, entity_id) pairs already written to ``store``: what a resumed run skips."""
-    root = Path(store)
+    root = Location.of(store)
     manifest = scan_store(root)
     keys: set[tuple[str, str]] = set()
     for shard in manifest.shards:
@@ -343,7 +363,7 @@ def done_keys(store: str | Path) -> set[tuple[str, str]]:
 
 def read_failures(store: str | Path, unresolved: bool = True) -> pl.DataFrame:
     """Recorded failures; ``unresolved`` drops entities that a later run did write."""
-    path = Path(store) / FAILURES
+    path = Location.of(store) / FAILURES
     schema = {c: pl.Utf8 for c in FAILURE_COLUMNS}
     if not path.exists():
         return pl.DataFrame(schema=schema)

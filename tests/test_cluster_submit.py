@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from pipelines.knowledge import read_knowledge
-from test_job_e2e import expected_new_entities, job_config, save_tiny_model
+from test_job_e2e import expected_new_entities, job_config
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -125,11 +125,6 @@ def cluster():
     finally:
         c.stop()
         assert not _pids_mentioning(c.tmp)
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def _laser(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -89,3 +89,9 @@ def test_run_id_stable_and_sensitive():
     assert JobConfig.model_validate({"execution": {"num_workers": 7}}).resolved_run_id() == a.resolved_run_id()
     assert JobConfig.model_validate({"decoder": {"name": "resd"}}).resolved_run_id() != a.resolved_run_id()
     assert JobConfig.model_validate({"output": {"run_id": "nightly"}}).resolved_run_id() == "nightly"
+
+
+def test_work_dir_does_not_change_the_config_hash():
+    base = load_config(None, ["output.path=s3://bucket/job"])
+    moved = load_config(None, ["output.path=s3://bucket/job", "output.work_dir=/shared/work"])
+    assert base.resolved_run_id() == moved.resolved_run_id()

@@ -57,7 +57,7 @@ def test_plugin_is_registered_and_lossless(installed, tiny_lm):
 
 @pytest.mark.slow
 def test_plugin_runs_in_a_job(plugin_dir, tmp_path):
-    from tests.test_job_e2e import save_tiny_model
+    from tests.conftest import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
     out = tmp_path / "job"

@@ -20,26 +20,11 @@ from pipelines.knowledge import KnowledgeWriter, read_knowledge
 from pipelines.schedule import exitcodes
 from pipelines.schedule.incremental import run_incremental
 from pipelines.schedule.ledger import RunLedger
-from test_job_e2e import save_tiny_model
 from test_schedule_incremental import incremental_config, write_table_data
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
 def _pid(actor) -> int:

@@ -14,15 +14,9 @@ import pytest
 import yaml
 
 from pipelines.knowledge import read_knowledge
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def write_config(tmp_path: Path, model: str) -> Path:

@@ -25,42 +25,6 @@ from pipelines.knowledge import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
 pytestmark = pytest.mark.slow
 
 
-def save_tiny_model(path: Path) -> Path:
-    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    import laser
-
-    vocab = {"<s>": 0, "</s>": 1}
-    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
-        vocab[ch] = i + 2
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    fast.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
-    lm = laser.tiny_llama(vocab_size=len(fast), seed=0, eos_token_id=1)
-    lm.model.config.max_position_embeddings = 4096
-    lm.model.save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def job_config(model: str, out: Path, *extra: str):
     return load_config(None, [
         "dataset.format=synthetic", "dataset.seed=3", "dataset.synthetic.n_users=10",

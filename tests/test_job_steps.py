@@ -12,12 +12,6 @@ from jobs.cli import app
 from jobs.config import load_config
 from pipelines import job as jobmod
 from pipelines.knowledge import KnowledgeWriter, encode_params
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def write_config(tmp_path, model: str):

@@ -54,6 +54,13 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
         submit_mod.submit(config, "http://head:8265", ["decoder.params.zz=1"])
     with pytest.raises(submit_mod.SubmitError, match=r"output\.path: 'runs/x' is relative"):
         submit_mod.submit(config, "http://head:8265", ["output.path=runs/x"])
+    with pytest.raises(submit_mod.SubmitError, match=r"output\.path: nosuchfs://b/x: no usable filesystem"):
+        submit_mod.submit(config, "http://head:8265", ["output.path=nosuchfs://b/x"])
+    with pytest.raises(submit_mod.SubmitError, match=r"is a URI, so the derived files .* need output\.work_dir"):
+        submit_mod.submit(config, "http://head:8265", ["output.path=memory://b/x"])
+    calls.clear()
+    submit_mod.submit(config, "http://head:8265", ["output.path=memory://b/x", f"output.work_dir={tmp_path / 'w'}"])
+    assert "output.path=memory://b/x" in calls["entrypoint"]  # a URI output with a shared work dir is sent
 
 
 def test_cli_names_the_bad_key(tmp_path):

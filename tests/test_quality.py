@@ -7,7 +7,7 @@ import pytest
 from pipelines import knowledge as kn
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
 from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
+from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 from test_knowledge_store import row
 
 LOOP = "This user enjoys a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"

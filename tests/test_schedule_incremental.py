@@ -14,23 +14,8 @@ from pipelines.knowledge import read_knowledge
 from pipelines.schedule.incremental import run_incremental
 from pipelines.schedule.latest import read_latest
 from pipelines.schedule.ledger import RunLedger
-from test_job_e2e import save_tiny_model
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def write_table_data(root: Path, n_users: int = 20) -> Path:

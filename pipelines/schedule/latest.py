@@ -10,9 +10,9 @@ import logging
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 
-from pipelines.knowledge import KEY_COLUMNS, _atomic_write_bytes, read_knowledge
+from pipelines.knowledge import KEY_COLUMNS, parquet_bytes, read_knowledge
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
             .sort(list(KEY_COLUMNS)))
 
 
-def latest_view(knowledge: str | Path, old_knowledge: str | Path | None = None) -> pl.DataFrame:
+def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None) -> pl.DataFrame:
     """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column."""
     frames = [read_knowledge(knowledge).with_columns(store=pl.lit("knowledge"))]
     if old_knowledge is not None:
@@ -34,19 +34,18 @@ def latest_view(knowledge: str | Path, old_knowledge: str | Path | None = None) 
     return newest_per_entity(pl.concat(frames))
 
 
-def write_latest(path: str | Path, view: pl.DataFrame) -> Path:
+def write_latest(path: str | Path | Location, view: pl.DataFrame) -> Location:
     """Write the view as one Parquet file, atomically (readers never see a partial file)."""
-    out = Path(path)
-    table = view.to_arrow()
-    _atomic_write_bytes(out, lambda tmp: pq.write_table(table, tmp))
+    out = Location.of(path)
+    out.write_bytes(parquet_bytes(view.to_arrow()))
     log.info("latest view: %d entities -> %s", view.height, out)
     return out
 
 
-def read_latest(path: str | Path) -> pl.DataFrame:
+def read_latest(path: str | Path | Location) -> pl.DataFrame:
     """The latest view a run wrote (``<output>/latest.parquet`` or that file's path)."""
-    p = Path(path)
-    p = p / LATEST_FILE if p.is_dir() else p
+    p = Location.of(path)
+    p = p if p.name.endswith(".parquet") else p / LATEST_FILE
     if not p.exists():
         raise FileNotFoundError(f"{p}: no latest view; run `laser run CONFIG --incremental` or `laser latest CONFIG`")
-    return pl.read_parquet(p)
+    return pl.read_parquet(p.read_bytes())

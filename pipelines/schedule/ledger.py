@@ -1,4 +1,5 @@
-"""The run ledger ``<output>/runs.parquet``: one row per run, rewritten atomically at start and finish.
+"""The run ledger ``<output>/runs.parquet``: one row per run, rewritten atomically at start and finish
+(temp file + rename locally, one whole-object put on an object store).
 
 A run is ``running`` from its start until it finishes as ``succeeded``, ``partial`` (some entities
 failed) or ``failed`` (an error stopped it). A ``running`` row whose run is gone (the driver was killed)
@@ -16,7 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge import _atomic_write_bytes, utc_now
+from pipelines.knowledge import parquet_bytes, utc_now
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -70,14 +72,14 @@ class RunRecord:
 class RunLedger:
     """Read and update ``runs.parquet`` (call only while holding the output's run lock)."""
 
-    def __init__(self, root: str | Path) -> None:
-        self.path = Path(root) / LEDGER_FILE
+    def __init__(self, root: str | Path | Location) -> None:
+        self.path = Location.of(root) / LEDGER_FILE
 
     def records(self) -> list[RunRecord]:
         if not self.path.exists():
             return []
         try:
-            table = pq.read_table(self.path)
+            table = pq.read_table(pa.BufferReader(self.path.read_bytes()))
         except (pa.ArrowInvalid, OSError) as exc:
             raise ValueError(f"{self.path}: unreadable run ledger ({exc}); move it aside to start a new one") from exc
         return [RunRecord(**row) for row in table.to_pylist()]
@@ -99,5 +101,5 @@ class RunLedger:
         recs = [r for r in self.records() if r.run_id != record.run_id] + [record]
         table = pa.Table.from_pylist([asdict(r) for r in recs], schema=LEDGER_SCHEMA)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_bytes(self.path, lambda tmp: pq.write_table(table, tmp))
+        self.path.write_bytes(parquet_bytes(table))
         log.debug("%s: run %s %s", self.path, record.run_id, record.status)

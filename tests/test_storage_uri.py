@@ -1,0 +1,226 @@
+"""Knowledge stores, run ledger, latest view and run lock on fsspec URIs: the in-process ``memory://``
+filesystem (an object store without rename), ``file://`` URIs, and S3 served locally by moto's server."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import pipelines.knowledge as kn
+from pipelines.schedule.latest import latest_view, read_latest, write_latest
+from pipelines.schedule.ledger import RunLedger, RunRecord
+from pipelines.schedule.lock import LOCK_FILE, LockHeld, RunLock
+from pipelines.storage import Location, StorageError
+from test_knowledge_store import row
+
+
+@pytest.fixture
+def mem_uri():
+    """A fresh folder on fsspec's in-process memory filesystem, removed afterwards."""
+    uri = f"memory://laser-test/{uuid.uuid4().hex}"
+    yield uri
+    loc = Location.of(uri)
+    if loc.exists():
+        loc.fs.rm(loc.path, recursive=True)
+
+
+def write(store, ids, shard_rows=3, run_id="r1"):
+    with kn.KnowledgeWriter(store, shard_rows=shard_rows, run_id=run_id) as w:
+        for i in ids:
+            w.add(row(i, run_id=run_id))
+
+
+def test_store_round_trip_on_memory_uri(mem_uri):
+    store = f"{mem_uri}/knowledge"
+    write(store, range(7))
+    manifest = json.loads((Location.of(store) / "manifest.json").read_text())
+    names = [s["file"] for s in manifest["shards"]]
+    assert len(names) == 3 and all(kn._SHARD_RE.match(n) and len(n) == len("part-00000-12345678.parquet")
+                                   for n in names)  # unique names off local disks
+    assert sorted(kn.read_knowledge(store)["entity_id"]) == sorted(f"u{i}" for i in range(7))
+    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(7)}
+
+
+def test_crash_before_manifest_put_commits_nothing_and_resume_completes(mem_uri, monkeypatch):
+    store = f"{mem_uri}/knowledge"
+    write(store, range(3))  # one committed shard
+    saves = {"n": 0}
+    real_save = kn.Manifest.save
+
+    def dies_on_second_commit(self, where):
+        saves["n"] += 1
+        if saves["n"] >= 2:
+            raise OSError("connection reset")
+        real_save(self, where)
+
+    monkeypatch.setattr(kn.Manifest, "save", dies_on_second_commit)
+    with pytest.raises(OSError):
+        write(store, range(3, 12))  # shard 1 commits; shard 2 is put, its manifest put fails
+    monkeypatch.undo()
+    root = Location.of(store)
+    assert len(root.names("part-*.parquet")) > len(kn.Manifest.load(store).shards) == 2  # uncommitted objects...
+    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(6)}  # ...but readers trust the manifest only
+    done = {i for _, i in kn.done_keys(store)}
+    write(store, [i for i in range(12) if f"u{i}" not in done])  # resume: the writer drops the orphan first
+    assert len(root.names("part-*.parquet")) == len(kn.Manifest.load(store).shards) == 4
+    ids = kn.read_knowledge(store, dedup=False)["entity_id"].to_list()
+    assert sorted(ids) == sorted(f"u{i}" for i in range(12))  # nothing lost, nothing twice
+
+
+def test_corrupt_shard_on_memory_uri_is_quarantined(mem_uri):
+    store = f"{mem_uri}/knowledge"
+    write(store, range(6))
+    first = Location.of(store) / kn.Manifest.load(store).shards[0]["file"]
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    first.write_bytes(bytes(data))
+    with pytest.raises(kn.CorruptShardError, match="checksum mismatch"):
+        kn.read_knowledge(store)
+    kn.KnowledgeWriter(store)  # the next writer moves it aside
+    assert (Location.of(store) / "quarantine" / first.name).exists()
+    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
+
+
+def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
+    store = f"{mem_uri}/knowledge"
+    with kn.KnowledgeWriter(store, run_id="r1") as w:
+        w.add(row(1))
+        w.add_failure("user", "u2", "too long")
+        w.add_failure("user", "u3", "bad")
+    assert sorted(kn.read_failures(store)["entity_id"]) == ["u2", "u3"]
+    ledger = RunLedger(mem_uri)
+    ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h"))
+    ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h", status="succeeded", watermark=5))
+    assert [(r.run_id, r.status) for r in RunLedger(mem_uri).records()] == [("a", "succeeded")]
+    out = write_latest(Location.of(mem_uri) / "latest.parquet", latest_view(store))
+    assert out == Location.of(f"{mem_uri}/latest.parquet")
+    assert read_latest(mem_uri)["entity_id"].to_list() == ["u1"]
+
+
+def test_file_uri_is_a_local_path(tmp_path):
+    store = f"file://{tmp_path}/knowledge"
+    write(store, range(4))
+    assert sorted(p.name for p in (tmp_path / "knowledge").glob("*.parquet")) == ["part-00000.parquet",
+                                                                                    "part-00001.parquet"]
+    assert kn.read_knowledge(tmp_path / "knowledge").height == 4
+
+
+def test_unknown_or_unusable_scheme_is_named():
+    with pytest.raises(StorageError, match="nosuchfs://bucket/x: no usable filesystem"):
+        Location.of("nosuchfs://bucket/x")
+    try:
+        Location.of("hdfs://namenode:8020/x")  # usable only with a JVM and libhdfs
+    except StorageError as exc:
+        assert "hdfs://namenode:8020/x: no usable filesystem" in str(exc)
+
+
+def test_lease_lock_on_memory_uri(mem_uri):
+    with RunLock(mem_uri, run_id="first") as lock:
+        assert lock.stale is None and (Location.of(mem_uri) / LOCK_FILE).exists()
+        with pytest.raises(LockHeld, match="another run holds this output's lock") as err:
+            RunLock(mem_uri, run_id="second").acquire()
+        assert err.value.holder["run_id"] == "first"
+    assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # released: deleted
+
+
+def test_expired_lease_is_taken_over_and_a_live_one_renewed(mem_uri):
+    lock_obj = Location.of(mem_uri) / LOCK_FILE
+    past = (datetime.now(timezone.utc) - timedelta(seconds=1)).isoformat()
+    lock_obj.write_text(json.dumps({"pid": 1, "host": "gone", "run_id": "killed", "token": "t", "expires": past}))
+    with RunLock(mem_uri, run_id="next", lease_s=1.5) as lock:
+        assert lock.stale["run_id"] == "killed"
+        first = json.loads(lock_obj.read_text())["expires"]
+        time.sleep(1.0)  # the holder renews every lease_s / 3: never expires while it lives
+        assert json.loads(lock_obj.read_text())["expires"] > first
+        with pytest.raises(LockHeld):
+            RunLock(mem_uri, run_id="other").acquire()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint(tmp_path_factory):
+    """A local S3 (moto's server on the loopback); skipped where moto or s3fs is not installed."""
+    moto_server = pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_uri(s3_endpoint, monkeypatch):
+    import fsspec
+    import s3fs
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = fsspec.filesystem("s3")
+    bucket = f"laser-{uuid.uuid4().hex[:12]}"
+    fs.mkdir(bucket)
+    return f"s3://{bucket}/job"
+
+
+def test_store_ledger_and_lock_on_local_s3(s3_uri):
+    store = f"{s3_uri}/knowledge"
+    write(store, range(5))
+    assert sorted(kn.read_knowledge(store)["entity_id"]) == sorted(f"u{i}" for i in range(5))
+    RunLedger(s3_uri).save(RunRecord(run_id="a", decoder="laser", config_hash="h", status="succeeded"))
+    assert RunLedger(s3_uri).last_succeeded().run_id == "a"
+    with RunLock(s3_uri, run_id="first"):  # exclusive create = a conditional put (If-None-Match: *)
+        with pytest.raises(LockHeld):
+            RunLock(s3_uri, run_id="second").acquire()
+    with RunLock(s3_uri, run_id="third") as lock:  # released: free again
+        assert lock.stale is None
+
+
+@pytest.mark.slow
+def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_session, tmp_path, mem_uri):
+    """`laser run` then a scheduled run, output on ``memory://`` (no rename): the scheduled run regenerates
+    only the edited user; stores, summary, ledger and latest view live at the URI, the pools in
+    ``output.work_dir``."""
+    import polars as pl
+
+    from pipelines.job import run_job
+    from pipelines.schedule.incremental import run_incremental
+    from test_schedule_incremental import edit_users, incremental_config, write_table_data
+
+    data = write_table_data(tmp_path / "data", n_users=10)
+    cfg = incremental_config(tiny_model, data, mem_uri, f"output.work_dir={tmp_path / 'work'}")
+    first = run_job(cfg)
+    assert first.new.done > 0 and first.new.failed == 0
+    assert json.loads((Location.of(mem_uri) / "summary.json").read_text())["total_rows"] == first.new.done
+    users = sorted(kn.read_knowledge(f"{mem_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
+    edit_users(data, users[:1])
+    second = run_incremental(cfg)
+    assert (second.entities_changed, second.generated, second.entities_new) == (1, 1, 0)
+    assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded"]
+    latest = read_latest(mem_uri)
+    assert latest.filter(pl.col("run_id") == second.run_id)["entity_id"].to_list() == users[:1]
+    assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
+    assert (tmp_path / "work" / "pools" / "manifest.json").exists()
+
+
+def test_cli_refuses_what_a_uri_output_cannot_do(tmp_path):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    config = tmp_path / "job.yaml"
+    config.write_text("output:\n  path: nosuchfs://bucket/job\n")
+    res = CliRunner().invoke(app, ["run", str(config), "--incremental"])
+    assert res.exit_code == 2 and "nosuchfs://bucket/job: no usable filesystem" in res.output
+    res = CliRunner().invoke(app, ["encode", str(config), "--set", "output.path=memory://b/job"])
+    assert res.exit_code == 2 and "need a local output.path" in res.output and "memory://b/job" in res.output
