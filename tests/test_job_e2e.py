@@ -167,3 +167,23 @@ def test_batch_error_falls_back_to_one_by_one(tiny_model):
     assert result.rows[0]["knowledge"] == alone["knowledge"]
     assert [f["entity_id"] for f in result.failures] == ["huge"]
     assert "context" in result.failures[0]["reason"]
+
+
+def test_actor_exchange_streams_results_and_reports_what_it_holds(tiny_model):
+    """The actor's side of streaming: requests go into a background engine with 2 slots; each exchange
+    returns what finished (rows equal to a synchronous decode) and the keys still queued or decoding."""
+    worker = GenerationWorker(ModelSpec(tiny_model))
+    task = DecodeTask("autoregressive", max_new_tokens=12, max_prompt_tokens=None)
+    reqs = [GenerationRequest("user", f"u{i}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(5)]
+    expected = {r["entity_id"]: r["knowledge"] for r in worker.generate(task, reqs).rows}
+    got, held = worker.exchange(task, reqs[:3], slots=2, wait_s=0.0)
+    assert held | {("user", r["entity_id"]) for r in got.rows} == {("user", "u0"), ("user", "u1"), ("user", "u2")}
+    rows, deadline = list(got.rows), time.time() + 120
+    sent_rest = False
+    while len(rows) < 5 and time.time() < deadline:
+        got, held = worker.exchange(task, [] if sent_rest else reqs[3:], slots=2, wait_s=0.5)
+        sent_rest = True
+        rows += got.rows
+        assert {("user", r["entity_id"]) for r in got.rows}.isdisjoint(held)  # a returned row is no longer held
+    assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
+    assert held == set() and got.decode_s >= 0.0
