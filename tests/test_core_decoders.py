@@ -54,15 +54,19 @@ def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
 
 def test_params_are_recorded(tiny_lm):
     d = laser.get_decoder("laser", tiny_lm, k=3, p=0.2, K=16)
-    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8, "min_prob": 0.1}
+    assert d.params() == {"verification": "relaxed", "k": 3, "p": 0.2, "K": 16, "n_max": 8, "min_prob": 0.0}
 
 
-def test_draft_budget_defaults_follow_the_device(tiny_lm):
-    from laser.decoders.base import draft_defaults
+def test_draft_budget_is_adaptive_unless_fixed(tiny_lm):
+    from laser.budget import AdaptiveBudget
 
-    assert draft_defaults(torch.device("cuda")) == (64, 0.0)  # the paper's setting
-    d = laser.get_decoder("resd", tiny_lm)  # a CPU model
-    assert (d.K, d.min_prob) == draft_defaults(torch.device("cpu")) == (32, 0.1)
+    d = laser.get_decoder("resd", tiny_lm)
+    assert d.params()["K"] == "auto" and isinstance(d.engine.budget, AdaptiveBudget)
+    assert laser.get_decoder("resd", tiny_lm, K="auto").engine.budget is not None
+    assert laser.get_decoder("resd", tiny_lm, K=8).engine.budget is None  # fixed: each step drafts up to 8
+    assert laser.get_decoder("autoregressive", tiny_lm).engine.budget is None  # nothing to draft
+    with pytest.raises(ValueError, match="K must be 'auto' or an integer"):
+        laser.get_decoder("resd", tiny_lm, K="many")
 
 
 def test_cli_lists_decoders():
