@@ -12,7 +12,9 @@ tree the row's drafter gave). The policy then maximises
 
 over a ladder of budgets. When the forward is compute-bound, wider forwards cost in proportion and
 the budget falls to zero: speculation turns itself off. When compute is idle and acceptance is high,
-trees grow.
+trees grow. Before any evidence the engine-wide acceptance is assumed high (``OPTIMISM``), so the first
+steps draft and measure; while speculation is off, one step in ``PROBE_EVERY`` drafts a little, so the
+estimates follow the data (a probe costs at most one wider forward in 32).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from laser.verify import Outcome
 
 LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_DEPTH = 64
+OPTIMISM = 0.8  # the engine-wide acceptance assumed before any evidence (two steps' worth)
+PROBE_EVERY = 32  # after this many steps without drafting, one step drafts PROBE_BUDGET to refresh the estimates
+PROBE_BUDGET = 4
 
 
 class BudgetPolicy(Protocol):
@@ -73,6 +78,7 @@ class AdaptiveBudget:
         self.rows: dict[int, _DepthCounts] = {}
         self.width = 1.0  # draft nodes per depth level of recent trees
         self.overhead_s = 0.0  # per-step seconds outside the forward (drafting, packing, verification)
+        self.idle_steps = 0  # consecutive steps without drafting
         self.chosen: list[int] = []  # the budget of every step, for reports
         self.predicted: list[float] = []  # the predicted tokens/s of every step's choice
 
@@ -82,7 +88,7 @@ class AdaptiveBudget:
         depth = min(math.ceil(budget / self.width), row.deepest, MAX_DEPTH)
         if depth <= 0:
             return 0.0
-        base = (self.all.accepted[1:depth + 1] + 1) / (self.all.reached[1:depth + 1] + 2)
+        base = (self.all.accepted[1:depth + 1] + 2 * OPTIMISM) / (self.all.reached[1:depth + 1] + 2)
         alpha = (row.accepted[1:depth + 1] + self.prior * base) / (row.reached[1:depth + 1] + self.prior)
         return float(np.cumprod(alpha).sum())
 
@@ -94,9 +100,14 @@ class AdaptiveBudget:
     def assign(self, requests: Sequence[Request]) -> None:
         rates = [self.throughput(requests, b) for b in self.ladder]
         best = int(np.argmax(rates))
+        budget = self.ladder[best]
+        # estimates only change when something is drafted: probe now and then while speculation is off
+        self.idle_steps = self.idle_steps + 1 if budget == 0 else 0
+        if self.idle_steps >= PROBE_EVERY and self.ladder[-1] > 0:
+            budget, self.idle_steps = min(PROBE_BUDGET, self.ladder[-1]), 0
         for r in requests:
-            r.budget = self.ladder[best]
-        self.chosen.append(self.ladder[best])
+            r.budget = budget
+        self.chosen.append(budget)
         self.predicted.append(rates[best])
 
     def observe(self, requests: Sequence[Request], trees: Sequence[DraftTree], outcomes: Sequence[Outcome],

@@ -90,3 +90,15 @@ def test_forward_cost_is_measured_once_and_cached(tiny_lm, tmp_path):
     assert all(t > 0 for row in a.seconds for t in row)
     b = forward_cost(tiny_lm.model, cache_dir=tmp_path, rows=(1, 4), nodes=(1, 8))
     assert b.seconds == a.seconds  # read back, not measured again
+
+
+def test_speculation_off_still_probes_now_and_then():
+    from laser.budget import PROBE_BUDGET, PROBE_EVERY
+
+    reqs = requests(64)
+    policy = AdaptiveBudget(cost(per_token=0.001, floor=0.0))
+    learn(policy, reqs, accept_rate=0.2)
+    for _ in range(2 * PROBE_EVERY):
+        policy.assign(reqs)
+    assert policy.chosen[-2 * PROBE_EVERY:].count(PROBE_BUDGET) == 2  # one probe per PROBE_EVERY steps
+    assert policy.chosen[-2 * PROBE_EVERY:].count(0) == 2 * PROBE_EVERY - 2
