@@ -1,0 +1,89 @@
+"""Beam-search decoders for generative recommendation: the top-K item identifiers after a prompt.
+
+- ``beam``: plain constrained beam search of width K (the reference), one target forward per step.
+- ``atspeed``: speculative beam search (AtSpeed): a draft model's beam search of width ``N`` for ``gamma``
+  steps is laid out with the live beams as one tree, verified in one target forward; strict top-K
+  verification returns exactly ``beam``'s ranked items and scores.
+
+Both run on the engine (``laser.engine``) through its beam hook: the request's beams live in
+``request.state["beam"]``; nothing past the prompt is kept in the target's cache (each step's tree
+re-lays the live beams, which are short item identifiers).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from laser.beam import BeamDrafter, BeamSearchVerifier, BeamState, ItemTrie
+from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.registry import register_decoder
+from laser.drafting import Drafter
+from laser.models import LoadedModel
+from laser.request import DecodeStats, Request
+from laser.verify import Verifier
+
+
+@dataclass
+class Recommendation:
+    """The top-K items of one prompt, best first, with the decoding counters."""
+
+    items: list[tuple[str, float]]  # (item_id, cumulative log-probability of its identifier)
+    stats: DecodeStats
+    beam_steps: int  # beam steps done (identifier length of the longest search path)
+    seconds: float = 0.0
+
+
+class BeamDecoder(Decoder):
+    """Base of the item-recommending decoders: ``recommend_batch`` instead of text generation."""
+
+    pool = "none"
+
+    def __init__(self, lm: LoadedModel):
+        super().__init__(lm, K=0)
+
+    @classmethod
+    def greedy_params(cls) -> dict[str, Any] | None:
+        return None  # it ranks items; it does not write text
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def verifier(self) -> Verifier:
+        return BeamSearchVerifier()
+
+    def beam_drafter(self, state: BeamState, prompt_ids: list[int]) -> Drafter:
+        return BeamDrafter(state)
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
+                       rules=None) -> list[Generation]:
+        raise ValueError(f"decoder {self.name!r} ranks items by beam search; use recommend_batch "
+                         "(the `laser recommend` job), not text generation")
+
+    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int) -> list[Recommendation]:
+        """The top-``K`` items of ``trie`` after each prompt, decoded together in one padded batch."""
+        t0 = time.perf_counter()
+        seqs = []
+        for p in prompts:
+            ids = self.encode(p)
+            state = BeamState(trie, K)
+            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.beam_drafter(state, ids),
+                                max_new_tokens=trie.max_len + 1, state={"beam": state}))
+        self.engine.run(seqs)
+        dt = time.perf_counter() - t0
+        out = []
+        for s in seqs:
+            st: BeamState = s.state["beam"]
+            if not st.finished:
+                raise RuntimeError(f"beam search stopped before every beam was complete ({s.stats.finish_reason})")
+            out.append(Recommendation(st.ranked(), s.stats, sum(st.steps_per_forward), dt))
+        return out
+
+    def recommend(self, prompt: Prompt, trie: ItemTrie, K: int) -> Recommendation:
+        return self.recommend_batch([prompt], trie, K)[0]
+
+
+@register_decoder
+class Beam(BeamDecoder):
+    name = "beam"
+    summary = "constrained beam search of width K over item identifiers (the recommendation reference)"
