@@ -44,6 +44,10 @@ from jobs import features as _feature_commands  # noqa: E402  (latest, encode, i
 
 _feature_commands.register(app)
 
+from jobs import recommend as _recommend_commands  # noqa: E402  (recommend)
+
+_recommend_commands.register(app)
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
