@@ -87,3 +87,38 @@ class BeamDecoder(Decoder):
 class Beam(BeamDecoder):
     name = "beam"
     summary = "constrained beam search of width K over item identifiers (the recommendation reference)"
+
+
+@register_decoder
+class AtSpeed(BeamDecoder):
+    """AtSpeed speculative beam search: ``gamma`` draft steps of width ``N`` verified in one target forward.
+
+    ``verification="strict"``: the target's own beam step is run on the tree's rows for as long as every
+    live target beam was drafted, so the ranked items and scores are exactly ``beam``'s. ``draft`` as for
+    ``spec_sampling`` (a path, bundled name, cached hub id, ``truncate:N``, or a LoadedModel in code).
+    """
+
+    name = "atspeed"
+    summary = "AtSpeed speculative beam search: a draft model's beams verified in one forward; strict top-K is lossless"
+    requires = ("draft_model",)
+
+    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict"):
+        from laser.decoders.draft_model import load_draft
+
+        if gamma < 1 or N < 1:
+            raise ValueError(f"gamma and N must be >= 1, got gamma={gamma}, N={N}")
+        if verification not in ("strict",):
+            raise ValueError(f"verification must be 'strict', got {verification!r}")
+        super().__init__(lm)
+        self.draft_model, self.draft_name = load_draft(lm, draft)
+        self.gamma, self.N, self.verification = gamma, N, verification
+
+    def params(self) -> dict[str, Any]:
+        return {"draft": self.draft_name, "gamma": self.gamma, "N": self.N, "verification": self.verification}
+
+    def beam_drafter(self, state: BeamState, prompt_ids: list[int]) -> Drafter:
+        from laser.beam_draft import BeamTreeDrafter, TreeDraftModel
+
+        if self.N < state.width:
+            raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
+        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.N)
