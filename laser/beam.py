@@ -85,8 +85,9 @@ def initial_beams() -> list[Hyp]:
     return [Hyp((), 0.0)]
 
 
-def beam_step(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemTrie, width: int) -> list[Hyp]:
-    """One constrained beam step: ``rows[h.seq]`` is the ``[V]`` next-token log-probs of each live beam."""
+def candidates(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemTrie) -> tuple[list[Seq], np.ndarray]:
+    """A beam step's candidates: the finished beams, then every allowed extension of each live beam
+    (``rows[h.seq]``: its ``[V]`` next-token log-probs), with their cumulative scores."""
     seqs: list[Seq] = [h.seq for h in hyps if h.done]
     scores: list[np.ndarray] = [np.array([h.score for h in hyps if h.done], dtype=np.float64)]
     for h in hyps:
@@ -96,7 +97,18 @@ def beam_step(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemT
         lp = rows[h.seq].float().cpu()[allowed].double().numpy()
         scores.append(h.score + lp)
         seqs.extend(h.seq + (int(t),) for t in allowed)
-    flat = np.concatenate(scores)
+    return seqs, np.concatenate(scores)
+
+
+def beam_probs(scores: np.ndarray) -> np.ndarray:
+    """The beam-level distribution over candidates: p(c) proportional to exp(score(c)) (temperature 1)."""
+    w = np.exp(scores - scores.max())
+    return w / w.sum()
+
+
+def beam_step(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemTrie, width: int) -> list[Hyp]:
+    """One constrained beam step: the ``width`` best candidates (ties: lower token sequence first)."""
+    seqs, flat = candidates(hyps, rows, trie)
     # best first; equal scores: lower token sequence first (deterministic)
     order = sorted(range(len(seqs)), key=lambda i: (-flat[i], seqs[i]))[:width] if len(seqs) <= 4 * width else \
         _top_order(flat, seqs, width)

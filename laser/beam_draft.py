@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from laser.beam import BeamState, Hyp, Seq, beam_step, layout
+from laser.beam import BeamState, Hyp, Seq, beam_probs, beam_step, candidates, layout
 from laser.drafting import Drafter
 from laser.tree import DraftTree, additive_mask
 
@@ -69,16 +69,22 @@ class BeamTreeDrafter(Drafter):
     as the target's, on draft log-probabilities, starting from the target's beams and scores).
     """
 
-    def __init__(self, state: BeamState, draft: TreeDraftModel, gamma: int, width: int):
+    def __init__(self, state: BeamState, draft: TreeDraftModel, gamma: int, width: int,
+                 sampled: dict | None = None, seed: int = 0):
         if gamma < 0 or width < 1:
             raise ValueError(f"gamma must be >= 0 and N >= 1, got gamma={gamma}, N={width}")
         self.state, self.draft, self.gamma, self.width = state, draft, gamma, width
+        self.sampled = sampled  # relaxed mode: the request's state, where the drafted steps are recorded
+        self.generator = torch.Generator().manual_seed(seed + 1)
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         live = self.state.live
         tokens, parents, nodes = layout(context[-1], [h.seq for h in live])
         if self.gamma and live:
-            self._draft(live, tokens, parents, nodes)
+            if self.sampled is not None:
+                self._draft_sampled(tokens, parents, nodes)
+            else:
+                self._draft(live, tokens, parents, nodes)
         self.state.nodes = nodes
         return DraftTree(np.array(tokens), np.array(parents))
 
@@ -102,6 +108,34 @@ class BeamTreeDrafter(Drafter):
                 lp = self.draft.feed(tokens[first:], parents[first:])
                 rows.update({seq: lp[i] for i, seq in enumerate(new)})
             hyps = [h for h in hyps if not h.done]
+
+    def _draft_sampled(self, tokens: list[int], parents: list[int], nodes: dict[Seq, int]) -> None:
+        """Relaxed mode: ``width`` distinct beams sampled per step from the draft's beam-level distribution
+        q (from all target beams, finished ones included); records each step's draws and q."""
+        from laser.beam_relaxed import sample_distinct
+
+        self.draft.reset()
+        lp = self.draft.feed(tokens, parents)
+        rows: dict[Seq, torch.Tensor] = {seq: lp[i] for seq, i in nodes.items()}
+        hyps, steps = list(self.state.hyps), []
+        self.sampled["drafted"] = steps
+        for j in range(self.gamma):
+            seqs, scores = candidates(hyps, rows, self.state.trie)
+            q = beam_probs(scores)
+            chosen = sample_distinct(q, self.width, self.generator)
+            steps.append(([seqs[i] for i in chosen], dict(zip(seqs, q.tolist()))))
+            hyps = [Hyp(seqs[i], float(scores[i]), self.state.trie.item(seqs[i]) is not None) for i in chosen]
+            new = [h.seq for h in hyps if not h.done and h.seq not in nodes]
+            if not new:
+                return
+            first = len(tokens)
+            for seq in new:
+                nodes[seq] = len(tokens)
+                tokens.append(seq[-1])
+                parents.append(nodes[seq[:-1]])
+            if j + 1 < self.gamma:
+                lp = self.draft.feed(tokens[first:], parents[first:])
+                rows.update({seq: lp[i] for i, seq in enumerate(new)})
 
     def close(self) -> None:
         self.draft.cache = DynamicCache()

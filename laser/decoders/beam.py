@@ -21,6 +21,7 @@ from laser.decoders.registry import register_decoder
 from laser.drafting import Drafter
 from laser.models import LoadedModel
 from laser.request import DecodeStats, Request
+from laser.sampling import GREEDY, SamplingParams
 from laser.verify import Verifier
 
 
@@ -52,23 +53,34 @@ class BeamDecoder(Decoder):
     def verifier(self) -> Verifier:
         return BeamSearchVerifier()
 
-    def beam_drafter(self, state: BeamState, prompt_ids: list[int]) -> Drafter:
-        return BeamDrafter(state)
+    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
+        """The request's drafter; ``shared["beam"]`` is its :class:`BeamState`."""
+        return BeamDrafter(shared["beam"])
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        """The request's sampling settings (its seeded generator drives sampling verifiers)."""
+        return GREEDY
 
     def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
                        rules=None) -> list[Generation]:
         raise ValueError(f"decoder {self.name!r} ranks items by beam search; use recommend_batch "
                          "(the `laser recommend` job), not text generation")
 
-    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int) -> list[Recommendation]:
-        """The top-``K`` items of ``trie`` after each prompt, decoded together in one padded batch."""
+    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int,
+                        seeds: Sequence[int] | None = None) -> list[Recommendation]:
+        """The top-``K`` items of ``trie`` after each prompt, decoded together in one padded batch.
+        ``seeds`` (sampling verifiers only): one per prompt, default the decoder's own seed."""
         t0 = time.perf_counter()
         seqs = []
-        for p in prompts:
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        for p, seed in zip(prompts, seeds):
             ids = self.encode(p)
             state = BeamState(trie, K)
-            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.beam_drafter(state, ids),
-                                max_new_tokens=trie.max_len + 1, state={"beam": state}))
+            shared = {"beam": state}  # the request's state: the verifier's, which a drafter may also write
+            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.beam_drafter(shared, ids, seed),
+                                max_new_tokens=trie.max_len + 1, sampling=self.sampling(seed), state=shared))
         self.engine.run(seqs)
         dt = time.perf_counter() - t0
         out = []
@@ -102,23 +114,37 @@ class AtSpeed(BeamDecoder):
     summary = "AtSpeed speculative beam search: a draft model's beams verified in one forward; strict top-K is lossless"
     requires = ("draft_model",)
 
-    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict"):
+    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict",
+                 seed: int = 0):
         from laser.decoders.draft_model import load_draft
 
         if gamma < 1 or N < 1:
             raise ValueError(f"gamma and N must be >= 1, got gamma={gamma}, N={N}")
-        if verification not in ("strict",):
-            raise ValueError(f"verification must be 'strict', got {verification!r}")
+        if verification not in ("strict", "relaxed"):
+            raise ValueError(f"verification must be 'strict' or 'relaxed', got {verification!r}")
+        self.gamma, self.N, self.verification, self.seed = gamma, N, verification, seed
         super().__init__(lm)
         self.draft_model, self.draft_name = load_draft(lm, draft)
-        self.gamma, self.N, self.verification = gamma, N, verification
 
     def params(self) -> dict[str, Any]:
-        return {"draft": self.draft_name, "gamma": self.gamma, "N": self.N, "verification": self.verification}
+        out = {"draft": self.draft_name, "gamma": self.gamma, "N": self.N, "verification": self.verification}
+        return out | ({"seed": self.seed} if self.verification == "relaxed" else {})
 
-    def beam_drafter(self, state: BeamState, prompt_ids: list[int]) -> Drafter:
+    def verifier(self) -> Verifier:
+        from laser.beam_relaxed import RelaxedBeamVerifier
+
+        return RelaxedBeamVerifier() if self.verification == "relaxed" else BeamSearchVerifier()
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        seed = self.seed if seed is None else seed
+        return SamplingParams(temperature=1.0, seed=seed) if self.verification == "relaxed" else GREEDY
+
+    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
         from laser.beam_draft import BeamTreeDrafter, TreeDraftModel
 
+        state: BeamState = shared["beam"]
         if self.N < state.width:
             raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
-        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.N)
+        sampled = shared if self.verification == "relaxed" else None
+        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.N, sampled,
+                               self.seed if seed is None else seed)
