@@ -121,6 +121,22 @@ def _dataset(path: Path | None):
         raise typer.BadParameter(f"{path}: not a dataset config: {err}") from err
 
 
+@bench_app.command("recommend")
+def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), "--json", help="JSON output."),
+                    model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
+                    draft: str = typer.Option("truncate:8", help="Draft model (path, bundled name or truncate:N)."),
+                    ks: str = typer.Option("1,3,5,10", "--ks", help="K values, comma-separated."),
+                    gamma: int = typer.Option(4, help="Draft steps per iteration."),
+                    n: int = typer.Option(20, "--n", help="Draft beams (at least K)."),
+                    users: int = typer.Option(4, help="Measured users."),
+                    threads: int = typer.Option(2, help="torch threads.")) -> None:
+    """beam vs atspeed strict/relaxed: walltime, speedup, beam steps per forward, recall@K, NDCG@K."""
+    from pipelines.bench.recommend import RecommendBenchSettings, run_recommend_bench
+
+    run_recommend_bench(json_out, RecommendBenchSettings(model=model, draft=draft, gamma=gamma, N=n, users=users,
+                                                         threads=threads, Ks=tuple(int(k) for k in ks.split(","))))
+
+
 @bench_app.command("suite")
 def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json", help="JSON output (PNGs beside it)."),
                 quick: bool = typer.Option(False, "--quick", help="A few prompts, short outputs: a smoke check."),
