@@ -114,3 +114,19 @@ def test_cli_runs_on_ray(tiny_model, tmp_path):
     assert result.exit_code == 0, result.output
     assert "recall@3" in result.output
     assert read_recommendations(tmp_path / "out" / "recommendations").height % 3 == 0
+
+
+def test_atspeed_strict_job_writes_beams_rows(tiny_model, tmp_path):
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    beam_cfg = load_config(write_config(tmp_path / "b", tiny_model), schema=RecommendJobConfig)
+    fast_cfg = load_config(write_config(tmp_path / "a", tiny_model),
+                           ["decoder.name=atspeed", "decoder.params={draft: 'truncate:1', gamma: 3, N: 6}"],
+                           schema=RecommendJobConfig)
+    group = InProcessGroup(tiny_model)
+    recjob.run_recommend_job(beam_cfg, group)
+    recjob.run_recommend_job(fast_cfg, group)
+    cols = ["user_id", "rank", "item_id"]
+    a, b = read_recommendations(recjob.store_path(fast_cfg)), read_recommendations(recjob.store_path(beam_cfg))
+    assert a.select(cols).equals(b.select(cols)) and a.height
+    assert (a["score"] - b["score"]).abs().max() < 1e-4
+    assert a["target_forwards"].sum() < b["target_forwards"].sum()
