@@ -26,12 +26,17 @@ from laser.verify import BeamVerifier, Outcome
 
 
 def sample_distinct(probs: np.ndarray, n: int, generator: torch.Generator) -> list[int]:
-    """``n`` distinct indices drawn successively from ``probs`` (fewer if fewer have mass)."""
-    n = min(n, int(np.count_nonzero(probs > 0)))
-    if n <= 0:
-        return []
-    t = torch.from_numpy(np.ascontiguousarray(probs, dtype=np.float64))
-    return torch.multinomial(t, n, replacement=False, generator=generator).tolist()
+    """``min(n, len(probs))`` distinct indices drawn successively from ``probs``. When fewer than ``n``
+    have mass (scores far below the best underflow to 0), the rest are the lowest such indices."""
+    n = min(n, len(probs))
+    live = int(np.count_nonzero(probs > 0))
+    out: list[int] = []
+    if min(n, live) > 0:
+        t = torch.from_numpy(np.ascontiguousarray(probs, dtype=np.float64))
+        out = torch.multinomial(t, min(n, live), replacement=False, generator=generator).tolist()
+    if len(out) < n:
+        out += np.flatnonzero(probs <= 0)[: n - len(out)].tolist()
+    return out
 
 
 def relaxed_accept(p: np.ndarray, q: np.ndarray, drafted: list[int], K: int, generator: torch.Generator,
@@ -50,11 +55,15 @@ def relaxed_accept(p: np.ndarray, q: np.ndarray, drafted: list[int], K: int, gen
     if rest.sum() <= 0:  # p <= q everywhere left: the residual is empty, fall back to p
         rest = p.copy()
         rest[accepted] = 0.0
-    more = sample_distinct(rest / rest.sum(), K - len(accepted), generator)
-    if len(accepted) + len(more) < K:  # the residual's support ran out: fill from p
+    need = K - len(accepted)
+    support = np.flatnonzero(rest > 0)
+    more = [int(support[i]) for i in sample_distinct(rest[support] / rest.sum(), need, generator)]
+    if len(more) < need:  # the residual's support ran out: fill from p
         left = p.copy()
-        left[accepted + more] = 0.0
-        more += sample_distinct(left / left.sum(), K - len(accepted) - len(more), generator)
+        left[accepted + more] = -1.0
+        keep = np.flatnonzero(left >= 0)
+        left = np.maximum(left[keep], 0.0)
+        more += [int(keep[i]) for i in sample_distinct(left / max(left.sum(), 1e-300), need - len(more), generator)]
     return accepted + more, False
 
 

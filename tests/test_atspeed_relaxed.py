@@ -113,3 +113,11 @@ def test_relaxed_with_draft_equal_to_target_accepts_every_step(tiny_lm):
         assert len({i for i, _ in rec.items}) == 4
         assert [s for _, s in rec.items] == sorted((s for _, s in rec.items), reverse=True)
         assert rec.stats.target_forwards == -(-rec.beam_steps // (gamma + 1))
+
+
+def test_underflowed_candidates_still_give_K_distinct():
+    g = torch.Generator().manual_seed(0)
+    p = np.array([1.0, 0.0, 0.0, 0.0])  # scores far below the best underflow to 0
+    assert sorted(sample_distinct(p, 3, g)) == [0, 1, 2]
+    chosen, ok = relaxed_accept(p, np.array([0.0, 0.5, 0.5, 0.0]), [1], 3, g)
+    assert not ok and len(set(chosen)) == 3 and 0 in chosen
