@@ -130,3 +130,11 @@ def test_atspeed_strict_job_writes_beams_rows(tiny_model, tmp_path):
     assert a.select(cols).equals(b.select(cols)) and a.height
     assert (a["score"] - b["score"]).abs().max() < 1e-4
     assert a["target_forwards"].sum() < b["target_forwards"].sum()
+
+
+def test_decoder_check_accepts_deep_truncated_drafts():
+    from pipelines.validation import check_decoder
+
+    check_decoder("atspeed", {"draft": "truncate:8", "gamma": 3})
+    with pytest.raises(JobInputError, match="N=2 draft|gamma and N"):
+        check_decoder("atspeed", {"draft": "truncate:8", "gamma": 0})
