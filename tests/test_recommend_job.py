@@ -138,3 +138,15 @@ def test_decoder_check_accepts_deep_truncated_drafts():
     check_decoder("atspeed", {"draft": "truncate:8", "gamma": 3})
     with pytest.raises(JobInputError, match="N=2 draft|gamma and N"):
         check_decoder("atspeed", {"draft": "truncate:8", "gamma": 0})
+
+
+@pytest.mark.parametrize("decoder,params", [("beam_sample", {"W": 2}), ("dsbd", {"gamma": 2, "W": 2, "W_S": 3})])
+def test_beam_sampling_decoders_write_knowledge(tiny_model, decoder, params):
+    from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker
+
+    worker = GenerationWorker(ModelSpec(model=tiny_model, dtype="float32"))
+    task = DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=6, domain="movie", run_id="r")
+    reqs = [GenerationRequest("item", f"i{k}", item={"item_id": f"i{k}", "title": f"Film {k}"}) for k in range(2)]
+    out = worker.generate(task, reqs)
+    assert not out.failures and len(out.rows) == 2
+    assert all(r["decoder"] == decoder and 1 <= r["n_tokens"] <= 6 for r in out.rows)
