@@ -18,12 +18,6 @@ from pipelines.recommend.metrics import user_metrics
 from pipelines.recommend.store import read_recommendations
 from pipelines.recommend.worker import RecommendReport, RecommendWorker, record
 from pipelines.validation import JobInputError
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 def write_config(tmp_path, model: str, extra: str = "") -> str:
