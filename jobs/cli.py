@@ -44,6 +44,10 @@ from jobs import features as _feature_commands  # noqa: E402  (latest, encode, i
 
 _feature_commands.register(app)
 
+from jobs import recommend as _recommend_commands  # noqa: E402  (recommend)
+
+_recommend_commands.register(app)
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
@@ -115,6 +119,22 @@ def _dataset(path: Path | None):
         return DatasetConfig(**tree.get("dataset", tree))
     except ValidationError as err:
         raise typer.BadParameter(f"{path}: not a dataset config: {err}") from err
+
+
+@bench_app.command("recommend")
+def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), "--json", help="JSON output."),
+                    model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
+                    draft: str = typer.Option("truncate:8", help="Draft model (path, bundled name or truncate:N)."),
+                    ks: str = typer.Option("1,3,5,10", "--ks", help="K values, comma-separated."),
+                    gamma: int = typer.Option(4, help="Draft steps per iteration."),
+                    n: int = typer.Option(20, "--n", help="Draft beams (at least K)."),
+                    users: int = typer.Option(4, help="Measured users."),
+                    threads: int = typer.Option(2, help="torch threads.")) -> None:
+    """beam vs atspeed strict/relaxed: walltime, speedup, beam steps per forward, recall@K, NDCG@K."""
+    from pipelines.bench.recommend import RecommendBenchSettings, run_recommend_bench
+
+    run_recommend_bench(json_out, RecommendBenchSettings(model=model, draft=draft, gamma=gamma, N=n, users=users,
+                                                         threads=threads, Ks=tuple(int(k) for k in ks.split(","))))
 
 
 @bench_app.command("suite")

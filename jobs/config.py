@@ -59,10 +59,10 @@ def format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def validate_config(tree: dict[str, Any], source: str = "config") -> JobConfig:
-    """Validate a config mapping; errors list every bad dotted key."""
+def validate_config(tree: dict[str, Any], source: str = "config", schema: type[JobConfig] = JobConfig) -> JobConfig:
+    """Validate a config mapping against ``schema`` (a job config class); errors list every bad dotted key."""
     try:
-        return JobConfig.model_validate(tree)
+        return schema.model_validate(tree)
     except ValidationError as exc:
         raise ConfigError(format_errors(exc, source)) from None
 
@@ -83,10 +83,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return tree
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig:
-    """Read ``path`` (None = all defaults), apply ``--set`` overrides and validate."""
+def load_config(path: str | Path | None, overrides: list[str] | None = None,
+                schema: type[JobConfig] = JobConfig) -> JobConfig:
+    """Read ``path`` (None = all defaults), apply ``--set`` overrides and validate against ``schema``."""
     tree = read_yaml(path) if path is not None else {}
-    return validate_config(apply_overrides(tree, overrides), str(path or "defaults"))
+    return validate_config(apply_overrides(tree, overrides), str(path or "defaults"), schema)
 
 
 def bundled_config(name: str) -> Path:

@@ -98,8 +98,11 @@ def file_sha256(path: str | Path | Location) -> str:
     return hashlib.sha256(Location.of(path).read_bytes()).hexdigest()
 
 
-def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: list[str] | None = None) -> pa.Table:
-    """One shard, checked against the manifest's sha256 (when recorded) before Parquet reads it."""
+def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: list[str] | None = None,
+               schema: pa.Schema = KNOWLEDGE_SCHEMA) -> pa.Table:
+    """One shard, checked against the manifest's sha256 (when recorded) before Parquet reads it.
+
+    ``schema`` is the store's row schema (knowledge by default; other stores reuse this machinery)."""
     root = Location.of(root)
     path = root / shard["file"]
     try:
@@ -113,7 +116,7 @@ def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: l
     try:
         if columns is not None:
             return pq.read_table(pa.BufferReader(data), columns=columns)
-        return pq.read_table(pa.BufferReader(data), schema=KNOWLEDGE_SCHEMA)
+        return pq.read_table(pa.BufferReader(data), schema=schema)
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptShardError(f"{path}: unreadable shard ({exc})") from exc
 
@@ -204,9 +207,10 @@ def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
         log.warning("%s: deleted %d uncommitted shard objects", root, len(orphans))
 
 
-def open_store(store: str | Path | Location) -> Manifest:
+def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS) -> Manifest:
     """For a writer (one per store: the run lock): create ``store``, drop what a crash left uncommitted,
-    adopt complete local shards missing from the manifest, quarantine corrupt shards."""
+    adopt complete local shards missing from the manifest, quarantine corrupt shards (``key_columns``, the
+    store's row key, are read to check each shard)."""
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
     _drop_uncommitted(root, Manifest.load(root))
@@ -215,7 +219,7 @@ def open_store(store: str | Path | Location) -> Manifest:
     if len(manifest.shards) > listed:
         log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
         manifest.save(root)
-    if quarantine_corrupt(root, manifest):
+    if quarantine_corrupt(root, manifest, key_columns):
         manifest.save(root)
     return manifest
 
@@ -233,14 +237,15 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def quarantine_corrupt(root: str | Path | Location, manifest: Manifest) -> list[str]:
+def quarantine_corrupt(root: str | Path | Location, manifest: Manifest,
+                       key_columns: tuple[str, ...] = KEY_COLUMNS) -> list[str]:
     """Move corrupt shards to ``quarantine/`` and out of ``manifest`` (not saved here); their entities
     are then missing, so a resumed or incremental run regenerates them. Returns the moved file names."""
     root = Location.of(root)
     moved = []
     for shard in list(manifest.shards):
         try:
-            read_shard(root, shard, columns=list(KEY_COLUMNS))
+            read_shard(root, shard, columns=list(key_columns))
         except CorruptShardError as exc:
             log.error("%s; quarantined", exc)
             if (root / shard["file"]).exists():
@@ -255,8 +260,12 @@ class KnowledgeWriter:
     """Buffers knowledge rows and writes them as atomic Parquet shards of ``shard_rows`` rows.
 
     Use as a context manager (``close`` flushes the last partial shard); ``add`` validates each row
-    against :data:`KNOWLEDGE_SCHEMA` so a malformed row fails loudly naming the entity.
+    against :data:`KNOWLEDGE_SCHEMA` so a malformed row fails loudly naming the entity. Other stores in
+    the same format subclass it with their own ``schema``, ``key_columns`` and ``prepare``.
     """
+
+    schema: pa.Schema = KNOWLEDGE_SCHEMA
+    key_columns: tuple[str, ...] = KEY_COLUMNS
 
     def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "") -> None:
         if shard_rows < 1:
@@ -264,19 +273,31 @@ class KnowledgeWriter:
         self.store = Location.of(store)
         self.shard_rows = shard_rows
         self.run_id = run_id
-        self.manifest = open_store(self.store)
+        self.manifest = open_store(self.store, self.key_columns)
         self._buffer: list[dict[str, Any]] = []
         self.rows_written = 0
         self.failures_written = 0
 
     def add(self, row: Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
-        missing = [f.name for f in KNOWLEDGE_SCHEMA if f.name not in row and not f.nullable]
-        if missing:
-            raise ValueError(f"knowledge row for {row.get('entity_type')}/{row.get('entity_id')} lacks {missing}")
-        self._buffer.append(with_quality({f.name: None for f in KNOWLEDGE_SCHEMA if f.nullable} | dict(row)))
+        self.add_rows([row])
+
+    def add_rows(self, rows: list[Mapping[str, Any]]) -> None:
+        """Queue rows that belong together (e.g. one user's ranked items): they land in the same shard."""
+        for row in rows:
+            missing = [f.name for f in self.schema if f.name not in row and not f.nullable]
+            if missing:
+                raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
+            self._buffer.append(self.prepare({f.name: None for f in self.schema if f.nullable} | dict(row)))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
+
+    def row_key(self, row: Mapping[str, Any]) -> str:
+        return "/".join(str(row.get(c)) for c in self.key_columns)
+
+    def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
+        """A complete row from what was added (knowledge: quality computed from the text)."""
+        return with_quality(row)
 
     def add_failure(self, entity_type: str, entity_id: str, reason: str) -> None:
         """Record one entity that could not be generated; appended and fsynced at once."""
@@ -298,9 +319,9 @@ class KnowledgeWriter:
         if not self._buffer:
             return
         try:
-            table = pa.Table.from_pylist(self._buffer, schema=KNOWLEDGE_SCHEMA)
+            table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise ValueError(f"{self.store}: knowledge rows do not match the schema: {exc}") from exc
+            raise ValueError(f"{self.store}: rows do not match the schema: {exc}") from exc
         existing = [int(_SHARD_RE.match(s["file"]).group(1)) for s in self.manifest.shards]
         number = max(existing, default=-1) + 1
         # local: the rename makes the name safe; elsewhere a unique name never meets an uncommitted object
@@ -346,18 +367,18 @@ def read_knowledge(store: str | Path, dedup: bool = True) -> pl.DataFrame:
     return pl.from_arrow(read_knowledge_arrow(store, dedup=dedup))
 
 
-def done_keys(store: str | Path) -> set[tuple[str, str]]:
-    """(entity_type, entity_id) pairs already written to ``store``: what a resumed run skips."""
+def done_keys(store: str | Path, key_columns: tuple[str, ...] = KEY_COLUMNS) -> set[tuple[str, ...]]:
+    """Keys (by default (entity_type, entity_id) pairs) already written to ``store``: what a resumed run skips."""
     root = Location.of(store)
     manifest = scan_store(root)
-    keys: set[tuple[str, str]] = set()
+    keys: set[tuple[str, ...]] = set()
     for shard in manifest.shards:
         try:
-            t = read_shard(root, shard, columns=list(KEY_COLUMNS))
+            t = read_shard(root, shard, columns=list(key_columns))
         except CorruptShardError as exc:  # not done: its entities are generated again
             log.error("%s", exc)
             continue
-        keys.update(zip(t.column("entity_type").to_pylist(), t.column("entity_id").to_pylist()))
+        keys.update(zip(*(t.column(c).to_pylist() for c in key_columns)))
     return keys
 
 

@@ -33,8 +33,11 @@ def check_decoder(name: str, params: dict[str, Any], key: str = "decoder") -> No
                                 f"(it takes {accepted})")
     from laser.testing import tiny_llama
 
+    # a ``truncate:N`` draft needs a probe model with at least N layers (the real target is checked on load)
+    wanted = [int(v.split(":", 1)[1]) for v in params.values()
+              if isinstance(v, str) and v.startswith("truncate:") and v.split(":", 1)[1].isdigit()]
     try:
-        laser.get_decoder(name, tiny_llama(), **params)
+        laser.get_decoder(name, tiny_llama(layers=max([2, *wanted])), **params)
     except (ValueError, TypeError) as exc:
         raise JobInputError(f"{key}.params: {exc}") from None
 

@@ -1,0 +1,111 @@
+"""DSBD: the dynamic program, one layer's verification and the decoder against target beam sampling."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chi2_contingency, chisquare
+
+import laser
+from laser.dsbd import acceptance_distribution, acceptance_rates, draw, dynamic_width, verify_layer
+
+P = np.array([0.4, 0.3, 0.2, 0.1])
+Q = np.array([0.1, 0.2, 0.3, 0.4])
+
+
+def random_pq(seed: int, n: int = 6):
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.ones(n)), rng.dirichlet(np.ones(n))
+    return p, q
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dp_rows_sum_to_one(seed):
+    p, q = random_pq(seed)
+    P_ = acceptance_distribution(acceptance_rates(p, q, 6))
+    assert P_.sum(1) == pytest.approx(np.ones(7))
+    assert np.all(P_ >= -1e-12) and np.allclose(np.triu(P_, 1), 0)
+
+
+def test_dp_matches_a_simulation_of_the_accept_residual_loop():
+    p, q = random_pq(7, n=5)
+    m, n = 4, 20000
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros(m + 1)
+    for _ in range(n):  # no width cap: count acceptances among m i.i.d. drafts from q
+        counts[verify_layer(p, q, draw(q, m, g), m + 1, g)[1]] += 1
+    want = acceptance_distribution(acceptance_rates(p, q, m))[m] * n
+    keep = want >= 5
+    pooled = lambda c: np.append(c[keep], c[~keep].sum()) if (~keep).any() else c  # noqa: E731
+    assert chisquare(pooled(counts), pooled(want)).pvalue > 1e-3
+
+
+def test_width_rules():
+    p, q = random_pq(3)
+    assert dynamic_width(p, p, 6, 0.9, 1) == 6  # p = q: everything is accepted
+    widths = [dynamic_width(p, q, 6, t, 2) for t in (0.1, 0.5, 0.7, 0.9, 0.99)]
+    assert all(2 <= w <= 6 for w in widths) and widths == sorted(widths, reverse=True)
+
+
+def layer_draws(width: int, n_drafts: int, n: int, broken: bool) -> np.ndarray:
+    g = torch.Generator().manual_seed(1)
+    out = np.zeros((width, 4))
+    for _ in range(n):
+        chosen, _ = verify_layer(P, Q, draw(Q, n_drafts, g), width, g, broken)
+        for slot, x in enumerate(chosen):
+            out[slot, x] += 1
+    return out
+
+
+def test_one_beam_one_draft_is_speculative_sampling():
+    n = 6000
+    assert chisquare(layer_draws(1, 1, n, False)[0], P * n).pvalue > 1e-3
+    assert chisquare(layer_draws(1, 1, n, True)[0], P * n).pvalue < 1e-6
+
+
+def test_every_output_beam_follows_p_beam():
+    n = 6000
+    good, bad = layer_draws(2, 3, n, False), layer_draws(2, 3, n, True)
+    assert all(chisquare(row, P * n).pvalue > 1e-3 for row in good)
+    assert any(chisquare(row, P * n).pvalue < 1e-6 for row in bad)
+
+
+@pytest.mark.slow
+def test_dsbd_on_a_toy_model_matches_target_beam_sampling():
+    """Two-sample chi-square: the final beams of dsbd (fixed width) vs the target's own beam sampling."""
+    lm = laser.tiny_llama(vocab_size=6, seed=3, logit_scale=1.0, eos_token_id=1)  # flat target
+    draft = laser.tiny_llama(vocab_size=6, seed=9, logit_scale=8.0, eos_token_id=1)  # peaked, unlike it
+    prompt, n, length = [2, 3, 4], 800, 2
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # many tiny forwards: one thread is several times faster on a busy machine
+
+    def outcomes(name: str, broken: bool = False, **params) -> list[tuple]:
+        dec = laser.get_decoder(name, lm, W=2, **params)
+        if broken:
+            dec.engine.verifier.broken_residual = True
+        gens = dec.generate_batch([prompt] * n, length, seeds=range(n))
+        return [tuple(g.token_ids) for g in gens]
+
+    target = outcomes("beam_sample")
+    good = outcomes("dsbd", draft=draft, gamma=2, W_S=3, dynamic=False)
+    bad = outcomes("dsbd", True, draft=draft, gamma=2, W_S=3, dynamic=False)
+
+    def pvalue(a, b):
+        cats = sorted(set(a) | set(b))
+        table = np.array([[a.count(c) for c in cats], [b.count(c) for c in cats]])
+        big = table.sum(0) >= 10
+        table = np.column_stack([table[:, big], table[:, ~big].sum(1)])
+        return chi2_contingency(table).pvalue
+
+    torch.set_num_threads(threads)
+    assert pvalue(target, good) > 1e-3
+    assert pvalue(target, bad) < 1e-3
+
+
+def test_dsbd_counts_and_widths(tiny_lm):
+    dec = laser.get_decoder("dsbd", tiny_lm, draft=tiny_lm, gamma=3, W=2, W_S=4, t=0.7)
+    gen = dec.generate([5, 6, 7], 12)
+    st_layers = gen.stats.target_forwards
+    assert 1 <= st_layers <= 12 and len(gen.token_ids) <= 12
+    with pytest.raises(ValueError, match="t must lie in"):
+        laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", t=0.0)
