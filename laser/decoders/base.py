@@ -64,7 +64,8 @@ class Decoder:
         if not 0.0 <= min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
         self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
-        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids, budget=self.budget_policy())
+        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)  # checks the attention backend
+        self.engine.budget = self.budget_policy()
 
     def budget_policy(self) -> BudgetPolicy | None:
         """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""
