@@ -244,7 +244,8 @@ class GenerationWorker:
                 for r in decoder.engine.stream(admit, slots, capacity):
                     req, prompt, pool = held.pop(id(r))
                     part = self._finish(task, req, prompt, pool, decoder.result(r), params_json)
-                    part.decode_s, spent = decoder.engine.log.decode_s - spent, decoder.engine.log.decode_s
+                    part.decode_s += decoder.engine.log.decode_s - spent  # shared steps once, plus any retry
+                    spent = decoder.engine.log.decode_s
                     part.failures[:0], failed[:] = failed, []
                     yield part
                 break
