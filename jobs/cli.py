@@ -44,6 +44,11 @@ from jobs import features as _feature_commands  # noqa: E402  (latest, encode, i
 
 _feature_commands.register(app)
 
+from jobs.train_draft import train_draft as _train_draft  # noqa: E402
+from jobs.errors import clean_errors as _clean_errors  # noqa: E402
+
+app.command("train-draft")(_clean_errors(_train_draft))
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
