@@ -93,6 +93,8 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     agreement_before: float = 0.0  # held-out top-1 agreement with the target
     agreement_after: float = 0.0
+    draft_step_ms: float = 0.0  # one cached one-token forward, this machine, at the end of training
+    target_step_ms: float = 0.0
     examples: int = 0
     train_s: float = 0.0
 
@@ -242,6 +244,25 @@ def agreement(draft: torch.nn.Module, target: torch.nn.Module, examples: list[Ex
     return hits / max(total, 1)
 
 
+@torch.inference_mode()
+def step_ms(model: torch.nn.Module, context: int = 256, repeats: int = 15, seed: int = 0) -> float:
+    """Median milliseconds of one cached one-token decoding forward after ``context`` tokens (the cost of
+    one draft position, or of one target step)."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    cache = DynamicCache()
+    model(input_ids=torch.randint(0, vocab, (1, context), generator=g), past_key_values=cache, use_cache=True)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model(input_ids=torch.randint(0, vocab, (1, 1), generator=g), past_key_values=cache, use_cache=True)
+        times.append(time.perf_counter() - t0)
+        cache.crop(-1)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
 def _batches(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
     """Indices of the examples of ``step`` (0-based): a seeded permutation per epoch."""
     per_epoch = max(1, n_examples // batch_size)
@@ -336,7 +357,8 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
     result = TrainResult(name=name, path=str(save_draft(draft, lm, name)), work_dir=str(work), steps=step,
                          resumed_from=resumed_from, losses=losses, agreement_before=before,
                          agreement_after=agreement(draft, target, test), examples=len(examples),
-                         train_s=time.perf_counter() - started)
+                         train_s=time.perf_counter() - started, draft_step_ms=step_ms(draft),
+                         target_step_ms=step_ms(target))
     plot_losses(losses, work / "loss.png", name)
     (work / "report.json").write_text(json.dumps({**asdict(result), "settings": asdict(s)}, indent=1))
     return result
