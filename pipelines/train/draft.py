@@ -328,6 +328,7 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
         log.info("train-draft: resuming %s at step %d of %d", name, step, s.steps)
     before = agreement(draft, target, test)
     started = time.perf_counter()
+    updating = False  # True between an optimizer step and its bookkeeping: no consistent state to save
     try:
         with tqdm(total=s.steps, initial=step, desc=f"train-draft {name}", unit="step") as bar:
             while step < s.steps:
@@ -339,9 +340,11 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
+                updating = True
                 opt.step()
                 step += 1
                 losses.append(float(loss.detach()))
+                updating = False
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}")
                 if step % s.checkpoint_every == 0 or step == s.steps:
@@ -349,7 +352,7 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
                 if on_step is not None:
                     on_step(step, losses[-1])
     except BaseException:  # an interrupt keeps the work done so far
-        if step > resumed_from and len(losses) == step:
+        if step > resumed_from and not updating:
             _save_checkpoint(ckpt, step, draft, proj, opt, losses, s.init)
             log.warning("train-draft interrupted: checkpoint at step %d in %s; re-run to resume", step, ckpt)
         raise
