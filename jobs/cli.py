@@ -139,7 +139,8 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                                          "and 6, budgets, item task), draft (draft-model decoders, Table 1)."),
                 draft: str | None = typer.Option(None, help="Draft study: the draft model (a name saved by "
                                                  "`laser train-draft`, a path, or truncate:N; default truncate:N/4)."),
-                gamma: int = typer.Option(4, help="Draft study: draft tokens per step.")) -> None:
+                gamma: int = typer.Option(4, help="Draft study: draft tokens per step."),
+                draft_temperatures: str = typer.Option("0,1", help="Draft study: temperatures, comma-separated.")) -> None:
     """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task, draft models."""
     from pipelines.bench.suite import SuiteSettings, run_suite
 
@@ -148,7 +149,7 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
         raise typer.BadParameter(f"--only {only!r}: choose among laser, draft")
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
              "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "studies": studies, "draft": draft,
-             "gamma": gamma}
+             "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(","))}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     run_suite(json_out, settings, _dataset(dataset_config))

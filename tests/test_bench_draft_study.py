@@ -48,6 +48,9 @@ def test_study_end_to_end_on_a_tiny_model(tmp_path):
     assert all(greedy[n]["identical_to_generate"] for n in names)  # greedy decoding is lossless
     for n in names[1:]:
         assert 0.0 <= hot[n]["acceptance_rate"] <= 1.0 and 1.0 <= hot[n]["aal"] <= 4.0
+        if n.startswith("topk_imp"):  # the paper's count: every passed test, an accepted y != x included
+            assert hot[n]["tested"] > 0 and hot[n]["passed"] >= hot[n]["accepted"]
+            assert "paper_acceptance_rate" not in greedy[n]  # greedy takes the greedy rule: no tests
         assert 0.0 < hot[n]["drafting_share"] < 1.0
     console = Console(record=True, width=160)
     print_draft_table(result, console)

@@ -6,8 +6,10 @@ reference: greedy at 0, ``do_sample`` at 1), ``spec_sampling`` (Leviathan et al.
 K in ``ks``, ``paper`` mode and ``lossless``; all with the same draft and ``gamma``. Interleaved prompt by
 prompt after a warm-up. Each decoder request draws from its own seeded generator (seed + prompt index).
 
-Reported per method: acceptance rate alpha as the paper defines it (accepted draft tokens / proposed draft
-tokens), AAL (tokens per target forward), tokens/s, speedup vs ``generate`` at the same temperature,
+Reported per method: acceptance rate alpha as the paper defines it (positions whose acceptance test passed
+/ positions tested: for ``topk_imp`` an accepted candidate y that differs from the drafted token counts,
+though it ends the step; for ``spec_sampling`` accepted / proposed drafts), "drafts kept" (draft tokens
+that continued the chain / proposed, the engine's count), AAL (tokens per target forward), tokens/s, speedup vs ``generate`` at the same temperature,
 drafting share (the draft model's proposal and upkeep seconds / decoding seconds) and, at temperature 0,
 whether the tokens equal ``generate``'s. At temperature 0 ``topk_imp`` takes the greedy rule (lossless),
 so its rows measure the same decoding as ``spec_sampling``.
@@ -72,9 +74,20 @@ def _run(lm: laser.LoadedModel, m: DraftMethod, dec: Any, ids: list[int], n: int
             return hf_generate(lm, ids, n)
         torch.manual_seed(seed)
         return hf_generate(lm, ids, n, do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    verifier = dec.engine.verifier
+    before = (getattr(verifier, "tested", 0), getattr(verifier, "passed", 0))
     t0 = time.perf_counter()
     out = dec.generate(ids, n, sampling=SamplingParams(temperature=temperature, seed=seed))
-    return Run(out.token_ids, time.perf_counter() - t0, out.stats, text=out.text, finish_reason=out.stats.finish_reason)
+    run = Run(out.token_ids, time.perf_counter() - t0, out.stats, text=out.text, finish_reason=out.stats.finish_reason)
+    if hasattr(verifier, "tested"):  # TopK-ImpSpecDec's own count of positions whose test passed
+        run.tests = (verifier.tested - before[0], verifier.passed - before[1])  # type: ignore[attr-defined]
+    return run
+
+
+def alpha(m: dict[str, Any]) -> float | None:
+    """The acceptance rate as the paper defines it: positions whose test passed / positions tested
+    (topk_imp counts an accepted y != x, which ends its step); for the others accepted / proposed drafts."""
+    return m.get("paper_acceptance_rate", m.get("acceptance_rate"))
 
 
 def metrics(runs: list[Run], reference: list[Run]) -> dict[str, Any]:
@@ -91,6 +104,11 @@ def metrics(runs: list[Run], reference: list[Run]) -> dict[str, Any]:
         accepted = sum(sum(st.accepted_per_step) for st in stats)
         proposed = sum(sum(st.drafted_per_step) for st in stats)
         decode_s = sum(st.decode_s for st in stats)
+        tests = [getattr(r, "tests", None) for r in runs]
+        if all(t is not None for t in tests):  # topk_imp: the paper's count (an accepted y != x included)
+            tested, passed = sum(t[0] for t in tests), sum(t[1] for t in tests)  # type: ignore[index]
+            if tested:  # (none at temperature 0: greedy requests take the greedy rule)
+                out.update(paper_acceptance_rate=passed / tested, tested=tested, passed=passed)
         out.update(acceptance_rate=accepted / proposed if proposed else 0.0, aal=(accepted + steps) / steps if steps else 0.0,
                    drafting_share=sum(st.retrieval_s for st in stats) / decode_s if decode_s else 0.0,
                    target_forwards=steps, accepted=accepted, proposed=proposed,
@@ -133,7 +151,7 @@ def draft_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     hot = result["temperatures"].get("1")
     if hot:
         k = max(result["settings"]["ks"])
-        paper, spec = hot[f"topk_imp K={k} paper"]["acceptance_rate"], hot[SPEC]["acceptance_rate"]
+        paper, spec = alpha(hot[f"topk_imp K={k} paper"]), alpha(hot[SPEC])
         ratio = paper / spec if spec else float("inf")
         out.append({"target": f"T=1 acceptance rate topk_imp K={k} paper / spec_sampling", "value": ratio,
                     "minimum": 2.0, "met": ratio >= 2.0})
@@ -145,12 +163,14 @@ def print_draft_table(result: dict[str, Any], console: Console) -> None:
     st = result["settings"]
     table = Table(title=f"draft study (user task): draft {st['draft']}, gamma={st['gamma']}, {st['prompts']} prompts, "
                         f"{st['max_new_tokens']} new tokens max")
-    for col in ("T", "method", "accept. rate", "AAL", "tok/s", "speedup", "drafting share", "= generate"):
+    for col in ("T", "method", "accept. rate", "drafts kept", "AAL", "tok/s", "speedup", "drafting share",
+                "= generate"):
         table.add_column(col, justify="left" if col in ("T", "method") else "right", no_wrap=True)
     for t, rows in result["temperatures"].items():
         for name, m in rows.items():
             fmt = lambda key, spec: format(m[key], spec) if m.get(key) is not None else "-"  # noqa: E731
-            table.add_row(t, name, fmt("acceptance_rate", ".1%"), fmt("aal", ".2f"), fmt("tokens_per_s", ".1f"),
+            table.add_row(t, name, format(alpha(m), ".1%") if alpha(m) is not None else "-",
+                          fmt("acceptance_rate", ".1%"), fmt("aal", ".2f"), fmt("tokens_per_s", ".1f"),
                           fmt("speedup", ".2f") + "x", fmt("drafting_share", ".0%"),
                           ("yes" if m["identical_to_generate"] else "no") if t == "0" else "-")
         table.add_section()
@@ -160,15 +180,16 @@ def print_draft_table(result: dict[str, Any], console: Console) -> None:
 
 
 def markdown_draft_table(result: dict[str, Any]) -> str:
-    lines = ["| T | method | acceptance rate | AAL | tok/s | speedup | drafting share | = generate |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| T | method | acceptance rate | drafts kept | AAL | tok/s | speedup | drafting share | = generate |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for t, rows in result["temperatures"].items():
         for name, m in rows.items():
-            acc = f"{m['acceptance_rate']:.1%}" if "acceptance_rate" in m else "-"
+            acc = f"{alpha(m):.1%}" if alpha(m) is not None else "-"
+            kept = f"{m['acceptance_rate']:.1%}" if "acceptance_rate" in m else "-"
             aal = f"{m['aal']:.2f}" if "aal" in m else "-"
             share = f"{m['drafting_share']:.0%}" if "drafting_share" in m else "-"
             same = ("yes" if m["identical_to_generate"] else "no") if t == "0" else "-"
-            lines.append(f"| {t} | {name} | {acc} | {aal} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {share} | {same} |")
+            lines.append(f"| {t} | {name} | {acc} | {kept} | {aal} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {share} | {same} |")
     return "\n".join(lines)
 
 
@@ -186,9 +207,9 @@ def plot_draft_study(result: dict[str, Any], path: Path) -> Path:
     for j, t in enumerate(temps):
         rows = result["temperatures"][t]
         xs = [i + j * width for i in range(len(names))]
-        axes[0].bar(xs, [rows[n].get("acceptance_rate", 0.0) for n in names], width, label=f"T={t}")
+        axes[0].bar(xs, [alpha(rows[n]) or 0.0 for n in names], width, label=f"T={t}")
         axes[1].bar(xs, [rows[n]["speedup"] for n in names], width, label=f"T={t}")
-    for ax, label in zip(axes, ("acceptance rate (accepted / proposed)", "speedup vs generate (same T)")):
+    for ax, label in zip(axes, ("acceptance rate (paper's definition)", "speedup vs generate (same T)")):
         ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(names))], names, rotation=60, ha="right",
                       fontsize=8)
         ax.set_ylabel(label)
