@@ -13,14 +13,9 @@ from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker
 from pipelines.knowledge import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.sampling import entity_sampling, entity_seed
 from pipelines.validation import JobInputError, check_decoder, check_job_decoder
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
+from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 HOT = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 5}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
 @pytest.fixture(scope="module")

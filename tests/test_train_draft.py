@@ -14,7 +14,7 @@ import torch
 import laser
 from jobs.config import load_config
 from pipelines.train.draft import DraftTrainSettings, build_draft, train_draft
-from test_job_e2e import save_tiny_model  # tests/ is on sys.path under pytest
+from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ Start (``init``): ``truncate:N`` = the target's embeddings, first N layers, norm
 H whose tied embeddings are the target's projected on their top-H principal directions. Embeddings and
 head stay frozen unless ``train_embeddings``.
 
-Work directory ``<output.path>/draft-training/<name>/``: ``examples.pt`` (token ids and the target's
+Work directory ``<output.path>/draft-training/<name>/`` (``output.work_dir`` when the output is a URI): ``examples.pt`` (token ids and the target's
 hidden states), ``checkpoint.pt`` every ``checkpoint_every`` steps and on an interrupt (trainable
 weights, projection, optimizer, losses), ``loss.png``, ``report.json``. A re-run resumes from the
 checkpoint; batches follow a seeded order per epoch, so a resumed run trains exactly as an
@@ -303,7 +303,9 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
     """Train (or resume) the draft for the job's target; save it in the model cache and plot the loss."""
     torch.set_num_threads(s.threads)
     name = default_name(cfg, s)
-    work = Path(cfg.output.path) / "draft-training" / name
+    from pipelines.job import JobPaths
+
+    work = JobPaths.of(cfg).work / "draft-training" / name  # local: output.path, or output.work_dir for a URI
     work.mkdir(parents=True, exist_ok=True)
     lm = lm or laser.load_model(cfg.model.name, device="cpu", dtype="float32")
     target = lm.model
