@@ -48,6 +48,11 @@ from jobs import recommend as _recommend_commands  # noqa: E402  (recommend)
 
 _recommend_commands.register(app)
 
+from jobs.train_draft import train_draft as _train_draft  # noqa: E402
+from jobs.errors import clean_errors as _clean_errors  # noqa: E402
+
+app.command("train-draft")(_clean_errors(_train_draft))
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
@@ -149,12 +154,22 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                 max_new_tokens: int | None = typer.Option(None, help="Generation budget (default 192, quick 48)."),
                 repeats: int = typer.Option(1, help="Timings per request; the median is kept."),
                 threads: int = typer.Option(2, help="torch threads."),
-                seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
-    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task."""
+                seed: int = typer.Option(0, help="Seed of data, split, groups and pools."),
+                only: str = typer.Option("laser,draft", help="Studies, comma-separated: laser (Table 3, Figures 2 "
+                                         "and 6, budgets, item task), draft (draft-model decoders, Table 1)."),
+                draft: str | None = typer.Option(None, help="Draft study: the draft model (a name saved by "
+                                                 "`laser train-draft`, a path, or truncate:N; default truncate:N/4)."),
+                gamma: int = typer.Option(4, help="Draft study: draft tokens per step."),
+                draft_temperatures: str = typer.Option("0,1", help="Draft study: temperatures, comma-separated.")) -> None:
+    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task, draft models."""
     from pipelines.bench.suite import SuiteSettings, run_suite
 
+    studies = tuple(s.strip() for s in only.split(",") if s.strip())
+    if not studies or set(studies) - {"laser", "draft"}:
+        raise typer.BadParameter(f"--only {only!r}: choose among laser, draft")
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
-             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens}
+             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "studies": studies, "draft": draft,
+             "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(","))}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     run_suite(json_out, settings, _dataset(dataset_config))

@@ -18,12 +18,12 @@ log = logging.getLogger(__name__)
 def run_scheduled(cfg: JobConfig) -> int:
     """Run once incrementally; print a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
-    from pipelines.job import JobPaths, check_decoder, old_knowledge_params
+    from pipelines.job import JobPaths, check_decoder, check_job_decoder, old_knowledge_params
     from pipelines.schedule.incremental import exit_code, run_incremental
     from pipelines.schedule.lock import LockHeld
 
     try:  # configuration errors first, before the lock and hours of work
-        check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+        check_job_decoder(cfg)
         check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
                       "old_knowledge.decoder")
         JobPaths.of(cfg)  # an output URI whose filesystem is not installed

@@ -63,7 +63,8 @@ def cache_dir() -> Path:
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: str | torch.dtype = "auto") -> LoadedModel:
-    """Load a causal LM by bundled name, local path or hub id (offline caches are respected)."""
+    """Load a causal LM by bundled name, name saved in the model cache, local path or hub id (offline
+    caches are respected)."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if dtype == "auto":
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -87,14 +88,26 @@ def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase
         raise ValueError(f"cannot load the tokenizer of {name_or_path!r}: {err}") from err
 
 
+def cached_model_dir(name: str) -> Path:
+    """Where a model saved under ``name`` in the model cache lives (bundled models, trained drafts)."""
+    return cache_dir() / "models" / name
+
+
 def _resolve(name_or_path: str) -> str:
-    return str(_materialise_bundled(name_or_path)) if name_or_path in BUNDLED else name_or_path
+    """A bundled name (de-quantised once), a name saved in the model cache (e.g. a draft written by
+    ``laser train-draft``), else the path or hub id as given."""
+    if name_or_path in BUNDLED:
+        return str(_materialise_bundled(name_or_path))
+    saved = cached_model_dir(name_or_path)
+    if not os.path.exists(name_or_path) and (saved / "config.json").is_file():
+        return str(saved)
+    return name_or_path
 
 
 def _materialise_bundled(name: str) -> Path:
     """Path of the de-quantised safetensors copy of a bundled GGUF model, made on first use."""
     spec = BUNDLED[name]
-    target = cache_dir() / "models" / name
+    target = cached_model_dir(name)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,9 @@ class TopKImportanceVerifier(Verifier):
             raise ValueError(f"mode must be 'paper' or 'lossless', got {mode!r}")
         self.k, self.mode = k, mode
         self._greedy = TopKVerifier(1)
+        # the paper's acceptance rate counts every position whose test passed, an accepted y != x included
+        # (it then ends the step); the engine's accepted tokens count only drafts that continue the chain
+        self.tested = self.passed = 0
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence["Request"]) -> list[Outcome]:
         greedy = self._greedy.verify(logits, batch) if any(r.sampling.greedy for r in requests) else None
@@ -83,9 +86,11 @@ class TopKImportanceVerifier(Verifier):
         idx, w = importance_proposal(p, q, self.k)
         r = torch.zeros_like(p).index_copy_(0, idx, w)  # the proposal actually used, over the vocabulary
         base = q if self.mode == "paper" else r
+        self.tested += 1
         if w.sum() > 0:
             y = int(idx[sample(w, generator)])
             if float(torch.rand((), generator=generator)) * base[y] < p[y]:  # u < p(y) / base(y)
+                self.passed += 1
                 return y, y == drafted
         residual = torch.clamp(p - base, min=0.0)
         return sample(residual if residual.sum() > 0 else p, generator), False

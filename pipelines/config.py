@@ -50,6 +50,15 @@ class GenerationConfig(_Strict):
     degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
         "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
         "greedy autoregressive decoder, or record it in failures.jsonl")
+    temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")
+    top_k: int = Field(0, ge=0, description="top-k filter when sampling (0 = off)")
+    seed: int = Field(0, ge=0, description="sampling seed; each entity draws from its own generator seeded by "
+                      "this seed and its type and id, so a re-run writes the same text")
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling settings handed to the actors (see pipelines/sampling.py)."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
 
 
 class OldKnowledgeConfig(_Strict):

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
 from pipelines.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
+from pipelines.sampling import encode_sampling, entity_sampling
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class DecodeTask:
     pool_store: str | None = None
     pool_cache_size: int = 8
     degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/quality.py)
+    sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/sampling.py)
 
 
 @dataclass
@@ -167,8 +169,10 @@ class GenerationWorker:
             return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
-    def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str) -> dict[str, Any]:
+    def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str,
+             sampling: Any = None) -> dict[str, Any]:
         st = res.stats
+        sampling = sampling or entity_sampling(task.sampling, req.entity_type, req.entity_id)
         q = text_quality(res.text, st.finish_reason)
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
@@ -180,7 +184,7 @@ class GenerationWorker:
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
             "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
             "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
-            "source_hash": req.source_hash,
+            "source_hash": req.source_hash, "sampling": encode_sampling(sampling),
         }
 
     def _apply_policy(self, task: DecodeTask, req: GenerationRequest, prompt: str,
@@ -193,7 +197,7 @@ class GenerationWorker:
         if task.degenerate == "fail":
             raise DegenerateTextError(reason)
         log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
-        greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}})
+        greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}, "sampling": None})
         decoder, params_json = self._decoder(greedy)
         res = decoder.generate(prompt, task.max_new_tokens, None)
         return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
@@ -230,7 +234,8 @@ class GenerationWorker:
                 for req in got:
                     try:
                         prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
-                        r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool)
+                        r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool,
+                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id))
                     except Exception as exc:  # one bad entity never takes down the others
                         failed.append(_failure(req, exc))
                         continue
@@ -260,8 +265,9 @@ class GenerationWorker:
 
     def _alone(self, task: DecodeTask, decoder: Any, params_json: str, req: GenerationRequest, prompt: str,
                pool: Any) -> BatchResult:
-        try:
-            res = decoder.generate(prompt, task.max_new_tokens, pool)
+        sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
+        try:  # greedy calls stay valid for decoders whose generate takes no `sampling`
+            res = decoder.generate(prompt, task.max_new_tokens, pool, **({} if sampling.greedy else {"sampling": sampling}))
         except Exception as exc:
             return BatchResult(failures=[_failure(req, exc)])
         out = self._finish(task, req, prompt, pool, res, params_json)

@@ -36,7 +36,7 @@ from pipelines.data.split import split_old_new
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
-from pipelines.validation import check_decoder, load_inputs
+from pipelines.validation import check_decoder, check_job_decoder, load_inputs
 from pipelines.sources import source_hash
 from pipelines.storage import Location
 from pools.build import group_key
@@ -147,11 +147,13 @@ def worker_group(cfg: JobConfig) -> WorkerGroup:
 
 
 def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: int, run_id: str,
-          domain: str, pool_store: Path | None) -> DecodeTask:
+          domain: str, pool_store: Path | None, greedy: bool = False) -> DecodeTask:
+    """The pass's decode task; ``greedy`` (old knowledge) ignores the job's sampling settings."""
     return DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=max_new_tokens,
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
-                      pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate)
+                      pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate,
+                      sampling=None if greedy else cfg.generation.sampling())
 
 
 def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path | Location, desc: str,
@@ -200,7 +202,7 @@ def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | Non
     check_decoder(decoder, old_knowledge_params(decoder), "old_knowledge.decoder")
     task = _task(cfg, decoder, old_knowledge_params(decoder),
                  cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens,
-                 f"{cfg.resolved_run_id()}-old", ds.domain, None)
+                 f"{cfg.resolved_run_id()}-old", ds.domain, None, greedy=True)
     return _generate(cfg, requests, task, paths.old_knowledge, "old knowledge", workers)
 
 
@@ -340,7 +342,7 @@ def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
     paths = JobPaths.of(cfg)
     if decoder_class(cfg.decoder.name).pool != "none" and not (paths.pools / "manifest.json").exists():
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
-    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+    check_job_decoder(cfg)
     task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
                  cfg.resolved_run_id(), data.dataset.domain, paths.pools)
     return _generate(cfg, new_requests(data, routing, cfg.decoder.name), task, paths.knowledge, "new knowledge",
@@ -384,7 +386,7 @@ def run_job(cfg: JobConfig) -> JobSummary:
     """All five steps; returns (and writes to ``summary.json``) the closing summary."""
     start = time.perf_counter()
     paths = JobPaths.of(cfg)
-    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))  # before hours of old knowledge
+    check_job_decoder(cfg)  # before hours of old knowledge
     if cfg.old_knowledge.generate_missing:
         check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
                       "old_knowledge.decoder")

@@ -67,6 +67,7 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("prefill_s", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
+        pa.field("sampling", pa.string()),  # JSON: temperature, top_p, top_k, the entity's seed; null in old shards
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null

@@ -55,7 +55,7 @@ def hf_generate(lm: laser.LoadedModel, ids: list[int], max_new_tokens: int, **ge
     inputs = torch.tensor([ids], device=lm.model.device)
     t0 = time.perf_counter()
     out = lm.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                            do_sample=False, **generate_kwargs)
+                            **{"do_sample": False, **generate_kwargs})
     seconds = time.perf_counter() - t0
     tokens = _until_eos(out[0, len(ids):].tolist(), lm.eos_ids)
     finish = "eos" if tokens and tokens[-1] in lm.eos_ids else "length"

@@ -20,7 +20,11 @@ hits all alike), each request the median of ``repeats`` timings:
   ``k = ceil(1/p)`` is exactly "any k", since at most ``1/p - 1`` tokens can have probability > p), RV;
 - Figure 2 pool-size sweep: the global pool capped at fractions of the earlier knowledge (greedy ``resd``);
 - draft-budget sweep: LASER with K tree tokens per step;
-- the item task: generate, prompt lookup, ``resd``, CRP greedy, LASER.
+- the item task: generate, prompt lookup, ``resd``, CRP greedy, LASER;
+- the ``draft`` study (:mod:`pipelines.bench.draft_study`): ``spec_sampling`` and ``topk_imp`` (K in
+  ``draft_ks``, paper and lossless) at temperatures 0 and 1 against ``generate``, the paper's Table 1.
+  ``studies=("draft",)`` runs it alone: only the measured user prompts are built (no pools, no earlier
+  knowledge).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from tqdm import tqdm
 
 import laser
 import router
+from pipelines.bench.draft_study import markdown_draft_table, plot_draft_study, print_draft_table, run_draft_study
 from pipelines.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
 from pipelines.bench.plots import plot_studies
 from pipelines.bench.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
@@ -87,6 +92,11 @@ class SuiteSettings:
     prompt_lookup_tokens: int = 10
     pool_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     draft_budgets: tuple[int, ...] = (8, 16, 32, 64)
+    studies: tuple[str, ...] = ("laser", "draft")  # "laser": every LASER study and the item task
+    draft: str | None = None       # draft study: the draft model (None: the decoders' default truncated copy)
+    gamma: int = 4
+    draft_ks: tuple[int, ...] = (1, 5, 20, 50)
+    draft_temperatures: tuple[float, ...] = (0.0, 1.0)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "SuiteSettings":
@@ -363,6 +373,25 @@ def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps(d, default=list))
 
 
+def measured_user_prompts(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings) -> dict[str, list[int]]:
+    """The user task's measured prompts alone: new histories of a seeded sample of users with an old one."""
+    split = split_old_new(ds, seed=s.seed, max_hist=s.max_hist)
+    users = set(split.new_interactions["user_id"].to_list()) & set(split.old_interactions["user_id"].to_list())
+    history = pl.concat([split.old_interactions, split.new_interactions])
+    return encode_user_prompts(lm, history, ds, _sample(list(users), s.user_prompts, s.seed), s.max_prompt_tokens)
+
+
+def draft_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s: SuiteSettings, json_out: Path,
+                console: Console | None = None) -> dict[str, Any]:
+    """The draft study: measured, printed, plotted to ``<stem>-draft.png``."""
+    result = run_draft_study(lm, prompts, draft=s.draft, gamma=s.gamma, ks=s.draft_ks,
+                             temperatures=s.draft_temperatures, max_new_tokens=s.max_new_tokens, seed=s.seed)
+    print_draft_table(result, console or wide_console())
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    result["plot"] = str(plot_draft_study(result, Path(f"{json_out.with_suffix('')}-draft.png")))
+    return result
+
+
 def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | None = None,
               cache_root: Path | None = None) -> dict[str, Any]:
     """The whole suite: model, dataset, fixtures (cached), measurements, tables, JSON and plots."""
@@ -372,12 +401,32 @@ def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | 
     dataset = dataset or DatasetConfig(seed=settings.seed)
     lm = laser.load_model(settings.model, device=settings.device, dtype="float32")
     ds = load_dataset(dataset)
+    if "laser" not in settings.studies:
+        return _draft_only(lm, ds, settings, dataset, json_out, started)
     tasks = {"user": user_fixture(lm, ds, settings, cache_root)}
     if settings.item_prompts > 0:
         tasks["item"] = item_fixture(lm, ds, settings, cache_root)
     fixture_s = time.perf_counter() - started
     extra = {"dataset": dataset.model_dump(), "fixture_s": fixture_s}
     report = run_studies(lm, tasks, settings, json_out, extra)
+    if "draft" in settings.studies:
+        report["draft_study"] = draft_study(lm, tasks["user"].prompts, settings, json_out)
+        with json_out.with_suffix(".md").open("a") as md:
+            md.write("\n**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"]) + "\n")
     report["total_s"] = time.perf_counter() - started
     json_out.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _draft_only(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, dataset: DatasetConfig, json_out: Path,
+                started: float) -> dict[str, Any]:
+    """``studies=("draft",)``: the draft study on the measured user prompts, nothing else."""
+    report: dict[str, Any] = {"settings": _jsonable(asdict(s)), "machine": machine_info(), "versions": versions(),
+                              "dataset": dataset.model_dump()}
+    report["draft_study"] = draft_study(lm, measured_user_prompts(lm, ds, s), s, json_out)
+    report["machine"]["load_average_after"] = machine_info()["load_average"]
+    report["total_s"] = time.perf_counter() - started
+    json_out.write_text(json.dumps(report, indent=2))
+    json_out.with_suffix(".md").write_text("**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"])
+                                           + "\n")
     return report

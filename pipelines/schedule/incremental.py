@@ -88,7 +88,7 @@ def _generate_changed(cfg: JobConfig, plan: ChangePlan, run_id: str, domain: str
 
 def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
     """The run's work; fills ``rec`` as it goes."""
-    from pipelines.job import (JobPaths, check_decoder, load_job_data, new_requests, step_build_pools,
+    from pipelines.job import (JobPaths, check_job_decoder, load_job_data, new_requests, step_build_pools,
                                step_old_knowledge, step_route, worker_group)
 
     paths = JobPaths.of(cfg)
@@ -99,7 +99,7 @@ def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
     inter = data.dataset.interactions
     rec.watermark = int(inter["timestamp"].max()) if inter.height else None
     rec.users_after_watermark = users_after(inter, rec.previous_watermark)
-    check_decoder(cfg.decoder.name, dict(cfg.decoder.params))
+    check_job_decoder(cfg)
     with worker_group(cfg) as workers:
         old = step_old_knowledge(cfg, data, workers)
         rec.old_generated, rec.old_failed = old.done, old.failed
