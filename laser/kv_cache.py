@@ -31,7 +31,8 @@ class _SlotLayer(DynamicLayer):
         """Allocate every slot's buffers, shaped like ``key_states`` (heads, head dim, dtype, device)."""
         self.dtype, self.device = key_states.dtype, key_states.device
         shape = (self.slots, key_states.shape[1], self.capacity, key_states.shape[3])
-        self._k, self._v = key_states.new_empty(shape), key_states.new_empty(shape)
+        # zeros, not empty: a row's masked slots are still multiplied by 0 in attention, and 0 x NaN is NaN
+        self._k, self._v = key_states.new_zeros(shape), key_states.new_zeros(shape)
         self.is_initialized = True
         self._publish()
 
@@ -43,7 +44,7 @@ class _SlotLayer(DynamicLayer):
         have = self._k.shape[2]
         if slots <= have:
             return
-        grow = lambda buf: torch.cat([buf, buf.new_empty(*buf.shape[:2], max(slots, 2 * have) - have, buf.shape[3])], 2)  # noqa: E731
+        grow = lambda buf: torch.cat([buf, buf.new_zeros(*buf.shape[:2], max(slots, 2 * have) - have, buf.shape[3])], 2)  # noqa: E731
         self._k, self._v = grow(self._k), grow(self._v)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
