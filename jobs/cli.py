@@ -48,6 +48,10 @@ from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
 
+from jobs.train_redrafter import train_redrafter as _train_redrafter  # noqa: E402
+
+app.command("train-redrafter")(_train_redrafter)
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and writes JSON + a PNG plot.")
 app.add_typer(bench_app, name="bench")
 

@@ -1,0 +1,1 @@
+"""Training of draft artefacts on the target's own generations (e.g. ReDrafter heads)."""
