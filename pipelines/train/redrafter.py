@@ -159,8 +159,8 @@ def train_head(lm: laser.LoadedModel, feats: Features, settings: TrainSettings, 
         opt.step()
         sched.step()
         acc = (hits.float() / counted.clamp(min=1)).tolist()
-        history.append({"step": step + 1, "loss": float(loss), "accuracy": acc, "lr": sched.get_last_lr()[0]})
-        bar.set_postfix(loss=f"{float(loss):.3f}", acc1=f"{acc[0]:.2f}")
+        history.append({"step": step + 1, "loss": loss.item(), "accuracy": acc, "lr": sched.get_last_lr()[0]})
+        bar.set_postfix(loss=f"{history[-1]['loss']:.3f}", acc1=f"{acc[0]:.2f}")
         if (step + 1) % settings.checkpoint_every == 0 or step + 1 == settings.steps:
             save_checkpoint(ckpt, head, opt, sched, settings, step + 1, history)
     return head.eval().requires_grad_(False), history
