@@ -40,8 +40,9 @@ def train_redrafter(
                                  lr=lr, checkpoint_every=checkpoint_every, seed=seed)
         head = name or f"{cfg.model.name.replace('/', '--')}-redrafter"
         lm = laser.load_model(cfg.model.name, dtype="float32" if cfg.model.dtype == "auto" else cfg.model.dtype)
-        sequences = job_sequences(cfg, lm, samples, source)
-        summary = fit_and_save(lm, sequences, settings, head, workdir or Path(cfg.output.path) / "redrafter" / head)
+        work = workdir or Path(cfg.output.path) / "redrafter" / head
+        sequences = job_sequences(cfg, lm, samples, source, cache_root=work / "answers")
+        summary = fit_and_save(lm, sequences, settings, head, work)
     except ValueError as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
