@@ -94,14 +94,26 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                 max_new_tokens: int | None = typer.Option(None, help="Generation budget (default 192, quick 48)."),
                 repeats: int = typer.Option(1, help="Timings per request; the median is kept."),
                 threads: int = typer.Option(2, help="torch threads."),
-                seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
-    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task."""
+                seed: int = typer.Option(0, help="Seed of data, split, groups and pools."),
+                redrafter_head: str | None = typer.Option(None, "--redrafter-head", help=(
+                    "A head trained by `laser train-redrafter`: adds the redrafter study (BW x L, with and without "
+                    "dedup), written to <json stem>-redrafter.json.")),
+                study: str | None = typer.Option(None, "--study", help="'redrafter': that study alone, to --json."),
+                widths: str | None = typer.Option(None, help="redrafter study beam widths (default 1,2,4,8)."),
+                lengths: str | None = typer.Option(None, help="redrafter study beam lengths (default 3,4,5).")) -> None:
+    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task; the
+    redrafter study with --redrafter-head."""
     from jobs.config import read_yaml
     from pipelines.bench.suite import SuiteSettings, run_suite
     from pipelines.data.config import DatasetConfig
 
+    if study not in (None, "redrafter"):
+        raise typer.BadParameter(f"unknown study {study!r}; known: redrafter")
+    ints = lambda text: tuple(int(x) for x in text.split(",")) if text else None  # noqa: E731
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
-             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens}
+             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "redrafter_head": redrafter_head,
+             "only_redrafter": study == "redrafter" or None, "redrafter_widths": ints(widths),
+             "redrafter_lengths": ints(lengths)}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     dataset = None
