@@ -31,7 +31,7 @@ def train_redrafter(
     import torch
 
     import laser
-    from pipelines.train.redrafter import TrainSettings, fit_and_save, job_sequences
+    from pipelines.train.redrafter import TrainSettings, fit_and_save, job_examples
 
     torch.set_num_threads(threads)
     cfg = _load(config, set_)
@@ -41,8 +41,8 @@ def train_redrafter(
         head = name or f"{cfg.model.name.replace('/', '--')}-redrafter"
         lm = laser.load_model(cfg.model.name, dtype="float32" if cfg.model.dtype == "auto" else cfg.model.dtype)
         work = workdir or Path(cfg.output.path) / "redrafter" / head
-        sequences = job_sequences(cfg, lm, samples, source, cache_root=work / "answers")
-        summary = fit_and_save(lm, sequences, settings, head, work)
+        examples = job_examples(cfg, lm, work, samples, source)
+        summary = fit_and_save(lm, examples, settings, head, work)
     except ValueError as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

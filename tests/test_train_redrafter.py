@@ -119,3 +119,20 @@ def test_bad_settings_are_refused():
         TrainSettings(kind="huge")
     with pytest.raises(ValueError, match=">= 1"):
         TrainSettings(depth=0)
+
+
+def test_generated_examples_carry_the_forward_hidden_states_and_resume(tiny_lm, tmp_path):
+    from pipelines.train.redrafter import examples_features, generate_examples
+
+    prompts = random_prompts(3, 96, seed=30)
+    examples = generate_examples(tiny_lm, prompts, 12, tmp_path, batch=2, progress=False)
+    for (prompt, answer, hidden), p in zip(examples, prompts):
+        assert prompt == p and answer == greedy_reference(tiny_lm, p, 12)[:len(answer)]
+        full = tiny_lm.model(torch.tensor([p + answer]), output_hidden_states=True).hidden_states[-1][0]
+        want = full[len(p) - 1: len(p) - 1 + len(hidden)]  # hidden[i] predicts answer[i]
+        torch.testing.assert_close(hidden.float(), want, atol=2e-2, rtol=2e-2)  # stored in fp16
+    feats = examples_features(tiny_lm, examples, 3, "x")
+    assert feats.tokens[0].tolist() == examples[0][1][:4]
+    # a second call finds them on disk and generates only what is missing
+    more = generate_examples(tiny_lm, prompts + [[5, 6, 7]], 12, tmp_path, batch=2, progress=False)
+    assert [e[1] for e in more[:3]] == [e[1] for e in examples] and len(more) == 4

@@ -28,7 +28,11 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import laser
+from laser.drafting import Drafter
+from laser.engine import TreeDecodingEngine
 from laser.redrafter import HEAD_KINDS, RecurrentDraftHead, head_path
+from laser.request import Request
+from laser.verify import RejectionSampler
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,64 @@ def extract_features(lm: laser.LoadedModel, sequences: Sequence[tuple[list[int],
         tokens.append(padded[idx])
     if not hiddens:
         raise ValueError("no training sequence has an answer of 2 tokens or more")
+    return Features(torch.cat(hiddens), torch.cat(tokens))
+
+
+class _HiddenRecorder(Drafter):
+    """Drafts nothing; keeps the target's hidden state at each step's root (the state that predicts the
+    step's token), which the engine hands to drafters that ask for it."""
+
+    needs_hidden = True
+
+    def __init__(self) -> None:
+        self.hidden: list[torch.Tensor] = []
+
+    def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        if hidden is not None:
+            self.hidden.append(hidden.float().cpu().clone())
+
+
+Example = tuple[list[int], list[int], torch.Tensor | None]  # prompt, answer, hidden states (None: recompute)
+
+
+def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, workdir: Path,
+                      batch: int = 8, progress: bool = True) -> list[Example]:
+    """The target's greedy answers with the hidden state at every answer position, captured during
+    generation (no second forward); saved after every batch in ``workdir`` so a killed run keeps them."""
+    path = workdir / "generated.pt"
+    done: list[Example] = torch.load(path, weights_only=False) if path.exists() else []
+    engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
+    todo = list(prompts)[len(done):]
+    for start in tqdm(range(0, len(todo), batch), desc="target greedy answers", unit="batch", disable=not progress):
+        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=_HiddenRecorder(), max_new_tokens=max_new_tokens)
+                for p in todo[start:start + batch]]
+        engine.run(reqs)
+        for r in reqs:
+            hidden = torch.stack(r.drafter.hidden) if r.drafter.hidden else torch.zeros(0, lm.model.config.hidden_size)
+            done.append((r.tokens[:r.prompt_len], r.new_tokens, hidden.half()))
+        workdir.mkdir(parents=True, exist_ok=True)
+        torch.save(done, path.with_suffix(".tmp"))
+        path.with_suffix(".tmp").replace(path)
+    return done
+
+
+def examples_features(lm: laser.LoadedModel, examples: Sequence[Example], depth: int, desc: str) -> Features:
+    """Features of examples: captured hidden states where present, one target forward otherwise."""
+    recompute = [(p, a) for p, a, h in examples if h is None]
+    hiddens, tokens = [], []
+    for _, answer, h in examples:
+        if h is None or len(h) == 0:
+            continue
+        padded = torch.tensor(answer + [-100] * (depth + 1))
+        idx = torch.arange(len(h))[:, None] + torch.arange(depth + 1)[None, :]  # h[i] predicts answer[i]
+        hiddens.append(h.float())
+        tokens.append(padded[idx])
+    if recompute:
+        more = extract_features(lm, recompute, depth, desc)
+        hiddens.append(more.hidden)
+        tokens.append(more.tokens)
+    if not hiddens:
+        raise ValueError("no training example has an answer of 2 tokens or more")
     return Features(torch.cat(hiddens), torch.cat(tokens))
 
 
@@ -215,27 +277,22 @@ def evaluate(head: RecurrentDraftHead, feats: Features) -> list[float]:
     return (hits.float() / counted.clamp(min=1)).tolist()
 
 
-def fit_and_save(lm: laser.LoadedModel, sequences: Sequence[tuple[list[int], list[int]]], settings: TrainSettings,
-                 name: str, workdir: Path, progress: bool = True, held_out: float = 0.1) -> dict[str, Any]:
-    """Features, shortlist, training (resumable), held-out accuracy; head, PNG and JSON written; a summary."""
-    n_eval = max(1, int(len(sequences) * held_out)) if len(sequences) > 4 else 0
-    train_seqs, eval_seqs = sequences[n_eval:], sequences[:n_eval]
-    eos = sorted(lm.eos_ids)
-    shortlist, coverage = shortlist_tokens([a for _, a in train_seqs], settings.shortlist, eos)
-    feats_path = workdir / "features.pt"
-    if feats_path.exists():
-        blob = torch.load(feats_path, weights_only=True)
-        feats, eval_feats = Features(*blob["train"]), Features(*blob["eval"]) if blob["eval"] else None
-    else:
-        feats = extract_features(lm, train_seqs, settings.depth)
-        eval_feats = extract_features(lm, eval_seqs, settings.depth, "held-out hidden states") if eval_seqs else None
-        workdir.mkdir(parents=True, exist_ok=True)
-        torch.save({"train": (feats.hidden, feats.tokens),
-                    "eval": (eval_feats.hidden, eval_feats.tokens) if eval_feats else None}, feats_path)
+def fit_and_save(lm: laser.LoadedModel, examples: Sequence[Example], settings: TrainSettings, name: str,
+                 workdir: Path, progress: bool = True, held_out: float = 0.1) -> dict[str, Any]:
+    """Features, shortlist, training (resumable), held-out accuracy; head, PNG and JSON written; a summary.
+
+    ``examples``: (prompt, answer, hidden states or None); pairs (prompt, answer) are accepted too.
+    """
+    examples = [e if len(e) == 3 else (e[0], e[1], None) for e in examples]
+    n_eval = max(1, int(len(examples) * held_out)) if len(examples) > 4 else 0
+    train_ex, eval_ex = examples[n_eval:], examples[:n_eval]
+    shortlist, coverage = shortlist_tokens([a for _, a, _ in train_ex], settings.shortlist, sorted(lm.eos_ids))
+    feats = examples_features(lm, train_ex, settings.depth, "target hidden states")
+    eval_feats = examples_features(lm, eval_ex, settings.depth, "held-out hidden states") if eval_ex else None
     head, history = train_head(lm, feats, settings, workdir, shortlist if settings.kind == "shortlist" else None,
                                progress)
-    summary = {"model": lm.name, "head": name, "settings": asdict(settings), "train_sequences": len(train_seqs),
-               "eval_sequences": len(eval_seqs), "positions": len(feats.hidden),
+    summary = {"model": lm.name, "head": name, "settings": asdict(settings), "train_sequences": len(train_ex),
+               "eval_sequences": len(eval_ex), "positions": len(feats.hidden),
                "shortlist_coverage": coverage if settings.kind == "shortlist" else 1.0,
                "final_train_accuracy": history[-1]["accuracy"],
                "eval_accuracy": evaluate(head, eval_feats) if eval_feats else None}
@@ -249,17 +306,17 @@ def fit_and_save(lm: laser.LoadedModel, sequences: Sequence[tuple[list[int], lis
 
 # ---- the job's data -------------------------------------------------------------------------------
 
-def job_sequences(cfg: Any, lm: laser.LoadedModel, limit: int | None = None, source: str = "auto",
-                  cache_root: Path | None = None) -> list[tuple[list[int], list[int]]]:
+def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | None = None, source: str = "auto",
+                 progress: bool = True) -> list[Example]:
     """(prompt ids, answer ids) for the job's old-knowledge prompts (old user histories, existing items).
 
-    ``source``: ``greedy`` (the target's greedy answers, generated once and cached), ``store`` (the texts
-    of the job's old-knowledge store, tokenised) or ``auto`` (the store when it has rows, else greedy).
+    ``source``: ``greedy`` (the target's greedy answers with their hidden states, generated once and kept in
+    ``workdir``), ``store`` (the texts of the job's old-knowledge store, tokenised; hidden states by one
+    target forward) or ``auto`` (the store when it has rows, else greedy).
     ``limit`` keeps a seeded sample of that many entities.
     """
     import random
 
-    from pipelines.bench.fixture import greedy_knowledge
     from pipelines.job import JobPaths, item_requests, load_job_data, user_requests
     from pipelines.knowledge import MANIFEST, knowledge_texts
     from pipelines.prompts import item_prompt, user_prompt, words_for_budget
@@ -286,8 +343,6 @@ def job_sequences(cfg: Any, lm: laser.LoadedModel, limit: int | None = None, sou
                          "or use source greedy")
     if texts:
         log.info("Training on %d texts of the old-knowledge store %s", len(texts), store)
-        return [(prompts[k], lm.tokenizer.encode(t, add_special_tokens=False)) for k, t in sorted(texts.items())
-                if k in prompts]
-    keyed = {f"{t}:{i}": ids for (t, i), ids in sorted(prompts.items())}
-    answers = greedy_knowledge(lm, keyed, max_new, cache_root, desc="target greedy answers")
-    return [(keyed[k], answers[k]) for k in keyed]
+        return [(prompts[k], lm.tokenizer.encode(t, add_special_tokens=False), None)
+                for k, t in sorted(texts.items()) if k in prompts]
+    return generate_examples(lm, [ids for _, ids in sorted(prompts.items())], max_new, workdir, progress=progress)
