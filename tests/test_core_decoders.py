@@ -73,4 +73,4 @@ def test_cli_lists_decoders():
     result = CliRunner().invoke(app, ["decoders"])
     assert result.exit_code == 0
     names = [line.split()[0] for line in result.output.strip().splitlines()]
-    assert names == ["autoregressive", "laser", "resd", "spec_sampling", "topk_imp"]
+    assert names == ["autoregressive", "laser", "redrafter", "resd", "spec_sampling", "topk_imp"]
