@@ -112,20 +112,23 @@ def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_n
     """The target's greedy answers with the hidden state at every answer position, captured during
     generation (no second forward); saved after every batch in ``workdir`` so a killed run keeps them."""
     path = workdir / "generated.pt"
-    done: list[Example] = torch.load(path, weights_only=False) if path.exists() else []
+    kept: list[Example] = torch.load(path, weights_only=False) if path.exists() else []
+    have = {tuple(e[0]): e for e in kept}  # by prompt content: another sample reuses what it shares
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
-    todo = list(prompts)[len(done):]
+    todo = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts) if p not in have]
     for start in tqdm(range(0, len(todo), batch), desc="target greedy answers", unit="batch", disable=not progress):
         reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=_HiddenRecorder(), max_new_tokens=max_new_tokens)
                 for p in todo[start:start + batch]]
         engine.run(reqs)
         for r in reqs:
             hidden = torch.stack(r.drafter.hidden) if r.drafter.hidden else torch.zeros(0, lm.model.config.hidden_size)
-            done.append((r.tokens[:r.prompt_len], r.new_tokens, hidden.half()))
+            example = (r.tokens[:r.prompt_len], r.new_tokens, hidden.half())
+            kept.append(example)
+            have[tuple(example[0])] = example
         workdir.mkdir(parents=True, exist_ok=True)
-        torch.save(done, path.with_suffix(".tmp"))
+        torch.save(kept, path.with_suffix(".tmp"))
         path.with_suffix(".tmp").replace(path)
-    return done
+    return [have[tuple(p)] for p in prompts]
 
 
 def examples_features(lm: laser.LoadedModel, examples: Sequence[Example], depth: int, desc: str) -> Features:
