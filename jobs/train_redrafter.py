@@ -25,13 +25,15 @@ def train_redrafter(
         lr: float = typer.Option(1e-3, help="Peak learning rate (cosine, 10% warm-up)."),
         checkpoint_every: int = typer.Option(50, help="Steps between checkpoints."),
         workdir: Optional[Path] = typer.Option(None, help="Checkpoints and features (default <output.path>/redrafter/<name>)."),
+        from_generated: bool = typer.Option(False, "--from-generated", help=(
+            "Train on the answers already generated in the work folder (e.g. by a run stopped while generating).")),
         threads: int = typer.Option(2, help="torch threads."),
         seed: int = typer.Option(0, help="Training seed.")) -> None:
     """Train a ReDrafter head by distillation on the target's own generations (resumes after a kill)."""
     import torch
 
     import laser
-    from pipelines.train.redrafter import TrainSettings, fit_and_save, job_examples
+    from pipelines.train.redrafter import TrainSettings, fit_and_save, generated_examples, job_examples
 
     torch.set_num_threads(threads)
     cfg = _load(config, set_)
@@ -41,7 +43,7 @@ def train_redrafter(
         head = name or f"{cfg.model.name.replace('/', '--')}-redrafter"
         lm = laser.load_model(cfg.model.name, dtype="float32" if cfg.model.dtype == "auto" else cfg.model.dtype)
         work = workdir or Path(cfg.output.path) / "redrafter" / head
-        examples = job_examples(cfg, lm, work, samples, source)
+        examples = generated_examples(work) if from_generated else job_examples(cfg, lm, work, samples, source)
         summary = fit_and_save(lm, examples, settings, head, work)
     except ValueError as err:
         typer.secho(f"error: {err}", fg=typer.colors.RED, err=True)

@@ -131,6 +131,14 @@ def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_n
     return [have[tuple(p)] for p in prompts]
 
 
+def generated_examples(workdir: Path) -> list[Example]:
+    """The examples a previous run generated in ``workdir`` (:func:`generate_examples`)."""
+    path = workdir / "generated.pt"
+    if not path.exists():
+        raise ValueError(f"no generated answers in {workdir}: run without --from-generated first")
+    return torch.load(path, weights_only=False)
+
+
 def examples_features(lm: laser.LoadedModel, examples: Sequence[Example], depth: int, desc: str) -> Features:
     """Features of examples: captured hidden states where present, one target forward otherwise."""
     recompute = [(p, a) for p, a, h in examples if h is None]
