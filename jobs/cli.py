@@ -100,7 +100,9 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                     "dedup), written to <json stem>-redrafter.json.")),
                 study: str | None = typer.Option(None, "--study", help="'redrafter': that study alone, to --json."),
                 widths: str | None = typer.Option(None, help="redrafter study beam widths (default 1,2,4,8)."),
-                lengths: str | None = typer.Option(None, help="redrafter study beam lengths (default 3,4,5).")) -> None:
+                lengths: str | None = typer.Option(None, help="redrafter study beam lengths (default 3,4,5)."),
+                nodedup_lengths: str | None = typer.Option(None, help=(
+                    "redrafter study lengths also measured without dedup (default: all lengths)."))) -> None:
     """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task; the
     redrafter study with --redrafter-head."""
     from jobs.config import read_yaml
@@ -113,7 +115,7 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
              "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "redrafter_head": redrafter_head,
              "only_redrafter": study == "redrafter" or None, "redrafter_widths": ints(widths),
-             "redrafter_lengths": ints(lengths)}
+             "redrafter_lengths": ints(lengths), "redrafter_nodedup_lengths": ints(nodedup_lengths)}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     dataset = None

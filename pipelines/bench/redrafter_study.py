@@ -33,14 +33,15 @@ def method_name(width: int, length: int, dedup: bool) -> str:
 
 
 def study_methods(s: Any):
-    """generate, autoregressive, then the grid (no-dedup only where BW > 1: one beam has nothing to share)."""
+    """generate, autoregressive, then the grid; without dedup only where BW > 1 (one beam has nothing to share)
+    and L is in ``redrafter_nodedup_lengths`` (dedup changes the tree's size, not the tokens)."""
     from pipelines.bench.suite import Method
 
     ms = [Method(REFERENCE, "generate"), Method("autoregressive", "autoregressive")]
     for dedup in (True, False):
         for length in s.redrafter_lengths:
             for width in s.redrafter_widths:
-                if dedup or width > 1:
+                if dedup or (width > 1 and length in s.redrafter_nodedup_lengths):
                     ms.append(Method(method_name(width, length, dedup), "redrafter",
                                      {"head": s.redrafter_head, "beam_width": width, "beam_length": length,
                                       "dedup": dedup}))

@@ -91,6 +91,7 @@ class SuiteSettings:
     redrafter_head: str | None = None   # the redrafter study runs when a trained head is named
     redrafter_widths: tuple[int, ...] = (1, 2, 4, 8)
     redrafter_lengths: tuple[int, ...] = (3, 4, 5)
+    redrafter_nodedup_lengths: tuple[int, ...] = (3, 4, 5)  # lengths also measured without dedup
     only_redrafter: bool = False        # the redrafter study alone (no LASER tasks)
 
     @classmethod
