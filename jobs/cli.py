@@ -57,6 +57,10 @@ from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)
 
+from jobs.train_redrafter import train_redrafter as _train_redrafter  # noqa: E402
+
+app.command("train-redrafter")(_clean_errors(_train_redrafter))
+
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and writes JSON + a PNG plot.")
 app.add_typer(bench_app, name="bench")
 
@@ -160,16 +164,31 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                 draft: str | None = typer.Option(None, help="Draft study: the draft model (a name saved by "
                                                  "`laser train-draft`, a path, or truncate:N; default truncate:N/4)."),
                 gamma: int = typer.Option(4, help="Draft study: draft tokens per step."),
-                draft_temperatures: str = typer.Option("0,1", help="Draft study: temperatures, comma-separated.")) -> None:
-    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task, draft models."""
+                draft_temperatures: str = typer.Option("0,1", help="Draft study: temperatures, comma-separated."),
+                redrafter_head: str | None = typer.Option(None, "--redrafter-head", help=(
+                    "A head trained by `laser train-redrafter`: adds the redrafter study (BW x L, with and without "
+                    "dedup), written to <json stem>-redrafter.json.")),
+                study: str | None = typer.Option(None, "--study", help="'redrafter': that study alone, to --json."),
+                widths: str | None = typer.Option(None, help="redrafter study beam widths (default 1,2,4,8)."),
+                lengths: str | None = typer.Option(None, help="redrafter study beam lengths (default 3,4,5)."),
+                nodedup_lengths: str | None = typer.Option(None, help=(
+                    "redrafter study lengths also measured without dedup (default: all lengths)."))) -> None:
+    """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task, draft models;
+    the redrafter study with --redrafter-head."""
     from pipelines.bench.suite import SuiteSettings, run_suite
 
     studies = tuple(s.strip() for s in only.split(",") if s.strip())
     if not studies or set(studies) - {"laser", "draft"}:
         raise typer.BadParameter(f"--only {only!r}: choose among laser, draft")
+    if study not in (None, "redrafter"):
+        raise typer.BadParameter(f"unknown study {study!r}; known: redrafter")
+    ints = lambda text: tuple(int(x) for x in text.split(",")) if text else None  # noqa: E731
     given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
              "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "studies": studies, "draft": draft,
-             "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(","))}
+             "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(",")),
+             "redrafter_head": redrafter_head, "only_redrafter": study == "redrafter" or None,
+             "redrafter_widths": ints(widths), "redrafter_lengths": ints(lengths),
+             "redrafter_nodedup_lengths": ints(nodedup_lengths)}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     run_suite(json_out, settings, _dataset(dataset_config))

@@ -167,3 +167,31 @@ def test_cli_rejects_a_bad_dataset_config_naming_the_file(tmp_path):
                                 env={"COLUMNS": "400"})
     assert result.exit_code != 0
     assert "data.yaml: not a dataset config" in result.output and "n_users" in result.output
+
+
+@pytest.mark.slow
+def test_redrafter_study_on_a_tiny_model(tiny, tmp_path, monkeypatch):
+    from laser.redrafter import RecurrentDraftHead
+    from pipelines.bench.redrafter_study import run_redrafter_study
+
+    monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))
+    RecurrentDraftHead(tiny.model, "tied").save(tmp_path / "cache" / "heads" / "h.pt", {"model": tiny.name})
+    settings = SuiteSettings(model=tiny.name, max_new_tokens=10, redrafter_head="h", redrafter_widths=(1, 2),
+                             redrafter_lengths=(3,))
+    prompts = _prompts(np.random.default_rng(3), 2, "u")
+    out = tmp_path / "study.json"
+    run_redrafter_study(tiny, prompts, settings, out)
+    saved = json.loads(out.read_text())
+    names = set(saved["methods"])
+    assert names == {REFERENCE, "autoregressive", "redrafter BW=1 L=3", "redrafter BW=2 L=3",
+                     "redrafter BW=2 L=3 no-dedup"}
+    for name in names - {REFERENCE, "autoregressive"}:
+        m = saved["methods"][name]
+        assert m["identical_to_greedy"] and 1.0 <= m["aal"] <= 3.0
+        assert 1.0 <= m["tree_nodes_per_step"] <= m["undeduplicated_nodes"]
+        assert 0.0 <= m["drafting_share_of_step"] <= 1.0
+    assert saved["methods"]["redrafter BW=2 L=3 no-dedup"]["tree_nodes_per_step"] == 5.0
+    assert [t["met"] for t in saved["targets"]][2] is True
+    assert (tmp_path / "study-redrafter.png").exists() and "| redrafter BW=2 L=3 |" in out.with_suffix(".md").read_text()
+    with pytest.raises(ValueError, match="not found"):
+        run_redrafter_study(tiny, prompts, SuiteSettings(redrafter_head="missing"), out)

@@ -78,4 +78,4 @@ def test_cli_lists_decoders():
     assert result.exit_code == 0
     names = [line.split()[0] for line in result.output.strip().splitlines()]
     assert names == sorted(names) and {"autoregressive", "laser", "resd", "spec_sampling", "topk_imp", "beam",
-                                       "atspeed", "beam_sample", "dsbd"} <= set(names)
+                                       "atspeed", "beam_sample", "dsbd", "redrafter"} <= set(names)

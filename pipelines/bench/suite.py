@@ -97,6 +97,11 @@ class SuiteSettings:
     gamma: int = 4
     draft_ks: tuple[int, ...] = (1, 5, 20, 50)
     draft_temperatures: tuple[float, ...] = (0.0, 1.0)
+    redrafter_head: str | None = None   # the redrafter study runs when a trained head is named
+    redrafter_widths: tuple[int, ...] = (1, 2, 4, 8)
+    redrafter_lengths: tuple[int, ...] = (3, 4, 5)
+    redrafter_nodedup_lengths: tuple[int, ...] = (3, 4, 5)  # lengths also measured without dedup
+    only_redrafter: bool = False        # the redrafter study alone (no LASER tasks)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "SuiteSettings":
@@ -242,9 +247,10 @@ class _Runner:
 
     def __init__(self, lm: laser.LoadedModel, methods: list[Method], s: SuiteSettings):
         self.lm, self.s = lm, s
-        common = {"K": s.K, "n_max": s.n_max}
+        common = {"K": s.K, "n_max": s.n_max}  # the retrieval decoders' draft budget
+        known = laser.available_decoders()
         self.decoders = {m.name: laser.get_decoder(m.decoder, lm, **({**common, **m.params}
-                                                                      if m.decoder != "autoregressive" else {}))
+                                                                      if known[m.decoder].pool != "none" else m.params))
                          for m in methods if m.decoder not in ("generate", "prompt_lookup")}
 
     def run(self, m: Method, ids: list[int], max_new_tokens: int, pool: Any) -> Run:
@@ -403,6 +409,13 @@ def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | 
     ds = load_dataset(dataset)
     if "laser" not in settings.studies:
         return _draft_only(lm, ds, settings, dataset, json_out, started)
+    if settings.only_redrafter or settings.redrafter_head:
+        from pipelines.bench.redrafter_study import run_redrafter_study, user_prompts
+
+        study_out = json_out if settings.only_redrafter else json_out.with_name(json_out.stem + "-redrafter.json")
+        study = run_redrafter_study(lm, user_prompts(lm, ds, settings), settings, study_out)
+        if settings.only_redrafter:
+            return study
     tasks = {"user": user_fixture(lm, ds, settings, cache_root)}
     if settings.item_prompts > 0:
         tasks["item"] = item_fixture(lm, ds, settings, cache_root)

@@ -1,1 +1,1 @@
-"""Training of models the pipeline uses beside the target (e.g. the draft model of `laser train-draft`)."""
+"""Training of what the pipeline uses beside the target: draft models (`laser train-draft`) and ReDrafter heads (`laser train-redrafter`)."""
