@@ -9,7 +9,7 @@ from laser.decoders import registry
 
 
 def test_unknown_decoder_lists_known(tiny_lm):
-    with pytest.raises(ValueError, match="known decoders: .*autoregressive, .*laser, resd"):
+    with pytest.raises(ValueError, match="known decoders: .*autoregressive, .*laser, .*resd"):
         laser.get_decoder("nope", tiny_lm)
 
 
