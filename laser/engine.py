@@ -175,12 +175,20 @@ class TreeDecodingEngine:
         if width == 0:
             return
 
+        want_hidden = any(s.drafter.needs_hidden for s in seqs)
+
         def forward() -> None:
             ids = torch.tensor([s.tokens[:-1] + [0] * (width - n) for s, n in zip(seqs, lens)], device=self.device)
             tmp = DynamicCache()
             chunk = max(1, self.prefill_tokens // len(seqs))
             for at in range(0, width, chunk):
-                self.model(input_ids=ids[:, at:at + chunk], past_key_values=tmp, use_cache=True)
+                out = self.model(input_ids=ids[:, at:at + chunk], past_key_values=tmp, use_cache=True,
+                                 output_hidden_states=want_hidden)
+                # a drafter that reads the target's state gets it at the last cached prompt token, the
+                # position whose next token is the first step's root (as after a decoding step)
+                for i, (s, n) in enumerate(zip(seqs, lens)):
+                    if want_hidden and s.drafter.needs_hidden and at < n <= at + chunk:
+                        s.drafter.commit([], out.hidden_states[-1][i, n - 1 - at])
             cache.write_rows(rows, tmp)
 
         t0 = time.perf_counter()

@@ -79,10 +79,14 @@ def test_hidden_state_reaches_drafters_that_ask_and_proposals_are_batched(tiny_l
         context = d.contexts[-1]  # prompt + 3 generated tokens; the last one is the next root
         with torch.no_grad():
             want = tiny_lm.model(torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0]
+        # after prefill: the last cached prompt token's state (it predicts the first root), no new tokens
+        (first_new, first_hidden), steps = d.seen[0], d.seen[1:]
+        assert first_new == [] and torch.allclose(first_hidden, want[len(prompt) - 2], atol=1e-4)
         # after each step: the hidden state at the accepted position, i.e. the one that predicted the new token
-        for step, (new, hidden) in enumerate(d.seen):
+        for step, (new, hidden) in enumerate(steps):
             pos = len(prompt) - 1 + step
             assert torch.allclose(hidden, want[pos], atol=1e-4)
+        assert len(steps) == 3  # the step that finishes the request commits nothing
 
 
 def test_no_hidden_states_for_drafters_that_do_not_ask(tiny_lm, monkeypatch):
