@@ -319,8 +319,8 @@ def _chains_tree(beams: torch.Tensor, dists: torch.Tensor | None) -> DraftTree:
 # ---- the drafter ----------------------------------------------------------------------------------
 
 class ReDrafter(Drafter):
-    """Per-request state: the target's last hidden state. Without one (the first step after prefill,
-    the engine not handing a prefill hidden state) the step drafts nothing."""
+    """Per-request state: the target's last hidden state (after prefill: at the last cached prompt token).
+    Without one the step drafts nothing."""
 
     needs_hidden = True
 

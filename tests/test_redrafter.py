@@ -153,7 +153,10 @@ class _Recorder(ReDrafter):
         return trees
 
     def commit(self, new_tokens, hidden=None):
-        self.steps[-1][1] = len(new_tokens)
+        if not self.steps:  # after prefill: the target's state at the last cached prompt token, no tokens
+            assert list(new_tokens) == []
+        else:
+            self.steps[-1][1] = len(new_tokens)
         assert hidden is not None and hidden.shape == (self.head.hidden_size,)
         super().commit(new_tokens, hidden)
 
@@ -172,7 +175,7 @@ def test_tokens_per_step_and_cache_growth(tiny_lm, head, width, length):
     engine.run(reqs)
     for r in reqs:
         steps = r.drafter.steps
-        assert steps[0][2] == 0, "no hidden state before the first step: nothing drafted"
+        assert steps[0][2] > 0, "the prefill's hidden state lets the first step draft"
         assert all(drafts <= width * (length - 1) for _, _, drafts in steps)
         for (c0, appended, _), (c1, _, _) in zip(steps, steps[1:]):
             assert c1 - c0 == appended  # the cache grows by n + 1
