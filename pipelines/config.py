@@ -94,7 +94,7 @@ class ExecutionConfig(_Strict):
     gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per actor (fractions share a GPU); > 0: the "
                                    "model loads on the GPU (dtype auto = bfloat16), 0: on the CPU")
     address: str | None = Field(None, description="Ray address; null = local Ray started in-process")
-    batch_size: int = Field(4, ge=1, description="requests decoding at once per worker (continuous-batching slots)")
+    batch_size: int = Field(16, ge=1, description="requests decoding at once per worker (continuous-batching slots)")
     pool_cache_size: int = Field(8, ge=1, description="pools an actor keeps loaded (LRU)")
 
 
