@@ -100,7 +100,7 @@ class _HiddenRecorder(Drafter):
         self.hidden: list[torch.Tensor] = []
 
     def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
-        if hidden is not None:
+        if hidden is not None and new_tokens:  # after prefill (no tokens) the state predicts the prompt's last token
             self.hidden.append(hidden.float().cpu().clone())
 
 
