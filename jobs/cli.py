@@ -191,7 +191,13 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
              "redrafter_nodedup_lengths": ints(nodedup_lengths)}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
-    run_suite(json_out, settings, _dataset(dataset_config))
+    if study != "redrafter":
+        run_suite(json_out, settings, _dataset(dataset_config))
+    if settings.only_redrafter or settings.redrafter_head:
+        from pipelines.bench.redrafter_study import run_redrafter_bench
+
+        out = json_out if settings.only_redrafter else json_out.with_name(json_out.stem + "-redrafter.json")
+        run_redrafter_bench(out, settings, _dataset(dataset_config))
 
 
 @bench_app.command("incremental")

@@ -177,3 +177,17 @@ def plot_study(metrics: dict[str, dict[str, Any]], png: Path) -> Path:
     fig.savefig(png, dpi=100)
     plt.close(fig)
     return png
+
+
+def run_redrafter_bench(json_out: Path, s: Any, dataset: Any = None) -> dict[str, Any]:
+    """The redrafter study on its own: model, dataset, prompts, measurements (`laser bench suite --study
+    redrafter`, or beside the suite with ``--redrafter-head``)."""
+    import torch
+
+    from pipelines.data.config import DatasetConfig
+    from pipelines.data.load import load_dataset
+
+    torch.set_num_threads(s.threads)
+    lm = laser.load_model(s.model, device=s.device, dtype="float32")
+    ds = load_dataset(dataset or DatasetConfig(seed=s.seed))
+    return run_redrafter_study(lm, user_prompts(lm, ds, s), s, json_out)

@@ -409,13 +409,6 @@ def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | 
     ds = load_dataset(dataset)
     if "laser" not in settings.studies:
         return _draft_only(lm, ds, settings, dataset, json_out, started)
-    if settings.only_redrafter or settings.redrafter_head:
-        from pipelines.bench.redrafter_study import run_redrafter_study, user_prompts
-
-        study_out = json_out if settings.only_redrafter else json_out.with_name(json_out.stem + "-redrafter.json")
-        study = run_redrafter_study(lm, user_prompts(lm, ds, settings), settings, study_out)
-        if settings.only_redrafter:
-            return study
     tasks = {"user": user_fixture(lm, ds, settings, cache_root)}
     if settings.item_prompts > 0:
         tasks["item"] = item_fixture(lm, ds, settings, cache_root)
