@@ -59,6 +59,8 @@ def ray_session():
     """Local Ray for one test module (2 CPUs); yields its GCS address."""
     import ray
 
+    if ray.is_initialized():  # a job run in-process by an earlier test module left its local Ray up
+        ray.shutdown()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()

@@ -33,6 +33,8 @@ def fake_gpu_ray():
 
     here = os.path.dirname(os.path.abspath(__file__))  # actors import this module (Probe) and this checkout
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.path.dirname(here), here])}}
+    if ray.is_initialized():  # a job run in-process by an earlier test module left its local Ray up
+        ray.shutdown()
     ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
              runtime_env=env)
     yield ray
