@@ -208,10 +208,11 @@ def bench_incremental(json_out: Path = typer.Option(Path("pipelines/bench/result
                       share: float = typer.Option(0.1, help="Share of the users whose newest rating changes."),
                       seed: int = typer.Option(0, help="Seed of the choice of changed users.")) -> None:
     """Wall time of an incremental run after `share` of the users changed, vs the full run (target <= 20%)."""
-    from jobs.config import bundled_config
+    from jobs.config import bundled_config, load_config
     from pipelines.bench.incremental import run_incremental_bench
 
-    run_incremental_bench(json_out, config or bundled_config("demo"), work, share, seed)
+    config = config or bundled_config("demo")
+    run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
 if __name__ == "__main__":

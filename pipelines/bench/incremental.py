@@ -42,12 +42,11 @@ class TimedRun:
     ledger: dict[str, Any]
 
 
-def write_tables(config: Path, data_dir: Path) -> list[str]:
-    """Save the config's dataset as Parquet tables; the overrides that point the job at them."""
-    from jobs.config import load_config
+def write_tables(dataset: Any, data_dir: Path) -> list[str]:
+    """Save the job's dataset (its ``DatasetConfig``) as Parquet tables; the overrides that point the job at them."""
     from pipelines.data.load import load_dataset
 
-    ds = load_dataset(load_config(config).dataset)
+    ds = load_dataset(dataset)
     data_dir.mkdir(parents=True, exist_ok=True)
     for name in ("interactions", "items", "users"):
         getattr(ds, name).write_parquet(data_dir / f"{name}.parquet")
@@ -97,15 +96,17 @@ def timed_run(name: str, config: Path, overrides: list[str], out: Path, log_dir:
     return TimedRun(name, wall, code, row)
 
 
-def run_incremental_bench(json_out: Path, config: Path, work: Path, share: float = 0.1, seed: int = 0) -> dict[str, Any]:
-    """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``."""
+def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path, share: float = 0.1,
+                          seed: int = 0) -> dict[str, Any]:
+    """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``.
+    ``dataset`` is the config's ``DatasetConfig`` (loaded by the caller)."""
     from pipelines.bench.report import machine_info, versions
     from pipelines.knowledge import read_knowledge
 
     out = work / "out"
     if out.exists():
         raise FileExistsError(f"{out}: not empty; pass a fresh --work directory")
-    overrides = write_tables(config, work / "data") + [f"output.path={out}"]
+    overrides = write_tables(dataset, work / "data") + [f"output.path={out}"]
     json_out.parent.mkdir(parents=True, exist_ok=True)
     load_before = machine_info()["load_average"]
     full = timed_run("full", config, overrides, out, json_out.parent)
