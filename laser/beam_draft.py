@@ -99,14 +99,7 @@ class BeamTreeDrafter(Drafter):
             new = [h.seq for h in hyps if not h.done and h.seq not in nodes]
             if not new:
                 return
-            first = len(tokens)
-            for seq in new:
-                nodes[seq] = len(tokens)
-                tokens.append(seq[-1])
-                parents.append(nodes[seq[:-1]])
-            if j + 1 < self.gamma:  # the last step's beams need no draft rows
-                lp = self.draft.feed(tokens[first:], parents[first:])
-                rows.update({seq: lp[i] for i, seq in enumerate(new)})
+            self._add_nodes(new, tokens, parents, nodes, rows, feed=j + 1 < self.gamma)
             hyps = [h for h in hyps if not h.done]
 
     def _draft_sampled(self, tokens: list[int], parents: list[int], nodes: dict[Seq, int]) -> None:
@@ -128,14 +121,20 @@ class BeamTreeDrafter(Drafter):
             new = [h.seq for h in hyps if not h.done and h.seq not in nodes]
             if not new:
                 return
-            first = len(tokens)
-            for seq in new:
-                nodes[seq] = len(tokens)
-                tokens.append(seq[-1])
-                parents.append(nodes[seq[:-1]])
-            if j + 1 < self.gamma:
-                lp = self.draft.feed(tokens[first:], parents[first:])
-                rows.update({seq: lp[i] for i, seq in enumerate(new)})
+            self._add_nodes(new, tokens, parents, nodes, rows, feed=j + 1 < self.gamma)
+
+    def _add_nodes(self, new: list[Seq], tokens: list[int], parents: list[int], nodes: dict[Seq, int],
+                   rows: dict[Seq, torch.Tensor], feed: bool) -> None:
+        """Append the new beam ends as tree nodes; with ``feed``, run the draft on them for their next rows
+        (the last step's beams need none)."""
+        first = len(tokens)
+        for seq in new:
+            nodes[seq] = len(tokens)
+            tokens.append(seq[-1])
+            parents.append(nodes[seq[:-1]])
+        if feed:
+            lp = self.draft.feed(tokens[first:], parents[first:])
+            rows.update({seq: lp[i] for i, seq in enumerate(new)})
 
     def close(self) -> None:
         self.draft.cache = DynamicCache()
