@@ -112,8 +112,8 @@ class AdaptiveBudget:
 
     def observe(self, requests: Sequence[Request], trees: Sequence[DraftTree], outcomes: Sequence[Outcome],
                 step_s: float, forward_s: float) -> None:
-        self.overhead_s = 0.8 * self.overhead_s + 0.2 * max(step_s - forward_s, 0.0) if self.chosen[:-1] else \
-            max(step_s - forward_s, 0.0)
+        overhead = max(step_s - forward_s, 0.0)  # a running mean after the first step (which sets it)
+        self.overhead_s = overhead if len(self.chosen) <= 1 else 0.8 * self.overhead_s + 0.2 * overhead
         for r, tree, o in zip(requests, trees, outcomes):
             row = self.rows.setdefault(id(r), _DepthCounts())
             drafted, depth = len(tree) - 1, int(tree.depth.max())
