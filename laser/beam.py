@@ -14,12 +14,16 @@
   per forward; with drafts it is the strict top-K rule (a step is accepted iff the target's own beams
   were all drafted), so the result is exactly plain beam search's.
 
+The live beams' shared prefixes stay in the target's KV cache between steps (``Outcome.keep``), so a
+step feeds only the live beams' ends and the drafted nodes.
+
 Scores are the model's own log-probabilities (the constraint masks, it does not renormalise), as
 ``generate`` with ``prefix_allowed_tokens_fn`` scores them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -68,6 +72,11 @@ class ItemTrie:
     def item(self, seq: Seq) -> str | None:
         """The item a complete identifier (end token included) names; None for a prefix."""
         return self.trie.get(seq)
+
+    @cached_property
+    def vocab(self) -> list[int]:
+        """Every token an identifier may use, the end token included."""
+        return sorted({t for ts in self._children.values() for t in ts})
 
     @property
     def max_len(self) -> int:
@@ -125,12 +134,21 @@ def _top_order(flat: np.ndarray, seqs: list[Seq], width: int) -> list[int]:
 
 @dataclass
 class BeamState:
-    """A request's beam search, kept in ``request.state["beam"]``."""
+    """A request's beam search, kept in ``request.state["beam"]``.
+
+    Each step's tree is laid out as: the nodes kept in the cache from the last step (``kept``: the live
+    beams' strict prefixes, the tree's ``cached`` nodes), then the live beams' ends (fed: their rows give
+    the next step), then any drafted nodes. ``nodes`` maps a sequence to its tree node (a fed copy before a
+    cached one), so a fed node's log-probability row is ``nodes[seq] - cached``.
+    """
 
     trie: ItemTrie
     width: int
     hyps: list[Hyp] = field(default_factory=initial_beams)
     nodes: dict[Seq, int] = field(default_factory=dict)  # sequence -> node of the current tree
+    cached: int = 0  # leading tree nodes already in the cache
+    kept: list[Seq] = field(default_factory=list)  # the next tree's cached nodes, in order
+    kept_from: list[int] = field(default_factory=list)  # their nodes in the current tree
     steps_per_forward: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -150,6 +168,49 @@ class BeamState:
     def ranked(self) -> list[tuple[str, float]]:
         """(item_id, score) best first."""
         return [(self.trie.item(h.seq), h.score) for h in self.hyps]
+
+    def lay_out(self, root: int) -> tuple[list[int], list[int]]:
+        """The step's tree so far: the kept nodes, then the live beams' ends (tokens, parents)."""
+        tokens, parents, self.nodes = [], [], {}
+        for seq in self.kept:
+            self.nodes[seq] = len(tokens)
+            tokens.append(seq[-1] if seq else root)
+            parents.append(self.nodes[seq[:-1]] if seq else -1)
+        self.cached = len(tokens)
+        if not self.kept:
+            self.nodes[()] = 0
+            tokens.append(root), parents.append(-1)
+        for h in self.live:
+            for d in range(1, len(h.seq)):  # prefixes are normally kept; a missing one is fed
+                if h.seq[:d] not in self.nodes:
+                    self.add(h.seq[:d], tokens, parents)
+            if h.seq:
+                self.add(h.seq, tokens, parents)
+        return tokens, parents
+
+    def add(self, seq: Seq, tokens: list[int], parents: list[int]) -> None:
+        """Append ``seq``'s last token as a fed node under its prefix's node."""
+        if seq in self.nodes and self.nodes[seq] >= self.cached:
+            return
+        parent = self.nodes[seq[:-1]]
+        self.nodes[seq] = len(tokens)
+        tokens.append(seq[-1])
+        parents.append(parent)
+
+    def row(self, seq: Seq) -> int | None:
+        """``seq``'s row in the step's log-probabilities (None: not fed this step)."""
+        node = self.nodes.get(seq, -1)
+        return node - self.cached if node >= self.cached else None
+
+    def keep(self) -> list[int]:
+        """After verification: the tree nodes to keep cached (every strict prefix of a live beam, cached
+        copies first), recorded as the next tree's ``kept``."""
+        cached = {seq: i for i, seq in enumerate(self.kept)}
+        want = {h.seq[:d] for h in self.live for d in range(len(h.seq))}
+        pairs = sorted((cached.get(seq, self.nodes.get(seq)), seq) for seq in want)
+        self.kept_from = [i for i, _ in pairs]
+        self.kept = [seq for _, seq in pairs]
+        return self.kept_from
 
 
 def layout(root: int, seqs: Sequence[Seq]) -> tuple[list[int], list[int], dict[Seq, int]]:
@@ -172,9 +233,8 @@ class BeamDrafter(Drafter):
         self.state = state
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
-        tokens, parents, nodes = layout(context[-1], [h.seq for h in self.state.live])
-        self.state.nodes = nodes
-        return DraftTree(np.array(tokens), np.array(parents))
+        tokens, parents = self.state.lay_out(context[-1])
+        return DraftTree(np.array(tokens), np.array(parents), cached=self.state.cached)
 
 
 class BeamSearchVerifier(BeamVerifier):
@@ -183,9 +243,14 @@ class BeamSearchVerifier(BeamVerifier):
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         st: BeamState = request.state["beam"]
         steps = 0
-        while not st.finished and all(h.seq in st.nodes for h in st.live):
-            rows = {h.seq: log_probs[st.nodes[h.seq]] for h in st.live}
+        while not st.finished and all(st.row(h.seq) is not None for h in st.live):
+            rows = {h.seq: log_probs[st.row(h.seq)] for h in st.live}
             st.hyps = beam_step(st.hyps, rows, st.trie, st.width)
             steps += 1
         st.steps_per_forward.append(steps)
-        return Outcome(path=[], tokens=[], finished=st.finished)
+        return beam_outcome(st)
+
+
+def beam_outcome(st: BeamState) -> Outcome:
+    """Nothing committed; the live beams' prefixes stay cached; the request ends with its last live beam."""
+    return Outcome(path=[], tokens=[], finished=st.finished, keep=None if st.finished else st.keep())

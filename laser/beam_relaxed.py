@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from laser.beam import BeamState, Hyp, beam_probs, candidates
+from laser.beam import BeamState, Hyp, beam_outcome, beam_probs, candidates
 from laser.request import Request
 from laser.tree import DraftTree
 from laser.verify import BeamVerifier, Outcome
@@ -80,7 +80,7 @@ class RelaxedBeamVerifier(BeamVerifier):
         for j in range(len(drafted) + 1):
             if st.finished:
                 break
-            seqs, scores = candidates(st.hyps, {h.seq: log_probs[st.nodes[h.seq]] for h in st.live}, st.trie)
+            seqs, scores = candidates(st.hyps, {h.seq: log_probs[st.row(h.seq)] for h in st.live}, st.trie)
             p = beam_probs(scores)
             if j < len(drafted):
                 dseqs, qmap = drafted[j]
@@ -96,4 +96,4 @@ class RelaxedBeamVerifier(BeamVerifier):
             if not ok:
                 break
         st.steps_per_forward.append(steps)
-        return Outcome(path=[], tokens=[], finished=st.finished)
+        return beam_outcome(st)

@@ -13,13 +13,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterator
 
+import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
 from laser.kv_cache import SlotKVCache
 from laser.request import DecodeStats, Request
 from laser.rules import apply_rules
-from laser.tree import pack_trees
+from laser.tree import DraftTree, pack_trees
 from laser.verify import Outcome, Verifier
 
 if TYPE_CHECKING:
@@ -81,6 +82,32 @@ def check_tree_attention(model: torch.nn.Module) -> None:
     if backend not in TREE_MASK_BACKENDS:
         raise ValueError(f"attention backend {backend!r} ignores custom 4D tree masks; load the model with "
                          f"attn_implementation in {TREE_MASK_BACKENDS} (e.g. model.set_attn_implementation('sdpa'))")
+
+
+def check_cached(s: Request, tree: DraftTree) -> None:
+    """A tree's ``cached`` nodes must be exactly the nodes the request kept last step, in the same order."""
+    kept = s.kept
+    if tree.cached != (len(kept) if kept is not None else 0) or (kept is not None and not (
+            np.array_equal(tree.tokens[: tree.cached], kept.tokens)
+            and np.array_equal(tree.parents[: tree.cached], kept.parents))):
+        raise RuntimeError(f"{type(s.drafter).__name__} laid out a tree whose {tree.cached} cached nodes are not the "
+                           f"{len(kept) if kept is not None else 0} nodes kept in the cache")
+
+
+def kept_slots(s: Request, tree: DraftTree, o: Outcome, offset: int) -> list[int]:
+    """Cache slots of the nodes the outcome keeps (its path, or ``keep``): a cached node j sits at
+    ``cache_len + j``, a fed node i at ``offset + i - cached``."""
+    nodes = o.path if o.keep is None else o.keep
+    return [s.cache_len + n if n < tree.cached else offset + n - tree.cached for n in nodes]
+
+
+def subtree(tree: DraftTree, keep: list[int]) -> DraftTree:
+    """The kept nodes as a tree (root first, each after its parent), parents renumbered."""
+    where = {node: j for j, node in enumerate(keep)}
+    parents = [where.get(int(tree.parents[n]), -2) if tree.parents[n] >= 0 else -1 for n in keep]
+    if keep[0] != 0 or -2 in parents:
+        raise RuntimeError(f"kept nodes {keep} must start at the root and list each parent before its children")
+    return DraftTree(tree.tokens[keep], np.array(parents), cached=0)
 
 
 class TreeDecodingEngine:
@@ -203,11 +230,11 @@ class TreeDecodingEngine:
             if active[-1] is None:
                 active.pop()
             elif active[row] is None:
-                cache.move_row(len(active) - 1, row, active[-1].cache_len)
+                cache.move_row(len(active) - 1, row, active[-1].kv_len)
                 active[row] = active.pop()
             else:
                 row += 1
-        cache.resize(len(active), max((s.cache_len for s in active), default=0))
+        cache.resize(len(active), max((s.kv_len for s in active), default=0))
 
     def _propose(self, seqs: list[Request]) -> list:
         """Every request's tree; drafters of one class propose together (one draft forward for a batch)."""
@@ -228,11 +255,13 @@ class TreeDecodingEngine:
         if self.budget is not None:
             self.budget.assign(seqs)
         trees = self.clock.timed(seqs, "retrieval_s", lambda: self._propose(seqs))
+        for s, tree in zip(seqs, trees):
+            check_cached(s, tree)
         offset = cache.used
         batch = self.clock.timed(seqs, "tree_s", lambda: pack_trees(
             trees, [s.cache_len for s in seqs], offset, self.dtype, self.device))
         # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
-        plain = batch.input_ids.shape[1] == 1 and all(s.cache_len == offset for s in seqs)
+        plain = batch.input_ids.shape[1] == 1 and all(s.kv_len == offset and s.kept is None for s in seqs)
         want_hidden = any(s.drafter.needs_hidden for s in seqs)
         forward_t0 = time.perf_counter()
         out = self.clock.timed(seqs, "forward_s", lambda: self.model(
@@ -242,11 +271,12 @@ class TreeDecodingEngine:
         forward_s = time.perf_counter() - forward_t0
         outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(
             self._logits(out.logits, trees, seqs), batch, seqs))
-        self.clock.timed(seqs, "cache_s", lambda: cache.keep_paths([s.cache_len for s in seqs],
-                                                                    [o.path for o in outcomes], offset))
+        self.clock.timed(seqs, "cache_s", lambda: cache.keep_slots(
+            [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, trees, outcomes)]))
         finished = []
         for row, (s, tree, o) in enumerate(zip(seqs, trees, outcomes)):
             s.cache_len += len(o.path)
+            s.kept = subtree(tree, o.keep) if o.keep else None
             s.stats.target_forwards += 1
             s.stats.accepted_per_step.append(max(len(o.path) - 1, 0))
             s.stats.drafted_per_step.append(len(tree) - 1)
@@ -257,7 +287,7 @@ class TreeDecodingEngine:
             if s.stats.finish_reason:
                 finished.append(s)
             else:
-                hidden = out.hidden_states[-1][row, o.path[-1]] if s.drafter.needs_hidden and o.path else None
+                hidden = out.hidden_states[-1][row, o.path[-1] - tree.cached] if s.drafter.needs_hidden and o.path else None
                 self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
         step_s = time.perf_counter() - step_t0
         for s in seqs:

@@ -11,7 +11,8 @@ by the attention mask). After a verification step the accepted path's slots are 
 
 A new request's prompt is prefilled in a separate forward (a plain ``DynamicCache``) and copied into a
 free row (:meth:`SlotKVCache.write_rows`). A finished request's row is refilled, or the last active
-row moves into it (:meth:`SlotKVCache.move_row`). The buffers grow only when a request longer than the
+row moves into it (:meth:`SlotKVCache.move_row`). Beam decoders keep several tree nodes after the prefix (their beams'
+shared prefixes) in the same way (:meth:`SlotKVCache.keep_slots`). The buffers grow only when a request longer than the
 capacity arrives (doubling), never per step.
 """
 from __future__ import annotations
@@ -124,14 +125,15 @@ class SlotKVCache(Cache):
         for layer in self.layers:
             layer.reserve(slots)
 
-    def keep_paths(self, starts: list[int], paths: list[list[int]], tree_offset: int) -> None:
-        """For each active row b, move tree slots ``tree_offset + paths[b]`` to ``starts[b]`` onwards."""
+    def keep_slots(self, starts: list[int], slots: list[list[int]]) -> None:
+        """For each active row b, move slots ``slots[b]`` (in order) to ``starts[b]`` onwards; the rest of
+        the row beyond them is dropped. Sources are read before anything is written."""
         b_idx, src, dst = [], [], []
-        for row, (start, path) in enumerate(zip(starts, paths)):
-            for j, node in enumerate(path):
-                if tree_offset + node != start + j:
-                    b_idx.append(row), src.append(tree_offset + node), dst.append(start + j)
-        used = max(start + len(path) for start, path in zip(starts, paths))
+        for row, (start, keep) in enumerate(zip(starts, slots)):
+            for j, slot in enumerate(keep):
+                if slot != start + j:
+                    b_idx.append(row), src.append(slot), dst.append(start + j)
+        used = max(start + len(keep) for start, keep in zip(starts, slots))
         device = self.layers[0].device
         as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
         b_idx, src, dst = as_t(b_idx), as_t(src), as_t(dst)

@@ -9,6 +9,7 @@ import torch
 from laser.drafting import Drafter
 from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
+from laser.tree import DraftTree
 
 
 @dataclass
@@ -45,12 +46,18 @@ class Request:
     rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
     state: dict[str, Any] = field(default_factory=dict)  # verifier-owned per-request state (e.g. beams)
-    cache_len: int = 0
+    cache_len: int = 0  # committed KV entries: the prompt and accepted tokens before the root
+    kept: DraftTree | None = None  # tree nodes kept in the cache after them (beam prefixes; see Outcome.keep)
     stats: DecodeStats = field(default_factory=DecodeStats)
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
         self.generator = self.sampling.generator()
+
+    @property
+    def kv_len(self) -> int:
+        """Valid cache entries of the request: committed ones plus kept tree nodes."""
+        return self.cache_len + (len(self.kept) if self.kept is not None else 0)
 
     @property
     def new_tokens(self) -> list[int]:

@@ -12,6 +12,10 @@ What a verifier may need rides along, each optional:
   distribution its children were drawn from), as the target's logits row i is;
 - ``scores``      ``[N]``  a beam score per node (e.g. cumulative log-probability).
 
+``cached`` nodes at the front of a tree are already in the request's KV cache: beam decoders keep the
+beams' shared prefixes from one step to the next (a verifier's ``Outcome.keep``) and lay them out again
+as the first nodes of the next tree, so only the new nodes are fed.
+
 None means the drafter is deterministic: rejection sampling then treats each draft as one-hot.
 
 For a batch, trees are padded to the same node count and laid out after each sequence's cached prefix:
@@ -20,6 +24,10 @@ For a batch, trees are padded to the same node count and laid out after each seq
 - position ids ``[B, N]``    prefix length + depth
 - 4D mask      ``[B, 1, N, S + N]`` additive: node i sees its sequence's valid cache slots
   (``slot < cache_len``), its ancestors and itself; padding rows see only themselves.
+
+With cached nodes, ``N`` counts fed nodes only: cached node j sits in cache slot ``cache_len + j`` and
+is seen there by its descendants; the batch's per-node tensors describe the fed nodes (a parent that is
+cached reads -1).
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ class DraftTree:
     draft_probs: np.ndarray | None = None  # [N] float, 1 for the root
     draft_dists: torch.Tensor | None = None  # [N, V] next-token distribution after each node
     scores: np.ndarray | None = None  # [N] beam scores
+    cached: int = 0  # leading nodes already in the KV cache (kept from the previous step)
     depth: np.ndarray = field(init=False)  # [N] int64, 0 for the root
 
     def __post_init__(self) -> None:
@@ -52,6 +61,8 @@ class DraftTree:
             value = getattr(self, name)
             if value is not None and len(value) != len(tokens):
                 raise ValueError(f"{name} has {len(value)} entries for {len(tokens)} nodes")
+        if not 0 <= self.cached < len(tokens):
+            raise ValueError(f"cached={self.cached}: a tree needs at least one node to feed ({len(tokens)} nodes)")
         depth = np.zeros(len(tokens), dtype=np.int64)
         for i in range(1, len(tokens)):
             depth[i] = depth[parents[i]] + 1
@@ -121,22 +132,28 @@ class TreeBatch:
 
 def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slots: int,
                dtype: torch.dtype, device: torch.device | str) -> TreeBatch:
-    """Lay out ``trees`` after caches holding ``cache_lens`` valid slots (of ``cache_slots`` in all)."""
-    b, n = len(trees), max(len(t) for t in trees)
+    """Lay out ``trees`` after caches holding ``cache_lens`` valid slots (of ``cache_slots`` in all); a tree's
+    ``cached`` nodes are read from slots ``cache_len + j`` and not fed again."""
+    b, n = len(trees), max(len(t) - t.cached for t in trees)
     tokens = np.full((b, n), -1, dtype=np.int64)
     depth = np.full((b, n), -1, dtype=np.int64)
     parents = np.full((b, n), -1, dtype=np.int64)
     ancestors = np.broadcast_to(np.eye(n, dtype=bool), (b, n, n)).copy()
-    for row, tree in enumerate(trees):
-        m = len(tree)
-        tokens[row, :m], depth[row, :m], parents[row, :m] = tree.tokens, tree.depth, tree.parents
-        ancestors[row, :m, :m] = tree.ancestor_mask()
-    valid = tokens >= 0
     lens = np.asarray(cache_lens, dtype=np.int64)
+    prefix_seen = np.arange(cache_slots)[None, :] < lens[:, None]  # [B, S]
+    seen_cache = np.broadcast_to(prefix_seen[:, None, :], (b, n, cache_slots)).copy()
+    for row, tree in enumerate(trees):
+        c, m = tree.cached, len(tree) - tree.cached
+        tokens[row, :m], depth[row, :m] = tree.tokens[c:], tree.depth[c:]
+        parents[row, :m] = np.maximum(tree.parents[c:] - c, -1)
+        anc = tree.ancestor_mask()
+        ancestors[row, :m, :m] = anc[c:, c:]
+        if c:  # cached ancestors sit in the cache right after the request's prefix
+            seen_cache[row, :m, lens[row]:lens[row] + c] = anc[c:, :c]
+    valid = tokens >= 0
     input_ids = np.where(valid, tokens, tokens[:, :1])
     positions = np.where(valid, lens[:, None] + depth, lens[:, None])
-    prefix_seen = np.arange(cache_slots)[None, None, :] < lens[:, None, None]  # [B, 1, S]
-    seen = np.concatenate([np.broadcast_to(prefix_seen, (b, n, cache_slots)) & valid[:, :, None], ancestors], axis=2)
+    seen = np.concatenate([seen_cache & valid[:, :, None], ancestors], axis=2)
     as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     return TreeBatch(
         input_ids=as_tensor(input_ids),

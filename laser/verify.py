@@ -29,11 +29,17 @@ from laser.tree import DraftTree, TreeBatch
 @dataclass
 class Outcome:
     """One request's result of a step: ``path`` nodes keep their KV (root first, may be empty); ``tokens``
-    are appended to the request. ``len(tokens) == len(path)`` keeps the last token as the next root."""
+    are appended to the request. ``len(tokens) == len(path)`` keeps the last token as the next root.
+
+    ``keep`` (beam verifiers) instead keeps a subtree uncommitted: those nodes (root first, each after its
+    parent) stay in the cache after the request's prefix, and the request's next tree must begin with
+    them, in that order, as its ``cached`` nodes (the engine checks).
+    """
 
     path: list[int]
     tokens: list[int]
     finished: bool = False  # the verifier ends the request (beam search decides its own end)
+    keep: list[int] | None = None
 
 
 class Verifier:
@@ -150,14 +156,15 @@ class RejectionSampler(Verifier):
 class BeamVerifier(Verifier):
     """Hook for speculative beam search: subclasses implement :meth:`verify_beams` for one request.
 
-    The verifier gets each request's tree with per-node next-token log-probabilities (``[n, V]``, fp32) and
-    the tree's ``scores``; it keeps the request's beams in ``request.state`` and returns an Outcome that
-    usually keeps no KV (``path=[]``: beams are re-laid as the next tree) and ends the request when done.
+    The verifier gets each request's tree with the next-token log-probabilities of its fed nodes
+    (``[len(tree) - tree.cached, V]``, fp32: row i is node ``tree.cached + i``); it keeps the request's beams
+    in ``request.state`` and returns an Outcome that commits nothing (``path=[]``) and keeps the beams'
+    prefixes (``keep``), and ends the request when done.
     """
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return [self.verify_beams(tree, log_probs[b, : len(tree)], req) for b, (tree, req)
+        return [self.verify_beams(tree, log_probs[b, : len(tree) - tree.cached], req) for b, (tree, req)
                 in enumerate(zip(batch.trees, requests))]
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:

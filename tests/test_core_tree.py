@@ -67,7 +67,7 @@ def test_kv_cache_after_compaction_equals_recomputed_cache(tiny_lm):
     batch = pack_trees(trees, [s.cache_len for s in seqs], offset, torch.float32, "cpu")
     model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
           past_key_values=cache, use_cache=True)
-    cache.keep_paths([s.cache_len for s in seqs], paths, offset)
+    cache.keep_slots([s.cache_len for s in seqs], [[offset + n for n in path] for path in paths])
     for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
         accepted = prompt[:-1] + tree.tokens[path].tolist()
         ref = DynamicCache()
@@ -92,3 +92,49 @@ def test_draft_tree_layout_and_validation():
     seen = batch.attention_mask[:, 0] == 0
     assert seen[0, 4].tolist() == [True] * 4 + [False] + [True, False, False, True, True]
     assert seen[1, 0].tolist() == [True, True, False, False, False] + [True, False, False, False, False]
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kept_subtree_stays_cached_and_later_nodes_see_it(tiny_lm, seed):
+    """Step 1 feeds a whole tree and keeps a subtree (not a path: beam prefixes); step 2 lays that subtree
+    out as cached nodes, feeds only new children, and their logits equal sequential forwards."""
+    from laser.engine import kept_slots, subtree
+    from laser.verify import Outcome
+
+    rng = np.random.default_rng(seed)
+    model, vocab = tiny_lm.model, tiny_lm.model.config.vocab_size
+    prompts = [rng.integers(2, vocab, int(rng.integers(3, 9))).tolist() for _ in range(2)]
+    first = [DraftTree([p[-1], 11, 12, 13, 14, 15], [-1, 0, 1, 0, 3, 0]) for p in prompts]
+    keeps = [[0, 1, 3, 4], [0, 3, 5]]  # two branches kept, the rest dropped
+    cache, seqs = prefill(model, prompts)
+    offset = cache.used
+    batch = pack_trees(first, [s.cache_len for s in seqs], offset, torch.float32, "cpu")
+    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+          past_key_values=cache, use_cache=True)
+    outcomes = [Outcome([], [], keep=k) for k in keeps]
+    cache.keep_slots([s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, first, outcomes)])
+    for s, t, k in zip(seqs, first, keeps):
+        s.kept = subtree(t, k)
+    # step 2: the kept nodes, then two new children under different kept nodes
+    second = []
+    for s in seqs:
+        n = len(s.kept)
+        second.append(DraftTree(np.r_[s.kept.tokens, [21, 22]], np.r_[s.kept.parents, [n - 1, 1]], cached=n))
+    cache.resize(len(seqs), max(s.kv_len for s in seqs))
+    batch = pack_trees(second, [s.cache_len for s in seqs], cache.used, torch.float32, "cpu")
+    assert batch.input_ids.shape[1] == 2  # only the new nodes are fed
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits
+    for b, (prompt, tree) in enumerate(zip(prompts, second)):
+        for i, node in enumerate(range(tree.cached, len(tree))):
+            ref = sequential_logits(model, prompt[:-1] + tree.tokens[tree.path_to(node)].tolist())
+            torch.testing.assert_close(logits[b, i], ref, atol=1e-4, rtol=1e-4)
+
+
+def test_kept_nodes_must_list_parents_first():
+    from laser.engine import subtree
+
+    tree = DraftTree([1, 2, 3], [-1, 0, 1])
+    with pytest.raises(RuntimeError, match="parent"):
+        subtree(tree, [0, 2])  # node 2's parent (1) is dropped

@@ -146,5 +146,5 @@ class AtSpeed(BeamDecoder):
         if self.N < state.width:
             raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
         sampled = shared if self.verification == "relaxed" else None
-        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.N, sampled,
+        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab), self.gamma, self.N, sampled,
                                self.seed if seed is None else seed)
