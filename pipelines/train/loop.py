@@ -39,12 +39,18 @@ class LoopResult:
     resumed_from: int
     losses: list[float] = field(default_factory=list)
     held_losses: dict[int, float] = field(default_factory=dict)  # step -> held-out loss (step 0 = before)
-    seconds: float = 0.0  # training time of this run (its own steps only)
+    seconds: float = 0.0  # training time of this run (its own steps only), wall clock
+    cpu_seconds: float = 0.0  # the same in CPU time of this process (all its threads)
 
     @property
     def s_per_step(self) -> float:
         done = self.steps - self.resumed_from
         return self.seconds / done if done else 0.0
+
+    @property
+    def cpu_s_per_step(self) -> float:
+        done = self.steps - self.resumed_from
+        return self.cpu_seconds / done if done else 0.0
 
 
 def lr_at(step: int, s: LoopSettings) -> float:
@@ -98,7 +104,7 @@ def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor], 
     if 0 not in res.held_losses:
         model.eval()
         res.held_losses[0] = held_loss()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     updating = False  # True between an optimizer step and its bookkeeping: no consistent state to save
     try:
         with tqdm(total=s.steps, initial=res.steps, desc=s.desc, unit="step") as bar:
@@ -131,5 +137,6 @@ def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor], 
         raise
     finally:
         res.seconds = time.perf_counter() - started
+        res.cpu_seconds = time.process_time() - cpu_started
     model.eval()
     return res

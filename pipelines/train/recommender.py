@@ -80,6 +80,7 @@ class RecTrainResult:
     trainable_params: int
     total_params: int
     s_per_step: float
+    cpu_s_per_step: float
     train_examples: int
     held_examples: int
     before: dict[str, float] = field(default_factory=dict)  # beam recall@K / NDCG@K on held-out new items
@@ -166,7 +167,8 @@ def train_recommender(cfg: RecommendJobConfig, s: RecTrainSettings,
     result = RecTrainResult(
         name=name, path=str(path), work_dir=str(work), method=s.method, steps=res.steps,
         resumed_from=res.resumed_from, trainable_params=n_train, total_params=sum(p.numel() for p in tuned.parameters()),
-        s_per_step=res.s_per_step, train_examples=len(data.train), held_examples=len(data.held), before=before,
+        s_per_step=res.s_per_step, cpu_s_per_step=res.cpu_s_per_step, train_examples=len(data.train),
+        held_examples=len(data.held), before=before,
         after=beam_metrics(out_lm, data, K), losses=res.losses, held_losses=res.held_losses)
     plot_losses(res.losses, work / "loss.png", name, held=res.held_losses, ylabel="identifier cross-entropy",
                 command="train-recommender")
