@@ -53,6 +53,14 @@ from jobs.errors import clean_errors as _clean_errors  # noqa: E402
 
 app.command("train-draft")(_clean_errors(_train_draft))
 
+from jobs.train_recommender import train_recommender as _train_recommender  # noqa: E402
+
+app.command("train-recommender")(_clean_errors(_train_recommender))
+
+from jobs.train_align import train_align as _train_align  # noqa: E402
+
+app.command("train-align")(_clean_errors(_train_align))
+
 from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
 
 app.command("ctr-eval")(_ctr_eval)

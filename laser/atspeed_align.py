@@ -48,12 +48,18 @@ def align_relaxed_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, 
 
 
 def alignment_objective(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor,
-                        labels: torch.Tensor, K: int, alpha: float = 0.5, mode: str = "strict") -> torch.Tensor:
-    """alpha * alignment (``mode`` strict: AtSpeed-S, relaxed: AtSpeed-R) + (1 - alpha) * cross-entropy."""
+                        labels: torch.Tensor, K: int, alpha: float = 0.5, mode: str = "strict",
+                        rec_logits: torch.Tensor | None = None) -> torch.Tensor:
+    """alpha * alignment (``mode`` strict: AtSpeed-S, relaxed: AtSpeed-R) + (1 - alpha) * cross-entropy.
+
+    The cross-entropy is on ``rec_logits`` (the draft's logits at other positions, e.g. the ground-truth
+    item's, while the alignment runs on generated sequences) when given, else on ``draft_logits``;
+    ``labels`` name the tokens of those positions.
+    """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must lie in [0, 1], got {alpha}")
     loss = {"strict": align_strict_loss, "relaxed": align_relaxed_loss}.get(mode)
     if loss is None:
         raise ValueError(f"mode must be 'strict' or 'relaxed', got {mode!r}")
-    rec = F.cross_entropy(draft_logits.float(), labels)
+    rec = F.cross_entropy((draft_logits if rec_logits is None else rec_logits).float(), labels)
     return alpha * loss(draft_logits, target_logits, valid, K) + (1 - alpha) * rec

@@ -60,3 +60,14 @@ def test_bad_input():
     with pytest.raises(ValueError, match="mode"):
         alignment_objective(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool),
                             torch.zeros(1, dtype=torch.long), 2, mode="x")
+
+
+def test_cross_entropy_on_separate_positions():
+    torch.manual_seed(1)
+    d, t = torch.randn(3, 8), torch.randn(3, 8)
+    valid = torch.ones(3, 8, dtype=torch.bool)
+    rec = torch.randn(2, 8)
+    labels = torch.tensor([4, 6])
+    got = alignment_objective(d, t, valid, labels, K=3, alpha=0.25, rec_logits=rec)
+    want = 0.25 * align_strict_loss(d, t, valid, 3) + 0.75 * torch.nn.functional.cross_entropy(rec, labels)
+    assert float(got) == pytest.approx(float(want), abs=1e-6)

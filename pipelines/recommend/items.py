@@ -30,7 +30,8 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
         raise JobInputError(f"recommend.item_code_column: the items table has no column {column!r} "
                             f"(columns: {items.columns})")
     has_year = code_column is None and "year" in items.columns
-    rows = items.select("item_id", column, *(["year"] if has_year else [])).iter_rows(named=True)
+    columns = dict.fromkeys(["item_id", column, *(["year"] if has_year else [])])  # item_id may be the code
+    rows = items.select(*columns).iter_rows(named=True)
     out: dict[str, str] = {}
     for row in rows:
         value = row[column]

@@ -382,7 +382,8 @@ def _examples(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings, work: Path
 
 
 def save_draft(draft: torch.nn.Module, lm: LoadedModel, name: str) -> Path:
-    """Save the draft (and the target's tokenizer) in the model cache under ``name``."""
+    """Save a model (a draft, a fine-tuned target) with ``lm``'s generation config and tokenizer in the model
+    cache under ``name``, so ``laser.load_model(name)`` loads it."""
     out = cached_model_dir(name)
     out.mkdir(parents=True, exist_ok=True)
     draft.generation_config = lm.model.generation_config
@@ -392,8 +393,9 @@ def save_draft(draft: torch.nn.Module, lm: LoadedModel, name: str) -> Path:
     return out
 
 
-def plot_losses(losses: list[float], path: Path, title: str) -> Path:
-    """The loss curve (per step and a moving average) as a PNG."""
+def plot_losses(losses: list[float], path: Path, title: str, held: dict[int, float] | None = None,
+                ylabel: str = "distillation loss", command: str = "train-draft") -> Path:
+    """The loss curve (per step and a moving average; ``held``: held-out loss by step) as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,7 +406,11 @@ def plot_losses(losses: list[float], path: Path, title: str) -> Path:
     w = max(1, len(losses) // 20)
     smooth = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1]) for i in range(len(losses))]
     ax.plot(range(1, len(losses) + 1), smooth, label=f"mean of {w}")
-    ax.set(xlabel="step", ylabel="distillation loss", title=f"train-draft {title}", yscale="log")
+    if held:
+        steps = sorted(held)
+        ax.plot(steps, [held[k] for k in steps], "o-", label="held-out")
+    positive = all(v > 0 for v in [*losses, *(held or {}).values()])
+    ax.set(xlabel="step", ylabel=ylabel, title=f"{command} {title}", yscale="log" if positive else "linear")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
