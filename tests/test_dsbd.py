@@ -109,3 +109,60 @@ def test_dsbd_counts_and_widths(tiny_lm):
     assert 1 <= st_layers <= 12 and len(gen.token_ids) <= 12
     with pytest.raises(ValueError, match="t must lie in"):
         laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", t=0.0)
+
+
+# ---- the memory-saving one-cache variant ------------------------------------------------------------
+
+
+def run_states(dec, prompts, length: int, seeds) -> list:
+    """Decode and return each request's BeamSampleState (the engine keeps them in ``request.state``)."""
+    reqs = [dec.request(p, length, sampling=laser.SamplingParams(1.0, seed=s)) for p, s in zip(prompts, seeds)]
+    dec.engine.run(reqs)
+    return reqs
+
+
+def test_lowest_perplexity_is_the_highest_mean_log_prob():
+    from laser.dsbd import Beams
+
+    beams = Beams([(1, 2), (3,), (4, 5, 6)], [2, 1, 1], [-1.0, -0.8, -1.2])  # means -0.5, -0.8, -0.4
+    assert beams.lowest_perplexity() == Beams([(4, 5, 6)], [1], [-1.2])
+
+
+@pytest.fixture(scope="module")
+def one_cache_runs():
+    torch.set_num_threads(1)
+    lm = laser.tiny_llama(seed=3, eos_token_id=1)
+    prompts, seeds = [[5, 6, 7], [9, 10, 11, 12]], [3, 4]
+    one = laser.get_decoder("dsbd", lm, draft=lm, gamma=3, W=3, W_S=3, dynamic=False, one_cache=True)
+    plain = laser.get_decoder("beam_sample", lm, W=3)
+    return lm, run_states(one, prompts, 16, seeds), run_states(plain, prompts, 16, seeds)
+
+
+def test_one_cache_keeps_one_beam_and_accepts_every_layer_when_draft_is_target(one_cache_runs):
+    lm, one, _ = one_cache_runs
+    for r in one:
+        st = r.state["dsbd"]
+        assert st.inputs[0] == 1 and set(st.inputs) == {1}  # one input beam, one tree, every iteration
+        assert st.forest_nodes[-1] <= st.depth + 3 * 3 + 1  # the beam's path + one tree of drafts
+        # draft = target and W = W_S: every drafted layer is accepted, plus the bonus layer
+        full = [n for n in st.layers_per_forward[:-1]]
+        assert full and all(n == 4 for n in full) and 1 <= st.layers_per_forward[-1] <= 4
+
+
+def test_one_cache_output_is_a_continuation_with_its_target_score(one_cache_runs):
+    lm, one, _ = one_cache_runs
+    for r in one:
+        seq, score = r.state["dsbd"].best()
+        assert r.new_tokens == list(seq) and 1 <= len(seq) <= 16
+        assert all(t not in lm.eos_ids for t in seq[:-1])  # nothing continues past an end token
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([r.tokens])).logits[0, r.prompt_len - 1:-1]
+        want = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(seq)[:, None]).sum()
+        assert score == pytest.approx(float(want), abs=1e-3)
+
+
+def test_one_cache_needs_no_more_target_forwards_than_beam_sampling(one_cache_runs):
+    _, one, plain = one_cache_runs
+    for a, b in zip(one, plain):
+        assert a.stats.target_forwards <= b.stats.target_forwards
+    assert sum(a.stats.target_forwards for a in one) < sum(b.stats.target_forwards for b in plain)
