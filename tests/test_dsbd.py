@@ -166,3 +166,68 @@ def test_one_cache_needs_no_more_target_forwards_than_beam_sampling(one_cache_ru
     for a, b in zip(one, plain):
         assert a.stats.target_forwards <= b.stats.target_forwards
     assert sum(a.stats.target_forwards for a in one) < sum(b.stats.target_forwards for b in plain)
+
+
+# ---- rules broken on purpose: each test above and below must notice ---------------------------------
+
+
+def test_the_dp_simulation_notices_a_broken_residual():
+    p, q = random_pq(7, n=5)
+    m, n = 4, 6000
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros(m + 1)
+    for _ in range(n):
+        counts[verify_layer(p, q, draw(q, m, g), m + 1, g, broken_residual=True)[1]] += 1
+    want = acceptance_distribution(acceptance_rates(p, q, m))[m] * n
+    assert chisquare(counts, want).pvalue < 1e-6
+
+
+def exact_sequence_probs(lm, prompt: list[int], length: int, ends: set[int]) -> dict[tuple, float]:
+    """Ancestral sampling's exact law over sequences of up to ``length`` tokens (stopping at an end token)."""
+    out, frontier = {}, {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, pr in frontier.items():
+            with torch.no_grad():
+                logits = lm.model(torch.tensor([prompt + list(seq)])).logits[0, -1]
+            for v, pv in enumerate(torch.softmax(logits.double(), -1).tolist()):
+                (out if v in ends else nxt)[seq + (v,)] = pr * pv
+        frontier = nxt
+    return {**out, **frontier}
+
+
+@pytest.mark.slow
+def test_one_beam_one_draft_decoder_is_exact_ancestral_sampling():
+    """W = W_S = 1: DSBD is speculative sampling, so its sequences follow the target's own law exactly."""
+    lm = laser.tiny_llama(vocab_size=5, seed=3, logit_scale=1.0, eos_token_id=1)
+    draft = laser.tiny_llama(vocab_size=5, seed=9, logit_scale=6.0, eos_token_id=1)
+    prompt, n, length = [2, 3, 4], 1000, 3
+    law = exact_sequence_probs(lm, prompt, length, lm.eos_ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def pvalue(broken: bool) -> float:
+        dec = laser.get_decoder("dsbd", lm, draft=draft, gamma=2, W=1, W_S=1, dynamic=False)
+        dec.engine.verifier.broken_residual = broken
+        got = [tuple(g.token_ids) for g in dec.generate_batch([prompt] * n, length, seeds=range(n))]
+        cats = sorted(law)
+        obs, exp = np.array([got.count(c) for c in cats]), np.array([law[c] * n for c in cats])
+        assert obs.sum() == n  # every output is a sequence of the law's support
+        big = exp >= 5
+        if not big.all():  # pool the rare sequences into one cell
+            obs, exp = np.append(obs[big], obs[~big].sum()), np.append(exp[big], exp[~big].sum())
+        return chisquare(obs, exp).pvalue
+
+    good, bad = pvalue(False), pvalue(True)
+    torch.set_num_threads(threads)
+    print(f'p-values: exact {good:.3g}, broken residual {bad:.3g}')
+    assert good > 1e-3 and bad < 1e-3
+
+
+def test_layers_per_forward_and_dynamic_widths_stay_in_range(tiny_lm):
+    dec = laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", gamma=3, W=2, W_S=4, W_min=2, t=0.7)
+    for r in run_states(dec, [[5, 6, 7], [8, 9]], 14, [0, 1]):
+        st = r.state["dsbd"]
+        assert all(1 <= n <= 3 + 1 for n in st.layers_per_forward)
+        assert len(st.layers_per_forward) == r.stats.target_forwards
+        assert all(2 <= w <= 4 for w in st.widths)  # W_min <= W_L <= W_S (the bonus layer: W)
