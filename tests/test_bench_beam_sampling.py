@@ -15,12 +15,12 @@ def study():
     torch.set_num_threads(1)
     lm = laser.tiny_llama(seed=3)
     return lm, run_beam_sampling_study(lm, lm, [[5, 6, 7], [9, 10, 11, 12]], W=3, gamma=3, W_S=3, seeds=(1, 2),
-                                       max_new_tokens=12)
+                                       max_new_tokens=12, methods=(*METHODS, "dsbd_fixed"))
 
 
 def test_every_method_is_measured_on_the_same_runs(study):
     _, result = study
-    assert set(result["methods"]) == set(METHODS)
+    assert set(result["methods"]) == {*METHODS, "dsbd_fixed"}
     assert result["settings"]["prompts"] == 2 and result["settings"]["seeds"] == [1, 2]
     base = result["methods"]["beam_sample"]
     assert base["speedup"] == pytest.approx(1.0) and base["layers_per_forward"] == pytest.approx(1.0)
@@ -33,11 +33,19 @@ def test_every_method_is_measured_on_the_same_runs(study):
 def test_dsbd_with_the_target_as_draft_needs_fewer_forwards(study):
     _, result = study
     m = result["methods"]
-    for name in ("dsbd", "dsbd_one_cache"):
+    for name in ("dsbd", "dsbd_one_cache", "dsbd_fixed"):
         assert m[name]["target_forwards"] < m["beam_sample"]["target_forwards"]
         assert m[name]["layers_per_forward"] > 1.5
     assert m["dsbd_one_cache"]["mean_input_beams"] == 1.0
     assert m["dsbd_one_cache"]["max_forest_nodes"] <= m["dsbd"]["max_forest_nodes"]
+    assert m["beam_sample"]["mean_width"] == m["dsbd_fixed"]["mean_width"] == 3.0
+    assert m["dsbd"]["mean_width"] == 3.0  # p = q: the dynamic width keeps all W_S drafts
+
+
+def test_unknown_methods_are_named(study):
+    lm, _ = study
+    with pytest.raises(ValueError, match="unknown method 'dsbd_wide'"):
+        run_beam_sampling_study(lm, lm, [[5, 6]], methods=("dsbd_wide",))
 
 
 def test_scoring_is_one_teacher_forced_forward(study):
