@@ -13,6 +13,10 @@ norm(max(0, p' - q)) after a rejection (children of rejected parents have p = 0 
 A layer with fewer than W acceptances draws one beam from p', fills up to W from p_beam and ends the
 iteration; if every layer passes, W beams are drawn from the next layer's p_beam.
 
+The memory-saving one-cache variant (``one_cache``) keeps a single input beam between iterations: the
+output beam of lowest perplexity (see :meth:`Beams.lowest_perplexity`), so the forest is one tree and
+the memory is that of plain speculative decoding. It is not distribution-equivalent to beam sampling.
+
 :func:`acceptance_distribution` is the dynamic program for the number of accepted drafts and
 :func:`dynamic_width` the layer width it gives (``W_L = max(W_min, max{K : P(accepted >= K) >= t})``).
 """
@@ -127,6 +131,16 @@ class Beams:
     def __len__(self) -> int:
         return sum(self.counts)
 
+    def mean_logprob(self, i: int) -> float:
+        """Beam ``i``'s mean target log-probability per generated token (its score / its length, an end
+        token counted); the highest mean is the lowest perplexity exp(-mean)."""
+        return self.scores[i] / max(1, len(self.seqs[i]))
+
+    def lowest_perplexity(self) -> "Beams":
+        """The single beam of highest mean log-probability per token (first in sorted order on ties), count 1."""
+        i = max(range(len(self.seqs)), key=self.mean_logprob)
+        return Beams([self.seqs[i]], [1], [self.scores[i]])
+
 
 def beam_matrix(beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int], temperature: float = 1.0) -> np.ndarray:
     """``[B, V + 1]`` beam-level probabilities (column V: a finished beam stays as it is)."""
@@ -192,6 +206,8 @@ class BeamSampleState:
     drafted: list[tuple[list[Seq], dict[Seq, np.ndarray]]] = field(default_factory=list)  # per draft layer
     layers_per_forward: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)  # the width used at every layer
+    inputs: list[int] = field(default_factory=list)  # distinct input beams of every iteration
+    forest_nodes: list[int] = field(default_factory=list)  # tree nodes verified by every forward
 
     @property
     def depth(self) -> int:
@@ -220,6 +236,8 @@ class ForestDrafter(Drafter):
         if self.draft is not None and self.gamma:
             self._draft(tokens, parents, nodes)
         st.nodes = nodes
+        st.inputs.append(len(st.beams.seqs))
+        st.forest_nodes.append(len(tokens))
         return DraftTree(np.array(tokens), np.array(parents))
 
     def _draft(self, tokens: list[int], parents: list[int], nodes: dict[Seq, int]) -> None:
@@ -248,10 +266,13 @@ class ForestDrafter(Drafter):
 
 
 class BeamSampleVerifier(BeamVerifier):
-    """Beam sampling (no drafts: one layer per forward) and DSBD's layer-by-layer verification."""
+    """Beam sampling (no drafts: one layer per forward) and DSBD's layer-by-layer verification;
+    ``one_cache`` keeps only the lowest-perplexity beam as the next iteration's input."""
 
-    def __init__(self, dynamic: bool = False, t: float = 0.7, w_min: int = 1, broken_residual: bool = False):
+    def __init__(self, dynamic: bool = False, t: float = 0.7, w_min: int = 1, broken_residual: bool = False,
+                 one_cache: bool = False):
         self.dynamic, self.t, self.w_min, self.broken_residual = dynamic, t, w_min, broken_residual
+        self.one_cache = one_cache
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         st: BeamSampleState = request.state["dsbd"]
@@ -272,6 +293,8 @@ class BeamSampleVerifier(BeamVerifier):
             if not passed:
                 break
         st.layers_per_forward.append(layers)
+        if self.one_cache and not st.done:
+            st.beams = st.beams.lowest_perplexity()
         return Outcome(path=[], tokens=list(st.best()[0]) if st.done else [], finished=st.done)
 
     def _layer(self, st: BeamSampleState, p: np.ndarray, vocab: int, layer: int, gen: torch.Generator):

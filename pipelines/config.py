@@ -7,7 +7,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from pipelines.data.config import DatasetConfig
 
@@ -55,10 +55,25 @@ class GenerationConfig(_Strict):
     top_k: int = Field(0, ge=0, description="top-k filter when sampling (0 = off)")
     seed: int = Field(0, ge=0, description="sampling seed; each entity draws from its own generator seeded by "
                       "this seed and its type and id, so a re-run writes the same text")
+    strategy: Literal["default", "beam_sample"] = Field(
+        "default", description="default: the decoder writes one sampled (or greedy) text; beam_sample: beam sampling "
+        "of width beam_width at temperature 1, the text is the beam of highest target log-probability (decoder "
+        "beam_sample, or dsbd when decoder.name is dsbd; see pipelines/strategy.py)")
+    beam_width: int = Field(4, ge=1, description="W, the beams of strategy beam_sample")
+
+    @model_validator(mode="after")
+    def _beam_sampling_is_unwarped(self) -> "GenerationConfig":
+        if self.strategy == "beam_sample" and (self.temperature not in (0.0, 1.0) or self.top_p < 1 or self.top_k):
+            raise ValueError("strategy beam_sample samples beams at temperature 1 without filters: generation."
+                             "temperature must be 0 or 1, top_p 1 and top_k 0; got temperature="
+                             f"{self.temperature}, top_p={self.top_p}, top_k={self.top_k}")
+        return self
 
     def sampling(self) -> dict[str, float | int]:
-        """The sampling settings handed to the actors (see pipelines/sampling.py)."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
+        """The sampling settings handed to the actors (see pipelines/sampling.py); strategy beam_sample
+        samples at temperature 1 (each entity's beams are seeded from ``seed``)."""
+        temperature = 1.0 if self.strategy == "beam_sample" else self.temperature
+        return {"temperature": temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
 
 
 class OldKnowledgeConfig(_Strict):
@@ -142,6 +157,9 @@ class JobConfig(_Strict):
         """``output.run_id`` or a short hash of everything that shapes the output (stable on resume)."""
         if self.output.run_id:
             return self.output.run_id
-        # work_dir only says where derived files go: the same output under another work_dir is the same job
-        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"}})
+        # work_dir only says where derived files go: the same output under another work_dir is the same job;
+        # the default strategy hashes as configs written before the strategy keys existed
+        default = {"strategy", "beam_width"} if self.generation.strategy == "default" else set()
+        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"},
+                                                        "generation": default})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

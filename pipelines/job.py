@@ -340,13 +340,20 @@ def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
                   workers: WorkerGroup | None = None) -> GenerationReport:
     """Step 4 + 5: new knowledge with the configured decoder, streamed into the knowledge store."""
     paths = JobPaths.of(cfg)
-    if decoder_class(cfg.decoder.name).pool != "none" and not (paths.pools / "manifest.json").exists():
-        raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
     check_job_decoder(cfg)
-    task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens,
-                 cfg.resolved_run_id(), data.dataset.domain, paths.pools)
-    return _generate(cfg, new_requests(data, routing, cfg.decoder.name), task, paths.knowledge, "new knowledge",
+    task = new_knowledge_task(cfg, cfg.resolved_run_id(), data.dataset.domain, paths.pools)
+    if decoder_class(task.decoder).pool != "none" and not (paths.pools / "manifest.json").exists():
+        raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
+    return _generate(cfg, new_requests(data, routing, task.decoder), task, paths.knowledge, "new knowledge",
                      workers)
+
+
+def new_knowledge_task(cfg: JobConfig, run_id: str, domain: str, pool_store: Path | None) -> DecodeTask:
+    """The new-knowledge pass's task: the decoder ``generation.strategy`` selects (pipelines/strategy.py)."""
+    from pipelines.strategy import new_knowledge_decoder
+
+    dec = new_knowledge_decoder(cfg)
+    return _task(cfg, dec.name, dec.params, cfg.generation.max_new_tokens, run_id, domain, pool_store)
 
 
 # ---- the whole job ------------------------------------------------------------------------------

@@ -17,8 +17,12 @@ class JobInputError(ValueError):
 
 
 def check_job_decoder(cfg: Any) -> None:
-    """:func:`check_decoder` for a job config's new-knowledge decoder, its draft and sampling settings."""
-    check_decoder(cfg.decoder.name, dict(cfg.decoder.params), sampling=cfg.generation.sampling(), model=cfg.model.name)
+    """:func:`check_decoder` for a job config's new-knowledge decoder (after ``generation.strategy``, see
+    pipelines/strategy.py), its draft and sampling settings."""
+    from pipelines.strategy import new_knowledge_decoder
+
+    dec = new_knowledge_decoder(cfg)
+    check_decoder(dec.name, dec.params, sampling=cfg.generation.sampling(), model=cfg.model.name)
 
 
 def check_decoder(name: str, params: dict[str, Any], key: str = "decoder", sampling: dict[str, Any] | None = None,

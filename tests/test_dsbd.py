@@ -109,3 +109,125 @@ def test_dsbd_counts_and_widths(tiny_lm):
     assert 1 <= st_layers <= 12 and len(gen.token_ids) <= 12
     with pytest.raises(ValueError, match="t must lie in"):
         laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", t=0.0)
+
+
+# ---- the memory-saving one-cache variant ------------------------------------------------------------
+
+
+def run_states(dec, prompts, length: int, seeds) -> list:
+    """Decode and return each request's BeamSampleState (the engine keeps them in ``request.state``)."""
+    reqs = [dec.request(p, length, sampling=laser.SamplingParams(1.0, seed=s)) for p, s in zip(prompts, seeds)]
+    dec.engine.run(reqs)
+    return reqs
+
+
+def test_lowest_perplexity_is_the_highest_mean_log_prob():
+    from laser.dsbd import Beams
+
+    beams = Beams([(1, 2), (3,), (4, 5, 6)], [2, 1, 1], [-1.0, -0.8, -1.2])  # means -0.5, -0.8, -0.4
+    assert beams.lowest_perplexity() == Beams([(4, 5, 6)], [1], [-1.2])
+
+
+@pytest.fixture(scope="module")
+def one_cache_runs():
+    torch.set_num_threads(1)
+    lm = laser.tiny_llama(seed=3, eos_token_id=1)
+    prompts, seeds = [[5, 6, 7], [9, 10, 11, 12]], [3, 4]
+    one = laser.get_decoder("dsbd", lm, draft=lm, gamma=3, W=3, W_S=3, dynamic=False, one_cache=True)
+    plain = laser.get_decoder("beam_sample", lm, W=3)
+    return lm, run_states(one, prompts, 16, seeds), run_states(plain, prompts, 16, seeds)
+
+
+def test_one_cache_keeps_one_beam_and_accepts_every_layer_when_draft_is_target(one_cache_runs):
+    lm, one, _ = one_cache_runs
+    for r in one:
+        st = r.state["dsbd"]
+        assert st.inputs[0] == 1 and set(st.inputs) == {1}  # one input beam, one tree, every iteration
+        assert st.forest_nodes[-1] <= st.depth + 3 * 3 + 1  # the beam's path + one tree of drafts
+        # draft = target and W = W_S: every drafted layer is accepted, plus the bonus layer
+        full = [n for n in st.layers_per_forward[:-1]]
+        assert full and all(n == 4 for n in full) and 1 <= st.layers_per_forward[-1] <= 4
+
+
+def test_one_cache_output_is_a_continuation_with_its_target_score(one_cache_runs):
+    lm, one, _ = one_cache_runs
+    for r in one:
+        seq, score = r.state["dsbd"].best()
+        assert r.new_tokens == list(seq) and 1 <= len(seq) <= 16
+        assert all(t not in lm.eos_ids for t in seq[:-1])  # nothing continues past an end token
+        with torch.no_grad():
+            logits = lm.model(torch.tensor([r.tokens])).logits[0, r.prompt_len - 1:-1]
+        want = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(seq)[:, None]).sum()
+        assert score == pytest.approx(float(want), abs=1e-3)
+
+
+def test_one_cache_needs_no_more_target_forwards_than_beam_sampling(one_cache_runs):
+    _, one, plain = one_cache_runs
+    for a, b in zip(one, plain):
+        assert a.stats.target_forwards <= b.stats.target_forwards
+    assert sum(a.stats.target_forwards for a in one) < sum(b.stats.target_forwards for b in plain)
+
+
+# ---- rules broken on purpose: each test above and below must notice ---------------------------------
+
+
+def test_the_dp_simulation_notices_a_broken_residual():
+    p, q = random_pq(7, n=5)
+    m, n = 4, 6000
+    g = torch.Generator().manual_seed(0)
+    counts = np.zeros(m + 1)
+    for _ in range(n):
+        counts[verify_layer(p, q, draw(q, m, g), m + 1, g, broken_residual=True)[1]] += 1
+    want = acceptance_distribution(acceptance_rates(p, q, m))[m] * n
+    assert chisquare(counts, want).pvalue < 1e-6
+
+
+def exact_sequence_probs(lm, prompt: list[int], length: int, ends: set[int]) -> dict[tuple, float]:
+    """Ancestral sampling's exact law over sequences of up to ``length`` tokens (stopping at an end token)."""
+    out, frontier = {}, {(): 1.0}
+    for _ in range(length):
+        nxt = {}
+        for seq, pr in frontier.items():
+            with torch.no_grad():
+                logits = lm.model(torch.tensor([prompt + list(seq)])).logits[0, -1]
+            for v, pv in enumerate(torch.softmax(logits.double(), -1).tolist()):
+                (out if v in ends else nxt)[seq + (v,)] = pr * pv
+        frontier = nxt
+    return {**out, **frontier}
+
+
+@pytest.mark.slow
+def test_one_beam_one_draft_decoder_is_exact_ancestral_sampling():
+    """W = W_S = 1: DSBD is speculative sampling, so its sequences follow the target's own law exactly."""
+    lm = laser.tiny_llama(vocab_size=5, seed=3, logit_scale=1.0, eos_token_id=1)
+    draft = laser.tiny_llama(vocab_size=5, seed=9, logit_scale=6.0, eos_token_id=1)
+    prompt, n, length = [2, 3, 4], 1000, 3
+    law = exact_sequence_probs(lm, prompt, length, lm.eos_ids)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def pvalue(broken: bool) -> float:
+        dec = laser.get_decoder("dsbd", lm, draft=draft, gamma=2, W=1, W_S=1, dynamic=False)
+        dec.engine.verifier.broken_residual = broken
+        got = [tuple(g.token_ids) for g in dec.generate_batch([prompt] * n, length, seeds=range(n))]
+        cats = sorted(law)
+        obs, exp = np.array([got.count(c) for c in cats]), np.array([law[c] * n for c in cats])
+        assert obs.sum() == n  # every output is a sequence of the law's support
+        big = exp >= 5
+        if not big.all():  # pool the rare sequences into one cell
+            obs, exp = np.append(obs[big], obs[~big].sum()), np.append(exp[big], exp[~big].sum())
+        return chisquare(obs, exp).pvalue
+
+    good, bad = pvalue(False), pvalue(True)
+    torch.set_num_threads(threads)
+    print(f'p-values: exact {good:.3g}, broken residual {bad:.3g}')
+    assert good > 1e-3 and bad < 1e-3
+
+
+def test_layers_per_forward_and_dynamic_widths_stay_in_range(tiny_lm):
+    dec = laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", gamma=3, W=2, W_S=4, W_min=2, t=0.7)
+    for r in run_states(dec, [[5, 6, 7], [8, 9]], 14, [0, 1]):
+        st = r.state["dsbd"]
+        assert all(1 <= n <= 3 + 1 for n in st.layers_per_forward)
+        assert len(st.layers_per_forward) == r.stats.target_forwards
+        assert all(2 <= w <= 4 for w in st.widths)  # W_min <= W_L <= W_S (the bonus layer: W)

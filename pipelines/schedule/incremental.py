@@ -30,6 +30,7 @@ from pipelines.schedule import exitcodes
 from pipelines.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
 from pipelines.schedule.ledger import RunLedger, RunRecord
 from pipelines.schedule.lock import RunLock
+from pipelines.strategy import new_knowledge_decoder
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,12 @@ def new_run_id(cfg: JobConfig, record_time: Any) -> str:
 
 
 def _generate_changed(cfg: JobConfig, plan: ChangePlan, run_id: str, domain: str, workers: WorkerGroup) -> GenerationReport:
-    from pipelines.job import JobPaths, _task
+    from pipelines.job import JobPaths, new_knowledge_task
 
     if not plan.todo:
         return GenerationReport()
     paths = JobPaths.of(cfg)
-    task = _task(cfg, cfg.decoder.name, dict(cfg.decoder.params), cfg.generation.max_new_tokens, run_id, domain,
-                 paths.pools)
+    task = new_knowledge_task(cfg, run_id, domain, paths.pools)
     with KnowledgeWriter(paths.knowledge, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer:
         return workers.run(plan.todo, task, writer, slots=cfg.execution.batch_size, desc="changed knowledge")
 
@@ -106,7 +106,7 @@ def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
         routing = step_route(cfg, data)
         step_build_pools(cfg, latest_view(paths.knowledge, paths.old_knowledge).to_arrow())
         current = newest_per_entity(read_knowledge(paths.knowledge))
-        plan = plan_changes(new_requests(data, routing, cfg.decoder.name), current)
+        plan = plan_changes(new_requests(data, routing, new_knowledge_decoder(cfg).name), current)
         rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
         log.info("run %s: %d new, %d changed, %d unchanged entities; %d users with interactions after the "
                  "watermark", rec.run_id, plan.new, plan.changed, plan.unchanged, rec.users_after_watermark)
@@ -134,7 +134,7 @@ def run_incremental(cfg: JobConfig) -> RunRecord:
         run_id = resumed.run_id if resumed else new_run_id(cfg, started)
         if resumed:
             log.warning("resuming run %s, which did not finish (killed?)", run_id)
-        rec = RunRecord(run_id=run_id, decoder=cfg.decoder.name, config_hash=config_hash,
+        rec = RunRecord(run_id=run_id, decoder=new_knowledge_decoder(cfg).name, config_hash=config_hash,
                         started=resumed.started if resumed else started,
                         previous_watermark=previous.watermark if previous else None)
         ledger.save(rec)
