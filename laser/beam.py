@@ -133,22 +133,76 @@ def _top_order(flat: np.ndarray, seqs: list[Seq], width: int) -> list[int]:
 
 
 @dataclass
-class BeamState:
-    """A request's beam search, kept in ``request.state["beam"]``.
+class PrefixTree:
+    """How a request's beams are laid out as each step's tree, with their prefixes kept in the KV cache.
 
-    Each step's tree is laid out as: the nodes kept in the cache from the last step (``kept``: the live
-    beams' strict prefixes, the tree's ``cached`` nodes), then the live beams' ends (fed: their rows give
-    the next step), then any drafted nodes. ``nodes`` maps a sequence to its tree node (a fed copy before a
-    cached one), so a fed node's log-probability row is ``nodes[seq] - cached``.
+    A step's tree is: the nodes kept from the last step (``kept``: the tree's ``cached`` nodes), then the
+    beams' ends (fed: their rows give the next step), then any drafted nodes. ``nodes`` maps a sequence to
+    its node (a fed copy before a cached one), so a fed node's log-probability row is ``nodes[seq] -
+    cached``. After verification :meth:`keep` names the nodes to keep: every strict prefix of a beam.
     """
 
-    trie: ItemTrie
-    width: int
-    hyps: list[Hyp] = field(default_factory=initial_beams)
     nodes: dict[Seq, int] = field(default_factory=dict)  # sequence -> node of the current tree
     cached: int = 0  # leading tree nodes already in the cache
     kept: list[Seq] = field(default_factory=list)  # the next tree's cached nodes, in order
     kept_from: list[int] = field(default_factory=list)  # their nodes in the current tree
+
+    def lay_out(self, root: int, ends: Sequence[Seq]) -> tuple[list[int], list[int]]:
+        """The step's tree so far: the kept nodes, then the beams' ends (tokens, parents)."""
+        tokens, parents, self.nodes = [], [], {}
+        for seq in self.kept:
+            self.nodes[seq] = len(tokens)
+            tokens.append(seq[-1] if seq else root)
+            parents.append(self.nodes[seq[:-1]] if seq else -1)
+        self.cached = len(tokens)
+        if not self.kept:
+            self.nodes[()] = 0
+            tokens.append(root), parents.append(-1)
+        for seq in ends:
+            for d in range(1, len(seq)):  # prefixes are normally kept; a missing one is fed
+                if seq[:d] not in self.nodes:
+                    self.add(seq[:d], tokens, parents)
+            if seq:
+                self.add(seq, tokens, parents)
+        return tokens, parents
+
+    def add(self, seq: Seq, tokens: list[int], parents: list[int]) -> None:
+        """Append ``seq``'s last token as a fed node under its prefix's node (once per step)."""
+        if seq in self.nodes and self.nodes[seq] >= self.cached:
+            return
+        parent = self.nodes[seq[:-1]]
+        self.nodes[seq] = len(tokens)
+        tokens.append(seq[-1])
+        parents.append(parent)
+
+    def row(self, seq: Seq) -> int | None:
+        """``seq``'s row in the step's log-probabilities (None: not fed this step)."""
+        node = self.nodes.get(seq, -1)
+        return node - self.cached if node >= self.cached else None
+
+    def rows(self, log_probs: torch.Tensor) -> dict[Seq, torch.Tensor]:
+        """Every fed sequence's log-probability row."""
+        return {seq: log_probs[i - self.cached] for seq, i in self.nodes.items() if i >= self.cached}
+
+    def keep(self, beams: Sequence[Seq]) -> list[int]:
+        """The tree nodes to keep cached: every strict prefix of ``beams`` (cached copies first), in tree
+        order; recorded as the next tree's ``kept``."""
+        cached = {seq: i for i, seq in enumerate(self.kept)}
+        want = {seq[:d] for seq in beams for d in range(len(seq))}
+        pairs = sorted((cached.get(seq, self.nodes.get(seq)), seq) for seq in want)
+        self.kept_from = [i for i, _ in pairs]
+        self.kept = [seq for _, seq in pairs]
+        return self.kept_from
+
+
+@dataclass
+class BeamState:
+    """A request's beam search, kept in ``request.state["beam"]``; ``tree`` lays its beams out."""
+
+    trie: ItemTrie
+    width: int
+    hyps: list[Hyp] = field(default_factory=initial_beams)
+    tree: PrefixTree = field(default_factory=PrefixTree)
     steps_per_forward: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -170,47 +224,7 @@ class BeamState:
         return [(self.trie.item(h.seq), h.score) for h in self.hyps]
 
     def lay_out(self, root: int) -> tuple[list[int], list[int]]:
-        """The step's tree so far: the kept nodes, then the live beams' ends (tokens, parents)."""
-        tokens, parents, self.nodes = [], [], {}
-        for seq in self.kept:
-            self.nodes[seq] = len(tokens)
-            tokens.append(seq[-1] if seq else root)
-            parents.append(self.nodes[seq[:-1]] if seq else -1)
-        self.cached = len(tokens)
-        if not self.kept:
-            self.nodes[()] = 0
-            tokens.append(root), parents.append(-1)
-        for h in self.live:
-            for d in range(1, len(h.seq)):  # prefixes are normally kept; a missing one is fed
-                if h.seq[:d] not in self.nodes:
-                    self.add(h.seq[:d], tokens, parents)
-            if h.seq:
-                self.add(h.seq, tokens, parents)
-        return tokens, parents
-
-    def add(self, seq: Seq, tokens: list[int], parents: list[int]) -> None:
-        """Append ``seq``'s last token as a fed node under its prefix's node."""
-        if seq in self.nodes and self.nodes[seq] >= self.cached:
-            return
-        parent = self.nodes[seq[:-1]]
-        self.nodes[seq] = len(tokens)
-        tokens.append(seq[-1])
-        parents.append(parent)
-
-    def row(self, seq: Seq) -> int | None:
-        """``seq``'s row in the step's log-probabilities (None: not fed this step)."""
-        node = self.nodes.get(seq, -1)
-        return node - self.cached if node >= self.cached else None
-
-    def keep(self) -> list[int]:
-        """After verification: the tree nodes to keep cached (every strict prefix of a live beam, cached
-        copies first), recorded as the next tree's ``kept``."""
-        cached = {seq: i for i, seq in enumerate(self.kept)}
-        want = {h.seq[:d] for h in self.live for d in range(len(h.seq))}
-        pairs = sorted((cached.get(seq, self.nodes.get(seq)), seq) for seq in want)
-        self.kept_from = [i for i, _ in pairs]
-        self.kept = [seq for _, seq in pairs]
-        return self.kept_from
+        return self.tree.lay_out(root, [h.seq for h in self.live])
 
 
 def layout(root: int, seqs: Sequence[Seq]) -> tuple[list[int], list[int], dict[Seq, int]]:
@@ -234,7 +248,7 @@ class BeamDrafter(Drafter):
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         tokens, parents = self.state.lay_out(context[-1])
-        return DraftTree(np.array(tokens), np.array(parents), cached=self.state.cached)
+        return DraftTree(np.array(tokens), np.array(parents), cached=self.state.tree.cached)
 
 
 class BeamSearchVerifier(BeamVerifier):
@@ -243,8 +257,8 @@ class BeamSearchVerifier(BeamVerifier):
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         st: BeamState = request.state["beam"]
         steps = 0
-        while not st.finished and all(st.row(h.seq) is not None for h in st.live):
-            rows = {h.seq: log_probs[st.row(h.seq)] for h in st.live}
+        while not st.finished and all(st.tree.row(h.seq) is not None for h in st.live):
+            rows = {h.seq: log_probs[st.tree.row(h.seq)] for h in st.live}
             st.hyps = beam_step(st.hyps, rows, st.trie, st.width)
             steps += 1
         st.steps_per_forward.append(steps)
@@ -253,4 +267,5 @@ class BeamSearchVerifier(BeamVerifier):
 
 def beam_outcome(st: BeamState) -> Outcome:
     """Nothing committed; the live beams' prefixes stay cached; the request ends with its last live beam."""
-    return Outcome(path=[], tokens=[], finished=st.finished, keep=None if st.finished else st.keep())
+    return Outcome(path=[], tokens=[], finished=st.finished,
+                   keep=None if st.finished else st.tree.keep([h.seq for h in st.live]))

@@ -71,6 +71,16 @@ class TreeDraftModel:
         """Drop the tree nodes (keep the prompt)."""
         self.keep([])
 
+    def sync(self, kept_from: list[int], tokens: list[int], parents: list[int], nodes: dict[Seq, int]
+             ) -> dict[Seq, torch.Tensor]:
+        """Match the draft's cache to a new tree whose first nodes are the previous tree's ``kept_from``
+        (sorted): keep those it has fed (a prefix of them), feed the rest of the tree; the draft's rows of
+        the fed sequences (``nodes``: sequence -> node)."""
+        have = sum(1 for i in kept_from if i < self.fed)
+        self.keep(kept_from[:have])
+        lp = self.feed(tokens[have:], parents[have:])
+        return {seq: lp[i - have] for seq, i in nodes.items() if i >= have}
+
     @torch.inference_mode()
     def feed(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Append nodes (``parents`` index earlier nodes, -1 = none) and return their ``[m, V]`` log-probs."""
@@ -118,29 +128,22 @@ class BeamTreeDrafter(Drafter):
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         st = self.state
-        kept_from = st.kept_from  # the kept nodes' places in the previous tree, whose prefix the draft fed
+        kept_from = st.tree.kept_from  # the kept nodes' places in the previous tree
         tokens, parents = st.lay_out(context[-1])
         if self.gamma and st.live:
-            rows = self._sync(kept_from, tokens, parents)
+            rows = self.draft.sync(kept_from, tokens, parents, st.tree.nodes)
             if self.sampled is not None:
                 self._draft_sampled(tokens, parents, rows)
             else:
                 self._draft(tokens, parents, rows)
-        return DraftTree(np.array(tokens), np.array(parents), cached=st.cached)
-
-    def _sync(self, kept_from: list[int], tokens: list[int], parents: list[int]) -> dict[Seq, torch.Tensor]:
-        """Keep the draft's cache of the kept nodes it has, feed it the rest of the tree; the draft's rows."""
-        have = sum(1 for i in kept_from if i < self.draft.fed)  # kept nodes are sorted: a prefix of them
-        self.draft.keep(kept_from[:have])
-        lp = self.draft.feed(tokens[have:], parents[have:])
-        return {seq: lp[i - have] for seq, i in self.state.nodes.items() if i >= have}
+        return DraftTree(np.array(tokens), np.array(parents), cached=st.tree.cached)
 
     def _draft(self, tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor]) -> None:
         """Extend ``tokens/parents`` in place with the draft's beams of each of ``gamma`` steps."""
         hyps = self.state.live
         for j in range(self.gamma):
             hyps = beam_step(hyps, rows, self.state.trie, self.width)
-            new = [h.seq for h in hyps if not h.done and self.state.row(h.seq) is None]
+            new = [h.seq for h in hyps if not h.done and self.state.tree.row(h.seq) is None]
             if not new:
                 return
             self._add_nodes(new, tokens, parents, rows, feed=j + 1 < self.gamma)
@@ -159,7 +162,7 @@ class BeamTreeDrafter(Drafter):
             chosen = sample_distinct(q, self.width, self.generator)
             steps.append(([seqs[i] for i in chosen], dict(zip(seqs, q.tolist()))))
             hyps = [Hyp(seqs[i], float(scores[i]), self.state.trie.item(seqs[i]) is not None) for i in chosen]
-            new = [h.seq for h in hyps if not h.done and self.state.row(h.seq) is None]
+            new = [h.seq for h in hyps if not h.done and self.state.tree.row(h.seq) is None]
             if not new:
                 return
             self._add_nodes(new, tokens, parents, rows, feed=j + 1 < self.gamma)
@@ -170,7 +173,7 @@ class BeamTreeDrafter(Drafter):
         (the last step's beams need none: the next proposal feeds the ones the target keeps)."""
         first = len(tokens)
         for seq in new:
-            self.state.add(seq, tokens, parents)
+            self.state.tree.add(seq, tokens, parents)
         if feed:
             lp = self.draft.feed(tokens[first:], parents[first:])
             rows.update({seq: lp[i] for i, seq in enumerate(new)})

@@ -80,7 +80,7 @@ class RelaxedBeamVerifier(BeamVerifier):
         for j in range(len(drafted) + 1):
             if st.finished:
                 break
-            seqs, scores = candidates(st.hyps, {h.seq: log_probs[st.row(h.seq)] for h in st.live}, st.trie)
+            seqs, scores = candidates(st.hyps, {h.seq: log_probs[st.tree.row(h.seq)] for h in st.live}, st.trie)
             p = beam_probs(scores)
             if j < len(drafted):
                 dseqs, qmap = drafted[j]

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from laser.beam import Seq, layout
+from laser.beam import PrefixTree, Seq
 from laser.drafting import Drafter
 from laser.request import Request
 from laser.tree import DraftTree
@@ -202,7 +202,7 @@ class BeamSampleState:
     length: int  # tokens to generate (beams stop earlier at an end token)
     ends: set[int]
     beams: Beams = field(default_factory=Beams.start)
-    nodes: dict[Seq, int] = field(default_factory=dict)
+    tree: PrefixTree = field(default_factory=PrefixTree)  # the beams' layout, prefixes kept cached
     drafted: list[tuple[list[Seq], dict[Seq, np.ndarray]]] = field(default_factory=list)  # per draft layer
     layers_per_forward: list[int] = field(default_factory=list)
     widths: list[int] = field(default_factory=list)  # the width used at every layer
@@ -221,6 +221,11 @@ class BeamSampleState:
         i = int(np.argmax(self.beams.scores))
         return self.beams.seqs[i], self.beams.scores[i]
 
+    @property
+    def open_beams(self) -> list[Seq]:
+        """The beams that still extend (not ended by an end token)."""
+        return [s for s in self.beams.seqs if not finished(s, self.ends)]
+
 
 class ForestDrafter(Drafter):
     """Input beams + (with a draft model) ``gamma`` layers of ``width`` beams sampled by the draft."""
@@ -231,20 +236,17 @@ class ForestDrafter(Drafter):
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         st = self.state
-        tokens, parents, nodes = layout(context[-1], st.beams.seqs)
+        kept_from = st.tree.kept_from
+        tokens, parents = st.tree.lay_out(context[-1], st.open_beams)
         st.drafted = []
         if self.draft is not None and self.gamma:
-            self._draft(tokens, parents, nodes)
-        st.nodes = nodes
+            self._draft(tokens, parents, self.draft.sync(kept_from, tokens, parents, st.tree.nodes))
         st.inputs.append(len(st.beams.seqs))
         st.forest_nodes.append(len(tokens))
-        return DraftTree(np.array(tokens), np.array(parents))
+        return DraftTree(np.array(tokens), np.array(parents), cached=st.tree.cached)
 
-    def _draft(self, tokens: list[int], parents: list[int], nodes: dict[Seq, int]) -> None:
+    def _draft(self, tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor]) -> None:
         st = self.state
-        self.draft.reset()
-        lp = self.draft.feed(tokens, parents)
-        rows = {seq: lp[i] for seq, i in nodes.items()}
         beams = st.beams
         for j in range(min(self.gamma, st.length - st.depth - 1)):
             q = beam_matrix(beams, rows, st.ends)
@@ -252,12 +254,11 @@ class ForestDrafter(Drafter):
             picks = draw(q.ravel(), self.width, self.generator)
             st.drafted.append(([child(beams, i, vocab) for i in picks], dict(zip(beams.seqs, q))))
             beams = next_beams(beams, picks, rows, vocab)  # draft scores: target-based start, draft steps
-            new = [s for s in beams.seqs if s not in nodes]
+            # open drafted beams get nodes (a beam ended by an end token is never extended: no node)
+            new = [s for s in beams.seqs if not finished(s, st.ends) and st.tree.row(s) is None]
             first = len(tokens)
             for seq in new:
-                nodes[seq] = len(tokens)
-                tokens.append(seq[-1])
-                parents.append(nodes[seq[:-1]])
+                st.tree.add(seq, tokens, parents)
             if new and j + 1 < self.gamma:
                 lp = self.draft.feed(tokens[first:], parents[first:])
                 rows.update({seq: lp[i] for i, seq in enumerate(new)})
@@ -276,7 +277,7 @@ class BeamSampleVerifier(BeamVerifier):
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         st: BeamSampleState = request.state["dsbd"]
-        rows = {s: log_probs[i] for s, i in st.nodes.items()}
+        rows = st.tree.rows(log_probs)
         layers = 0
         for layer in range(len(st.drafted) + 1):
             if st.done:
@@ -295,7 +296,9 @@ class BeamSampleVerifier(BeamVerifier):
         st.layers_per_forward.append(layers)
         if self.one_cache and not st.done:
             st.beams = st.beams.lowest_perplexity()
-        return Outcome(path=[], tokens=list(st.best()[0]) if st.done else [], finished=st.done)
+        if st.done:
+            return Outcome(path=[], tokens=list(st.best()[0]), finished=True)
+        return Outcome(path=[], tokens=[], keep=st.tree.keep(st.open_beams))
 
     def _layer(self, st: BeamSampleState, p: np.ndarray, vocab: int, layer: int, gen: torch.Generator):
         dseqs, qrows = st.drafted[layer]
