@@ -139,19 +139,30 @@ def _dataset(path: Path | None):
 
 
 @bench_app.command("recommend")
-def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), "--json", help="JSON output."),
-                    model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
-                    draft: str = typer.Option("truncate:8", help="Draft model (path, bundled name or truncate:N)."),
-                    ks: str = typer.Option("1,3,5,10", "--ks", help="K values, comma-separated."),
-                    gamma: int = typer.Option(4, help="Draft steps per iteration."),
-                    n: int = typer.Option(20, "--n", help="Draft beams (at least K)."),
-                    users: int = typer.Option(4, help="Measured users."),
-                    threads: int = typer.Option(2, help="torch threads.")) -> None:
-    """beam vs atspeed strict/relaxed: walltime, speedup, beam steps per forward, recall@K, NDCG@K."""
+def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), "--json", help="JSON output (Markdown and PNG beside it)."),
+                    model: str = typer.Option("smollm2-135m", help="Target model (bundled name, model-cache name, path or hub id), "
+                                                                   "e.g. one fine-tuned by `laser train-recommender`."),
+                    draft: str = typer.Option("truncate:2", help="Draft model (model-cache name, path or truncate:N)."),
+                    aligned_strict: str | None = typer.Option(None, help="Draft from `laser train-align --mode strict`."),
+                    aligned_relaxed: str | None = typer.Option(None, help="Draft from `laser train-align --mode relaxed`."),
+                    ks: str = typer.Option("1,3,5,10,20", "--ks", help="K values, comma-separated."),
+                    gamma: int = typer.Option(3, help="Draft steps per iteration."),
+                    n: int = typer.Option(10, "--n", help="Draft beams N (max(N, K) at each K)."),
+                    users: int = typer.Option(6, help="Measured users."),
+                    dataset_config: Path | None = typer.Option(None, "--dataset-config", help=(
+                        "YAML with a `dataset:` block (or a job config); default: the recommendation demo data.")),
+                    dsbd_draft: str | None = typer.Option(None, help="Draft of the DSBD section (default --draft)."),
+                    dsbd_prompts: int = typer.Option(3, help="Knowledge prompts of the DSBD section (0: skip it)."),
+                    dsbd_tokens: int = typer.Option(32, help="New tokens per DSBD/beam-sampling request."),
+                    threads: int = typer.Option(1, help="torch threads.")) -> None:
+    """The AtSpeed tables (beam vs atspeed strict/relaxed, with and without aligned drafts: WS@K, AS@K,
+    recall@K, NDCG@K) and DSBD against beam sampling."""
     from pipelines.bench.recommend import RecommendBenchSettings, run_recommend_bench
 
-    run_recommend_bench(json_out, RecommendBenchSettings(model=model, draft=draft, gamma=gamma, N=n, users=users,
-                                                         threads=threads, Ks=tuple(int(k) for k in ks.split(","))))
+    run_recommend_bench(json_out, RecommendBenchSettings(
+        model=model, draft=draft, aligned_strict=aligned_strict, aligned_relaxed=aligned_relaxed, gamma=gamma, N=n,
+        users=users, threads=threads, Ks=tuple(int(k) for k in ks.split(",")), dataset=_dataset(dataset_config),
+        dsbd_draft=dsbd_draft, dsbd_prompts=dsbd_prompts, dsbd_tokens=dsbd_tokens))
 
 
 @bench_app.command("suite")
