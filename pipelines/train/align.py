@@ -123,11 +123,40 @@ def init_draft(lm: LoadedModel, init: str, seed: int = 0) -> torch.nn.Module:
     return draft.float()
 
 
-def mixture_rows(draft: torch.nn.Module, target: torch.nn.Module, prompt: Sequence[int], seqs: list[Seq],
-                 lam: float) -> dict[Seq, torch.Tensor]:
+class PrefixRows:
+    """Next-token log-probabilities of sequences after one prompt: the prompt's KV is computed once and
+    each sequence's last token fed once, as a tree node under its prefix (``TreeDraftModel``)."""
+
+    def __init__(self, model: torch.nn.Module, prompt: Sequence[int]):
+        from laser.beam_draft import TreeDraftModel
+
+        self.tree = TreeDraftModel(model, prompt)
+        self.root = int(prompt[-1])
+        self.nodes: dict[Seq, int] = {}
+        self.rows: dict[Seq, torch.Tensor] = {}
+
+    def __call__(self, seqs: Sequence[Seq]) -> dict[Seq, torch.Tensor]:
+        tokens, parents, fed = [], [], []
+        for seq in seqs:
+            for d in range(len(seq) + 1):
+                prefix = seq[:d]
+                if prefix in self.nodes:
+                    continue
+                self.nodes[prefix] = self.tree.fed + len(tokens)
+                tokens.append(prefix[-1] if prefix else self.root)
+                parents.append(self.nodes[prefix[:-1]] if prefix else -1)
+                fed.append(prefix)
+        if tokens:
+            lp = self.tree.feed(tokens, parents)
+            self.rows.update({prefix: lp[i] for i, prefix in enumerate(fed)})
+        return {seq: self.rows[seq] for seq in seqs}
+
+
+def mixture_rows(q_rows: PrefixRows | None, p_rows: PrefixRows | None, seqs: list[Seq], lam: float
+                 ) -> dict[Seq, torch.Tensor]:
     """log((1 - lam) * q + lam * p) of each sequence's next token (exactly log p at lam = 1, log q at 0)."""
-    q = next_log_probs(draft, prompt, seqs) if lam < 1 else None
-    p = next_log_probs(target, prompt, seqs) if lam > 0 else None
+    q = q_rows(seqs) if lam < 1 else None
+    p = p_rows(seqs) if lam > 0 else None
     if q is None or p is None:
         return p if q is None else q
     w = torch.log(torch.tensor([1.0 - lam, lam]))
@@ -137,16 +166,21 @@ def mixture_rows(draft: torch.nn.Module, target: torch.nn.Module, prompt: Sequen
 def mixture_beams(draft: torch.nn.Module, target: torch.nn.Module, prompt: Sequence[int], trie: ItemTrie,
                   K: int, lam: float) -> list[list[int]]:
     """AtSpeed-S data: the top-K identifier sequences of beam search over the draft/target mixture."""
-    hyps = model_beam_search(lambda seqs: mixture_rows(draft, target, prompt, seqs, lam), trie, K)
+    q_rows = PrefixRows(draft, prompt) if lam < 1 else None
+    p_rows = PrefixRows(target, prompt) if lam > 0 else None
+    with torch.inference_mode():
+        hyps = model_beam_search(lambda seqs: mixture_rows(q_rows, p_rows, seqs, lam), trie, K)
     return [list(h.seq) for h in hyps]
 
 
 def target_beams(lm: LoadedModel, prompts: list[list[int]], trie: ItemTrie, K: int,
                  codes: dict[str, list[int]], chunk: int = 8) -> list[list[list[int]]]:
     """AtSpeed-R data: the target's own top-K (the ``beam`` decoder) as identifier sequences."""
+    from tqdm.auto import tqdm
+
     dec = laser.get_decoder("beam", lm)
     out = []
-    for i in range(0, len(prompts), chunk):
+    for i in tqdm(range(0, len(prompts), chunk), desc="target beams", unit="chunk"):
         for rec in dec.recommend_batch(prompts[i:i + chunk], trie, K):
             out.append([codes[item] + [trie.end_token] for item, _ in rec.items])
     return out
