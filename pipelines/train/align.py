@@ -38,8 +38,8 @@ from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.train.draft import _batches, build_draft, plot_losses, save_draft
 from pipelines.train.loop import LoopSettings, run_steps
-from pipelines.train.rec_examples import (RecExample, identifier_logits, labels_of, model_beam_search,
-                                          next_log_probs, rec_data, valid_mask)
+from pipelines.train.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
+                                          model_beam_search, rec_data, valid_mask)
 from pipelines.validation import JobInputError
 
 log = logging.getLogger(__name__)
@@ -121,35 +121,6 @@ def init_draft(lm: LoadedModel, init: str, seed: int = 0) -> torch.nn.Module:
     if vocab_d != vocab_t:
         raise ValueError(f"train-align: draft {init!r} has a vocabulary of {vocab_d}, the target {vocab_t}")
     return draft.float()
-
-
-class PrefixRows:
-    """Next-token log-probabilities of sequences after one prompt: the prompt's KV is computed once and
-    each sequence's last token fed once, as a tree node under its prefix (``TreeDraftModel``)."""
-
-    def __init__(self, model: torch.nn.Module, prompt: Sequence[int]):
-        from laser.beam_draft import TreeDraftModel
-
-        self.tree = TreeDraftModel(model, prompt)
-        self.root = int(prompt[-1])
-        self.nodes: dict[Seq, int] = {}
-        self.rows: dict[Seq, torch.Tensor] = {}
-
-    def __call__(self, seqs: Sequence[Seq]) -> dict[Seq, torch.Tensor]:
-        tokens, parents, fed = [], [], []
-        for seq in seqs:
-            for d in range(len(seq) + 1):
-                prefix = seq[:d]
-                if prefix in self.nodes:
-                    continue
-                self.nodes[prefix] = self.tree.fed + len(tokens)
-                tokens.append(prefix[-1] if prefix else self.root)
-                parents.append(self.nodes[prefix[:-1]] if prefix else -1)
-                fed.append(prefix)
-        if tokens:
-            lp = self.tree.feed(tokens, parents)
-            self.rows.update({prefix: lp[i] for i, prefix in enumerate(fed)})
-        return {seq: self.rows[seq] for seq in seqs}
 
 
 def mixture_rows(q_rows: PrefixRows | None, p_rows: PrefixRows | None, seqs: list[Seq], lam: float
@@ -247,10 +218,11 @@ def topk_coverage(draft: torch.nn.Module, target: torch.nn.Module, prompts: Sequ
     cover, all_in = defaultdict(list), defaultdict(list)
     for prompt in prompts:
         hyps, q_score = initial_beams(), {(): 0.0}
+        p_rows, q_rows = PrefixRows(target, prompt), PrefixRows(draft, prompt)
         step = 0
         while any(not h.done for h in hyps):
             live = [h.seq for h in hyps if not h.done]
-            lp, lq = next_log_probs(target, prompt, live), next_log_probs(draft, prompt, live)
+            lp, lq = p_rows(live), q_rows(live)
             drafted = {h.seq for h in beam_step([Hyp(h.seq, q_score[h.seq], h.done) for h in hyps], lq, trie, N)}
             nxt = beam_step(hyps, lp, trie, K)
             hit = sum(h.seq in drafted for h in nxt)

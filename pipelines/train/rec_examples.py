@@ -9,8 +9,8 @@
   held-out new items, :func:`beam_metrics`).
 - :func:`identifier_logits`: one padded forward over prompt + sequence pairs, the head applied only at the
   positions that predict the sequence's tokens.
-- :func:`next_log_probs` / :func:`model_beam_search`: constrained beam search run with plain forwards (no
-  cache), any per-step scoring (a draft/target mixture, the draft alone).
+- :class:`PrefixRows` / :func:`model_beam_search`: constrained beam search with any per-step scoring (a
+  draft/target mixture, the draft alone), each model's rows read off its prompt cache and tree-fed prefixes.
 """
 from __future__ import annotations
 
@@ -156,14 +156,33 @@ def rec_loss(model: torch.nn.Module, batch: Sequence[RecExample]) -> torch.Tenso
 
 
 @torch.no_grad()
-def next_log_probs(model: torch.nn.Module, prompt: Sequence[int], seqs: Sequence[Seq]) -> dict[Seq, torch.Tensor]:
-    """Each sequence's ``[V]`` next-token log-probabilities after ``prompt`` (one padded forward)."""
-    lm = _causal_lm(model)
-    ids, mask = _padded([list(prompt) + list(s) for s in seqs])
-    hidden = lm.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
-    last = hidden[torch.arange(len(seqs)), mask.sum(1) - 1]
-    logp = torch.log_softmax(lm.get_output_embeddings()(last).float(), -1)
-    return {s: logp[i] for i, s in enumerate(seqs)}
+class PrefixRows:
+    """Next-token log-probabilities of sequences after one prompt: the prompt's KV is computed once and
+    each sequence's last token fed once, as a tree node under its prefix (``TreeDraftModel``)."""
+
+    def __init__(self, model: torch.nn.Module, prompt: Sequence[int]):
+        from laser.beam_draft import TreeDraftModel
+
+        self.tree = TreeDraftModel(model, prompt)
+        self.root = int(prompt[-1])
+        self.nodes: dict[Seq, int] = {}
+        self.rows: dict[Seq, torch.Tensor] = {}
+
+    def __call__(self, seqs: Sequence[Seq]) -> dict[Seq, torch.Tensor]:
+        tokens, parents, fed = [], [], []
+        for seq in seqs:
+            for d in range(len(seq) + 1):
+                prefix = seq[:d]
+                if prefix in self.nodes:
+                    continue
+                self.nodes[prefix] = self.tree.fed + len(tokens)
+                tokens.append(prefix[-1] if prefix else self.root)
+                parents.append(self.nodes[prefix[:-1]] if prefix else -1)
+                fed.append(prefix)
+        if tokens:
+            lp = self.tree.feed(tokens, parents)
+            self.rows.update({prefix: lp[i] for i, prefix in enumerate(fed)})
+        return {seq: self.rows[seq] for seq in seqs}
 
 
 def model_beam_search(rows: Callable[[list[Seq]], dict[Seq, torch.Tensor]], trie: ItemTrie, width: int) -> list[Hyp]:
