@@ -6,8 +6,8 @@
   verification returns exactly ``beam``'s ranked items and scores.
 
 Both run on the engine (``laser.engine``) through its beam hook: the request's beams live in
-``request.state["beam"]``; nothing past the prompt is kept in the target's cache (each step's tree
-re-lays the live beams, which are short item identifiers).
+``request.state["beam"]``; their shared prefixes stay in the target's KV cache between steps
+(``laser.beam.PrefixTree``), so a step feeds only the live beams' ends and the drafted nodes.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Beam-sampling decoders: ``beam_sample`` (the target's own beam sampling of width W, one forward per
 layer) and ``dsbd`` (dynamic-width speculative beam sampling, ``laser.dsbd``). Both return the beam with
-the highest target log-probability; the engine runs them through its beam hook (the beams are re-laid as
-one forest under the prompt's last token each iteration, nothing past the prompt stays cached).
+the highest target log-probability; the engine runs them through its beam hook (the beams' prefixes stay
+in the KV cache, each iteration feeds the open beams' ends and the drafted forest).
 
 Both draw at temperature 1 from the beam-level distribution; a request's generator is seeded by its
 sampling seed (``request``) or the ``seeds`` of ``generate_batch``. ``beam_sampling = True`` marks the
