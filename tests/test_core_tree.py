@@ -138,3 +138,16 @@ def test_kept_nodes_must_list_parents_first():
     tree = DraftTree([1, 2, 3], [-1, 0, 1])
     with pytest.raises(RuntimeError, match="parent"):
         subtree(tree, [0, 2])  # node 2's parent (1) is dropped
+
+
+def test_engine_refuses_a_tree_whose_cached_nodes_were_not_kept(tiny_lm):
+    """A drafter claiming cached nodes the cache does not hold would read another request's (or stale) KV."""
+    from laser.drafting import Drafter
+
+    class Liar(Drafter):
+        def propose(self, context, budget=None):
+            return DraftTree([context[-1], 5], [-1, 0], cached=1)
+
+    engine = TreeDecodingEngine(tiny_lm.model, TopKVerifier(), eos_ids=set())
+    with pytest.raises(RuntimeError, match="cached nodes are not the 0 nodes kept"):
+        engine.run([Request(tokens=[3, 4, 5], prompt_len=3, drafter=Liar(), max_new_tokens=2)])
