@@ -36,7 +36,8 @@ from pipelines.data.split import split_old_new
 from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge import KnowledgeWriter, done_keys, read_failures, read_knowledge
 from pipelines.prompts import PROMPT_VERSION, user_histories
-from pipelines.validation import check_decoder, check_job_decoder, load_inputs
+from pipelines.strategy import check_job_decoder
+from pipelines.validation import check_decoder, load_inputs
 from pipelines.sources import source_hash
 from pipelines.storage import Location
 from pools.build import group_key

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.validation import JobInputError
+from pipelines.validation import JobInputError, check_decoder
 
 BEAM_SAMPLE = "beam_sample"
 
@@ -40,6 +40,13 @@ def new_knowledge_decoder(cfg: Any) -> KnowledgeDecoder:
         raise JobInputError(f"decoder.params.W={params['W']} conflicts with generation.beam_width={width} under "
                             "generation.strategy=beam_sample; set the width once, in generation.beam_width")
     return KnowledgeDecoder(name, {**params, "W": width})
+
+
+def check_job_decoder(cfg: Any) -> None:
+    """:func:`~pipelines.validation.check_decoder` for a job config's new-knowledge decoder (after
+    ``generation.strategy``), its draft and sampling settings."""
+    dec = new_knowledge_decoder(cfg)
+    check_decoder(dec.name, dec.params, sampling=cfg.generation.sampling(), model=cfg.model.name)
 
 
 def beam_samples(name: str) -> bool:

@@ -16,15 +16,6 @@ class JobInputError(ValueError):
     """A job input (decoder, decoder parameter, dataset file) that cannot work; the message names it."""
 
 
-def check_job_decoder(cfg: Any) -> None:
-    """:func:`check_decoder` for a job config's new-knowledge decoder (after ``generation.strategy``, see
-    pipelines/strategy.py), its draft and sampling settings."""
-    from pipelines.strategy import new_knowledge_decoder
-
-    dec = new_knowledge_decoder(cfg)
-    check_decoder(dec.name, dec.params, sampling=cfg.generation.sampling(), model=cfg.model.name)
-
-
 def check_decoder(name: str, params: dict[str, Any], key: str = "decoder", sampling: dict[str, Any] | None = None,
                   model: str | None = None) -> None:
     """Fail before any actor starts when the decoder is unknown, a parameter is not one it takes, a

@@ -13,7 +13,8 @@ from pipelines.generation import GenerationReport, GenerationWorker, ModelSpec
 from pipelines.knowledge import read_knowledge
 from pipelines.sampling import entity_seed
 from pipelines.strategy import new_knowledge_decoder
-from pipelines.validation import JobInputError, check_job_decoder
+from pipelines.strategy import check_job_decoder
+from pipelines.validation import JobInputError
 
 BEAM = ["generation.strategy=beam_sample"]
 
