@@ -62,8 +62,8 @@ class RecommendBenchSettings:
     dataset: DatasetConfig | None = None  # None: the recommendation demo data
     dsbd_draft: str | None = None  # None: ``draft``
     dsbd_W: int = 4
-    dsbd_gamma: int = 4
-    dsbd_W_S: int = 8
+    dsbd_gamma: int = 2
+    dsbd_W_S: int = 4
     dsbd_tokens: int = 32
     dsbd_prompts: int = 3  # 0: no DSBD section
     seeds: tuple[int, ...] = (0, 1)
