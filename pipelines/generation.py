@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
+from pipelines.interrupts import ray_wait
 from pipelines.knowledge import KnowledgeWriter, encode_params, utc_now
 from pipelines.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
@@ -501,7 +502,7 @@ class WorkerGroup:
             for a in alive:
                 call(a)
             while calls:
-                ready, _ = ray.wait(list(calls), num_returns=1, timeout=0.5)  # short: signals get handled
+                ready, _ = ray_wait(list(calls), num_returns=1, timeout=0.5)  # short: signals get handled
                 if not ready:
                     continue
                 [ref] = ready

@@ -55,6 +55,21 @@ def reassert() -> None:
         _install()
 
 
+def ray_wait(refs: list, **kwargs: Any) -> tuple[list, list]:
+    """``ray.wait`` that lets a signal's :class:`JobInterrupted` through: raised by the handler while Ray's
+    compiled wait is running, it comes out wrapped in a ``SystemError`` ("returned a result with an
+    exception set"), which would otherwise unwind as an ordinary error."""
+    import ray
+
+    try:
+        return ray.wait(refs, **kwargs)
+    except SystemError as exc:
+        inner = exc.__cause__ or exc.__context__
+        if isinstance(inner, JobInterrupted):
+            raise inner from None
+        raise
+
+
 @contextmanager
 def catch_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise :class:`JobInterrupted` inside the block (main thread only)."""

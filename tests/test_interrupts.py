@@ -58,3 +58,23 @@ def test_signal_flushes_finished_rows_and_says_how_to_resume(tiny_model, tmp_pat
     assert f"kept {kept.height} new knowledge rows" in err
     assert "resume with the same command" in err and str(config) in err
     assert "Traceback" not in err
+
+
+def test_ray_wait_lets_an_interrupt_through_the_compiled_wait(monkeypatch):
+    """A signal handled inside Ray's compiled wait surfaces as SystemError; ray_wait re-raises the interrupt."""
+    import ray
+
+    from pipelines.interrupts import JobInterrupted, ray_wait
+
+    def interrupted_wait(*args, **kwargs):
+        try:
+            raise JobInterrupted(signal.SIGTERM)
+        except JobInterrupted as inner:
+            raise SystemError("returned a result with an exception set") from inner
+
+    monkeypatch.setattr(ray, "wait", interrupted_wait)
+    with pytest.raises(JobInterrupted):
+        ray_wait([])
+    monkeypatch.setattr(ray, "wait", lambda *a, **k: (_ for _ in ()).throw(SystemError("other")))
+    with pytest.raises(SystemError, match="other"):
+        ray_wait([])

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from pipelines.generation import (BatchScheduler, DecodeTask, GenerationRequest, GenerationWorker, WorkerGroup,
                                   make_batches)
+from pipelines.interrupts import ray_wait
 from pipelines.knowledge import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
@@ -130,7 +131,7 @@ class RecommendGroup(WorkerGroup):
             for a in range(len(self.actors)):
                 dispatch(a)
             while in_flight:
-                ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=0.5)
+                ready, _ = ray_wait(list(in_flight), num_returns=1, timeout=0.5)
                 if not ready:
                     continue
                 actor, batch = in_flight.pop(ready[0])

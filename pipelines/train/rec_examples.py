@@ -155,7 +155,6 @@ def rec_loss(model: torch.nn.Module, batch: Sequence[RecExample]) -> torch.Tenso
     return torch.nn.functional.cross_entropy(identifier_logits(model, pairs), labels_of(pairs))
 
 
-@torch.no_grad()
 class PrefixRows:
     """Next-token log-probabilities of sequences after one prompt: the prompt's KV is computed once and
     each sequence's last token fed once, as a tree node under its prefix (``TreeDraftModel``)."""
