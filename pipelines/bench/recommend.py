@@ -52,8 +52,8 @@ class RecommendBenchSettings:
     draft: str = "truncate:2"
     aligned_strict: str | None = None  # a draft from `laser train-align --mode strict`
     aligned_relaxed: str | None = None  # a draft from `laser train-align --mode relaxed`
-    gamma: int = 3
-    N: int = 10  # draft beams (max(N, K) at each K)
+    gamma: int = 4
+    N: int = 30  # draft beams (max(N, K) at each K)
     Ks: tuple[int, ...] = (1, 3, 5, 10, 20)
     users: int = 6
     max_history: int = 10
