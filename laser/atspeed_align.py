@@ -27,8 +27,8 @@ def _on_candidates(draft_logits: torch.Tensor, target_logits: torch.Tensor, vali
         raise ValueError("every position needs at least one valid token")
     neg = torch.finfo(draft_logits.dtype).min
     masked = draft_logits.masked_fill(~valid, neg)
-    k = min(K, int(valid.sum(-1).min()))
-    top = masked.topk(k, dim=-1).indices
+    # per position: the draft's top-K valid tokens, or all valid ones where fewer (invalid picks dropped)
+    top = masked.topk(min(K, valid.shape[-1]), dim=-1).indices
     cand = torch.zeros_like(valid).scatter_(-1, top, True) & valid
     log_q = torch.log_softmax(draft_logits.masked_fill(~cand, neg), -1)
     log_p = torch.log_softmax(target_logits.detach().float().masked_fill(~cand, torch.finfo(torch.float32).min), -1)

@@ -71,3 +71,13 @@ def test_cross_entropy_on_separate_positions():
     got = alignment_objective(d, t, valid, labels, K=3, alpha=0.25, rec_logits=rec)
     want = 0.25 * align_strict_loss(d, t, valid, 3) + 0.75 * torch.nn.functional.cross_entropy(rec, labels)
     assert float(got) == pytest.approx(float(want), abs=1e-6)
+
+
+def test_candidate_set_is_per_position():
+    """A forced position (one valid token) beside a branching one: the branching position keeps its own
+    top-K, so the losses are those of that position alone, averaged over both (the forced one adds 0)."""
+    q = logits([0.3, 0.2, 0.1, 0.4], [0.1, 0.1, 0.1, 0.7])
+    p = logits([0.1, 0.3, 0.5, 0.1], [0.2, 0.2, 0.2, 0.4])
+    valid = torch.tensor([[True, True, True, False], [False, False, False, True]])
+    assert float(align_relaxed_loss(q, p, valid, K=2)) == pytest.approx(0.35 / 2, abs=1e-6)
+    assert float(align_strict_loss(q, p, valid, K=2)) == pytest.approx(0.4 * math.log(0.25 / 0.75) / 2, abs=1e-6)
