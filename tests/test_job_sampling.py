@@ -12,7 +12,8 @@ from jobs.config import ConfigError, load_config
 from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
 from pipelines.knowledge import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.sampling import entity_sampling, entity_seed
-from pipelines.validation import JobInputError, check_decoder, check_job_decoder
+from pipelines.strategy import check_job_decoder
+from pipelines.validation import JobInputError, check_decoder
 from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 HOT = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 5}
