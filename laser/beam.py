@@ -227,19 +227,6 @@ class BeamState:
         return self.tree.lay_out(root, [h.seq for h in self.live])
 
 
-def layout(root: int, seqs: Sequence[Seq]) -> tuple[list[int], list[int], dict[Seq, int]]:
-    """Tokens and parents of a tree holding every prefix of ``seqs`` under ``root`` (parents first)."""
-    nodes: dict[Seq, int] = {(): 0}
-    tokens, parents = [root], [-1]
-    for seq in seqs:
-        for d in range(1, len(seq) + 1):
-            if seq[:d] not in nodes:
-                nodes[seq[:d]] = len(tokens)
-                tokens.append(seq[d - 1])
-                parents.append(nodes[seq[:d - 1]])
-    return tokens, parents, nodes
-
-
 class BeamDrafter(Drafter):
     """Lays the live beams out as the step's tree (no drafts): plain beam search, one step per forward."""
 
