@@ -36,8 +36,8 @@ from laser.atspeed_align import alignment_objective
 from laser.beam import Hyp, ItemTrie, Seq, beam_step, initial_beams
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.train.draft import _batches, build_draft, plot_losses, save_draft
-from pipelines.train.loop import LoopSettings, run_steps
+from pipelines.train.draft import build_draft, plot_losses, save_draft
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps
 from pipelines.train.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
                                           model_beam_search, rec_data, valid_mask)
 from pipelines.validation import JobInputError
@@ -295,7 +295,7 @@ def train_align(cfg: RecommendJobConfig, s: AlignSettings, on_step: Callable[[in
     before = json.loads(before_path.read_text())
 
     def step_loss(step: int) -> torch.Tensor:
-        batch = [train[i] for i in _batches(len(train), s.batch_size, step, s.seed)]
+        batch = [train[i] for i in batch_indices(len(train), s.batch_size, step, s.seed)]
         return align_loss(draft, lm.model, batch, data.trie, K, s.alpha, s.mode)
 
     def held_loss() -> float:

@@ -40,6 +40,7 @@ from laser.distill import distill_loss_terms, hidden_projection
 from laser.draft_model import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps
 
 log = logging.getLogger(__name__)
 
@@ -263,36 +264,6 @@ def step_ms(model: torch.nn.Module, context: int = 256, repeats: int = 15, seed:
     return 1000 * sorted(times)[len(times) // 2]
 
 
-def _batches(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
-    """Indices of the examples of ``step`` (0-based): a seeded permutation per epoch."""
-    per_epoch = max(1, n_examples // batch_size)
-    epoch, k = divmod(step, per_epoch)
-    order = list(range(n_examples))
-    random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[k * batch_size:(k + 1) * batch_size]
-
-
-def _save_checkpoint(path: Path, step: int, draft: torch.nn.Module, proj: torch.nn.Module,
-                     opt: torch.optim.Optimizer, losses: list[float], init: str) -> None:
-    trainable = {n: p.detach().clone() for n, p in draft.named_parameters() if p.requires_grad}
-    tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "init": init, "draft": trainable, "proj": proj.state_dict(),
-                "optimizer": opt.state_dict(), "losses": losses}, tmp)
-    os.replace(tmp, path)
-
-
-def _load_checkpoint(path: Path, draft: torch.nn.Module, proj: torch.nn.Module, opt: torch.optim.Optimizer,
-                     init: str) -> tuple[int, list[float]]:
-    ckpt = torch.load(path, weights_only=False)
-    if ckpt["init"] != init:
-        raise ValueError(f"{path}: checkpoint of a draft started from {ckpt['init']!r}, not {init!r}; "
-                         "use another --name or delete the work directory")
-    draft.load_state_dict(ckpt["draft"], strict=False)
-    proj.load_state_dict(ckpt["proj"])
-    opt.load_state_dict(ckpt["optimizer"])
-    return int(ckpt["step"]), list(ckpt["losses"])
-
-
 def default_name(cfg: JobConfig, s: DraftTrainSettings) -> str:
     base = Path(cfg.model.name).name or "model"
     return s.name or f"{base}-draft-{s.init.replace(':', '')}"
@@ -321,50 +292,21 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
         p.requires_grad_(s.train_embeddings)
     torch.manual_seed(s.seed)
     proj = hidden_projection(draft, target)
-    params = [p for p in draft.parameters() if p.requires_grad] + list(proj.parameters())
-    opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
-    ckpt = work / "checkpoint.pt"
-    step, losses = _load_checkpoint(ckpt, draft, proj, opt, s.init) if ckpt.exists() else (0, [])
-    resumed_from = step
-    if step:
-        log.info("train-draft: resuming %s at step %d of %d", name, step, s.steps)
+    trained = torch.nn.ModuleDict({"draft": draft, "proj": proj})  # the draft's trainable weights, then proj
+
+    def step_loss(step: int) -> torch.Tensor:
+        batch = [train[i] for i in batch_indices(len(train), s.batch_size, step, s.seed)]
+        return _batch_loss(draft, target, proj, batch, s.kl_weight, s.positions, random.Random(s.seed * 7_919 + step))
+
     before = agreement(draft, target, test)
-    started = time.perf_counter()
-    updating = False  # True between an optimizer step and its bookkeeping: no consistent state to save
-    try:
-        with tqdm(total=s.steps, initial=step, desc=f"train-draft {name}", unit="step") as bar:
-            while step < s.steps:
-                for group in opt.param_groups:
-                    group["lr"] = s.lr * min(1.0, (step + 1) / max(1, s.warmup))
-                batch = [train[i] for i in _batches(len(train), s.batch_size, step, s.seed)]
-                rng = random.Random(s.seed * 7_919 + step)
-                loss = _batch_loss(draft, target, proj, batch, s.kl_weight, s.positions, rng)
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, 1.0)
-                updating = True
-                opt.step()
-                step += 1
-                losses.append(float(loss.detach()))
-                updating = False
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}")
-                if step % s.checkpoint_every == 0 or step == s.steps:
-                    _save_checkpoint(ckpt, step, draft, proj, opt, losses, s.init)
-                if on_step is not None:
-                    on_step(step, losses[-1])
-    except BaseException:  # an interrupt keeps the work done so far
-        if step > resumed_from and not updating:
-            _save_checkpoint(ckpt, step, draft, proj, opt, losses, s.init)
-            log.warning("train-draft interrupted: checkpoint at step %d in %s; re-run to resume", step, ckpt)
-        raise
-    draft.eval()
-    result = TrainResult(name=name, path=str(save_draft(draft, lm, name)), work_dir=str(work), steps=step,
-                         resumed_from=resumed_from, losses=losses, agreement_before=before,
+    loop = LoopSettings(steps=s.steps, lr=s.lr, warmup=max(1, s.warmup), checkpoint_every=s.checkpoint_every,
+                        desc=f"train-draft {name}", decay=False)
+    res = run_steps(trained, step_loss, None, loop, work, {"init": s.init}, on_step)
+    result = TrainResult(name=name, path=str(save_draft(draft, lm, name)), work_dir=str(work), steps=res.steps,
+                         resumed_from=res.resumed_from, losses=res.losses, agreement_before=before,
                          agreement_after=agreement(draft, target, test), examples=len(examples),
-                         train_s=time.perf_counter() - started, draft_step_ms=step_ms(draft),
-                         target_step_ms=step_ms(target))
-    plot_losses(losses, work / "loss.png", name)
+                         train_s=res.seconds, draft_step_ms=step_ms(draft), target_step_ms=step_ms(target))
+    plot_losses(res.losses, work / "loss.png", name)
     (work / "report.json").write_text(json.dumps({**asdict(result), "settings": asdict(s)}, indent=1))
     return result
 

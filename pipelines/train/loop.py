@@ -1,10 +1,10 @@
-"""The optimisation loop shared by `laser train-recommender` and `laser train-align`.
+"""The optimisation loop shared by `laser train-draft`, `laser train-recommender` and `laser train-align`.
 
 :func:`run_steps` trains the parameters of ``model`` that require gradients for ``steps`` AdamW steps
-(linear warm-up, then cosine decay to a tenth of the peak), with a tqdm bar, a held-out loss every
+(linear warm-up, then cosine decay to a tenth of the peak, or a constant rate), with a tqdm bar, a held-out loss every
 ``eval_every`` steps, ``checkpoint.pt`` in the work directory every ``checkpoint_every`` steps and on an
 interrupt (trainable weights, optimizer, losses). A re-run resumes from the checkpoint; each step's batch
-is a pure function of the step (seeded order per epoch, :func:`pipelines.train.draft._batches`), so a
+is a pure function of the step (seeded order per epoch, :func:`batch_indices`), so a
 resumed run trains exactly as an uninterrupted one.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,7 @@ class LoopSettings:
     checkpoint_every: int = 20
     eval_every: int = 10
     desc: str = "train"
+    decay: bool = True  # cosine decay after the warm-up; False: the peak rate from then on
 
 
 @dataclass
@@ -53,10 +55,21 @@ class LoopResult:
         return self.cpu_seconds / done if done else 0.0
 
 
+def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
+    """Indices of the examples of ``step`` (0-based): a seeded permutation per epoch."""
+    per_epoch = max(1, n_examples // batch_size)
+    epoch, k = divmod(step, per_epoch)
+    order = list(range(n_examples))
+    random.Random(seed * 1_000_003 + epoch).shuffle(order)
+    return order[k * batch_size:(k + 1) * batch_size]
+
+
 def lr_at(step: int, s: LoopSettings) -> float:
     """Learning rate of 0-based ``step``: linear warm-up, then cosine decay to lr/10."""
     if step < s.warmup:
         return s.lr * (step + 1) / s.warmup
+    if not s.decay:
+        return s.lr
     frac = (step - s.warmup) / max(1, s.steps - s.warmup)
     return s.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
@@ -77,7 +90,7 @@ def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
 def load_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
                     meta: dict[str, Any]) -> LoopResult:
     ckpt = torch.load(path, weights_only=False)
-    if ckpt["meta"] != meta:
+    if ckpt.get("meta") != meta:
         raise ValueError(f"{path}: checkpoint of another training ({ckpt['meta']}), not {meta}; "
                          "use another --name or delete the work directory")
     missing = set(ckpt["weights"]) - {n for n, _ in model.named_parameters()}
@@ -90,18 +103,18 @@ def load_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
                       held_losses={int(k): v for k, v in ckpt["held_losses"].items()})
 
 
-def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor], held_loss: Callable[[], float],
-              s: LoopSettings, work: Path, meta: dict[str, Any],
+def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor],
+              held_loss: Callable[[], float] | None, s: LoopSettings, work: Path, meta: dict[str, Any],
               on_step: Callable[[int, float], None] | None = None) -> LoopResult:
     """Train (or resume) ``model``'s trainable parameters; ``step_loss(step)`` is the loss of a step's batch,
-    ``held_loss()`` the held-out loss (no gradients). ``meta`` must match a checkpoint to resume it."""
+    ``held_loss()`` the held-out loss (no gradients; None: none). ``meta`` must match a checkpoint to resume it."""
     params = trainable(model)
     opt = torch.optim.AdamW(params, lr=s.lr, weight_decay=0.0)
     ckpt = work / "checkpoint.pt"
     res = load_checkpoint(ckpt, model, opt, meta) if ckpt.exists() else LoopResult(0, 0)
     if res.steps:
         log.info("%s: resuming at step %d of %d", s.desc, res.steps, s.steps)
-    if 0 not in res.held_losses:
+    if held_loss is not None and 0 not in res.held_losses:
         model.eval()
         res.held_losses[0] = held_loss()
     started, cpu_started = time.perf_counter(), time.process_time()
@@ -123,7 +136,7 @@ def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor], 
                 updating = False
                 bar.update(1)
                 bar.set_postfix(loss=f"{res.losses[-1]:.4f}")
-                if res.steps % s.eval_every == 0 or res.steps == s.steps:
+                if held_loss is not None and (res.steps % s.eval_every == 0 or res.steps == s.steps):
                     model.eval()
                     res.held_losses[res.steps] = held_loss()
                 if res.steps % s.checkpoint_every == 0 or res.steps == s.steps:

@@ -24,8 +24,8 @@ import torch
 import laser
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.train.draft import _batches, plot_losses, save_draft
-from pipelines.train.loop import LoopSettings, run_steps, trainable
+from pipelines.train.draft import plot_losses, save_draft
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps, trainable
 from pipelines.train.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss
 
 log = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def train_recommender(cfg: RecommendJobConfig, s: RecTrainSettings,
     n_train = sum(p.numel() for p in trainable(model))
 
     def step_loss(step: int) -> torch.Tensor:
-        return rec_loss(model, [data.train[i] for i in _batches(len(data.train), s.batch_size, step, s.seed)])
+        return rec_loss(model, [data.train[i] for i in batch_indices(len(data.train), s.batch_size, step, s.seed)])
 
     loop = LoopSettings(steps=s.steps, lr=s.peak_lr, warmup=s.warmup, checkpoint_every=s.checkpoint_every,
                         eval_every=s.eval_every, desc=f"train-recommender {name}")
