@@ -111,15 +111,16 @@ def methods_for(s: RecommendBenchSettings, lm: laser.LoadedModel, drafts: dict[s
 
 def load_drafts(s: RecommendBenchSettings, lm: laser.LoadedModel) -> dict[str, Any]:
     """Each draft loaded once, shared by the decoders of every K."""
+    names = {"draft": s.draft, "strict": s.aligned_strict, "relaxed": s.aligned_relaxed}
+    return {key: draft_lm(lm, name) for key, name in names.items() if name}
+
+
+def draft_lm(lm: laser.LoadedModel, name: str) -> laser.LoadedModel:
+    """The draft ``name`` (model-cache name, path or truncate:N) for ``lm``, with the target's tokenizer."""
     from laser.decoders.draft_model import load_draft
 
-    names = {"draft": s.draft, "strict": s.aligned_strict, "relaxed": s.aligned_relaxed}
-    out = {}
-    for key, name in names.items():
-        if name:
-            model, canonical = load_draft(lm, name)
-            out[key] = laser.LoadedModel(model, lm.tokenizer, canonical)
-    return out
+    model, canonical = load_draft(lm, name)
+    return laser.LoadedModel(model, lm.tokenizer, canonical)
 
 
 def measure_k(s: RecommendBenchSettings, fx: Fixture, decoders: dict[str, Any], K: int) -> dict[str, dict]:
@@ -176,8 +177,7 @@ def run_recommend_bench(json_out: Path, s: RecommendBenchSettings) -> dict:
     if s.dsbd_prompts and fx.knowledge_prompts:
         from pipelines.bench.beam_sampling import run_beam_sampling_study
 
-        draft = load_drafts(RecommendBenchSettings(draft=s.dsbd_draft or s.draft), lm)["draft"]
-        results["dsbd"] = run_beam_sampling_study(lm, draft, fx.knowledge_prompts, W=s.dsbd_W, gamma=s.dsbd_gamma,
+        results["dsbd"] = run_beam_sampling_study(lm, draft_lm(lm, s.dsbd_draft or s.draft), fx.knowledge_prompts, W=s.dsbd_W, gamma=s.dsbd_gamma,
                                                   W_S=s.dsbd_W_S, seeds=s.seeds, max_new_tokens=s.dsbd_tokens)
         for name, f in results["dsbd"]["methods"].items():
             print(f"DSBD {name:16s} wall {f['wall_s']:7.2f}s speedup {f['speedup']:.2f}x layers/forward "
