@@ -86,12 +86,12 @@ def check_tree_attention(model: torch.nn.Module) -> None:
 
 def check_cached(s: Request, tree: DraftTree) -> None:
     """A tree's ``cached`` nodes must be exactly the nodes the request kept last step, in the same order."""
-    kept = s.kept
-    if tree.cached != (len(kept) if kept is not None else 0) or (kept is not None and not (
-            np.array_equal(tree.tokens[: tree.cached], kept.tokens)
-            and np.array_equal(tree.parents[: tree.cached], kept.parents))):
+    n = s.kv_len - s.cache_len
+    same = tree.cached == n and (n == 0 or np.array_equal(tree.tokens[:n], s.kept.tokens)
+                                 and np.array_equal(tree.parents[:n], s.kept.parents))
+    if not same:
         raise RuntimeError(f"{type(s.drafter).__name__} laid out a tree whose {tree.cached} cached nodes are not the "
-                           f"{len(kept) if kept is not None else 0} nodes kept in the cache")
+                           f"{n} nodes kept in the cache")
 
 
 def kept_slots(s: Request, tree: DraftTree, o: Outcome, offset: int) -> list[int]:
