@@ -37,7 +37,7 @@ from laser.beam import Hyp, ItemTrie, Seq, beam_step, initial_beams
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.train.draft import build_draft, plot_losses, save_draft
-from pipelines.train.loop import LoopSettings, batch_indices, run_steps
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps, start_run
 from pipelines.train.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
                                           model_beam_search, rec_data, valid_mask)
 from pipelines.validation import JobInputError
@@ -266,13 +266,8 @@ def default_name(cfg: RecommendJobConfig, s: AlignSettings) -> str:
 def train_align(cfg: RecommendJobConfig, s: AlignSettings, on_step: Callable[[int, float], None] | None = None,
                 lm: LoadedModel | None = None) -> AlignResult:
     """Align (or resume aligning) a draft to the job's frozen target; save it, plot and report."""
-    from pipelines.job import JobPaths
-
-    torch.set_num_threads(s.threads)
     name = default_name(cfg, s)
-    work = JobPaths.of(cfg).work / "align-training" / name
-    work.mkdir(parents=True, exist_ok=True)
-    lm = lm or laser.load_model(cfg.model.name, device="cpu", dtype="float32")
+    work, lm = start_run(cfg, "align-training", name, s.threads, lm)
     for p in lm.model.parameters():
         p.requires_grad_(False)
     lm.model.eval()

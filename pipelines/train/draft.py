@@ -40,7 +40,7 @@ from laser.distill import distill_loss_terms, hidden_projection
 from laser.draft_model import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
-from pipelines.train.loop import LoopSettings, batch_indices, run_steps
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps, start_run
 
 log = logging.getLogger(__name__)
 
@@ -272,13 +272,8 @@ def default_name(cfg: JobConfig, s: DraftTrainSettings) -> str:
 def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, float], None] | None = None,
                 lm: LoadedModel | None = None) -> TrainResult:
     """Train (or resume) the draft for the job's target; save it in the model cache and plot the loss."""
-    torch.set_num_threads(s.threads)
     name = default_name(cfg, s)
-    from pipelines.job import JobPaths
-
-    work = JobPaths.of(cfg).work / "draft-training" / name  # local: output.path, or output.work_dir for a URI
-    work.mkdir(parents=True, exist_ok=True)
-    lm = lm or laser.load_model(cfg.model.name, device="cpu", dtype="float32")
+    work, lm = start_run(cfg, "draft-training", name, s.threads, lm)
     target = lm.model
     for p in target.parameters():
         p.requires_grad_(False)

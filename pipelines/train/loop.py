@@ -55,6 +55,18 @@ class LoopResult:
         return self.cpu_seconds / done if done else 0.0
 
 
+def start_run(cfg: Any, kind: str, name: str, threads: int, lm: Any = None) -> tuple[Path, Any]:
+    """A training command's start: torch threads, its work directory ``<work>/<kind>/<name>`` (the job's
+    output.path, or output.work_dir for a URI output), and the job's target (``lm``, else loaded fp32)."""
+    import laser
+    from pipelines.job import JobPaths
+
+    torch.set_num_threads(threads)
+    work = JobPaths.of(cfg).work / kind / name
+    work.mkdir(parents=True, exist_ok=True)
+    return work, lm or laser.load_model(cfg.model.name, device="cpu", dtype="float32")
+
+
 def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> list[int]:
     """Indices of the examples of ``step`` (0-based): a seeded permutation per epoch."""
     per_epoch = max(1, n_examples // batch_size)

@@ -21,11 +21,10 @@ from typing import Callable
 
 import torch
 
-import laser
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.train.draft import plot_losses, save_draft
-from pipelines.train.loop import LoopSettings, batch_indices, run_steps, trainable
+from pipelines.train.loop import LoopSettings, batch_indices, run_steps, start_run, trainable
 from pipelines.train.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss
 
 log = logging.getLogger(__name__)
@@ -141,13 +140,8 @@ def train_recommender(cfg: RecommendJobConfig, s: RecTrainSettings,
                       on_step: Callable[[int, float], None] | None = None,
                       lm: LoadedModel | None = None) -> RecTrainResult:
     """Fine-tune (or resume), save in the model cache, evaluate, plot and report."""
-    from pipelines.job import JobPaths
-
-    torch.set_num_threads(s.threads)
     name = default_name(cfg, s)
-    work = JobPaths.of(cfg).work / "recommender-training" / name
-    work.mkdir(parents=True, exist_ok=True)
-    lm = lm or laser.load_model(cfg.model.name, device="cpu", dtype="float32")
+    work, lm = start_run(cfg, "recommender-training", name, s.threads, lm)
     data = rec_data(cfg, lm, s.held_fraction, s.eval_users, s.seed)
     K = cfg.recommend.K
     before = _before(work, lm, data, K)
