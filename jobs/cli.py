@@ -79,7 +79,7 @@ def bench_pools(json_out: Path = typer.Option(Path("bench-pools.json"), "--json"
                 seed: int = typer.Option(0, help="Seed for synthetic data and training."),
                 skip_lightgcn: bool = typer.Option(False, help="Only the pool measurements.")) -> None:
     """LightGCN training time, pool build/load time, memory and retrieval time vs pool size."""
-    from pipelines.bench.pools import run_pools_bench
+    from pipelines.tools.bench.pools import run_pools_bench
 
     run_pools_bench(json_out, tuple(int(s) for s in sizes.split(",")), seed, skip_lightgcn)
 
@@ -93,7 +93,7 @@ def bench_decode(json_out: Path = typer.Option(Path("bench-decode.json"), "--jso
                  threads: int = typer.Option(2, help="torch threads."),
                  seed: int = typer.Option(0, help="Data seed.")) -> None:
     """Decoders side by side on user profiles: tokens/s, speedup vs generate, AAL, retrieval, identity to greedy."""
-    from pipelines.bench.decode import DecodeBenchSettings, run_decode_bench
+    from pipelines.tools.bench.decode import DecodeBenchSettings, run_decode_bench
 
     run_decode_bench(json_out, DecodeBenchSettings(model=model, users=users, old_users=old_users,
                                                    max_new_tokens=max_new_tokens, threads=threads, seed=seed))
@@ -113,7 +113,7 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                      remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached one)."),
                      seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
     """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K."""
-    from pipelines.bench.throughput import ThroughputSettings, run_throughput
+    from pipelines.tools.bench.throughput import ThroughputSettings, run_throughput
 
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
     settings = ThroughputSettings(model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
@@ -157,7 +157,7 @@ def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), 
                     threads: int = typer.Option(1, help="torch threads.")) -> None:
     """The AtSpeed tables (beam vs atspeed strict/relaxed, with and without aligned drafts: WS@K, AS@K,
     recall@K, NDCG@K) and DSBD against beam sampling."""
-    from pipelines.bench.recommend import RecommendBenchSettings, run_recommend_bench
+    from pipelines.tools.bench.recommend import RecommendBenchSettings, run_recommend_bench
 
     run_recommend_bench(json_out, RecommendBenchSettings(
         model=model, draft=draft, aligned_strict=aligned_strict, aligned_relaxed=aligned_relaxed, gamma=gamma, N=n,
@@ -194,7 +194,7 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
                     "redrafter study lengths also measured without dedup (default: all lengths)."))) -> None:
     """Table 3 ablation, verification variants, pool-size and draft-budget sweeps, user vs item task, draft models;
     the redrafter study with --redrafter-head."""
-    from pipelines.bench.suite import SuiteSettings, run_suite
+    from pipelines.tools.bench.suite import SuiteSettings, run_suite
 
     studies = tuple(s.strip() for s in only.split(",") if s.strip())
     if not studies or set(studies) - {"laser", "draft"}:
@@ -213,14 +213,14 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
     if study != "redrafter":
         run_suite(json_out, settings, _dataset(dataset_config))
     if settings.only_redrafter or settings.redrafter_head:
-        from pipelines.bench.redrafter_study import run_redrafter_bench
+        from pipelines.tools.bench.redrafter_study import run_redrafter_bench
 
         out = json_out if settings.only_redrafter else json_out.with_name(json_out.stem + "-redrafter.json")
         run_redrafter_bench(out, settings, _dataset(dataset_config))
 
 
 @bench_app.command("incremental")
-def bench_incremental(json_out: Path = typer.Option(Path("pipelines/bench/results/incremental.json"), "--json",
+def bench_incremental(json_out: Path = typer.Option(Path("docs/results/incremental.json"), "--json",
                                                     help="JSON output (run logs beside it)."),
                       config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
                       work: Path = typer.Option(..., help="A fresh directory for the data tables and the output."),
@@ -228,7 +228,7 @@ def bench_incremental(json_out: Path = typer.Option(Path("pipelines/bench/result
                       seed: int = typer.Option(0, help="Seed of the choice of changed users.")) -> None:
     """Wall time of an incremental run after `share` of the users changed, vs the full run (target <= 20%)."""
     from jobs.config import bundled_config, load_config
-    from pipelines.bench.incremental import run_incremental_bench
+    from pipelines.tools.bench.incremental import run_incremental_bench
 
     config = config or bundled_config("demo")
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)

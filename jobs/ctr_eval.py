@@ -24,7 +24,7 @@ from pipelines.data.config import DatasetConfig
 log = logging.getLogger(__name__)
 
 # torch, scikit-learn and the CTR models load only when the command runs (`laser --help` stays fast);
-# these names equal pipelines.ctr.NO_KNOWLEDGE, pipelines.encoding.DEFAULT_ENCODER and
+# these names equal pipelines.ctr.NO_KNOWLEDGE, pipelines.ops.features.encoding.DEFAULT_ENCODER and
 # pipelines.ctr.MODEL_LABELS (tests/test_cli_small.py checks it).
 NO_KNOWLEDGE = "none"
 DEFAULT_ENCODER = "all-minilm-l6-v2"
@@ -117,7 +117,7 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     from pipelines.ctr import ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig, build_samples, compare_sources, summarise
     from pipelines.data import load_dataset, split_old_new
-    from pipelines.encoding import encode_knowledge
+    from pipelines.ops.features.encoding import encode_knowledge
 
     ds = load_dataset(cfg.dataset)
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,

@@ -18,7 +18,7 @@ def input_error_types() -> tuple[type[Exception], ...]:
     from pipelines.config import ConfigError
     from pipelines.data.readers import DataFileError
     from pipelines.storage import StorageError
-    from pipelines.validation import JobInputError
+    from pipelines.knowledge.validation import JobInputError
 
     return ConfigError, JobInputError, DataFileError, StorageError, FileNotFoundError
 
@@ -46,8 +46,8 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def interrupt_report(signal_name: str, kwargs: dict[str, Any]) -> str:
     """What an interrupted command kept (rows per knowledge store) and the command that resumes it."""
     from jobs.config import bundled_config, load_config
-    from pipelines.job import JobPaths
-    from pipelines.knowledge import done_keys
+    from pipelines.knowledge.job import JobPaths
+    from pipelines.knowledge.store import done_keys
 
     lines = [f"interrupted by {signal_name}: the rows already generated were flushed to disk"]
     try:

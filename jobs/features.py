@@ -15,8 +15,8 @@ ingest_app = typer.Typer(no_args_is_help=True, help="Load the job's knowledge in
 
 def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Rebuild <output>/latest.parquet: one row per entity, its newest knowledge."""
-    from pipelines.job import JobPaths
-    from pipelines.schedule.latest import LATEST_FILE, latest_view, write_latest
+    from pipelines.knowledge.job import JobPaths
+    from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 
     paths = JobPaths.of(_load(config, set_))
     view = latest_view(paths.knowledge, paths.old_knowledge)
@@ -39,7 +39,7 @@ def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
 
 def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
     """Encode the latest view's knowledge into <output>/features/{user,item}_knowledge.parquet."""
-    from pipelines.features.encode import encode_latest
+    from pipelines.ops.features.encode import encode_latest
 
     tables = encode_latest(_local_output(config, set_, "encode"), encoder)
     typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
@@ -48,9 +48,9 @@ def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder
 @ingest_app.command("feast")
 def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
     """Encode, write the Feast repository <output>/feast, apply it and materialize into its SQLite online store."""
-    from pipelines.features.feast_repo import ingest
-    from pipelines.schedule import exitcodes
-    from pipelines.schedule.lock import LockHeld
+    from pipelines.ops.features.feast_repo import ingest
+    from pipelines.ops.schedule import exitcodes
+    from pipelines.ops.schedule.lock import LockHeld
 
     try:
         repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)

@@ -28,7 +28,7 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
             "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
             "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."))) -> None:
     """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
-    from pipelines.job import print_summary, run_job
+    from pipelines.knowledge.job import print_summary, run_job
 
     if incremental:
         from jobs.scheduled import run_scheduled
@@ -44,7 +44,7 @@ def demo(set_: Optional[list[str]] = SetOpt) -> None:
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Step 2 alone: write the routing table and group memberships."""
-    from pipelines.job import load_job_data, step_route
+    from pipelines.knowledge.job import load_job_data, step_route
 
     cfg = _load(config, set_)
     table = step_route(cfg, load_job_data(cfg))
@@ -53,7 +53,7 @@ def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
 
 def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Step 3 alone: build the pools from old knowledge (needs `laser route` first)."""
-    from pipelines.job import step_build_pools
+    from pipelines.knowledge.job import step_build_pools
 
     sizes = step_build_pools(_load(config, set_))
     for key, n in sorted(sizes.items()):
@@ -63,8 +63,8 @@ def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) ->
 def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
              old: bool = typer.Option(False, "--old", help="Generate the missing old knowledge (step 1) instead.")) -> None:
     """Step 4 alone: new knowledge with the configured decoder (needs route and build-pools first)."""
-    from pipelines.generation import GenerationReport
-    from pipelines.job import (JobPaths, JobSummary, load_job_data, print_summary, read_routing, step_generate,
+    from pipelines.knowledge.generation import GenerationReport
+    from pipelines.knowledge.job import (JobPaths, JobSummary, load_job_data, print_summary, read_routing, step_generate,
                                step_old_knowledge)
 
     cfg = _load(config, set_)

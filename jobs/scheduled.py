@@ -1,6 +1,6 @@
 """`laser run CONFIG --incremental`: one scheduled run, with exit codes a scheduler can act on.
 
-Exit codes (``pipelines.schedule.exitcodes``): 0 done; 1 unexpected error; 2 invalid config or input
+Exit codes (``pipelines.ops.schedule.exitcodes``): 0 done; 1 unexpected error; 2 invalid config or input
 data; 3 finished with failed entities (retried by the next run); 75 another run holds the output's lock.
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 import typer
 
 from pipelines.config import JobConfig
-from pipelines.schedule import exitcodes
+from pipelines.ops.schedule import exitcodes
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 def run_scheduled(cfg: JobConfig) -> int:
     """Run once incrementally; print a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
-    from pipelines.job import JobPaths, check_decoder, check_job_decoder, old_knowledge_params
-    from pipelines.schedule.incremental import exit_code, run_incremental
-    from pipelines.schedule.lock import LockHeld
+    from pipelines.knowledge.job import JobPaths, check_decoder, check_job_decoder, old_knowledge_params
+    from pipelines.ops.schedule.incremental import exit_code, run_incremental
+    from pipelines.ops.schedule.lock import LockHeld
 
     try:  # configuration errors first, before the lock and hours of work
         check_job_decoder(cfg)

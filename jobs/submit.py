@@ -67,7 +67,7 @@ def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, 
 
 def validate(config: Path, overrides: list[str]) -> JobConfig:
     """The config as the cluster will read it; raises ConfigError / SubmitError / ValueError naming the key."""
-    from pipelines.job import check_decoder, check_job_decoder, old_knowledge_params
+    from pipelines.knowledge.job import check_decoder, check_job_decoder, old_knowledge_params
 
     cfg = load_config(config, overrides)
     check_job_decoder(cfg)

@@ -1,5 +1,5 @@
 """`laser train-align CONFIG --mode strict|relaxed`: AtSpeed draft alignment for the `atspeed` decoder
-(pipelines/train/align.py)."""
+(pipelines/tools/train/align.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,7 +27,7 @@ def train_align(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
                 seed: int = typer.Option(0, help="Data order and initialisation seed."),
                 threads: int = typer.Option(1, help="torch threads.")) -> None:
     """Align a draft to the frozen target with AtSpeed's losses; resumes after a kill."""
-    from pipelines.train.align import AlignSettings, train_align as run
+    from pipelines.tools.train.align import AlignSettings, train_align as run
 
     cfg = load_recommend_config(config, set_)
     s = settings_or_exit(lambda: AlignSettings(

@@ -1,4 +1,4 @@
-"""`laser train-draft CONFIG`: distil a draft model for the job's target (pipelines/train/draft.py)."""
+"""`laser train-draft CONFIG`: distil a draft model for the job's target (pipelines/tools/train/draft.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,7 +24,7 @@ def train_draft(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
                 seed: int = typer.Option(0, help="Data order and initialisation seed."),
                 threads: int = typer.Option(1, help="torch threads.")) -> None:
     """Distil a draft from the target on its own generations for the job's prompts; resumes after a kill."""
-    from pipelines.train.draft import DraftTrainSettings, train_draft as run
+    from pipelines.tools.train.draft import DraftTrainSettings, train_draft as run
 
     cfg = _load(config, set_)
     try:

@@ -1,4 +1,4 @@
-"""`laser train-recommender CONFIG`: fine-tune the job's model on next-item prediction (pipelines/train/recommender.py)."""
+"""`laser train-recommender CONFIG`: fine-tune the job's model on next-item prediction (pipelines/tools/train/recommender.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,7 +42,7 @@ def train_recommender(config: Path = ConfigArg, set_: Optional[list[str]] = SetO
                       seed: int = typer.Option(0, help="Data order, held-out users and adapter initialisation."),
                       threads: int = typer.Option(1, help="torch threads.")) -> None:
     """Fine-tune the recommender on next-item prediction from the old histories; resumes after a kill."""
-    from pipelines.train.recommender import RecTrainSettings, train_recommender as run
+    from pipelines.tools.train.recommender import RecTrainSettings, train_recommender as run
 
     cfg = load_recommend_config(config, set_)
     s = settings_or_exit(lambda: RecTrainSettings(

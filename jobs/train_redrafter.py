@@ -1,4 +1,4 @@
-"""`laser train-redrafter CONFIG`: distil a ReDrafter draft head for the job's model (pipelines.train.redrafter)."""
+"""`laser train-redrafter CONFIG`: distil a ReDrafter draft head for the job's model (pipelines.tools.train.redrafter)."""
 from __future__ import annotations
 
 import json
@@ -33,7 +33,7 @@ def train_redrafter(
     import torch
 
     import laser
-    from pipelines.train.redrafter import TrainSettings, fit_and_save, generated_examples, job_examples
+    from pipelines.tools.train.redrafter import TrainSettings, fit_and_save, generated_examples, job_examples
 
     torch.set_num_threads(threads)
     cfg = _load(config, set_)

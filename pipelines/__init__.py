@@ -1,1 +1,4 @@
-"""Data loading, old/new split, prompts, Ray orchestration, knowledge Parquet, encoding, CTR checks, benchmarks."""
+"""Everything between the data and the decoder: ``data`` (inputs, old/new split), ``knowledge`` (the
+knowledge job), ``recommend`` (the recommendation job), ``ops`` (schedule, feature store), ``ctr``
+(downstream evaluation), ``tools`` (benchmarks, training); ``config``, ``storage`` and ``interrupts``
+serve them all."""

@@ -48,7 +48,7 @@ class GenerationConfig(_Strict):
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
     max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
     degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
-        "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
+        "keep", description="a degenerate text (pipelines/knowledge/quality.py): keep it flagged, regenerate it with the "
         "greedy autoregressive decoder, or record it in failures.jsonl")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")
@@ -58,7 +58,7 @@ class GenerationConfig(_Strict):
     strategy: Literal["default", "beam_sample"] = Field(
         "default", description="default: the decoder writes one sampled (or greedy) text; beam_sample: beam sampling "
         "of width beam_width at temperature 1, the text is the beam of highest target log-probability (decoder "
-        "beam_sample, or dsbd when decoder.name is dsbd; see pipelines/strategy.py)")
+        "beam_sample, or dsbd when decoder.name is dsbd; see pipelines/knowledge/strategy.py)")
     beam_width: int = Field(4, ge=1, description="W, the beams of strategy beam_sample")
 
     @model_validator(mode="after")
@@ -70,7 +70,7 @@ class GenerationConfig(_Strict):
         return self
 
     def sampling(self) -> dict[str, float | int]:
-        """The sampling settings handed to the actors (see pipelines/sampling.py); strategy beam_sample
+        """The sampling settings handed to the actors (see pipelines/knowledge/sampling.py); strategy beam_sample
         samples at temperature 1 (each entity's beams are seeded from ``seed``)."""
         temperature = 1.0 if self.strategy == "beam_sample" else self.temperature
         return {"temperature": temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}

@@ -6,7 +6,7 @@ import time
 import torch
 
 import laser
-from laser.redrafter import RecurrentDraftHead
+from laser.decoders.redrafter.head import RecurrentDraftHead
 
 
 def best_of(fn, n=30):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import laser
-from laser.beam import ItemTrie
+from laser.decoders.beam.search import ItemTrie
 from test_beam_recommend import EOS, random_items
 
 PROMPTS = [[7, 8, 9, 10], [20, 21, 22, 23, 24, 25], [3, 4]]

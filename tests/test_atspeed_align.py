@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from laser.atspeed_align import align_relaxed_loss, align_strict_loss, alignment_objective
+from laser.decoders.beam.align import align_relaxed_loss, align_strict_loss, alignment_objective
 
 
 def logits(*rows):

@@ -10,8 +10,8 @@ import torch
 from scipy.stats import chisquare
 
 import laser
-from laser.beam import ItemTrie
-from laser.beam_relaxed import RelaxedBeamVerifier, relaxed_accept, sample_distinct
+from laser.decoders.beam.search import ItemTrie
+from laser.decoders.beam.relaxed import RelaxedBeamVerifier, relaxed_accept, sample_distinct
 from test_beam_recommend import EOS, full_log_probs
 
 P = np.array([0.4, 0.3, 0.2, 0.1])

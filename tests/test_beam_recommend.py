@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import laser
-from laser.beam import Hyp, ItemTrie, beam_step, initial_beams
+from laser.decoders.beam.search import Hyp, ItemTrie, beam_step, initial_beams
 
 EOS = 1
 

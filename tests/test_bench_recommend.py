@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from pipelines.bench import recommend as bench
+from pipelines.tools.bench import recommend as bench
 from pipelines.data.config import DatasetConfig, SyntheticParams
 
 

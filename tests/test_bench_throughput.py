@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipelines.bench.throughput import GENERATE, ThroughputSettings, ceiling, run_throughput
+from pipelines.tools.bench.throughput import GENERATE, ThroughputSettings, ceiling, run_throughput
 from laser.cost import ForwardCost
 
 

@@ -34,7 +34,7 @@ def test_version_comes_from_the_distribution():
 def test_ctr_eval_names_match_the_modules_they_stand_for():
     import jobs.ctr_eval as ce
     from pipelines.ctr import MODEL_LABELS, NO_KNOWLEDGE
-    from pipelines.encoding import DEFAULT_ENCODER
+    from pipelines.ops.features.encoding import DEFAULT_ENCODER
 
     assert (ce.NO_KNOWLEDGE, ce.DEFAULT_ENCODER, ce.MODEL_LABELS) == (NO_KNOWLEDGE, DEFAULT_ENCODER, MODEL_LABELS)
 
@@ -42,7 +42,7 @@ def test_ctr_eval_names_match_the_modules_they_stand_for():
 @pytest.mark.parametrize("policy, built", [("attribute", False), ("warm_cold", True)])
 def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built):
     from jobs.config import load_config
-    from pipelines import job as jobmod
+    from pipelines.knowledge import job as jobmod
 
     cfg = load_config(None, ["dataset.synthetic.n_users=12", "dataset.synthetic.n_items=16", "split.max_hist=4",
                              f"routing.item_policy={policy}", "routing.n_clusters=2",
@@ -54,7 +54,7 @@ def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built)
 
 @pytest.mark.slow
 def test_local_ray_prints_no_token_notice(tmp_path):
-    code = ("from pipelines.generation import ensure_ray; import ray; ensure_ray(None, 1); "
+    code = ("from pipelines.knowledge.generation import ensure_ray; import ray; ensure_ray(None, 1); "
             "print(ray.cluster_resources()['CPU']); ray.shutdown()")
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_AUTH_MODE"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)

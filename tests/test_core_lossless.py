@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import laser
-from laser.draft_model import ModelDrafter, truncated_copy
+from laser.decoders.draft_model.drafter import ModelDrafter, truncated_copy
 from laser.engine import Request, TreeDecodingEngine
 from laser.testing import first_divergence
 from laser.verify import RejectionSampler

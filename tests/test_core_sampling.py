@@ -16,7 +16,7 @@ import torch
 from scipy.stats import chisquare
 
 import laser
-from laser.draft_model import ModelDrafter
+from laser.decoders.draft_model.drafter import ModelDrafter
 from laser.engine import Request, TreeDecodingEngine
 from laser.sampling import SamplingParams, target_probs
 from laser.tree import DraftTree

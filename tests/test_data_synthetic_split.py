@@ -152,7 +152,7 @@ def test_trial_sample_keeps_histories_and_says_what_it_dropped(caplog):
 
 
 def test_users_without_knowledge_are_counted(caplog):
-    from pipelines.accounting import NO_INTERACTIONS, skipped_entities
+    from pipelines.knowledge.accounting import NO_INTERACTIONS, skipped_entities
 
     ds = synthetic_dataset(SMALL, seed=0)
     ds.users = pl.concat([ds.users, ds.users.head(2).with_columns(user_id=pl.Series(["ghost1", "ghost2"]))])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import laser
-from laser.distill import distill_loss, distill_loss_terms, hidden_projection
+from laser.decoders.draft_model.distill import distill_loss, distill_loss_terms, hidden_projection
 
 
 def test_a_copy_of_the_target_has_zero_loss(tiny_lm):

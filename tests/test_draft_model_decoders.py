@@ -13,8 +13,8 @@ import torch
 from scipy.stats import chisquare
 
 import laser
-from laser.decoders.draft_model import SpecSampling, TopKImp
-from laser.draft_model import ModelDrafter
+from laser.decoders.draft_model.decoders import SpecSampling, TopKImp
+from laser.decoders.draft_model.drafter import ModelDrafter
 from laser.models import LoadedModel
 from laser.sampling import SamplingParams
 from laser.verify import RejectionSampler

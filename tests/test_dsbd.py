@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chi2_contingency, chisquare
 
 import laser
-from laser.dsbd import acceptance_distribution, acceptance_rates, draw, dynamic_width, verify_layer
+from laser.decoders.dsbd.algorithm import acceptance_distribution, acceptance_rates, draw, dynamic_width, verify_layer
 
 P = np.array([0.4, 0.3, 0.2, 0.1])
 Q = np.array([0.1, 0.2, 0.3, 0.4])
@@ -122,7 +122,7 @@ def run_states(dec, prompts, length: int, seeds) -> list:
 
 
 def test_lowest_perplexity_is_the_highest_mean_log_prob():
-    from laser.dsbd import Beams
+    from laser.decoders.dsbd.algorithm import Beams
 
     beams = Beams([(1, 2), (3,), (4, 5, 6)], [2, 1, 1], [-1.0, -0.8, -1.2])  # means -0.5, -0.8, -0.4
     assert beams.lowest_perplexity() == Beams([(4, 5, 6)], [1], [-1.2])

@@ -5,8 +5,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines import encoding
-from pipelines.encoding import encode_knowledge, get_encoder, read_vectors, vectors_path_for
+from pipelines.ops.features import encoding
+from pipelines.ops.features.encoding import encode_knowledge, get_encoder, read_vectors, vectors_path_for
 
 pytestmark = pytest.mark.slow  # loads the packaged sentence encoder
 

@@ -15,11 +15,11 @@ import polars as pl
 import pytest
 import yaml
 
-from pipelines.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
-from pipelines.knowledge import KnowledgeWriter, read_knowledge
-from pipelines.schedule import exitcodes
-from pipelines.schedule.incremental import run_incremental
-from pipelines.schedule.ledger import RunLedger
+from pipelines.knowledge.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
+from pipelines.knowledge.store import KnowledgeWriter, read_knowledge
+from pipelines.ops.schedule import exitcodes
+from pipelines.ops.schedule.incremental import run_incremental
+from pipelines.ops.schedule.ledger import RunLedger
 from test_schedule_incremental import incremental_config, write_table_data
 
 pytestmark = pytest.mark.slow
@@ -122,15 +122,15 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, *a, **k)
 
-    monkeypatch.setattr("pipelines.knowledge.pq.write_table", disk_full_from_second_shard)
+    monkeypatch.setattr("pipelines.knowledge.store.pq.write_table", disk_full_from_second_shard)
     with pytest.raises(OSError, match="No space left"):
         with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
             for r in rows:
                 w.add(r)
     assert not list(store.glob(".*.tmp"))  # the partial temp file is gone
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1"]  # readable: the complete shard only
-    monkeypatch.setattr("pipelines.knowledge.pq.write_table", real)
-    from pipelines.knowledge import done_keys
+    monkeypatch.setattr("pipelines.knowledge.store.pq.write_table", real)
+    from pipelines.knowledge.store import done_keys
 
     done = {i for _, i in done_keys(store)}
     with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:  # resume: the rest
@@ -148,7 +148,7 @@ def _corrupt(path: Path) -> None:
 
 
 def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
-    from pipelines.knowledge import CorruptShardError, done_keys, open_store
+    from pipelines.knowledge.store import CorruptShardError, done_keys, open_store
     from test_features_feast import _row
 
     store = tmp_path / "knowledge"

@@ -12,10 +12,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from pipelines.features.encode import encode_latest
-from pipelines.features.feast_repo import PROJECT, ingest, online_features
-from pipelines.knowledge import KnowledgeWriter, utc_now
-from pipelines.schedule.latest import LATEST_FILE, latest_view, write_latest
+from pipelines.ops.features.encode import encode_latest
+from pipelines.ops.features.feast_repo import PROJECT, ingest, online_features
+from pipelines.knowledge.store import KnowledgeWriter, utc_now
+from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 
 pytest.importorskip("feast")
 

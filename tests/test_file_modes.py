@@ -7,7 +7,7 @@ import stat
 import pyarrow as pa
 import pytest
 
-from pipelines import knowledge as kn
+from pipelines.knowledge import store as kn
 from pools.store import TokenizerFingerprint, write_store
 from tests.test_knowledge_store import row
 

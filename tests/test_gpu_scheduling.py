@@ -7,7 +7,7 @@ import os
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines.generation import GenerationWorker, ModelSpec, WorkerGroup
+from pipelines.knowledge.generation import GenerationWorker, ModelSpec, WorkerGroup
 
 
 class Probe:
@@ -69,7 +69,7 @@ def test_cpu_actors_reserve_no_gpu_and_see_none(fake_gpu_ray):
 
 
 def test_device_follows_gpus_and_config_passes_them():
-    from pipelines import job as jobmod
+    from pipelines.knowledge import job as jobmod
 
     assert ModelSpec("m").device == "cpu" and ModelSpec("m", gpus=0.25).device == "cuda"
     cfg = load_config(None, ["execution.gpus_per_worker=0.5", "execution.threads_per_worker=2"])

@@ -8,13 +8,13 @@ import polars as pl
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines import job as jobmod
-from pipelines.generation import GenerationReport, GenerationWorker, ModelSpec
-from pipelines.knowledge import read_knowledge
-from pipelines.sampling import entity_seed
-from pipelines.strategy import new_knowledge_decoder
-from pipelines.strategy import check_job_decoder
-from pipelines.validation import JobInputError
+from pipelines.knowledge import job as jobmod
+from pipelines.knowledge.generation import GenerationReport, GenerationWorker, ModelSpec
+from pipelines.knowledge.store import read_knowledge
+from pipelines.knowledge.sampling import entity_seed
+from pipelines.knowledge.strategy import new_knowledge_decoder
+from pipelines.knowledge.strategy import check_job_decoder
+from pipelines.knowledge.validation import JobInputError
 
 BEAM = ["generation.strategy=beam_sample"]
 

@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from jobs.config import load_config
-from pipelines import job as jobmod
-from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.knowledge import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
+from pipelines.knowledge import job as jobmod
+from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
 
 pytestmark = pytest.mark.slow
 
@@ -100,7 +100,7 @@ def test_bad_entity_is_a_failure_row_not_a_crash(tiny_model, tmp_path):
     assert "empty history" in result.failures[0]["reason"]
 
 
-KILL_SCRIPT = "import sys; from jobs.config import load_config; from pipelines.job import run_job; run_job(load_config(sys.argv[1]))"
+KILL_SCRIPT = "import sys; from jobs.config import load_config; from pipelines.knowledge.job import run_job; run_job(load_config(sys.argv[1]))"
 
 
 def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, tmp_path):

@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.knowledge import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
-from pipelines.sampling import entity_sampling, entity_seed
-from pipelines.strategy import check_job_decoder
-from pipelines.validation import JobInputError, check_decoder
+from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
+from pipelines.knowledge.sampling import entity_sampling, entity_seed
+from pipelines.knowledge.strategy import check_job_decoder
+from pipelines.knowledge.validation import JobInputError, check_decoder
 from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 HOT = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 5}

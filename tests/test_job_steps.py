@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.config import load_config
-from pipelines import job as jobmod
-from pipelines.knowledge import KnowledgeWriter, encode_params
+from pipelines.knowledge import job as jobmod
+from pipelines.knowledge.store import KnowledgeWriter, encode_params
 
 
 def write_config(tmp_path, model: str):
@@ -99,9 +99,9 @@ def test_decoder_checked_before_any_work():
 
 
 def test_summary_numbers(capsys):
-    from pipelines.generation import GenerationReport
+    from pipelines.knowledge.generation import GenerationReport
 
-    from pipelines.quality import text_quality
+    from pipelines.knowledge.quality import text_quality
 
     new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
                            decode_s=2.0)

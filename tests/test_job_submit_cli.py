@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from jobs import submit as submit_mod
 from jobs.cli import app
-from pipelines.generation import BatchScheduler, GenerationRequest, make_batches
+from pipelines.knowledge.generation import BatchScheduler, GenerationRequest, make_batches
 
 
 def test_entrypoint_quotes_overrides():

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import knowledge as kn
+from pipelines.knowledge import store as kn
 
 
 def row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:

@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
-from pipelines.prompts import (PROMPT_VERSION, HistoryEntry, PromptTooLongError, count_prompt_tokens,
+from pipelines.knowledge.prompts import (PROMPT_VERSION, HistoryEntry, PromptTooLongError, count_prompt_tokens,
                                format_rating, item_prompt, user_histories, user_prompt)
 
 

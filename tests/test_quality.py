@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from laser.decoders.builtin import Autoregressive
-from pipelines import knowledge as kn
-from pipelines.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
+from pipelines.knowledge import store as kn
+from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
 from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 from test_knowledge_store import row
 
@@ -96,7 +96,7 @@ def test_policy_keep_flags_the_row(worker, looper):
     result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="keep"), REQS)
     assert [(r["degenerate"], r["greedy_retry"], r["decoder"]) for r in result.rows] == [(True, False, "looper")] * 2
     report = GenerationReport()
-    from pipelines.generation import _record
+    from pipelines.knowledge.generation import _record
 
     class Sink:
         def add(self, r):
@@ -138,7 +138,7 @@ def _asked_words(prompt: str) -> int:
 @pytest.mark.parametrize("name", ["demo", "movielens", "amazon"])
 def test_shipped_configs_ask_for_what_their_token_budget_holds(name, worker):
     from jobs.config import bundled_config, load_config
-    from pipelines.prompts import TOKENS_PER_WORD
+    from pipelines.knowledge.prompts import TOKENS_PER_WORD
 
     cfg = load_config(bundled_config(name))
     for budget in {cfg.generation.max_new_tokens, cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens}:

@@ -10,14 +10,14 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.config import load_config
-from pipelines.generation import ModelSpec
+from pipelines.knowledge.generation import ModelSpec
 from pipelines.recommend import job as recjob
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import item_identifiers
 from pipelines.recommend.metrics import user_metrics
 from pipelines.recommend.store import read_recommendations
 from pipelines.recommend.worker import RecommendReport, RecommendWorker, record
-from pipelines.validation import JobInputError
+from pipelines.knowledge.validation import JobInputError
 
 
 def write_config(tmp_path, model: str, extra: str = "") -> str:
@@ -127,7 +127,7 @@ def test_atspeed_strict_job_writes_beams_rows(tiny_model, tmp_path):
 
 
 def test_decoder_check_accepts_deep_truncated_drafts():
-    from pipelines.validation import check_decoder
+    from pipelines.knowledge.validation import check_decoder
 
     check_decoder("atspeed", {"draft": "truncate:8", "gamma": 3})
     with pytest.raises(JobInputError, match="N=2 draft|gamma and N"):
@@ -136,7 +136,7 @@ def test_decoder_check_accepts_deep_truncated_drafts():
 
 @pytest.mark.parametrize("decoder,params", [("beam_sample", {"W": 2}), ("dsbd", {"gamma": 2, "W": 2, "W_S": 3})])
 def test_beam_sampling_decoders_write_knowledge(tiny_model, decoder, params):
-    from pipelines.generation import DecodeTask, GenerationRequest, GenerationWorker
+    from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker
 
     worker = GenerationWorker(ModelSpec(model=tiny_model, dtype="float32"))
     task = DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=6, domain="movie", run_id="r")

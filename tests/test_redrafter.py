@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 import laser
-from laser.redrafter import (PaperSamplingVerifier, ReDrafter, RecurrentDraftHead, beam_search, beams_to_trees,
+from laser.decoders.redrafter.head import (PaperSamplingVerifier, ReDrafter, RecurrentDraftHead, beam_search, beams_to_trees,
                              pack_beams, prefix_tree)
 from laser.testing import first_divergence
 from laser.tree import DraftTree, pack_trees
@@ -73,7 +73,7 @@ def test_packed_unpacker_gives_back_the_beams(seed):
 @pytest.mark.parametrize("seed", range(5))
 def test_packed_tree_is_depth_first_and_holds_every_beam(seed):
     beams = _random_beams(seed)
-    for b, tree in enumerate(beams_to_trees(laser.redrafter.Beams(beams, torch.zeros(beams.shape[:2])))):
+    for b, tree in enumerate(beams_to_trees(laser.decoders.redrafter.head.Beams(beams, torch.zeros(beams.shape[:2])))):
         # depth-first: every subtree is a contiguous block starting at its root
         for node in range(len(tree)):
             sub = [m for m in range(len(tree)) if node in tree.path_to(m)]
@@ -85,7 +85,7 @@ def test_packed_tree_is_depth_first_and_holds_every_beam(seed):
 
 def test_budget_keeps_the_best_beams_that_fit():
     beams = torch.tensor([[[9, 1, 2, 3], [9, 1, 2, 4], [9, 5, 6, 7]]])
-    b = laser.redrafter.Beams(beams, torch.zeros(1, 3))
+    b = laser.decoders.redrafter.head.Beams(beams, torch.zeros(1, 3))
     assert len(beams_to_trees(b)[0]) == 8
     assert len(beams_to_trees(b, budgets=[4])[0]) == 5  # root + 1,2,3 + 4; beam 2 would need 3 more
     assert len(beams_to_trees(b, budgets=[3])[0]) == 4
@@ -105,7 +105,7 @@ def test_packed_tree_masked_logits_equal_per_beam_logits(tiny_lm, head):
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                    past_key_values=cache).logits[0]
     packed = pack_beams(beams.tokens)
-    order = laser.redrafter.dfs_order(prefix_tree(beams.tokens))[0]
+    order = laser.decoders.redrafter.head.dfs_order(prefix_tree(beams.tokens))[0]
     ordered = beams.tokens[0, order]
     unpacker = pack_beams(ordered[None]).unpacker[0]
     for i, beam in enumerate(ordered.tolist()):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.schedule import exitcodes
+from pipelines.ops.schedule import exitcodes
 
 DAG_FILE = Path(__file__).resolve().parents[1] / "jobs" / "examples" / "airflow_dag.py"
 

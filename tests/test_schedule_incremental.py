@@ -8,12 +8,12 @@ import pytest
 
 from jobs.config import load_config
 from pipelines.data.config import DatasetConfig
-from pipelines.features.feast_repo import ingest, online_features
+from pipelines.ops.features.feast_repo import ingest, online_features
 from pipelines.data.load import load_dataset
-from pipelines.knowledge import read_knowledge
-from pipelines.schedule.incremental import run_incremental
-from pipelines.schedule.latest import read_latest
-from pipelines.schedule.ledger import RunLedger
+from pipelines.knowledge.store import read_knowledge
+from pipelines.ops.schedule.incremental import run_incremental
+from pipelines.ops.schedule.latest import read_latest
+from pipelines.ops.schedule.ledger import RunLedger
 
 pytestmark = pytest.mark.slow
 

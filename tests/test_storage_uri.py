@@ -10,10 +10,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import pipelines.knowledge as kn
-from pipelines.schedule.latest import latest_view, read_latest, write_latest
-from pipelines.schedule.ledger import RunLedger, RunRecord
-from pipelines.schedule.lock import LOCK_FILE, LockHeld, RunLock
+import pipelines.knowledge.store as kn
+from pipelines.ops.schedule.latest import latest_view, read_latest, write_latest
+from pipelines.ops.schedule.ledger import RunLedger, RunRecord
+from pipelines.ops.schedule.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
 from test_knowledge_store import row
 
@@ -193,8 +193,8 @@ def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_sess
     ``output.work_dir``."""
     import polars as pl
 
-    from pipelines.job import run_job
-    from pipelines.schedule.incremental import run_incremental
+    from pipelines.knowledge.job import run_job
+    from pipelines.ops.schedule.incremental import run_incremental
     from test_schedule_incremental import edit_users, incremental_config, write_table_data
 
     data = write_table_data(tmp_path / "data", n_users=10)

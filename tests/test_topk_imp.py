@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 from laser.tree import DraftTree
-from laser.topk_imp import TopKImportanceVerifier, importance_proposal
+from laser.decoders.draft_model.topk_imp import TopKImportanceVerifier, importance_proposal
 
 P = torch.tensor([0.2, 0.3, 0.5])
 Q = torch.tensor([0.5, 0.3, 0.2])

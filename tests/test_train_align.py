@@ -13,10 +13,10 @@ import laser
 from jobs.config import load_config
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.train.align import (AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage,
+from pipelines.tools.train.align import (AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage,
                                    train_align)
-from pipelines.train.rec_examples import rec_data
-from pipelines.validation import JobInputError
+from pipelines.tools.train.rec_examples import rec_data
+from pipelines.knowledge.validation import JobInputError
 from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 

@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 import laser
 from jobs.config import load_config
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.train.rec_examples import rec_data, rec_loss
-from pipelines.train.recommender import RecTrainSettings, prepare, train_recommender
-from pipelines.validation import JobInputError
+from pipelines.tools.train.rec_examples import rec_data, rec_loss
+from pipelines.tools.train.recommender import RecTrainSettings, prepare, train_recommender
+from pipelines.knowledge.validation import JobInputError
 from conftest import save_tiny_model  # tests/ is on sys.path under pytest
 
 

@@ -21,7 +21,7 @@ except ImportError:  # Airflow 2
 
 LASER = os.environ.get("LASER_BIN", "laser")
 CONFIG = os.environ.get("LASER_CONFIG", "/etc/laser/job.yaml")
-LOCKED = 75  # pipelines.schedule.exitcodes.LOCKED
+LOCKED = 75  # pipelines.ops.schedule.exitcodes.LOCKED
 
 with DAG(
     dag_id="laser_knowledge",

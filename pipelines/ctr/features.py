@@ -13,7 +13,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from pipelines.encoding import read_vectors
+from pipelines.ops.features.encoding import read_vectors
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ class KnowledgeVectors:
 
     @classmethod
     def from_parquet(cls, path: str | Path) -> "KnowledgeVectors":
-        """Read a vectors Parquet written by :func:`pipelines.encoding.encode_knowledge`."""
+        """Read a vectors Parquet written by :func:`pipelines.ops.features.encoding.encode_knowledge`."""
         return cls.from_frame(read_vectors(path))
 
     def lookup(self, kind: str, ids: list[str]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,8 @@ from typing import Sequence
 
 import polars as pl
 
-from pipelines.prompts import HistoryEntry, _check_domain, display_title, format_rating
-from pipelines.validation import JobInputError
+from pipelines.knowledge.prompts import HistoryEntry, _check_domain, display_title, format_rating
+from pipelines.knowledge.validation import JobInputError
 
 RECOMMEND_PROMPT_VERSION = "rec-v1"
 _ASK = {

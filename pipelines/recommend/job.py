@@ -12,15 +12,15 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.generation import GenerationRequest, ModelSpec
-from pipelines.job import load_job_data
-from pipelines.prompts import user_histories
+from pipelines.knowledge.generation import GenerationRequest, ModelSpec
+from pipelines.knowledge.job import load_job_data
+from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import RECOMMEND_PROMPT_VERSION, item_identifiers
 from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
 from pipelines.recommend.worker import RecommendGroup, RecommendReport, RecommendTask
-from pipelines.validation import JobInputError, check_decoder, load_inputs
+from pipelines.knowledge.validation import JobInputError, check_decoder, load_inputs
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Recommendation on the generation actors: :class:`RecommendWorker` is a
-:class:`~pipelines.generation.GenerationWorker` (same model loading and decoder cache) with a
+:class:`~pipelines.knowledge.generation.GenerationWorker` (same model loading and decoder cache) with a
 ``recommend`` method; :class:`RecommendGroup` drives it on Ray with the same scheduler and streams each
 user's K rows into a :class:`~pipelines.recommend.store.RecommendationWriter`."""
 from __future__ import annotations
@@ -11,10 +11,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from pipelines.generation import (BatchScheduler, DecodeTask, GenerationRequest, GenerationWorker, WorkerGroup,
+from pipelines.knowledge.generation import (BatchScheduler, DecodeTask, GenerationRequest, GenerationWorker, WorkerGroup,
                                   make_batches)
 from pipelines.interrupts import ray_wait
-from pipelines.knowledge import utc_now
+from pipelines.knowledge.store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
 
@@ -45,7 +45,7 @@ class RecommendWorker(GenerationWorker):
         self._tries: dict[int, Any] = {}
 
     def trie(self, task: RecommendTask) -> Any:
-        from laser.beam import ItemTrie
+        from laser.decoders.beam.search import ItemTrie
 
         key = hash(tuple(sorted(task.identifiers.items())))
         if key not in self._tries:

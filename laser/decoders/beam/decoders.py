@@ -1,0 +1,150 @@
+"""Beam-search decoders for generative recommendation: the top-K item identifiers after a prompt.
+
+- ``beam``: plain constrained beam search of width K (the reference), one target forward per step.
+- ``atspeed``: speculative beam search (AtSpeed): a draft model's beam search of width ``N`` for ``gamma``
+  steps is laid out with the live beams as one tree, verified in one target forward; strict top-K
+  verification returns exactly ``beam``'s ranked items and scores.
+
+Both run on the engine (``laser.engine``) through its beam hook: the request's beams live in
+``request.state["beam"]``; their shared prefixes stay in the target's KV cache between steps
+(``laser.decoders.beam.search.PrefixTree``), so a step feeds only the live beams' ends and the drafted nodes.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from laser.decoders.beam.search import BeamDrafter, BeamSearchVerifier, BeamState, ItemTrie
+from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.registry import register_decoder
+from laser.drafting import Drafter
+from laser.models import LoadedModel
+from laser.request import DecodeStats, Request
+from laser.sampling import GREEDY, SamplingParams
+from laser.verify import Verifier
+
+
+@dataclass
+class Recommendation:
+    """The top-K items of one prompt, best first, with the decoding counters."""
+
+    items: list[tuple[str, float]]  # (item_id, cumulative log-probability of its identifier)
+    stats: DecodeStats
+    beam_steps: int  # beam steps done (identifier length of the longest search path)
+    seconds: float = 0.0
+
+
+class BeamDecoder(Decoder):
+    """Base of the item-recommending decoders: ``recommend_batch`` instead of text generation."""
+
+    pool = "none"
+
+    def __init__(self, lm: LoadedModel):
+        super().__init__(lm, K=0)
+
+    @classmethod
+    def greedy_params(cls) -> dict[str, Any] | None:
+        return None  # it ranks items; it does not write text
+
+    def params(self) -> dict[str, Any]:
+        return {}
+
+    def verifier(self) -> Verifier:
+        return BeamSearchVerifier()
+
+    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
+        """The request's drafter; ``shared["beam"]`` is its :class:`BeamState`."""
+        return BeamDrafter(shared["beam"])
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        """The request's sampling settings (its seeded generator drives sampling verifiers)."""
+        return GREEDY
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
+                       rules=None) -> list[Generation]:
+        raise ValueError(f"decoder {self.name!r} ranks items by beam search; use recommend_batch "
+                         "(the `laser recommend` job), not text generation")
+
+    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int,
+                        seeds: Sequence[int] | None = None) -> list[Recommendation]:
+        """The top-``K`` items of ``trie`` after each prompt, decoded together in one padded batch.
+        ``seeds`` (sampling verifiers only): one per prompt, default the decoder's own seed."""
+        t0 = time.perf_counter()
+        seqs = []
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(seeds) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
+        for p, seed in zip(prompts, seeds):
+            ids = self.encode(p)
+            state = BeamState(trie, K)
+            shared = {"beam": state}  # the request's state: the verifier's, which a drafter may also write
+            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.beam_drafter(shared, ids, seed),
+                                max_new_tokens=trie.max_len + 1, sampling=self.sampling(seed), state=shared))
+        self.engine.run(seqs)
+        dt = time.perf_counter() - t0
+        out = []
+        for s in seqs:
+            st: BeamState = s.state["beam"]
+            if not st.finished:
+                raise RuntimeError(f"beam search stopped before every beam was complete ({s.stats.finish_reason})")
+            out.append(Recommendation(st.ranked(), s.stats, sum(st.steps_per_forward), dt))
+        return out
+
+    def recommend(self, prompt: Prompt, trie: ItemTrie, K: int) -> Recommendation:
+        return self.recommend_batch([prompt], trie, K)[0]
+
+
+@register_decoder
+class Beam(BeamDecoder):
+    name = "beam"
+    summary = "constrained beam search of width K over item identifiers (the recommendation reference)"
+
+
+@register_decoder
+class AtSpeed(BeamDecoder):
+    """AtSpeed speculative beam search: ``gamma`` draft steps of width ``N`` verified in one target forward.
+
+    ``verification="strict"``: the target's own beam step is run on the tree's rows for as long as every
+    live target beam was drafted, so the ranked items and scores are exactly ``beam``'s. ``draft`` as for
+    ``spec_sampling`` (a path, bundled name, cached hub id, ``truncate:N``, or a LoadedModel in code).
+    """
+
+    name = "atspeed"
+    summary = "AtSpeed speculative beam search: a draft model's beams verified in one forward; strict top-K is lossless"
+    requires = ("draft_model",)
+
+    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict",
+                 seed: int = 0):
+        from laser.decoders.draft_model.decoders import load_draft
+
+        if gamma < 1 or N < 1:
+            raise ValueError(f"gamma and N must be >= 1, got gamma={gamma}, N={N}")
+        if verification not in ("strict", "relaxed"):
+            raise ValueError(f"verification must be 'strict' or 'relaxed', got {verification!r}")
+        self.gamma, self.N, self.verification, self.seed = gamma, N, verification, seed
+        super().__init__(lm)
+        self.draft_model, self.draft_name = load_draft(lm, draft)
+
+    def params(self) -> dict[str, Any]:
+        out = {"draft": self.draft_name, "gamma": self.gamma, "N": self.N, "verification": self.verification}
+        return out | ({"seed": self.seed} if self.verification == "relaxed" else {})
+
+    def verifier(self) -> Verifier:
+        from laser.decoders.beam.relaxed import RelaxedBeamVerifier
+
+        return RelaxedBeamVerifier() if self.verification == "relaxed" else BeamSearchVerifier()
+
+    def sampling(self, seed: int | None = None) -> SamplingParams:
+        seed = self.seed if seed is None else seed
+        return SamplingParams(temperature=1.0, seed=seed) if self.verification == "relaxed" else GREEDY
+
+    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
+        from laser.decoders.beam.draft import BeamTreeDrafter, TreeDraftModel
+
+        state: BeamState = shared["beam"]
+        if self.N < state.width:
+            raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
+        sampled = shared if self.verification == "relaxed" else None
+        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab), self.gamma, self.N, sampled,
+                               self.seed if seed is None else seed)

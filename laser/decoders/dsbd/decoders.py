@@ -1,0 +1,118 @@
+"""Beam-sampling decoders: ``beam_sample`` (the target's own beam sampling of width W, one forward per
+layer) and ``dsbd`` (dynamic-width speculative beam sampling, ``laser.decoders.dsbd.algorithm``). Both return the beam with
+the highest target log-probability; the engine runs them through its beam hook (the beams' prefixes stay
+in the KV cache, each iteration feeds the open beams' ends and the drafted forest).
+
+Both draw at temperature 1 from the beam-level distribution; a request's generator is seeded by its
+sampling seed (``request``) or the ``seeds`` of ``generate_batch``. ``beam_sampling = True`` marks the
+decoders that write knowledge under ``generation.strategy: beam_sample`` with width ``W``."""
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.registry import register_decoder
+from laser.decoders.dsbd.algorithm import BeamSampleState, BeamSampleVerifier, ForestDrafter
+from laser.models import LoadedModel
+from laser.request import Request
+from laser.rules import NO_RULES, GenerationRules
+from laser.sampling import GREEDY, SamplingParams
+from laser.verify import Verifier
+
+
+@register_decoder
+class BeamSample(Decoder):
+    name = "beam_sample"
+    summary = "beam sampling of width W (W beams drawn i.i.d. per step from the beam-level distribution)"
+    pool = "none"
+    beam_sampling = True
+
+    def __init__(self, lm: LoadedModel, W: int = 4, seed: int = 0):
+        if W < 1:
+            raise ValueError(f"W must be >= 1, got {W}")
+        self.W, self.seed = W, seed
+        super().__init__(lm, K=0)
+
+    @classmethod
+    def greedy_params(cls) -> dict[str, Any] | None:
+        return None
+
+    def params(self) -> dict[str, Any]:
+        return {"W": self.W, "seed": self.seed}
+
+    def verifier(self) -> Verifier:
+        return BeamSampleVerifier()
+
+    def check_sampling(self, sampling: SamplingParams) -> None:
+        """Beam sampling draws at temperature 1 without filters (temperature 0 = unset, also temperature 1)."""
+        if sampling.temperature not in (0.0, 1.0) or sampling.top_p < 1.0 or sampling.top_k > 0:
+            raise ValueError(f"{self.name} samples beams at temperature 1 without top-p/top-k filters; got "
+                             f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
+
+    def request(self, ids: list[int], max_new_tokens: int, pool=None, sampling: SamplingParams = GREEDY,
+                rules: GenerationRules = NO_RULES) -> Request:
+        """One engine request; its beams draw from a generator seeded by ``sampling.seed`` (the decoder's
+        seed when ``sampling`` is greedy, i.e. unset). ``pool`` and ``rules`` are not used."""
+        self.check_sampling(sampling)
+        seed = self.seed if sampling.greedy else int(sampling.seed)
+        st = BeamSampleState(self.W, max_new_tokens, self.lm.eos_ids)
+        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.forest_drafter(st, list(ids), seed),
+                       max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=1.0, seed=seed),
+                       state={"dsbd": st})
+
+    def forest_drafter(self, state: BeamSampleState, prompt_ids: list[int], seed: int) -> ForestDrafter:
+        return ForestDrafter(state)
+
+    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
+                       rules=None, seeds: Sequence[int] | None = None) -> list[Generation]:
+        """The best of W sampled beams per prompt; ``seeds`` one per prompt (default: the decoder's seed)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        seeds = list(seeds) if seeds is not None else [self.seed] * len(prompts)
+        reqs = [self.request(self.encode(prompt), max_new_tokens, sampling=SamplingParams(1.0, seed=seed))
+                for prompt, seed in zip(prompts, seeds)]
+        t0 = time.perf_counter()
+        self.engine.run(reqs)
+        for r in reqs:
+            r.stats.decode_s = max(r.stats.decode_s, time.perf_counter() - t0 - r.stats.prefill_s)
+        return [Generation(r.new_tokens, self.decode(r.new_tokens), r.stats) for r in reqs]
+
+
+@register_decoder
+class Dsbd(BeamSample):
+    """DSBD: a draft model samples ``W_S`` beams per layer for ``gamma`` layers; layer-wise verification
+    with width ``W`` (fixed) or the dynamic width (``dynamic``: threshold ``t``, at least ``W_min``).
+
+    ``one_cache`` (the memory-saving variant): after every iteration only the output beam with the
+    highest mean target log-probability per token (lowest perplexity) goes on, so the forest is a single
+    tree. Not distribution-equivalent to beam sampling."""
+
+    name = "dsbd"
+    summary = "DSBD: dynamic-width speculative beam sampling with a draft model (forest verified in one forward)"
+    requires = ("draft_model",)
+
+    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, W: int = 4, W_S: int = 8,
+                 dynamic: bool = True, t: float = 0.7, W_min: int = 1, one_cache: bool = False, seed: int = 0):
+        from laser.decoders.draft_model.decoders import load_draft
+
+        if gamma < 1 or W_S < 1 or not 1 <= W_min:
+            raise ValueError(f"gamma, W_S and W_min must be >= 1, got gamma={gamma}, W_S={W_S}, W_min={W_min}")
+        if not 0.0 < t <= 1.0:
+            raise ValueError(f"t must lie in (0, 1], got {t}")
+        self.gamma, self.W_S, self.dynamic, self.t, self.W_min = gamma, W_S, dynamic, t, W_min
+        self.one_cache = bool(one_cache)
+        super().__init__(lm, W=W, seed=seed)
+        self.draft_model, self.draft_name = load_draft(lm, draft)
+
+    def params(self) -> dict[str, Any]:
+        return {"draft": self.draft_name, "gamma": self.gamma, "W": self.W, "W_S": self.W_S,
+                "dynamic": self.dynamic, "t": self.t, "W_min": self.W_min, "one_cache": self.one_cache, "seed": self.seed}
+
+    def verifier(self) -> Verifier:
+        return BeamSampleVerifier(dynamic=self.dynamic, t=self.t, w_min=self.W_min, one_cache=self.one_cache)
+
+    def forest_drafter(self, state: BeamSampleState, prompt_ids: list[int], seed: int) -> ForestDrafter:
+        from laser.decoders.beam.draft import TreeDraftModel
+
+        return ForestDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, seed)

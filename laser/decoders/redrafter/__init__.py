@@ -1,0 +1,2 @@
+"""ReDrafter: the recurrent draft head and its dynamic tree (``head``) and the registered ``redrafter``
+decoder (``decoder``)."""

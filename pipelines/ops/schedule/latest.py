@@ -1,0 +1,51 @@
+"""The "latest" view: one row per entity, its newest knowledge; what CTR training and the feature store read.
+
+Built from the knowledge store (every run's rows) and the old-knowledge store (entities that only have
+old knowledge, e.g. existing items); the newest ``generated_at`` wins. Written atomically as
+``<output>/latest.parquet`` at the end of every scheduled run (``laser latest CONFIG`` rebuilds it).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import polars as pl
+
+from pipelines.knowledge.store import KEY_COLUMNS, parquet_bytes, read_knowledge
+from pipelines.storage import Location
+
+log = logging.getLogger(__name__)
+
+LATEST_FILE = "latest.parquet"
+
+
+def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per (entity_type, entity_id): the one with the newest ``generated_at``."""
+    return (frame.sort("generated_at", maintain_order=True)
+            .unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
+            .sort(list(KEY_COLUMNS)))
+
+
+def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None) -> pl.DataFrame:
+    """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column."""
+    frames = [read_knowledge(knowledge).with_columns(store=pl.lit("knowledge"))]
+    if old_knowledge is not None:
+        frames.append(read_knowledge(old_knowledge).with_columns(store=pl.lit("old_knowledge")))
+    return newest_per_entity(pl.concat(frames))
+
+
+def write_latest(path: str | Path | Location, view: pl.DataFrame) -> Location:
+    """Write the view as one Parquet file, atomically (readers never see a partial file)."""
+    out = Location.of(path)
+    out.write_bytes(parquet_bytes(view.to_arrow()))
+    log.info("latest view: %d entities -> %s", view.height, out)
+    return out
+
+
+def read_latest(path: str | Path | Location) -> pl.DataFrame:
+    """The latest view a run wrote (``<output>/latest.parquet`` or that file's path)."""
+    p = Location.of(path)
+    p = p if p.name.endswith(".parquet") else p / LATEST_FILE
+    if not p.exists():
+        raise FileNotFoundError(f"{p}: no latest view; run `laser run CONFIG --incremental` or `laser latest CONFIG`")
+    return pl.read_parquet(p.read_bytes())
