@@ -46,7 +46,7 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def interrupt_report(signal_name: str, kwargs: dict[str, Any]) -> str:
     """What an interrupted command kept (rows per knowledge store) and the command that resumes it."""
     from jobs.config import bundled_config, load_config
-    from pipelines.knowledge.job import JobPaths
+    from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge.store import done_keys
 
     lines = [f"interrupted by {signal_name}: the rows already generated were flushed to disk"]

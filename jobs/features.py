@@ -15,7 +15,7 @@ ingest_app = typer.Typer(no_args_is_help=True, help="Load the job's knowledge in
 
 def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Rebuild <output>/latest.parquet: one row per entity, its newest knowledge."""
-    from pipelines.knowledge.job import JobPaths
+    from pipelines.knowledge.paths import JobPaths
     from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 
     paths = JobPaths.of(_load(config, set_))

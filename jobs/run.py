@@ -28,13 +28,22 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
             "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
             "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."))) -> None:
     """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
-    from pipelines.knowledge.job import print_summary, run_job
+    from pipelines.knowledge.job import run_job
+    from pipelines.knowledge.summary import print_summary
 
     if incremental:
         from jobs.scheduled import run_scheduled
 
         raise typer.Exit(run_scheduled(_load(config, set_)))
-    print_summary(run_job(_load(config, set_)))
+    from pipelines.ops.schedule import exitcodes
+    from pipelines.ops.schedule.lock import LockHeld
+
+    try:
+        summary = run_job(_load(config, set_))
+    except LockHeld as exc:
+        typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(exitcodes.LOCKED) from None
+    print_summary(summary)
 
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
@@ -44,7 +53,8 @@ def demo(set_: Optional[list[str]] = SetOpt) -> None:
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Step 2 alone: write the routing table and group memberships."""
-    from pipelines.knowledge.job import load_job_data, step_route
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.routing import step_route
 
     cfg = _load(config, set_)
     table = step_route(cfg, load_job_data(cfg))
@@ -53,7 +63,7 @@ def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
 
 def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Step 3 alone: build the pools from old knowledge (needs `laser route` first)."""
-    from pipelines.knowledge.job import step_build_pools
+    from pipelines.knowledge.routing import step_build_pools
 
     sizes = step_build_pools(_load(config, set_))
     for key, n in sorted(sizes.items()):
@@ -64,8 +74,11 @@ def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
              old: bool = typer.Option(False, "--old", help="Generate the missing old knowledge (step 1) instead.")) -> None:
     """Step 4 alone: new knowledge with the configured decoder (needs route and build-pools first)."""
     from pipelines.knowledge.generation import GenerationReport
-    from pipelines.knowledge.job import (JobPaths, JobSummary, load_job_data, print_summary, read_routing, step_generate,
-                               step_old_knowledge)
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.job import step_generate, step_old_knowledge
+    from pipelines.knowledge.paths import JobPaths
+    from pipelines.knowledge.routing import read_routing
+    from pipelines.knowledge.summary import JobSummary, print_summary
 
     cfg = _load(config, set_)
     data = load_job_data(cfg)

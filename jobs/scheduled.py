@@ -16,33 +16,34 @@ log = logging.getLogger(__name__)
 
 
 def run_scheduled(cfg: JobConfig) -> int:
-    """Run once incrementally; print a one-line result; return the exit code."""
+    """Run once incrementally; print the closing summary and a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
-    from pipelines.knowledge.job import JobPaths, check_decoder, check_job_decoder, old_knowledge_params
-    from pipelines.ops.schedule.incremental import exit_code, run_incremental
+    from pipelines.knowledge.job import check_job, run_job
+    from pipelines.knowledge.summary import print_summary
+    from pipelines.knowledge.validation import JobInputError
+    from pipelines.ops.schedule.incremental import exit_code
     from pipelines.ops.schedule.lock import LockHeld
 
     try:  # configuration errors first, before the lock and hours of work
-        check_job_decoder(cfg)
-        check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
-                      "old_knowledge.decoder")
-        JobPaths.of(cfg)  # an output URI whose filesystem is not installed
+        check_job(cfg)
     except ValueError as exc:
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
     try:
-        rec = run_incremental(cfg)
+        summary = run_job(cfg, incremental=True)
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         return exitcodes.LOCKED
-    except (DataFileError, FileNotFoundError) as exc:  # input data missing or unreadable: names the file
+    except (DataFileError, FileNotFoundError, JobInputError) as exc:  # input data missing or unreadable: names the file
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
     except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)
         log.exception("run failed")
         typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.ERROR
+    print_summary(summary)
+    rec = summary.record
     typer.echo(f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
                f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}; "
                f"watermark {rec.watermark}")
-    return exit_code(rec)
+    return exit_code(rec.status)

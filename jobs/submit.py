@@ -67,11 +67,10 @@ def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, 
 
 def validate(config: Path, overrides: list[str]) -> JobConfig:
     """The config as the cluster will read it; raises ConfigError / SubmitError / ValueError naming the key."""
-    from pipelines.knowledge.job import check_decoder, check_job_decoder, old_knowledge_params
+    from pipelines.knowledge.job import check_job
 
     cfg = load_config(config, overrides)
-    check_job_decoder(cfg)
-    check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder), "old_knowledge.decoder")
+    check_job(cfg)
     for key, value in (("output.path", cfg.output.path), ("old_knowledge.path", cfg.old_knowledge.path),
                        ("dataset.path", cfg.dataset.path)):
         if value and not is_uri(value) and not Path(value).is_absolute():

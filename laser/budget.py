@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -65,13 +65,14 @@ class AdaptiveBudget:
     """The budget policy of the continuous engine (see the module docstring).
 
     Args:
-        cost: the forward cost model of this device, model, dtype and threads.
+        cost: the forward cost model of this device, model, dtype and threads, or a function that
+            returns it (measured on first use, so building a decoder costs no measurement).
         max_budget: the largest tree (draft nodes) ever chosen.
         prior: weight, in steps, of the engine-wide acceptance in each row's estimate.
     """
 
-    def __init__(self, cost: ForwardCost, max_budget: int = 64, prior: float = 4.0):
-        self.cost = cost
+    def __init__(self, cost: ForwardCost | Callable[[], ForwardCost], max_budget: int = 64, prior: float = 4.0):
+        self._cost = cost
         self.ladder = [b for b in LADDER if b <= max_budget]
         self.prior = prior
         self.all = _DepthCounts()
@@ -81,6 +82,12 @@ class AdaptiveBudget:
         self.idle_steps = 0  # consecutive steps without drafting
         self.chosen: list[int] = []  # the budget of every step, for reports
         self.predicted: list[float] = []  # the predicted tokens/s of every step's choice
+
+    @property
+    def cost(self) -> ForwardCost:
+        if not isinstance(self._cost, ForwardCost):
+            self._cost = self._cost()
+        return self._cost
 
     def expected(self, request: Request, budget: int) -> float:
         """Expected accepted draft tokens of ``request`` with ``budget`` draft nodes."""

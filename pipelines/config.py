@@ -58,7 +58,7 @@ class GenerationConfig(_Strict):
     strategy: Literal["default", "beam_sample"] = Field(
         "default", description="default: the decoder writes one sampled (or greedy) text; beam_sample: beam sampling "
         "of width beam_width at temperature 1, the text is the beam of highest target log-probability (decoder "
-        "beam_sample, or dsbd when decoder.name is dsbd; see pipelines/knowledge/strategy.py)")
+        "decoder.name must be beam_sample or dsbd; see pipelines/knowledge/decoders.py)")
     beam_width: int = Field(4, ge=1, description="W, the beams of strategy beam_sample")
 
     @model_validator(mode="after")

@@ -42,12 +42,13 @@ def test_ctr_eval_names_match_the_modules_they_stand_for():
 @pytest.mark.parametrize("policy, built", [("attribute", False), ("warm_cold", True)])
 def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built):
     from jobs.config import load_config
-    from pipelines.knowledge import job as jobmod
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.routing import groups_of
 
     cfg = load_config(None, ["dataset.synthetic.n_users=12", "dataset.synthetic.n_items=16", "split.max_hist=4",
                              f"routing.item_policy={policy}", "routing.n_clusters=2",
                              "routing.lightgcn={max_epochs: 2}"])
-    groups = jobmod._groups(cfg, jobmod.load_job_data(cfg))
+    groups = groups_of(cfg, load_job_data(cfg))
     assert (groups["item"][1] is not None) == built
     assert groups["user"][1] is not None  # users: warm_cold uses them
 

@@ -18,7 +18,12 @@ import yaml
 from pipelines.knowledge.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge.store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
-from pipelines.ops.schedule.incremental import run_incremental
+from pipelines.knowledge.job import run_job
+
+
+def run_incremental(cfg):
+    """One incremental run; its ledger row."""
+    return run_job(cfg, incremental=True).record
 from pipelines.ops.schedule.ledger import RunLedger
 from test_schedule_incremental import incremental_config, write_table_data
 

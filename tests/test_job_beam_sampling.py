@@ -12,11 +12,13 @@ from pipelines.knowledge import job as jobmod
 from pipelines.knowledge.generation import GenerationReport, GenerationWorker, ModelSpec
 from pipelines.knowledge.store import read_knowledge
 from pipelines.knowledge.sampling import entity_seed
-from pipelines.knowledge.strategy import new_knowledge_decoder
-from pipelines.knowledge.strategy import check_job_decoder
+from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
+from pipelines.knowledge.decoders import new_knowledge_decoder
+from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.validation import JobInputError
 
-BEAM = ["generation.strategy=beam_sample"]
+BEAM = ["generation.strategy=beam_sample", "decoder.name=beam_sample"]
 
 
 def test_default_strategy_keeps_todays_decoder_and_run_id():
@@ -84,10 +86,10 @@ def knowledge(workers, tiny_model, out, *extra: str) -> pl.DataFrame:
         f"model.name={tiny_model}", "model.dtype=float32", f"output.path={out}", "generation.max_new_tokens=10",
         "generation.beam_width=2", "dataset.synthetic.n_users=4", "dataset.synthetic.n_items=6",
         "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=6", "split.max_hist=3", *extra])
-    data = jobmod.load_job_data(cfg)
+    data = load_job_data(cfg)
     report = jobmod.step_generate(cfg, data, pl.DataFrame(), workers)
     assert report.done > 0 and report.failed == 0
-    return read_knowledge(jobmod.JobPaths.of(cfg).knowledge).sort("entity_type", "entity_id")
+    return read_knowledge(JobPaths.of(cfg).knowledge).sort("entity_type", "entity_id")
 
 
 def test_beam_sample_writes_knowledge_deterministically(workers, tiny_model, tmp_path):

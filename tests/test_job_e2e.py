@@ -19,6 +19,10 @@ import yaml
 
 from jobs.config import load_config
 from pipelines.knowledge import job as jobmod
+from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.paths import JobPaths
+from pipelines.knowledge.requests import new_requests
+from pipelines.knowledge.routing import read_routing
 from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
 from pipelines.knowledge.store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
 
@@ -36,7 +40,7 @@ def job_config(model: str, out: Path, *extra: str):
 
 
 def expected_new_entities(cfg) -> set[tuple[str, str]]:
-    data = jobmod.load_job_data(cfg)
+    data = load_job_data(cfg)
     users = {("user", u) for u in data.split.new_interactions["user_id"].unique().to_list()}
     return users | {("item", i) for i in data.split.new_items["item_id"].to_list()}
 
@@ -71,13 +75,13 @@ def test_job_end_to_end_one_row_per_entity_and_deterministic(tiny_model, ray_ses
     assert routed.height > 0 and set(routed["pool_kind"]) <= {"collaborative", "attribute"}
     # old knowledge exists for every old user and existing item, and feeds the pools
     old = read_knowledge(tmp_path / "a" / "old_knowledge")
-    data = jobmod.load_job_data(cfg)
+    data = load_job_data(cfg)
     assert old.height == data.split.old_interactions["user_id"].n_unique() + data.split.existing_items.height
     assert json.loads((tmp_path / "a" / "pools" / "manifest.json").read_text())["pools"]
     summary_json = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert summary_json["new"]["done"] == len(expected)
     # greedy LASER through pools and Ray wrote exactly plain autoregressive decoding of the same prompts
-    requests = jobmod.new_requests(data, jobmod.read_routing(cfg), "autoregressive")
+    requests = new_requests(data.dataset, data.split, {})
     worker = GenerationWorker(ModelSpec(tiny_model, dtype="float32"))
     task = DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000)
     plain = {(r["entity_type"], r["entity_id"]): r["knowledge"] for r in worker.generate(task, requests).rows}

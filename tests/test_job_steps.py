@@ -10,7 +10,14 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.config import load_config
-from pipelines.knowledge import job as jobmod
+from laser.decoders import available_decoders
+from pipelines.knowledge.job import run_job
+from pipelines.knowledge.decoders import resolve_job_decoder
+from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.paths import JobPaths
+from pipelines.knowledge.requests import new_requests, pool_routes
+from pipelines.knowledge.routing import read_routing, step_route
+from pipelines.knowledge.summary import JobSummary, print_summary
 from pipelines.knowledge.store import KnowledgeWriter, encode_params
 
 
@@ -30,7 +37,7 @@ def fake_old_knowledge(cfg, data) -> dict[tuple[str, str], str]:
     """Old knowledge for every old user and existing item, written as a job would (texts made up)."""
     texts = {("user", u): f"user {u} likes drama" for u in data.split.old_interactions["user_id"].unique().sort()}
     texts |= {("item", i): f"item {i} is a film" for i in data.split.existing_items["item_id"]}
-    with KnowledgeWriter(jobmod.JobPaths.of(cfg).old_knowledge, shard_rows=4, run_id="old") as w:
+    with KnowledgeWriter(JobPaths.of(cfg).old_knowledge, shard_rows=4, run_id="old") as w:
         for (t, i), k in texts.items():
             w.add({"entity_type": t, "entity_id": i, "knowledge": k, "model": "m", "decoder": "resd",
                    "decoder_params": encode_params({}), "prompt_version": "v", "pool_kind": None, "group_id": None,
@@ -43,12 +50,12 @@ def fake_old_knowledge(cfg, data) -> dict[tuple[str, str], str]:
 def test_route_then_build_pools_cli(tiny_model, tmp_path):
     config = write_config(tmp_path, tiny_model)
     cfg = load_config(config)
-    data = jobmod.load_job_data(cfg)
+    data = load_job_data(cfg)
     texts = fake_old_knowledge(cfg, data)
     runner = CliRunner()
     result = runner.invoke(app, ["route", str(config)])
     assert result.exit_code == 0, result.output
-    routing = jobmod.read_routing(cfg)
+    routing = read_routing(cfg)
     assert routing.height == data.dataset.users.height + data.dataset.items.height
     assert routing.filter(pl.col("entity_type") == "item")["pool_kind"].unique().to_list() == ["attribute"]
     counts = dict(data.split.old_interactions.group_by("user_id").len().iter_rows())
@@ -70,11 +77,11 @@ def test_route_then_build_pools_cli(tiny_model, tmp_path):
 
 def test_new_requests_follow_routing_and_decoder(tmp_path):
     cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4"])
-    data = jobmod.load_job_data(cfg)
+    data = load_job_data(cfg)
     routing = pl.DataFrame({"entity_type": ["user", "item"], "entity_id": ["u0001", "i0003"],
                             "pool_kind": ["collaborative", "attribute"], "group_id": ["2", "Drama"],
                             "reason": ["warm", "cold"]})
-    laser_reqs = {(r.entity_type, r.entity_id): r for r in jobmod.new_requests(data, routing, "laser")}
+    laser_reqs = {(r.entity_type, r.entity_id): r for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["laser"].pool, routing))}
     expected_users = set(data.split.new_interactions["user_id"])
     assert {i for t, i in laser_reqs if t == "user"} == expected_users
     assert {i for t, i in laser_reqs if t == "item"} == set(data.split.new_items["item_id"])
@@ -83,19 +90,19 @@ def test_new_requests_follow_routing_and_decoder(tmp_path):
     assert laser_reqs[("item", "i0000")].pool_key is None  # not in the routing table: no pool
     full = pl.concat([data.split.old_interactions, data.split.new_interactions]).filter(pl.col("user_id") == "u0001")
     assert len(laser_reqs[("user", "u0001")].history) == full.height  # old + new history
-    resd = {(r.entity_type, r.entity_id): r.pool_key for r in jobmod.new_requests(data, routing, "resd")}
+    resd = {(r.entity_type, r.entity_id): r.pool_key for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["resd"].pool, routing))}
     assert all(k is None or k.endswith("/global/all") for k in resd.values())
-    assert all(r.pool_key is None for r in jobmod.new_requests(data, routing, "autoregressive"))
+    assert all(r.pool_key is None for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["autoregressive"].pool, routing)))
 
 
 def test_decoder_checked_before_any_work():
-    jobmod.check_decoder("laser", {"verification": "greedy", "k": 2})
+    resolve_job_decoder("laser", {"verification": "greedy", "k": 2})
     with pytest.raises(ValueError, match=r"decoder\.params\.kk: decoder 'laser' takes no parameter 'kk'"):
-        jobmod.check_decoder("laser", {"kk": 3})
+        resolve_job_decoder("laser", {"kk": 3})
     with pytest.raises(ValueError, match=r"decoder\.name: unknown decoder 'nope'; available: \[.*'autoregressive'"):
-        jobmod.check_decoder("nope", {})
+        resolve_job_decoder("nope", {})
     with pytest.raises(ValueError, match=r"decoder\.params\.k: decoder 'resd'"):
-        jobmod.run_job(load_config(None, ["decoder.name=resd", "decoder.params.k=2", "output.path=/nonexistent/x"]))
+        run_job(load_config(None, ["decoder.name=resd", "decoder.params.k=2", "output.path=/nonexistent/x"]))
 
 
 def test_summary_numbers(capsys):
@@ -109,10 +116,10 @@ def test_summary_numbers(capsys):
                          ("Likes westerns and old musicals.", "eos")):
         new.quality.add(text_quality(text, reason))
     assert new.aal == 3.0 and new.tokens_per_s == 10.0 and new.decode_tokens_per_s == 20.0
-    summary = jobmod.JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
+    summary = JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
                                 open_failures=1, wall_s=5.0, skipped={"users without interactions": 5},
                                 input_notes={"sample_dropped_interactions": 12})
-    jobmod.print_summary(summary)
+    print_summary(summary)
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "new knowledge" in line)
     assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40", "10.0", "20.0", "3.00",

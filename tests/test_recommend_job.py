@@ -127,11 +127,11 @@ def test_atspeed_strict_job_writes_beams_rows(tiny_model, tmp_path):
 
 
 def test_decoder_check_accepts_deep_truncated_drafts():
-    from pipelines.knowledge.validation import check_decoder
+    from pipelines.knowledge.decoders import resolve_job_decoder
 
-    check_decoder("atspeed", {"draft": "truncate:8", "gamma": 3})
+    resolve_job_decoder("atspeed", {"draft": "truncate:8", "gamma": 3}, produces="ranking")
     with pytest.raises(JobInputError, match="N=2 draft|gamma and N"):
-        check_decoder("atspeed", {"draft": "truncate:8", "gamma": 0})
+        resolve_job_decoder("atspeed", {"draft": "truncate:8", "gamma": 0}, produces="ranking")
 
 
 @pytest.mark.parametrize("decoder,params", [("beam_sample", {"W": 2}), ("dsbd", {"gamma": 2, "W": 2, "W_S": 3})])

@@ -11,7 +11,12 @@ from pipelines.data.config import DatasetConfig
 from pipelines.ops.features.feast_repo import ingest, online_features
 from pipelines.data.load import load_dataset
 from pipelines.knowledge.store import read_knowledge
-from pipelines.ops.schedule.incremental import run_incremental
+from pipelines.knowledge.job import run_job
+
+
+def run_incremental(cfg):
+    """One incremental run; its ledger row."""
+    return run_job(cfg, incremental=True).record
 from pipelines.ops.schedule.latest import read_latest
 from pipelines.ops.schedule.ledger import RunLedger
 

@@ -194,7 +194,6 @@ def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_sess
     import polars as pl
 
     from pipelines.knowledge.job import run_job
-    from pipelines.ops.schedule.incremental import run_incremental
     from test_schedule_incremental import edit_users, incremental_config, write_table_data
 
     data = write_table_data(tmp_path / "data", n_users=10)
@@ -204,7 +203,7 @@ def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_sess
     assert json.loads((Location.of(mem_uri) / "summary.json").read_text())["total_rows"] == first.new.done
     users = sorted(kn.read_knowledge(f"{mem_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
     edit_users(data, users[:1])
-    second = run_incremental(cfg)
+    second = run_job(cfg, incremental=True).record
     assert (second.entities_changed, second.generated, second.entities_new) == (1, 1, 0)
     assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded"]
     latest = read_latest(mem_uri)

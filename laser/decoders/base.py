@@ -7,10 +7,14 @@ tests a decoder's name:
   ``"global"`` (one pool per entity type) or ``"none"``;
 - ``requires``: other artefacts it loads from its parameters (e.g. ``("draft_model",)``), for listings;
 - ``greedy_params()``: parameters under which it writes the target's greedy text (used for old
-  knowledge, which must be lossless), or None when it cannot.
+  knowledge, which must be lossless), or None when it cannot;
+- ``produces``: ``"text"`` (a generation) or ``"ranking"`` (top-K item identifiers);
+- ``engines``: the engines that can run it (``"hf"``, this package's tree-attention engine);
+- ``check_params()``: its own parameter check, run before any model is loaded.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Sequence
 
@@ -55,6 +59,9 @@ class Decoder:
     summary: ClassVar[str] = ""
     pool: ClassVar[PoolNeed] = "none"
     requires: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[Literal["text", "ranking"]] = "text"
+    engines: ClassVar[tuple[str, ...]] = ("hf",)
+    beam_sampling: ClassVar[bool] = False  # draws beams at temperature 1 with a width ``W``
 
     def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
         self.adaptive = K is None or K == "auto"
@@ -71,7 +78,37 @@ class Decoder:
         """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""
         if not self.adaptive or self.K == 0:
             return None
-        return AdaptiveBudget(forward_cost(self.lm.model), max_budget=self.K)
+        return AdaptiveBudget(lambda: forward_cost(self.lm.model), max_budget=self.K)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+        """``params`` if this decoder takes them: a parameter it does not take, or a value it rejects, is a
+        ``ValueError`` naming it. ``model`` is the target, for decoders whose parameters name other models."""
+        cls.check_names(params)
+        cls.probe(params)
+        return dict(params)
+
+    @classmethod
+    def check_names(cls, params: dict[str, Any]) -> None:
+        """Refuse a parameter the constructor does not take."""
+        sig = inspect.signature(cls.__init__)
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
+            return
+        accepted = [n for n in sig.parameters if n not in ("self", "lm")]
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ValueError(f"params.{unknown[0]}: decoder {cls.name!r} takes no parameter {unknown[0]!r} "
+                             f"(it takes {accepted})")
+
+    @classmethod
+    def probe(cls, params: dict[str, Any], layers: int = 2) -> None:
+        """Check the values by building the decoder once on a tiny random model of ``layers`` layers."""
+        from laser.testing import tiny_llama
+
+        try:
+            cls(tiny_llama(layers=layers), **params)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"params: {exc}") from None
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any] | None:
@@ -83,6 +120,11 @@ class Decoder:
 
     def check_sampling(self, sampling: SamplingParams) -> None:
         """Refuse sampling settings this decoder cannot honour (before any work)."""
+        self.refuse_sampling(sampling, self.params())
+
+    @classmethod
+    def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
+        """Raise ``ValueError`` when a decoder with ``params`` cannot honour ``sampling`` (none refused here)."""
 
     def params(self) -> dict[str, Any]:
         """The decoder's settings, recorded with every generated row."""

@@ -59,8 +59,9 @@ class Laser(Decoder):
     def verifier(self) -> Verifier:
         return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else RejectionSampler()
 
-    def check_sampling(self, sampling: SamplingParams) -> None:
-        if self.verification == "relaxed" and not sampling.greedy:
+    @classmethod
+    def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
+        if params.get("verification", "relaxed") == "relaxed" and not sampling.greedy:
             raise ValueError("relaxed verification is deterministic: use temperature 0, or verification='greedy' "
                              "to sample exactly from the target")
 

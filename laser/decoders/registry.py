@@ -1,8 +1,9 @@
 """Decoders by name: the built-ins plus third-party ones from the ``laser.decoders`` entry-point group."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from laser.decoders.base import Decoder
 from laser.models import LoadedModel
@@ -43,3 +44,38 @@ def get_decoder(name: str, lm: LoadedModel, **params) -> Decoder:
         return known[name](lm, **params)
     except TypeError as err:
         raise ValueError(f"bad parameters for decoder {name!r}: {err}") from err
+
+
+@dataclass(frozen=True)
+class DecoderChoice:
+    """A registered decoder class and its checked parameters: what a config's decoder resolves to."""
+
+    cls: type[Decoder]
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    def build(self, lm: LoadedModel) -> Decoder:
+        return self.cls(lm, **self.params)
+
+
+def resolve_decoder(name: str, params: dict[str, Any] | None = None, *, key: str = "decoder",
+                    model: str | None = None, produces: str | None = None) -> DecoderChoice:
+    """The decoder called ``name`` with ``params`` checked by the class itself (``Decoder.check_params``);
+    every error is a ``ValueError`` whose message starts with the config ``key`` it is about. ``model`` is
+    the target; ``produces`` (``"text"`` or ``"ranking"``) refuses a decoder that makes the other kind."""
+    known = available_decoders()
+    if name not in known:
+        raise ValueError(f"{key}.name: unknown decoder {name!r}; available: {sorted(known)}")
+    cls = known[name]
+    if produces is not None and cls.produces != produces:
+        makes = sorted(n for n, c in known.items() if c.produces == produces)
+        raise ValueError(f"{key}.name: decoder {name!r} produces a {cls.produces}, not a {produces}; "
+                         f"choose one of {makes}")
+    try:
+        checked = cls.check_params(dict(params or {}), model)
+    except ValueError as exc:
+        raise ValueError(f"{key}.{exc}") from None
+    return DecoderChoice(cls, checked)

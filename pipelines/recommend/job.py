@@ -13,14 +13,14 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.knowledge.generation import GenerationRequest, ModelSpec
-from pipelines.knowledge.job import load_job_data
+from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import RECOMMEND_PROMPT_VERSION, item_identifiers
 from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
 from pipelines.recommend.worker import RecommendGroup, RecommendReport, RecommendTask
-from pipelines.knowledge.validation import JobInputError, check_decoder, load_inputs
+from pipelines.knowledge.validation import JobInputError, load_inputs
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,13 @@ def recommend_requests(old: pl.DataFrame, new: pl.DataFrame, items: pl.DataFrame
     return [GenerationRequest("user", u, history=[tuple(e) for e in histories.get(u, [])]) for u in users]
 
 
+def check_recommend_decoder(cfg: RecommendJobConfig) -> None:
+    """The decoder must rank items (``beam``, ``atspeed``) and take its parameters."""
+    from pipelines.knowledge.decoders import resolve_job_decoder
+
+    resolve_job_decoder(cfg.decoder.name, dict(cfg.decoder.params), produces="ranking")
+
+
 def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> None:
     if cfg.recommend.K > len(identifiers):
         raise JobInputError(f"recommend.K={cfg.recommend.K} is larger than the number of valid items "
@@ -56,7 +63,7 @@ def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> Non
 
 
 def run_recommend_job(cfg: RecommendJobConfig, group: RecommendGroup | None = None) -> RecommendSummary:
-    check_decoder(cfg.decoder.name, cfg.decoder.params)
+    check_recommend_decoder(cfg)
     data = load_inputs(load_job_data, cfg)
     identifiers = item_identifiers(data.dataset.items, cfg.recommend.item_code_column)
     check_catalogue(cfg, identifiers)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from laser.decoders.beam.search import BeamDrafter, BeamSearchVerifier, BeamState, ItemTrie
 from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.drafting import Drafter
 from laser.models import LoadedModel
@@ -39,6 +40,7 @@ class BeamDecoder(Decoder):
     """Base of the item-recommending decoders: ``recommend_batch`` instead of text generation."""
 
     pool = "none"
+    produces = "ranking"
 
     def __init__(self, lm: LoadedModel):
         super().__init__(lm, K=0)
@@ -102,7 +104,7 @@ class Beam(BeamDecoder):
 
 
 @register_decoder
-class AtSpeed(BeamDecoder):
+class AtSpeed(UsesDraftModel, BeamDecoder):
     """AtSpeed speculative beam search: ``gamma`` draft steps of width ``N`` verified in one target forward.
 
     ``verification="strict"``: the target's own beam step is run on the tree's rows for as long as every
@@ -112,7 +114,6 @@ class AtSpeed(BeamDecoder):
 
     name = "atspeed"
     summary = "AtSpeed speculative beam search: a draft model's beams verified in one forward; strict top-K is lossless"
-    requires = ("draft_model",)
 
     def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict",
                  seed: int = 0):

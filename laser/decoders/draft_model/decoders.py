@@ -65,11 +65,50 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
                          + ("" if same_tokens else " and their tokenizers map tokens differently"))
 
 
-class DraftModelDecoder(Decoder):
+class UsesDraftModel:
+    """Mixin of decoders with a ``draft`` parameter (a model name or path, or ``truncate:N``): its check
+    loads no weights. A named draft must exist and share the target's vocabulary (tokenizers compared);
+    ``truncate:N`` is probed on a tiny model of at least N layers."""
+
+    requires = ("draft_model",)
+
+    @classmethod
+    def check_params(cls, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
+        cls.check_names(params)
+        draft, probe, layers = params.get("draft"), dict(params), 2
+        if isinstance(draft, str) and draft.startswith("truncate:") and draft.split(":", 1)[1].isdigit():
+            layers = max(layers, int(draft.split(":", 1)[1]))
+        elif isinstance(draft, str) and not draft.startswith("truncate:"):
+            check_draft_name(draft, model)
+            probe["draft"] = None
+        cls.probe(probe, layers)
+        return dict(params)
+
+
+def check_draft_name(draft: str, model: str | None) -> None:
+    """A named draft model exists and, when the target ``model`` is given, shares its vocabulary."""
+    from laser.models import load_tokenizer
+
+    if draft.startswith((".", "/", "~")) and not os.path.exists(os.path.expanduser(draft)):
+        raise ValueError(f"params.draft: draft model path not found: {draft!r}")
+    try:
+        draft_vocab = load_tokenizer(os.path.expanduser(draft)).get_vocab()
+    except ValueError as exc:
+        raise ValueError(f"params.draft: draft model {draft!r} not found: not a local model directory, a bundled "
+                         f"name, a name saved by `laser train-draft` or a cached hub id ({exc})") from None
+    if model is None:
+        return
+    target_vocab = load_tokenizer(model).get_vocab()
+    if draft_vocab != target_vocab:
+        raise ValueError(f"params.draft: draft {draft!r} does not share the target's vocabulary: target {model!r} "
+                         f"has {len(target_vocab)} tokens, draft {draft!r} has {len(draft_vocab)}"
+                         + (" mapped differently" if len(draft_vocab) == len(target_vocab) else ""))
+
+
+class DraftModelDecoder(UsesDraftModel, Decoder):
     """Common part: the draft model, ``gamma``, and one :class:`ModelDrafter` per request."""
 
     pool = "none"
-    requires = ("draft_model",)
 
     def __init__(self, lm: LoadedModel, draft: str | LoadedModel | None = None, gamma: int = 4):
         if not isinstance(gamma, int) or gamma < 1:

@@ -12,6 +12,7 @@ import time
 from typing import Any, Sequence
 
 from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.decoders.dsbd.algorithm import BeamSampleState, BeamSampleVerifier, ForestDrafter
 from laser.models import LoadedModel
@@ -44,10 +45,11 @@ class BeamSample(Decoder):
     def verifier(self) -> Verifier:
         return BeamSampleVerifier()
 
-    def check_sampling(self, sampling: SamplingParams) -> None:
+    @classmethod
+    def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
         """Beam sampling draws at temperature 1 without filters (temperature 0 = unset, also temperature 1)."""
         if sampling.temperature not in (0.0, 1.0) or sampling.top_p < 1.0 or sampling.top_k > 0:
-            raise ValueError(f"{self.name} samples beams at temperature 1 without top-p/top-k filters; got "
+            raise ValueError(f"{cls.name} samples beams at temperature 1 without top-p/top-k filters; got "
                              f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
 
     def request(self, ids: list[int], max_new_tokens: int, pool=None, sampling: SamplingParams = GREEDY,
@@ -80,7 +82,7 @@ class BeamSample(Decoder):
 
 
 @register_decoder
-class Dsbd(BeamSample):
+class Dsbd(UsesDraftModel, BeamSample):
     """DSBD: a draft model samples ``W_S`` beams per layer for ``gamma`` layers; layer-wise verification
     with width ``W`` (fixed) or the dynamic width (``dynamic``: threshold ``t``, at least ``W_min``).
 
@@ -90,7 +92,6 @@ class Dsbd(BeamSample):
 
     name = "dsbd"
     summary = "DSBD: dynamic-width speculative beam sampling with a draft model (forest verified in one forward)"
-    requires = ("draft_model",)
 
     def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, W: int = 4, W_S: int = 8,
                  dynamic: bool = True, t: float = 0.7, W_min: int = 1, one_cache: bool = False, seed: int = 0):

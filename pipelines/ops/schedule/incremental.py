@@ -1,16 +1,10 @@
-"""Scheduled incremental runs: regenerate knowledge only for entities whose inputs changed, or are new.
+"""What an incremental run plans differently: it regenerates knowledge only for entities whose inputs
+changed, or are new (the job's steps are the same as a full run's: pipelines/knowledge/job.py).
 
-A run (under the output's :class:`RunLock`, recorded in the :class:`RunLedger`):
-
-1. loads the interactions; the watermark is their newest timestamp;
-2. old knowledge where missing, routing, as in the one-shot job;
-3. pools rebuilt from the latest view (old knowledge and every earlier run's new knowledge: yesterday's
-   new knowledge is today's old knowledge);
-4. for every entity the job writes knowledge for, the prompt inputs' ``source_hash`` is compared with
-   the entity's newest row: equal -> unchanged (kept), different -> changed, none -> new. Only changed
-   and new entities are generated, under a fresh ``run_id`` (a killed run's id is reused on resume, so
-   rows it wrote count as done);
-5. the latest view is rewritten, the ledger row closed.
+For every entity the job writes knowledge for, the prompt inputs' ``source_hash`` is compared with the
+entity's newest row: equal -> unchanged (kept), different -> changed, none -> new. Only changed and new
+entities are generated, under a fresh ``run_id`` (a killed run's id is reused on resume, so rows it wrote
+count as done). Its pools are rebuilt from the latest view (yesterday's new knowledge is today's old).
 
 The hash, not the watermark, decides: a rating edited in place keeps its timestamp, yet changes the
 history. The watermark tells the ledger what arrived since the last successful run.
@@ -24,13 +18,8 @@ from typing import Any
 import polars as pl
 
 from pipelines.config import JobConfig
-from pipelines.knowledge.generation import GenerationReport, GenerationRequest, WorkerGroup
-from pipelines.knowledge.store import KnowledgeWriter, open_store, read_knowledge
+from pipelines.knowledge.generation import GenerationRequest
 from pipelines.ops.schedule import exitcodes
-from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
-from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.ops.schedule.lock import RunLock
-from pipelines.knowledge.strategy import new_knowledge_decoder
 
 log = logging.getLogger(__name__)
 
@@ -75,81 +64,6 @@ def new_run_id(cfg: JobConfig, record_time: Any) -> str:
     return f"{cfg.resolved_run_id()}-{record_time:%Y%m%dT%H%M%S.%fZ}"
 
 
-def _generate_changed(cfg: JobConfig, plan: ChangePlan, run_id: str, domain: str, workers: WorkerGroup) -> GenerationReport:
-    from pipelines.knowledge.job import JobPaths, new_knowledge_task
-
-    if not plan.todo:
-        return GenerationReport()
-    paths = JobPaths.of(cfg)
-    task = new_knowledge_task(cfg, run_id, domain, paths.pools)
-    with KnowledgeWriter(paths.knowledge, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer:
-        return workers.run(plan.todo, task, writer, slots=cfg.execution.batch_size, desc="changed knowledge")
-
-
-def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
-    """The run's work; fills ``rec`` as it goes."""
-    from pipelines.knowledge.job import (JobPaths, check_job_decoder, load_job_data, new_requests, step_build_pools,
-                               step_old_knowledge, step_route, worker_group)
-
-    paths = JobPaths.of(cfg)
-    for store in (paths.knowledge, paths.old_knowledge):  # corrupt shards out, so their entities are redone
-        if store.exists():
-            open_store(store)
-    data = load_job_data(cfg)
-    inter = data.dataset.interactions
-    rec.watermark = int(inter["timestamp"].max()) if inter.height else None
-    rec.users_after_watermark = users_after(inter, rec.previous_watermark)
-    check_job_decoder(cfg)
-    with worker_group(cfg) as workers:
-        old = step_old_knowledge(cfg, data, workers)
-        rec.old_generated, rec.old_failed = old.done, old.failed
-        routing = step_route(cfg, data)
-        step_build_pools(cfg, latest_view(paths.knowledge, paths.old_knowledge).to_arrow())
-        current = newest_per_entity(read_knowledge(paths.knowledge))
-        plan = plan_changes(new_requests(data, routing, new_knowledge_decoder(cfg).name), current)
-        rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
-        log.info("run %s: %d new, %d changed, %d unchanged entities; %d users with interactions after the "
-                 "watermark", rec.run_id, plan.new, plan.changed, plan.unchanged, rec.users_after_watermark)
-        ledger.save(rec)
-        new = _generate_changed(cfg, plan, rec.run_id, data.dataset.domain, workers)
-        rec.generated, rec.failed = new.done, new.failed
-    write_latest(paths.root / LATEST_FILE, latest_view(paths.knowledge, paths.old_knowledge))
-
-
-def run_incremental(cfg: JobConfig) -> RunRecord:
-    """One scheduled run over ``output.path`` (see the module doc). Raises :class:`LockHeld` when another
-    run holds the output; the returned record's ``status`` is ``succeeded`` or ``partial``."""
-    from pipelines.knowledge.job import JobPaths
-
-    from pipelines.knowledge.store import utc_now
-
-    root = JobPaths.of(cfg).root
-    root.mkdir(parents=True, exist_ok=True)
-    config_hash = cfg.resolved_run_id()
-    with RunLock(root, run_id=config_hash):
-        ledger = RunLedger(root)
-        previous = ledger.last_succeeded()
-        resumed = ledger.unfinished(config_hash)
-        started = utc_now()
-        run_id = resumed.run_id if resumed else new_run_id(cfg, started)
-        if resumed:
-            log.warning("resuming run %s, which did not finish (killed?)", run_id)
-        rec = RunRecord(run_id=run_id, decoder=new_knowledge_decoder(cfg).name, config_hash=config_hash,
-                        started=resumed.started if resumed else started,
-                        previous_watermark=previous.watermark if previous else None)
-        ledger.save(rec)
-        try:
-            _steps(cfg, rec, ledger)
-        except BaseException as exc:
-            rec.status, rec.finished, rec.error = "failed", utc_now(), f"{type(exc).__name__}: {exc}"[:2000]
-            ledger.save(rec)
-            raise
-        rec.status = "partial" if rec.failed or rec.old_failed else "succeeded"
-        rec.finished = utc_now()
-        ledger.save(rec)
-        return rec
-
-
-def exit_code(rec: RunRecord) -> int:
-    """The scheduler-facing exit code of a finished run."""
-    return exitcodes.PARTIAL if rec.status == "partial" else exitcodes.OK
+def exit_code(status: str) -> int:
+    """The scheduler-facing exit code of a finished run's status."""
+    return exitcodes.PARTIAL if status == "partial" else exitcodes.OK

@@ -46,12 +46,22 @@ class DecodeBenchSettings:
     p: float = 0.1
 
 
-METHODS = {  # name -> (decoder, params, pool kind)
+METHODS = {  # name -> (decoder, params, pool kind); "draft" / "rule" add the settings' draft budget / k and p
     "autoregressive": ("autoregressive", {}, None),
-    "resd (global pool)": ("resd", {}, "global"),
-    "laser greedy": ("laser", {"verification": "greedy"}, "group"),
-    "laser relaxed": ("laser", {"verification": "relaxed"}, "group"),
+    "resd (global pool)": ("resd", {"draft": True}, "global"),
+    "laser greedy": ("laser", {"verification": "greedy", "draft": True}, "group"),
+    "laser relaxed": ("laser", {"verification": "relaxed", "draft": True, "rule": True}, "group"),
 }
+
+
+def method_params(params: dict, settings: DecodeBenchSettings) -> dict:
+    """A method's decoder parameters with the settings' draft budget and relaxed rule where it asks for them."""
+    out = {k: v for k, v in params.items() if k not in ("draft", "rule")}
+    if params.get("draft"):
+        out.update(K=settings.K, n_max=settings.n_max)
+    if params.get("rule"):
+        out.update(k=settings.k, p=settings.p)
+    return out
 
 
 def run_decode_bench(json_out: Path, settings: DecodeBenchSettings, cache_root: Path | None = None) -> dict:
@@ -64,9 +74,7 @@ def run_decode_bench(json_out: Path, settings: DecodeBenchSettings, cache_root: 
     for user, ids in profiles.items():
         groups.setdefault(cluster[user], RetrievalPool()).add(ids)
 
-    common = {"K": settings.K, "n_max": settings.n_max}
-    decoders = {name: laser.get_decoder(d, lm, **(common if d != "autoregressive" else {}), **params,
-                                        **({"k": settings.k, "p": settings.p} if d == "laser" else {}))
+    decoders = {name: laser.get_decoder(d, lm, **method_params(params, settings))
                 for name, (d, params, _) in METHODS.items()}
     pool_of = lambda kind, c: {"global": global_pool, "group": groups.get(c)}.get(kind)  # noqa: E731
 

@@ -38,6 +38,9 @@ GENERATE = "generate"
 SPEC = "spec_sampling"
 
 
+GENERATE_METHOD = "generate"  # transformers generate, the reference row (no decoder)
+
+
 @dataclass(frozen=True)
 class DraftMethod:
     name: str
@@ -48,7 +51,7 @@ class DraftMethod:
 
 def draft_methods(ks: tuple[int, ...]) -> list[DraftMethod]:
     """Table rows: generate, spec_sampling, then topk_imp paper and lossless for each K."""
-    out = [DraftMethod(GENERATE, "generate"), DraftMethod(SPEC, "spec_sampling")]
+    out = [DraftMethod(GENERATE, GENERATE_METHOD), DraftMethod(SPEC, "spec_sampling")]
     for mode in ("paper", "lossless"):
         out += [DraftMethod(f"topk_imp K={k} {mode}", "topk_imp", k, mode) for k in ks]
     return out
@@ -60,16 +63,16 @@ def _decoders(lm: laser.LoadedModel, methods: list[DraftMethod], draft: str | No
     shared = LoadedModel(first.draft_model, lm.tokenizer, first.draft)
     out: dict[str, Any] = {}
     for m in methods:
-        if m.decoder == "spec_sampling":
-            out[m.name] = first
-        elif m.decoder == "topk_imp":
-            out[m.name] = laser.get_decoder("topk_imp", lm, draft=shared, gamma=gamma, K=m.K, mode=m.mode)
+        if m.decoder == GENERATE_METHOD:
+            continue
+        extra = {"K": m.K, "mode": m.mode} if m.mode is not None else {}
+        out[m.name] = laser.get_decoder(m.decoder, lm, draft=shared, gamma=gamma, **extra)
     return out
 
 
 def _run(lm: laser.LoadedModel, m: DraftMethod, dec: Any, ids: list[int], n: int, temperature: float,
          seed: int) -> Run:
-    if m.decoder == "generate":
+    if m.decoder == GENERATE_METHOD:
         if temperature == 0:
             return hf_generate(lm, ids, n)
         torch.manual_seed(seed)

@@ -55,7 +55,7 @@ from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
 from pipelines.data.split import split_old_new
-from pipelines.knowledge.job import ITEM_ATTRIBUTES
+from pipelines.knowledge.routing import ITEM_ATTRIBUTES
 from pools.build import PoolBuildConfig, collect_sources, group_key, materialize
 from pools.retrieval import RetrievalPool
 from router.groups import GROUP_SCHEMA

@@ -148,7 +148,8 @@ def fresh_draft(target: torch.nn.Module, layers: int, hidden: int, seed: int = 0
 
 def _old_requests(cfg: JobConfig) -> tuple[list[Any], str]:
     """The job's old-knowledge requests (old histories, existing items) and the prompt domain."""
-    from pipelines.knowledge.job import item_requests, load_job_data, user_requests
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.requests import item_requests, user_requests
 
     data = load_job_data(cfg)
     ds, split = data.dataset, data.split
@@ -169,7 +170,7 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
     """(prompt ids, response ids) from the job's old-knowledge store, topped up to ``s.samples`` by greedy
     answers to a seeded sample of the job's other old prompts."""
     from pipelines.tools.bench.fixture import greedy_knowledge
-    from pipelines.knowledge.job import JobPaths
+    from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge.store import read_knowledge
 
     requests, domain = _old_requests(cfg)

@@ -59,7 +59,7 @@ def start_run(cfg: Any, kind: str, name: str, threads: int, lm: Any = None) -> t
     """A training command's start: torch threads, its work directory ``<work>/<kind>/<name>`` (the job's
     output.path, or output.work_dir for a URI output), and the job's target (``lm``, else loaded fp32)."""
     import laser
-    from pipelines.knowledge.job import JobPaths
+    from pipelines.knowledge.paths import JobPaths
 
     torch.set_num_threads(threads)
     work = JobPaths.of(cfg).work / kind / name

@@ -76,7 +76,7 @@ def ordered_histories(old: pl.DataFrame, items: pl.DataFrame) -> dict[str, tuple
 def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.1, eval_users: int = 8,
              seed: int = 0, command: str = "train-recommender") -> RecData:
     """The job's next-item examples, held-out users and evaluation prompts (clear errors on bad input)."""
-    from pipelines.knowledge.job import load_job_data
+    from pipelines.knowledge.inputs import load_job_data
     from pipelines.recommend.items import item_identifiers, recommend_prompt
     from pipelines.recommend.job import check_catalogue, held_out_items
     from pipelines.knowledge.validation import load_inputs

@@ -328,7 +328,9 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
     """
     import random
 
-    from pipelines.knowledge.job import JobPaths, item_requests, load_job_data, user_requests
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.paths import JobPaths
+    from pipelines.knowledge.requests import item_requests, user_requests
     from pipelines.knowledge.store import MANIFEST, knowledge_texts
     from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 

@@ -1,0 +1,31 @@
+"""The job's inputs: the configured dataset and its seeded old/new split."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pipelines.config import JobConfig
+from pipelines.data import Dataset, Split
+from pipelines.data.load import load_dataset
+from pipelines.data.split import split_old_new
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobData:
+    """The loaded dataset and its old/new split."""
+
+    dataset: Dataset
+    split: Split
+
+
+def load_job_data(cfg: JobConfig) -> JobData:
+    """Load the configured dataset and split it into old and new (seeded)."""
+    ds = load_dataset(cfg.dataset)
+    sp = cfg.split
+    split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=sp.max_hist, new_item_fraction=sp.new_item_fraction,
+                          new_count=sp.new_count)
+    log.info("split: %d old / %d new interactions, %d existing / %d new items", split.old_interactions.height,
+             split.new_interactions.height, split.existing_items.height, split.new_items.height)
+    return JobData(ds, split)

@@ -1,0 +1,121 @@
+"""Steps 2 and 3 of the knowledge job: route every user and item to a pool group (collaborative or
+attribute), then build one retrieval pool per group from its members' old knowledge, persisted."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import polars as pl
+import pyarrow as pa
+
+from pipelines.config import JobConfig
+from pipelines.knowledge.inputs import JobData
+from pipelines.knowledge.paths import JobPaths
+from pipelines.knowledge.store import read_knowledge
+
+log = logging.getLogger(__name__)
+
+
+USER_ATTRIBUTES = ("gender", "age", "occupation")
+ITEM_ATTRIBUTES = ("category", "sub_category", "genres", "year")
+
+
+def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str, ...]) -> tuple[pl.DataFrame, list[str]]:
+    """The table and the attribute hierarchy it supports; a constant "all" group when it has none."""
+    hierarchy = [c for c in candidates if c in table.columns]
+    if not hierarchy:
+        return table.select(id_column, all=pl.lit("all")), ["all"]
+    return table, hierarchy
+
+
+def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """Per entity type: (attribute groups, collaborative groups or None), over every user and item."""
+    import router
+
+    ds, split, rc = data.dataset, data.split, cfg.routing
+    lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
+                               **rc.lightgcn)
+    try:
+        emb = router.train_lightgcn(split.old_interactions, lg)
+    except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
+        log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
+        emb = None
+    out = {}
+    for etype, table, id_col, cands, emb_of in (("user", ds.users, "user_id", USER_ATTRIBUTES, "users"),
+                                                 ("item", ds.items, "item_id", ITEM_ATTRIBUTES, "items")):
+        frame, hierarchy = _attribute_frame(table, id_col, cands)
+        grouping = router.AttributeGrouping(hierarchy=hierarchy, max_group_size=rc.max_group_size,
+                                            bucket_widths={"age": 10, "year": 10}, seed=rc.seed)
+        attr = router.attribute_groups(frame, grouping, id_col)
+        vectors = getattr(emb, emb_of) if emb is not None else None
+        collab = None
+        uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
+        if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
+            collab = router.collaborative_groups(vectors, n_clusters=min(rc.n_clusters, len(vectors)), seed=rc.seed)
+        out[etype] = (attr, collab)
+    return out
+
+
+def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
+    """Step 2: route every user and item (routing table saved as Parquet) and save group memberships."""
+    import router
+
+    paths = JobPaths.of(cfg)
+    groups = groups_of(cfg, data)
+    old = data.split.old_interactions
+    policies = {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy}
+    tables, members = [], []
+    for etype, (attr, collab) in groups.items():
+        counts = router.interaction_counts(old, f"{etype}_id")
+        tables.append(router.route(etype, attr["entity_id"].to_list(), attr, collab, counts,
+                                   policy=policies[etype], warm_threshold=cfg.routing.warm_threshold))
+        members.append(router.group_memberships(etype, attr, collab))
+    table = pa.concat_tables(tables)
+    router.write_routing(table, paths.routing)
+    router.write_routing(pa.concat_tables(members), paths.memberships)
+    frame = pl.from_arrow(table)
+    counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
+    log.info("routing: %s -> %s", counts, paths.routing)
+    return frame
+
+
+def read_routing(cfg: JobConfig) -> pl.DataFrame:
+    """The routing table a previous `route` step saved."""
+    import router
+
+    path = JobPaths.of(cfg).routing
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no routing table; run `laser route` (or `laser run`) first")
+    return pl.from_arrow(router.read_routing(path))
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of the job's model (pool texts must be tokenised exactly as the actors decode)."""
+    import laser
+
+    return laser.load_tokenizer(model)
+
+
+def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None) -> dict[str, int]:
+    """Step 3: one pool per group from its members' old knowledge (or ``knowledge``: entity_type, entity_id,
+    knowledge), persisted; returns {pool key: texts}."""
+    import router
+    from pools.build import PoolBuildConfig, collect_sources
+    from pools.store import TokenizerFingerprint, write_store
+
+    paths = JobPaths.of(cfg)
+    if not paths.memberships.exists():
+        raise FileNotFoundError(f"{paths.memberships}: no group memberships; run `laser route` first")
+    memberships = router.read_routing(paths.memberships)
+    if knowledge is None:
+        knowledge = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    old = knowledge.select(["entity_type", "entity_id", "knowledge"])
+    tokenizer = load_tokenizer(cfg.model.name)
+    build = PoolBuildConfig(max_pool_size=cfg.routing.max_pool_size, with_global=True, on_missing="skip",
+                            seed=cfg.routing.seed)
+    sources = collect_sources(old, memberships, tokenizer, build)
+    for etype, eid, reason in sources.skipped:
+        log.warning("pools: %s %s skipped: %s", etype, eid, reason)
+    write_store(paths.pools, sources.texts, TokenizerFingerprint.of(tokenizer),
+                meta={"model": cfg.model.name, "run_id": cfg.resolved_run_id()})
+    return sources.sizes()

@@ -1,0 +1,86 @@
+"""The closing summary of a knowledge job run: per pass speed and text quality, as JSON and rich tables."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipelines.config import JobConfig
+from pipelines.knowledge.generation import GenerationReport
+from pipelines.knowledge.store import done_keys, read_failures
+from pipelines.ops.schedule.ledger import RunRecord
+from pipelines.storage import Location
+
+
+@dataclass
+class JobSummary:
+    """Closing numbers of a job run."""
+
+    output: str
+    run_id: str
+    old: GenerationReport
+    new: GenerationReport
+    total_rows: int
+    open_failures: int
+    wall_s: float
+    skipped: dict[str, int] = field(default_factory=dict)  # entities without knowledge, by reason
+    input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
+    mode: str = "full"  # full | incremental (which entities the run planned)
+    record: RunRecord | None = None  # the run's ledger row: status, planned entities, watermark
+
+    @classmethod
+    def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path | Location,
+           wall_s: float) -> "JobSummary":
+        """The summary of a run whose knowledge went to ``store``."""
+        return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
+                   total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
+
+
+def _report_json(rep: GenerationReport) -> dict[str, Any]:
+    """A pass's figures for summary.json, with the derived rates and the quality shares."""
+    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s,
+            "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
+
+
+def print_summary(summary: JobSummary) -> None:
+    """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
+    from rich.console import Console
+    from rich.table import Table
+
+    speed = Table(title=f"laser job {summary.run_id}")
+    for col in ("step", "done", "failed", "tokens", "tok/s wall", "tok/s decode", "AAL", "forwards saved"):
+        speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
+    quality = Table(title="knowledge quality (pipelines/knowledge/quality.py)")
+    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "greedy retries"):
+        quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
+    for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
+        if rep.done == rep.failed == 0:
+            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-")  # nothing generated in this pass
+            continue
+        # every accepted draft token is a target forward saved against one forward per token
+        share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
+        speed.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
+                      f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}")
+        q = rep.quality
+        quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
+                        str(q.degenerate), str(rep.greedy_retries))
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
+        console = Console(width=max(console.width, 110))
+    console.print(speed)
+    console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
+                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
+                  "decoding seconds (each batch once; prefill excluded; actors run in parallel).")
+    console.print(quality)
+    if summary.skipped:
+        console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
+    if summary.input_notes:
+        console.print("input: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.input_notes.items()))
+    if (rec := summary.record) is not None:
+        console.print(f"{summary.mode} run {rec.run_id}, {rec.status}: new knowledge for {rec.entities_new} new and "
+                      f"{rec.entities_changed} changed entities, {rec.entities_unchanged} unchanged")
+    console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
+                  f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")
