@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,7 +28,10 @@ CONTEXT = 256  # cached positions per row while timing
 
 
 def cost_cache_dir() -> Path:
-    return Path(os.environ.get("LASER_CACHE", Path.home() / ".cache" / "laser")) / "cost-models"
+    """Where measured cost models are kept: ``<laser cache>/cost-models`` (``LASER_CACHE_DIR``)."""
+    from laser.models import cache_dir
+
+    return cache_dir() / "cost-models"
 
 
 @dataclass

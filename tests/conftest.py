@@ -1,18 +1,64 @@
-"""Shared fixtures: tiny random Llama models (no download), the bundled default model, a Ray session."""
+"""Fixtures of every tier (tests/unit, tests/integration, tests/e2e); shared helpers are in tests/helpers.py.
+
+Every test session writes its caches (cost models, drafts, heads, work folders) to a temporary folder:
+``LASER_CACHE_DIR`` points there, with the de-quantised bundled models linked in from the user's cache
+so they are not rebuilt. Decoders built with ``K: auto`` get a fixed, pre-measured cost model unless a
+test measures one itself (``laser.cost.forward_cost`` is untouched). Ray runs once per session.
+"""
 from __future__ import annotations
 
-import random
+import os
+import time
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import torch
 
 import laser
+from tests.helpers import save_tiny_model
+
+TIERS = ("unit", "integration", "e2e")  # the order they run in
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cache(tmp_path_factory):
+    """Every cache in a temporary folder; the user's de-quantised bundled models linked in."""
+    from laser.models import BUNDLED, cached_model_dir
+
+    tmp = tmp_path_factory.mktemp("laser-cache")
+    (tmp / "models").mkdir()
+    for name in BUNDLED:
+        if cached_model_dir(name).is_dir():  # still the user's cache here
+            (tmp / "models" / name).symlink_to(cached_model_dir(name), target_is_directory=True)
+    old = os.environ.get("LASER_CACHE_DIR")
+    os.environ["LASER_CACHE_DIR"] = str(tmp)
+    yield tmp
+    if old is None:
+        os.environ.pop("LASER_CACHE_DIR", None)
+    else:
+        os.environ["LASER_CACHE_DIR"] = old
+
+
+def fixed_cost(model: torch.nn.Module, *args, **kwargs):
+    """A cost model of the shape the engine expects: a fixed forward plus a share per tree token."""
+    from laser.cost import CONTEXT, NODES, ROWS, ForwardCost, cost_key
+
+    seconds = [[0.004 + 0.0002 * r * n for n in NODES] for r in ROWS]
+    return ForwardCost(cost_key(model), list(ROWS), list(NODES), seconds, CONTEXT)
+
+
+@pytest.fixture(autouse=True)
+def _premeasured_cost(monkeypatch):
+    """Decoders with ``K: auto`` use :func:`fixed_cost` (tests of the cost model call laser.cost directly)."""
+    import laser.decoders.base as base
+
+    monkeypatch.setattr(base, "forward_cost", fixed_cost)
 
 
 @pytest.fixture(scope="session")
@@ -26,53 +72,55 @@ def smollm():
     return laser.load_model("smollm2-135m", device="cpu", dtype="float32")
 
 
-def save_tiny_model(path: Path) -> Path:
-    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    import laser
-
-    vocab = {"<s>": 0, "</s>": 1}
-    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
-        vocab[ch] = i + 2
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    fast.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
-    lm = laser.tiny_llama(vocab_size=len(fast), seed=0, eos_token_id=1)
-    lm.model.config.max_position_embeddings = 4096
-    lm.model.save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> str:
     """Path of a saved tiny random Llama with its tokenizer (jobs load it by path, like a hub model)."""
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ray_session():
-    """Local Ray for one test module (2 CPUs); yields its GCS address."""
+    """Local Ray for the whole session (2 CPUs); yields its GCS address."""
     import ray
 
-    if ray.is_initialized():  # a job run in-process by an earlier test module left its local Ray up
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray.get_runtime_context().gcs_address
-    ray.shutdown()
 
 
-def greedy_reference(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
-    """The target's own greedy decoding through transformers ``generate``."""
-    out = lm.model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
-    return out[0, len(prompt_ids):].tolist()
+@pytest.fixture(scope="session", autouse=True)
+def _ray_shutdown():
+    """Whatever started Ray in this process (a fixture, a job run in-process) is shut down at the end."""
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
-def random_prompts(n: int, vocab: int, seed: int = 0, length: tuple[int, int] = (4, 20)) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(2, vocab) for _ in range(rng.randint(*length))] for _ in range(n)]
+# ---- tiers: markers from the folder, run in order, timed -----------------------------------------
+
+def _tier(item: pytest.Item) -> str:
+    parts = Path(str(item.fspath)).parts
+    return next((t for t in TIERS if t in parts), "unit")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, _tier(item)))
+    items.sort(key=lambda item: TIERS.index(_tier(item)))  # stable: file order kept inside a tier
+
+
+_SECONDS: dict[str, float] = defaultdict(float)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    start = time.perf_counter()
+    yield
+    _SECONDS[_tier(item)] += time.perf_counter() - start
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _SECONDS:
+        terminalreporter.write_line("time per tier: " + ", ".join(f"{t} {_SECONDS[t]:.0f}s" for t in TIERS if t in _SECONDS))

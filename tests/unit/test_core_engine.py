@@ -13,7 +13,7 @@ import laser
 from laser.engine import Request, TreeDecodingEngine
 from laser.verify import TopKVerifier
 from pools import RetrievalPool
-from tests.conftest import greedy_reference, random_prompts
+from tests.helpers import greedy_reference, random_prompts
 
 
 def test_requests_compare_by_identity():

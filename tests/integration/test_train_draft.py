@@ -14,7 +14,7 @@ import torch
 import laser
 from jobs.config import load_config
 from pipelines.tools.train.draft import DraftTrainSettings, build_draft, train_draft
-from conftest import save_tiny_model  # tests/ is on sys.path under pytest
+from tests.helpers import save_tiny_model
 
 
 @pytest.fixture()
@@ -66,7 +66,7 @@ train_draft(load_config(None, sys.argv[1:]), s, on_step=kill)
 @pytest.mark.slow
 def test_killed_run_resumes_from_the_last_periodic_checkpoint(job):
     cfg, overrides = job
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", KILL, *overrides], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = train_draft(cfg, settings(name="killed"))

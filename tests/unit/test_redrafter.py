@@ -14,7 +14,7 @@ from laser.decoders.redrafter.head import (PaperSamplingVerifier, ReDrafter, Rec
                              pack_beams, prefix_tree)
 from laser.testing import first_divergence
 from laser.tree import DraftTree, pack_trees
-from tests.conftest import greedy_reference, random_prompts
+from tests.helpers import greedy_reference, random_prompts
 
 MAX_NEW = 40
 

@@ -25,7 +25,7 @@ from pipelines.knowledge.store import read_knowledge
 from test_job_e2e import expected_new_entities, job_config
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
 

@@ -18,8 +18,8 @@ from laser.decoders.draft_model.drafter import ModelDrafter
 from laser.models import LoadedModel
 from laser.sampling import SamplingParams
 from laser.verify import RejectionSampler
-from tests.conftest import greedy_reference, random_prompts
-from tests.test_core_sampling import SAMPLES, VOCAB, _exact_joint, toy  # noqa: F401  (toy is a fixture)
+from tests.helpers import greedy_reference, random_prompts
+from test_core_sampling import SAMPLES, VOCAB, _exact_joint, toy  # noqa: F401  (toy is a fixture)
 
 MAX_NEW = 32
 

@@ -16,7 +16,7 @@ import yaml
 from pipelines.knowledge.store import read_knowledge
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, model: str) -> Path:

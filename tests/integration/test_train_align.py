@@ -17,7 +17,7 @@ from pipelines.tools.train.align import (AlignSettings, align_examples, init_dra
                                    train_align)
 from pipelines.tools.train.rec_examples import rec_data
 from pipelines.knowledge.validation import JobInputError
-from conftest import save_tiny_model  # tests/ is on sys.path under pytest
+from tests.helpers import save_tiny_model
 
 
 @pytest.fixture(scope="module")

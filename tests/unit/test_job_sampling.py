@@ -15,7 +15,7 @@ from pipelines.knowledge.sampling import entity_sampling, entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
 from pipelines.knowledge.decoders import resolve_job_decoder as check_decoder
 from pipelines.knowledge.validation import JobInputError
-from conftest import save_tiny_model  # tests/ is on sys.path under pytest
+from tests.helpers import save_tiny_model
 
 HOT = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": 5}
 

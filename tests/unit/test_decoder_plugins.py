@@ -16,9 +16,9 @@ import pytest
 
 import laser
 from laser.decoders import registry
-from tests.conftest import greedy_reference, random_prompts
+from tests.helpers import greedy_reference, random_prompts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "decoders" / "prompt_lookup.py"
 
 
@@ -57,7 +57,7 @@ def test_plugin_is_registered_and_lossless(installed, tiny_lm):
 
 @pytest.mark.slow
 def test_plugin_runs_in_a_job(plugin_dir, tmp_path):
-    from tests.conftest import save_tiny_model
+    from tests.helpers import save_tiny_model
 
     model = save_tiny_model(tmp_path / "model")
     out = tmp_path / "job"

@@ -8,7 +8,7 @@ from laser.decoders.builtin import Autoregressive
 from pipelines.knowledge import store as kn
 from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
 from pipelines.knowledge.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
-from conftest import save_tiny_model  # tests/ is on sys.path under pytest
+from tests.helpers import save_tiny_model
 from test_knowledge_store import row
 
 LOOP = "This user enjoys a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"

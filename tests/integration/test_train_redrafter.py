@@ -13,7 +13,7 @@ import torch
 
 import laser
 from pipelines.tools.train.redrafter import (TrainSettings, extract_features, fit_and_save, shortlist_tokens, train_head)
-from tests.conftest import greedy_reference, random_prompts
+from tests.helpers import greedy_reference, random_prompts
 
 SETTINGS = dict(kind="shortlist", shortlist=64, depth=3, steps=8, batch_positions=64, checkpoint_every=2, lr=3e-3)
 
@@ -57,7 +57,7 @@ _KILLED_RUN = textwrap.dedent("""
     import os, sys, torch
     import laser
     import pipelines.tools.train.redrafter as tr
-    from tests.conftest import greedy_reference, random_prompts
+    from tests.helpers import greedy_reference, random_prompts
     from tests.test_train_redrafter import SETTINGS, _sequences
     torch.set_num_threads(1)
     lm = laser.tiny_llama(seed=3)

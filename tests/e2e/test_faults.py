@@ -28,7 +28,7 @@ from pipelines.ops.schedule.ledger import RunLedger
 from test_schedule_incremental import incremental_config, write_table_data
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
 
 

@@ -19,7 +19,7 @@ from laser.engine import Request, TreeDecodingEngine
 from laser.testing import first_divergence
 from laser.verify import RejectionSampler
 from pools import RetrievalPool
-from tests.conftest import greedy_reference, random_prompts
+from tests.helpers import greedy_reference, random_prompts
 
 MAX_NEW = 48
 

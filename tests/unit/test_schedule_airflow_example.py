@@ -9,7 +9,7 @@ import pytest
 
 from pipelines.ops.schedule import exitcodes
 
-DAG_FILE = Path(__file__).resolve().parents[1] / "jobs" / "examples" / "airflow_dag.py"
+DAG_FILE = Path(__file__).resolve().parents[2] / "jobs" / "examples" / "airflow_dag.py"
 
 
 def test_dag_example_parses_and_uses_the_documented_codes():

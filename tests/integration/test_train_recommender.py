@@ -15,7 +15,7 @@ from pipelines.recommend.config import RecommendJobConfig
 from pipelines.tools.train.rec_examples import rec_data, rec_loss
 from pipelines.tools.train.recommender import RecTrainSettings, prepare, train_recommender
 from pipelines.knowledge.validation import JobInputError
-from conftest import save_tiny_model  # tests/ is on sys.path under pytest
+from tests.helpers import save_tiny_model
 
 
 @pytest.fixture(scope="module")
