@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import typer
@@ -25,6 +27,8 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
          version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the laser-knowledge version and exit.")) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not sys.stderr.isatty():  # a log file or a pipe gets a progress line every 30 s, not every update
+        os.environ.setdefault("TQDM_MININTERVAL", "30")
 
 
 @app.command("decoders")

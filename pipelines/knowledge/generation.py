@@ -454,6 +454,10 @@ class WorkerGroup:
         import ray
 
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
+        if len(self.actors) < n:
+            log.info("starting %d generation worker(s); each loads %s once (about 30 s the first time, while the "
+                     "bundled model is de-quantised and cached; a few seconds after)", n - len(self.actors),
+                     self.spec.model)
         # a killed worker process is restarted (the model reloads) and its in-flight batch re-run; rows are
         # written by the driver from returned results only, so a retried batch is never written twice
         remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec), max_restarts=ACTOR_RESTARTS,

@@ -110,6 +110,7 @@ def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None) -> dict[
     if knowledge is None:
         knowledge = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
     old = knowledge.select(["entity_type", "entity_id", "knowledge"])
+    log.info("pools: building one trie per group from %d knowledge texts", old.num_rows)
     tokenizer = load_tokenizer(cfg.model.name)
     build = PoolBuildConfig(max_pool_size=cfg.routing.max_pool_size, with_global=True, on_missing="skip",
                             seed=cfg.routing.seed)
