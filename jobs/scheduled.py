@@ -21,7 +21,7 @@ def run_scheduled(cfg: JobConfig) -> int:
     from pipelines.knowledge.job import check_job, run_job
     from pipelines.knowledge.summary import print_summary
     from pipelines.knowledge.validation import JobInputError
-    from pipelines.ops.schedule.incremental import exit_code
+    from pipelines.knowledge.plan import exit_code
     from pipelines.ops.schedule.lock import LockHeld
 
     try:  # configuration errors first, before the lock and hours of work

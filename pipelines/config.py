@@ -48,7 +48,7 @@ class GenerationConfig(_Strict):
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
     max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
     degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
-        "keep", description="a degenerate text (pipelines/knowledge/quality.py): keep it flagged, regenerate it with the "
+        "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
         "greedy autoregressive decoder, or record it in failures.jsonl")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import torch
@@ -39,3 +40,27 @@ def greedy_reference(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int
 def random_prompts(n: int, vocab: int, seed: int = 0, length: tuple[int, int] = (4, 20)) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(2, vocab) for _ in range(rng.randint(*length))] for _ in range(n)]
+
+
+def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:
+    """A knowledge-store row for entity ``u{i}`` (fixed timestamp)."""
+    from pipelines.knowledge_store import encode_params
+
+    return {
+        "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",
+        "decoder": "laser", "decoder_params": encode_params({"k": 2, "p": 0.1}), "prompt_version": "v1",
+        "pool_kind": "collaborative", "group_id": str(i % 2), "n_tokens": i, "target_forwards": max(1, i // 2),
+        "accepted_tokens": i - max(1, i // 2), "retrieval_s": 0.001, "generation_s": 0.5, "finish_reason": "eos",
+        "run_id": run_id, "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
+    }
+
+
+def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0) -> dict:
+    """A knowledge-store row of run ``run_id`` generated now (+ ``offset_s``), with a source hash."""
+    from pipelines.knowledge_store import utc_now
+
+    return {"entity_type": etype, "entity_id": eid, "knowledge": text, "model": "m", "decoder": "laser",
+            "decoder_params": "{}", "prompt_version": "v", "pool_kind": None, "group_id": None, "n_tokens": 3,
+            "target_forwards": 3, "accepted_tokens": 0, "retrieval_s": 0.0, "generation_s": 0.1,
+            "finish_reason": "eos", "run_id": run_id, "generated_at": utc_now() + timedelta(seconds=offset_s),
+            "source_hash": f"{run_id}-{eid}"}

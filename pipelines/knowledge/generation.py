@@ -4,7 +4,7 @@ Each actor runs the continuous engine in a background thread: up to ``slots`` re
 (rows of different pools share a batch, each drafting from its own pool), a finished request leaves at
 once and a waiting one takes its slot. The driver streams requests to every actor with pool affinity
 (chunks of one pool key, so an actor loads few pools), keeps each actor's queue ahead of its slots, and
-writes the rows into a :class:`~pipelines.knowledge.store.KnowledgeWriter` as they come back, under a
+writes the rows into a :class:`~pipelines.knowledge_store.KnowledgeWriter` as they come back, under a
 progress bar. A request that fails (prompt too long, bad item, decoder error) becomes a failure record;
 it never takes down the others. Local Ray is started in-process when no address is configured.
 """
@@ -21,9 +21,9 @@ from typing import Any, Callable, Iterable, Iterator
 from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
-from pipelines.knowledge.store import KnowledgeWriter, encode_params, utc_now
+from pipelines.knowledge_store import KnowledgeWriter, encode_params, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.knowledge.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
+from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 
 log = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
-    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/knowledge/quality.py)
+    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/quality.py)
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
 
 

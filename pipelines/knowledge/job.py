@@ -36,10 +36,10 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
 from pipelines.knowledge.requests import new_requests, old_requests, pending, pool_routes
 from pipelines.knowledge.routing import read_routing, step_build_pools, step_route
-from pipelines.knowledge.store import KnowledgeWriter, open_store, read_knowledge, utc_now
+from pipelines.knowledge_store import KnowledgeWriter, open_store, read_knowledge, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
-from pipelines.ops.schedule.incremental import new_run_id, plan_changes, users_after
+from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.ops.schedule.lock import RunLock

@@ -12,7 +12,7 @@ from pipelines.data import Dataset, Split
 from pipelines.knowledge.generation import GenerationRequest
 from pipelines.knowledge.prompts import PROMPT_VERSION, user_histories
 from pipelines.knowledge.sources import source_hash
-from pipelines.knowledge.store import done_keys
+from pipelines.knowledge_store import done_keys
 from pipelines.storage import Location
 from pools.build import group_key
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipelines.config import JobConfig
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge.store import read_knowledge
+from pipelines.knowledge_store import read_knowledge
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport
-from pipelines.knowledge.store import done_keys, read_failures
+from pipelines.knowledge_store import done_keys, read_failures
 from pipelines.ops.schedule.ledger import RunRecord
 from pipelines.storage import Location
 
@@ -53,7 +53,7 @@ def print_summary(summary: JobSummary) -> None:
     speed = Table(title=f"laser job {summary.run_id}")
     for col in ("step", "done", "failed", "tokens", "tok/s wall", "tok/s decode", "AAL", "forwards saved"):
         speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
-    quality = Table(title="knowledge quality (pipelines/knowledge/quality.py)")
+    quality = Table(title="knowledge quality (pipelines/quality.py)")
     for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "greedy retries"):
         quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):

@@ -1,2 +1,2 @@
-"""Operations around the job: scheduled incremental runs (``schedule``) and the feature store
-(``features``)."""
+"""Operations around the knowledge: the run's lock, ledger and latest view, scheduler exit codes
+(``schedule``), and the feature store (``features``)."""

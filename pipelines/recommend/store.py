@@ -1,5 +1,5 @@
 """Recommendation Parquet: one row per (user, rank), in the knowledge store's format and machinery
-(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.knowledge.store`). A user's K rows are always
+(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.knowledge_store`). A user's K rows are always
 written in one shard, so a resumed run skips exactly the users already written."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import polars as pl
 import pyarrow as pa
 
-from pipelines.knowledge.store import KnowledgeWriter, done_keys, read_shard, scan_store
+from pipelines.knowledge_store import KnowledgeWriter, done_keys, read_shard, scan_store
 
 log = logging.getLogger(__name__)
 

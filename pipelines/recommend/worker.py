@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from pipelines.knowledge.generation import (BatchScheduler, DecodeTask, GenerationRequest, GenerationWorker, WorkerGroup,
                                   make_batches)
 from pipelines.interrupts import ray_wait
-from pipelines.knowledge.store import utc_now
+from pipelines.knowledge_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
 

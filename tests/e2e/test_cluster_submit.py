@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.knowledge.store import read_knowledge
+from pipelines.knowledge_store import read_knowledge
 from test_job_e2e import expected_new_entities, job_config
 
 pytestmark = pytest.mark.slow

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pipelines.knowledge.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
-from pipelines.knowledge.store import KnowledgeWriter, read_knowledge
+from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
 from pipelines.knowledge.job import run_job
 
@@ -113,7 +113,7 @@ def test_concurrent_run_refused_then_killed_driver_resumes(tiny_model, ray_sessi
 def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 
-    from test_features_feast import _row
+    from tests.helpers import run_row as _row
 
     store = tmp_path / "knowledge"
     rows = [_row("user", f"u{i}", f"text {i}", "r") for i in range(6)]
@@ -127,15 +127,15 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, *a, **k)
 
-    monkeypatch.setattr("pipelines.knowledge.store.pq.write_table", disk_full_from_second_shard)
+    monkeypatch.setattr("pipelines.knowledge_store.pq.write_table", disk_full_from_second_shard)
     with pytest.raises(OSError, match="No space left"):
         with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
             for r in rows:
                 w.add(r)
     assert not list(store.glob(".*.tmp"))  # the partial temp file is gone
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1"]  # readable: the complete shard only
-    monkeypatch.setattr("pipelines.knowledge.store.pq.write_table", real)
-    from pipelines.knowledge.store import done_keys
+    monkeypatch.setattr("pipelines.knowledge_store.pq.write_table", real)
+    from pipelines.knowledge_store import done_keys
 
     done = {i for _, i in done_keys(store)}
     with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:  # resume: the rest
@@ -153,8 +153,8 @@ def _corrupt(path: Path) -> None:
 
 
 def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
-    from pipelines.knowledge.store import CorruptShardError, done_keys, open_store
-    from test_features_feast import _row
+    from pipelines.knowledge_store import CorruptShardError, done_keys, open_store
+    from tests.helpers import run_row as _row
 
     store = tmp_path / "knowledge"
     with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.knowledge.store import read_knowledge
+from pipelines.knowledge_store import read_knowledge
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

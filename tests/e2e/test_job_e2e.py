@@ -24,7 +24,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests
 from pipelines.knowledge.routing import read_routing
 from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.knowledge.store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
+from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
 
 pytestmark = pytest.mark.slow
 

@@ -10,12 +10,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import pipelines.knowledge.store as kn
+import pipelines.knowledge_store as kn
 from pipelines.ops.schedule.latest import latest_view, read_latest, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.ops.schedule.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
-from test_knowledge_store import row
+from tests.helpers import knowledge_row as row
 
 
 @pytest.fixture

@@ -14,20 +14,13 @@ import pytest
 
 from pipelines.ops.features.encode import encode_latest
 from pipelines.ops.features.feast_repo import PROJECT, ingest, online_features
-from pipelines.knowledge.store import KnowledgeWriter, utc_now
+from pipelines.knowledge_store import KnowledgeWriter, utc_now
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
+from tests.helpers import run_row as _row
 
 pytest.importorskip("feast")
 
 WORDS = ["war", "comedy", "space", "romance", "noir", "heist", "western", "musical", "horror", "family"]
-
-
-def _row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0) -> dict:
-    return {"entity_type": etype, "entity_id": eid, "knowledge": text, "model": "m", "decoder": "laser",
-            "decoder_params": "{}", "prompt_version": "v", "pool_kind": None, "group_id": None, "n_tokens": 3,
-            "target_forwards": 3, "accepted_tokens": 0, "retrieval_s": 0.0, "generation_s": 0.1,
-            "finish_reason": "eos", "run_id": run_id, "generated_at": utc_now() + timedelta(seconds=offset_s),
-            "source_hash": f"{run_id}-{eid}"}
 
 
 def _write_run(store, rows: list[dict], run_id: str) -> None:

@@ -18,7 +18,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge.summary import JobSummary, print_summary
-from pipelines.knowledge.store import KnowledgeWriter, encode_params
+from pipelines.knowledge_store import KnowledgeWriter, encode_params
 
 
 def write_config(tmp_path, model: str):
@@ -108,7 +108,7 @@ def test_decoder_checked_before_any_work():
 def test_summary_numbers(capsys):
     from pipelines.knowledge.generation import GenerationReport
 
-    from pipelines.knowledge.quality import text_quality
+    from pipelines.quality import text_quality
 
     new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
                            decode_s=2.0)

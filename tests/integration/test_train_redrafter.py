@@ -58,7 +58,7 @@ _KILLED_RUN = textwrap.dedent("""
     import laser
     import pipelines.tools.train.redrafter as tr
     from tests.helpers import greedy_reference, random_prompts
-    from tests.test_train_redrafter import SETTINGS, _sequences
+    from tests.integration.test_train_redrafter import SETTINGS, _sequences
     torch.set_num_threads(1)
     lm = laser.tiny_llama(seed=3)
     seqs = _sequences(lm)

@@ -7,9 +7,9 @@ import stat
 import pyarrow as pa
 import pytest
 
-from pipelines.knowledge import store as kn
+from pipelines import knowledge_store as kn
 from pools.store import TokenizerFingerprint, write_store
-from tests.test_knowledge_store import row
+from tests.helpers import knowledge_row as row
 
 
 @pytest.fixture

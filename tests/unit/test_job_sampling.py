@@ -10,7 +10,7 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.knowledge.store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
+from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.knowledge.sampling import entity_sampling, entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
 from pipelines.knowledge.decoders import resolve_job_decoder as check_decoder

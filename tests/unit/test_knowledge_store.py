@@ -8,17 +8,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.knowledge import store as kn
-
-
-def row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:
-    return {
-        "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",
-        "decoder": "laser", "decoder_params": kn.encode_params({"k": 2, "p": 0.1}), "prompt_version": "v1",
-        "pool_kind": "collaborative", "group_id": str(i % 2), "n_tokens": i, "target_forwards": max(1, i // 2),
-        "accepted_tokens": i - max(1, i // 2), "retrieval_s": 0.001, "generation_s": 0.5, "finish_reason": "eos",
-        "run_id": run_id, "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
-    }
+from pipelines import knowledge_store as kn
+from tests.helpers import knowledge_row as row
 
 
 def write_run(store, ids, shard_rows=3, close=True):

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from laser.decoders.builtin import Autoregressive
-from pipelines.knowledge import store as kn
+from pipelines import knowledge_store as kn
 from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
-from pipelines.knowledge.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
+from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
 from tests.helpers import save_tiny_model
-from test_knowledge_store import row
+from tests.helpers import knowledge_row as row
 
 LOOP = "This user enjoys a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"
 PROSE = ("This user enjoys slow, character-driven dramas from the seventies and eighties, with a soft spot for "

@@ -16,7 +16,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge.store import _atomic_write_bytes
+from pipelines.knowledge_store import _atomic_write_bytes
 from pipelines.ops.schedule.latest import LATEST_FILE, read_latest
 
 log = logging.getLogger(__name__)

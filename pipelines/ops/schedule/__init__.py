@@ -1,5 +1,4 @@
-"""Operating the job on a schedule: run ledger, output lock, incremental selection, latest view.
-
-Modules are imported directly (``pipelines.ops.schedule.incremental`` etc.). The rows' source hash, which
-the job itself computes, lives below the job in :mod:`pipelines.knowledge.sources`.
+"""What every run keeps beside its knowledge: the output lock, the run ledger, the latest view, and the
+exit codes a scheduler acts on. The job (pipelines/knowledge/job.py) takes the lock, writes the ledger
+and publishes the latest view; an incremental run only plans another entity set (pipelines/knowledge/plan.py).
 """

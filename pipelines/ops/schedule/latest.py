@@ -11,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 
-from pipelines.knowledge.store import KEY_COLUMNS, parquet_bytes, read_knowledge
+from pipelines.knowledge_store import KEY_COLUMNS, parquet_bytes, read_knowledge
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge.store import parquet_bytes, utc_now
+from pipelines.knowledge_store import parquet_bytes, utc_now
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from rich.table import Table
 import laser
 from laser import DecodeStats
 from pipelines.knowledge.prompts import PROMPT_VERSION
-from pipelines.knowledge.quality import summarise_quality
+from pipelines.quality import summarise_quality
 
 STAGES = ("prefill_s", "retrieval_s", "tree_s", "forward_s", "verify_s", "cache_s")
 
@@ -121,7 +121,7 @@ def method_metrics(runs: Sequence[Run], reference: Sequence[Run]) -> dict[str, A
 
 
 def _quality(runs: Sequence[Run]) -> dict[str, Any] | None:
-    """EOS share, mean repeated-4-gram share and degenerate count (pipelines/knowledge/quality.py) when texts are known."""
+    """EOS share, mean repeated-4-gram share and degenerate count (pipelines/quality.py) when texts are known."""
     if any(r.text is None or r.finish_reason is None for r in runs):
         return None
     return summarise_quality([r.text for r in runs], [r.finish_reason for r in runs]).as_dict()

@@ -171,7 +171,7 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
     answers to a seeded sample of the job's other old prompts."""
     from pipelines.tools.bench.fixture import greedy_knowledge
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.knowledge.store import read_knowledge
+    from pipelines.knowledge_store import read_knowledge
 
     requests, domain = _old_requests(cfg)
     encode = laser.get_decoder("autoregressive", lm).encode

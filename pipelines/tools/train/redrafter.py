@@ -331,7 +331,7 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge.requests import item_requests, user_requests
-    from pipelines.knowledge.store import MANIFEST, knowledge_texts
+    from pipelines.knowledge_store import MANIFEST, knowledge_texts
     from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 
     if source not in ("auto", "greedy", "store"):

@@ -59,7 +59,7 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        # quality (pipelines/knowledge/quality.py) and timing detail; null in shards written before they existed
+        # quality (pipelines/quality.py) and timing detail; null in shards written before they existed
         pa.field("finished_eos", pa.bool_()),
         pa.field("repeat_4gram", pa.float64()),  # share of word 4-grams that repeat an earlier one
         pa.field("degenerate", pa.bool_()),
@@ -227,7 +227,7 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
 
 def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``row`` with the quality columns it lacks computed from its text and finish reason."""
-    from pipelines.knowledge.quality import text_quality
+    from pipelines.quality import text_quality
 
     out = {c: None for c in OPTIONAL_COLUMNS} | dict(row)
     if out["finished_eos"] is None or out["repeat_4gram"] is None or out["degenerate"] is None:
