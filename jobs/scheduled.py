@@ -20,7 +20,8 @@ def run_scheduled(cfg: JobConfig) -> int:
     from pipelines.data.readers import DataFileError
     from pipelines.knowledge.job import JobPaths, check_decoder, check_job_decoder, old_knowledge_params
     from pipelines.ops.schedule.incremental import exit_code, run_incremental
-    from pipelines.ops.schedule.lock import LockHeld
+    from jobs.errors import os_error_line
+    from pipelines.lock import LockError, LockHeld
 
     try:  # configuration errors first, before the lock and hours of work
         check_job_decoder(cfg)
@@ -35,9 +36,14 @@ def run_scheduled(cfg: JobConfig) -> int:
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         return exitcodes.LOCKED
-    except (DataFileError, FileNotFoundError) as exc:  # input data missing or unreadable: names the file
+    except (DataFileError, LockError) as exc:  # input data unreadable, a planted lock file: names the file
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
+    except OSError as exc:  # a wrong path (2), a read-only folder, a full disk (1): one line naming the path
+        log.debug("OS error", exc_info=True)
+        line, code = os_error_line(exc)
+        typer.secho(f"laser: {line}", fg=typer.colors.RED, err=True)
+        return code
     except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)
         log.exception("run failed")
         typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)

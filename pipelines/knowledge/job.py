@@ -39,6 +39,7 @@ from pipelines.knowledge.prompts import PROMPT_VERSION, user_histories
 from pipelines.knowledge.strategy import check_job_decoder
 from pipelines.knowledge.validation import check_decoder, load_inputs
 from pipelines.knowledge.sources import source_hash
+from pipelines.lock import output_lock
 from pipelines.storage import Location
 from pools.build import group_key
 
@@ -399,6 +400,12 @@ def run_job(cfg: JobConfig) -> JobSummary:
         check_decoder(cfg.old_knowledge.decoder, old_knowledge_params(cfg.old_knowledge.decoder),
                       "old_knowledge.decoder")
     data = load_inputs(load_job_data, cfg)  # nothing is created before the inputs are known good
+    with output_lock(paths.root, run_id=cfg.resolved_run_id()):  # one writer per output (pipelines/lock.py)
+        return _run_steps(cfg, data, paths, start)
+
+
+def _run_steps(cfg: JobConfig, data: JobData, paths: JobPaths, start: float) -> JobSummary:
+    """run_job's steps, under the output's lock."""
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
     with worker_group(cfg) as workers:

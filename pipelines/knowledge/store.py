@@ -36,6 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.lock import check_held
 from pipelines.storage import Location, atomic_write_local, file_mode  # noqa: F401  (file_mode: re-exported)
 
 log = logging.getLogger(__name__)
@@ -305,6 +306,7 @@ class KnowledgeWriter:
         rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
                "failed_at": utc_now().isoformat()}
         line = json.dumps(rec) + "\n"
+        check_held()
         path = self.store / FAILURES
         if path.local:
             with open(path.local_path, "a", encoding="utf-8") as fh:
@@ -319,6 +321,7 @@ class KnowledgeWriter:
         """Write the queued rows as one shard (temp file, fsync, rename), then replace the manifest."""
         if not self._buffer:
             return
+        check_held()  # a lost lease on the output stops the run before it writes again
         try:
             table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

@@ -29,7 +29,7 @@ from pipelines.knowledge.store import KnowledgeWriter, open_store, read_knowledg
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.ops.schedule.lock import RunLock
+from pipelines.lock import output_lock
 from pipelines.knowledge.strategy import new_knowledge_decoder
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def run_incremental(cfg: JobConfig) -> RunRecord:
     root = JobPaths.of(cfg).root
     root.mkdir(parents=True, exist_ok=True)
     config_hash = cfg.resolved_run_id()
-    with RunLock(root, run_id=config_hash):
+    with output_lock(root, run_id=config_hash):
         ledger = RunLedger(root)
         previous = ledger.last_succeeded()
         resumed = ledger.unfinished(config_hash)
