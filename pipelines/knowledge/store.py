@@ -186,12 +186,34 @@ def scan_store(store: str | Path | Location) -> Manifest:
     manifest = Manifest.load(root)
     if not root.local:
         return manifest
-    listed = {s["file"] for s in manifest.shards}
-    for name in _shard_files(root):
-        if name not in listed:
+    for name in _unlisted(root, manifest):
+        try:
             rows = pq.ParquetFile(root.local_path / name).metadata.num_rows
-            manifest.shards.append({"file": name, "rows": rows, "run_id": None})
+        except (pa.ArrowInvalid, OSError) as exc:  # not listed, so never committed: skipped, and moved aside
+            log.error("%s: unreadable shard not in the manifest, skipped (%s); the next writer moves it to %s/",
+                      root / name, exc, QUARANTINE)
+            continue
+        manifest.shards.append({"file": name, "rows": rows, "run_id": None})
     return manifest
+
+
+def _unlisted(root: Location, manifest: Manifest) -> list[str]:
+    listed = {s["file"] for s in manifest.shards}
+    return [n for n in _shard_files(root) if n not in listed]
+
+
+def _quarantine_unreadable_unlisted(root: Location, manifest: Manifest) -> list[str]:
+    """Local stores: move shards that the manifest does not list and Parquet cannot read to ``quarantine/``."""
+    moved = []
+    for name in _unlisted(root, manifest):
+        try:
+            pq.ParquetFile(root.local_path / name)
+        except (pa.ArrowInvalid, OSError) as exc:
+            (root / QUARANTINE).mkdir(exist_ok=True)
+            (root / name).move_to(root / QUARANTINE / name)
+            log.error("%s: unreadable shard not in the manifest (%s); moved to %s/", root / name, exc, QUARANTINE)
+            moved.append(name)
+    return moved
 
 
 def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
@@ -216,6 +238,8 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
     _drop_uncommitted(root, Manifest.load(root))
+    if root.local:
+        _quarantine_unreadable_unlisted(root, Manifest.load(root))
     listed = len(Manifest.load(root).shards)
     manifest = scan_store(root)
     if len(manifest.shards) > listed:
