@@ -1,8 +1,12 @@
-"""Clean command-line endings: bad input prints one red line and exits 2, never a traceback; SIGINT or
-SIGTERM keeps the rows already generated, says what was kept and how to resume, and exits 130 or 143."""
+"""Clean command-line endings: bad input prints one red line and exits 2, never a traceback; an
+environment failure (read-only folder, disk full, refused connection, a lost lease) one line and exit 1;
+another run holding the output's lock one line and exit 75; SIGINT or SIGTERM keeps the rows already
+generated, says what was kept and how to resume, and exits 130 or 143."""
 from __future__ import annotations
 
+import errno
 import functools
+import logging
 import shlex
 import sys
 from pathlib import Path
@@ -11,6 +15,25 @@ from typing import Any, Callable
 import typer
 
 EXIT_BAD_INPUT = 2
+EXIT_ENVIRONMENT = 1
+EXIT_LOCKED = 75
+# OS errors that mean the input names a wrong path (exit 2); every other OS error is the environment's (exit 1)
+BAD_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError)
+
+log = logging.getLogger(__name__)
+
+
+def os_error_line(exc: OSError) -> tuple[str, int]:
+    """One line naming the path (or address) of an OS error, and its exit code: 2 for a wrong path, 1 else."""
+    code = EXIT_BAD_INPUT if isinstance(exc, BAD_PATH_ERRORS) else EXIT_ENVIRONMENT
+    if exc.strerror is None:  # raised with a message (ours: it names the path)
+        return str(exc.args[0] if exc.args else type(exc).__name__), code
+    where = f"{exc.filename}: " if exc.filename else ""
+    hint = {errno.ENOSPC: " (the disk is full; free space and re-run: written rows are kept)",
+            errno.EROFS: " (a read-only file system)", errno.EACCES: " (no permission)",
+            errno.EEXIST: " (a file is in the way of a directory)",
+            errno.ENOTDIR: " (a file is in the way of a directory)"}.get(exc.errno or 0, "")
+    return f"{where}{exc.strerror}{hint}", code
 
 
 def input_error_types() -> tuple[type[Exception], ...]:
@@ -19,13 +42,15 @@ def input_error_types() -> tuple[type[Exception], ...]:
     from pipelines.data.readers import DataFileError
     from pipelines.storage import StorageError
     from pipelines.knowledge.validation import JobInputError
+    from pipelines.lock import LockError
 
-    return ConfigError, JobInputError, DataFileError, StorageError, FileNotFoundError
+    return ConfigError, JobInputError, DataFileError, StorageError, LockError
 
 
 def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a typer command: an input error becomes its one-line message on stderr and exit code 2."""
     from pipelines.interrupts import JobInterrupted, catch_signals
+    from pipelines.lock import LockHeld, LockLost
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -35,10 +60,20 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except JobInterrupted as exc:
             typer.secho(interrupt_report(exc.args[0], kwargs), fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(exc.exit_code) from None
+        except LockHeld as exc:
+            typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
+            raise typer.Exit(EXIT_LOCKED) from None
+        except LockLost as exc:
+            typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(EXIT_ENVIRONMENT) from None
         except input_error_types() as exc:
-            message = exc.args[0] if isinstance(exc, FileNotFoundError) and exc.args else exc
-            typer.secho(str(message), fg=typer.colors.RED, err=True)
+            typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
+        except OSError as exc:  # a wrong path, a read-only folder, a full disk, a refused connection
+            log.debug("OS error", exc_info=True)  # --verbose shows where
+            line, code = os_error_line(exc)
+            typer.secho(f"laser: {line}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(code) from None
 
     return wrapper
 

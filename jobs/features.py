@@ -16,11 +16,15 @@ ingest_app = typer.Typer(no_args_is_help=True, help="Load the job's knowledge in
 def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     """Rebuild <output>/latest.parquet: one row per entity, its newest knowledge."""
     from pipelines.knowledge.paths import JobPaths
+    from pipelines.lock import output_lock
     from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 
     paths = JobPaths.of(_load(config, set_))
-    view = latest_view(paths.knowledge, paths.old_knowledge)
-    typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
+    if not paths.root.exists():
+        raise FileNotFoundError(f"{paths.root}: no job output here; run `laser run CONFIG` first")
+    with output_lock(paths.root, run_id="latest"):
+        view = latest_view(paths.knowledge, paths.old_knowledge)
+        typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
 
 
 def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
@@ -45,25 +49,18 @@ def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder
     typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
 
 
-@ingest_app.command("feast")
 def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
     """Encode, write the Feast repository <output>/feast, apply it and materialize into its SQLite online store."""
     from pipelines.ops.features.feast_repo import ingest
-    from pipelines.ops.schedule import exitcodes
-    from pipelines.ops.schedule.lock import LockHeld
 
-    try:
-        repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)
-    except LockHeld as exc:
-        typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(exitcodes.LOCKED) from None
-    except FileNotFoundError as exc:
-        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(exitcodes.CONFIG) from None
+    repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)
     typer.echo(f"feast repository {repo.path}: " + ", ".join(f"{v} {k}" for k, v in done.items()))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("latest")(latest)
-    app.command("encode")(encode)
+    from jobs.errors import clean_errors
+
+    app.command("latest")(clean_errors(latest))
+    app.command("encode")(clean_errors(encode))
+    ingest_app.command("feast")(clean_errors(ingest_feast))
     app.add_typer(ingest_app, name="ingest")

@@ -97,13 +97,18 @@ def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
            incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),
            token_file: Optional[Path] = typer.Option(None, "--token-file", help=(
                "File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or "
-               "RAY_AUTH_TOKEN_PATH."))) -> None:
-    """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it)."""
+               "RAY_AUTH_TOKEN_PATH.")),
+           working_dir: Optional[Path] = typer.Option(None, "--working-dir", help=(
+               "Folder to upload as the job's working directory (the config must be inside); dotfiles and "
+               "secret-looking files are never uploaded. Default: the config file alone."))) -> None:
+    """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it). Uploads the
+    config (or --working-dir) and the project's code, and logs the list of files."""
     from jobs.submit import AuthError, SubmitError, follow
     from jobs.submit import submit as submit_job
 
     try:
-        job_id = submit_job(config, address, set_, pip=pip, token_file=token_file, incremental=incremental)
+        job_id = submit_job(config, address, set_, pip=pip, token_file=token_file, incremental=incremental,
+                            working_dir=working_dir)
     except (ConfigError, SubmitError, ValueError) as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -18,11 +18,12 @@ log = logging.getLogger(__name__)
 def run_scheduled(cfg: JobConfig) -> int:
     """Run once incrementally; print the closing summary and a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
+    from jobs.errors import os_error_line
     from pipelines.knowledge.job import check_job, run_job
+    from pipelines.knowledge.plan import exit_code
     from pipelines.knowledge.summary import print_summary
     from pipelines.knowledge.validation import JobInputError
-    from pipelines.knowledge.plan import exit_code
-    from pipelines.ops.schedule.lock import LockHeld
+    from pipelines.lock import LockError, LockHeld
 
     try:  # configuration errors first, before the lock and hours of work
         check_job(cfg)
@@ -34,9 +35,14 @@ def run_scheduled(cfg: JobConfig) -> int:
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         return exitcodes.LOCKED
-    except (DataFileError, FileNotFoundError, JobInputError) as exc:  # input data missing or unreadable: names the file
+    except (DataFileError, JobInputError, LockError) as exc:  # input data unreadable, a planted lock file: names it
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
+    except OSError as exc:  # a wrong path (2), a read-only folder, a full disk (1): one line naming the path
+        log.debug("OS error", exc_info=True)
+        line, code = os_error_line(exc)
+        typer.secho(f"laser: {line}", fg=typer.colors.RED, err=True)
+        return code
     except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)
         log.exception("run failed")
         typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)

@@ -4,8 +4,10 @@ Before anything is sent, the whole config and the decoders' parameters are valid
 relative ``output.path`` is refused (on the cluster it would land in the job's temporary working
 directory); an ``output.path`` URI (``s3://...``) needs its fsspec filesystem installed and an absolute
 ``output.work_dir`` on shared storage for the pools the actors read. The job ships its own code: ``runtime_env.py_modules`` uploads the project's packages
-(``laser``, ``pools``, ``router``, ``pipelines``, ``jobs``), ``working_dir`` is the config's folder, and the
-entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers,
+(``laser``, ``pools``, ``router``, ``pipelines``, ``jobs``); ``working_dir`` is a fresh folder holding only the
+config file (every path a config names is absolute, so the job needs nothing else beside it), or an explicit
+``--working-dir`` from which dotfiles and secret-looking files (``*token*``, ``*secret*``, keys) are excluded;
+what is uploaded is logged before the submission, and the entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers,
 ray, ...; or ``--pip``) but without this project installed runs it. With token authentication on the
 cluster (``RAY_AUTH_MODE=token``), the token comes from ``--token-file``, ``RAY_AUTH_TOKEN`` or
 ``RAY_AUTH_TOKEN_PATH`` and is sent as a bearer header.
@@ -15,8 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import fnmatch
 import shlex
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +33,8 @@ log = logging.getLogger(__name__)
 
 PACKAGES = ("laser", "pools", "router", "pipelines", "jobs")
 EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
+# never uploaded from an explicit --working-dir: dotfiles (.env, .git, ...) and files that look like secrets
+SECRET_EXCLUDES = [".*", "*token*", "*secret*", "*credential*", "*password*", "*.pem", "*.key", "id_rsa*", "*.p12"]
 AGENT_WAIT_S = 120  # how long a submission retries while the cluster's job agent is not up yet
 
 
@@ -54,15 +61,44 @@ def project_modules() -> list[str]:
     return [str(Path(importlib.import_module(name).__file__).parent) for name in PACKAGES]
 
 
-def runtime_env(config_path: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Ray runtime env: the config's folder as working dir, the project's code, optional pip packages and env vars."""
-    out: dict[str, Any] = {"working_dir": str(config_path.parent.resolve()), "py_modules": project_modules(),
-                           "excludes": list(EXCLUDES)}
+def runtime_env(working_dir: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Ray runtime env: ``working_dir`` (see :func:`stage`), the project's code, optional pip packages and env vars."""
+    out: dict[str, Any] = {"working_dir": str(working_dir.resolve()), "py_modules": project_modules(),
+                           "excludes": EXCLUDES + SECRET_EXCLUDES}
     if pip:
         out["pip"] = list(pip)
     if env:
         out["env_vars"] = dict(env)
     return out
+
+
+def stage(config: Path, into: Path) -> Path:
+    """A working dir holding only ``config`` (copied into ``into``); returns it."""
+    shutil.copy2(config, into / config.name)
+    return into
+
+
+def uploaded_files(working_dir: Path) -> list[str]:
+    """The files of ``working_dir`` that the submission uploads (after the excludes), relative paths."""
+    patterns = [e.rstrip("/") for e in EXCLUDES + SECRET_EXCLUDES]
+    out = []
+    for path in sorted(working_dir.rglob("*")):
+        rel = path.relative_to(working_dir)
+        if path.is_file() and not any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in patterns):
+            out.append(str(rel))
+    return out
+
+
+def _config_in(working_dir: Path, config: Path) -> str:
+    """The config's path inside an explicit working dir (the entrypoint runs there)."""
+    try:
+        rel = config.resolve().relative_to(working_dir.resolve())
+    except ValueError:
+        raise SubmitError(f"--working-dir {working_dir}: the config {config} is not inside it") from None
+    if rel.as_posix() not in uploaded_files(working_dir):
+        raise SubmitError(f"--working-dir {working_dir}: the config {rel} is excluded from the upload (a dotfile or "
+                          "a secret-looking name); rename it")
+    return rel.as_posix()
 
 
 def validate(config: Path, overrides: list[str]) -> JobConfig:
@@ -124,10 +160,12 @@ def client(address: str, token_file: str | Path | None = None) -> Any:
 
 def submit(config: str | Path, address: str, overrides: list[str] | None = None, pip: list[str] | None = None,
            env: dict[str, str] | None = None, submission_id: str | None = None, token_file: str | Path | None = None,
-           incremental: bool = False) -> str:
+           incremental: bool = False, working_dir: str | Path | None = None) -> str:
     """Validate the config locally, then submit it as a Ray job at ``address``; returns the job id.
 
-    The job inside the cluster connects to it (``execution.address=auto``) unless an override says otherwise.
+    Uploads the config alone (or ``working_dir`` minus dotfiles and secret-looking files) and the project's
+    packages, and logs the list. The job inside the cluster connects to it (``execution.address=auto``)
+    unless an override says otherwise.
     """
     path = Path(config)
     overrides = list(overrides or [])
@@ -136,8 +174,18 @@ def submit(config: str | Path, address: str, overrides: list[str] | None = None,
     validate(path, overrides)  # fail here, naming the bad key, rather than on the cluster
     extra = ["--incremental"] if incremental else []
     c = client(address, token_file)
-    kwargs = {"entrypoint": entrypoint(path.name, overrides, extra), "runtime_env": runtime_env(path, pip, env),
-              "submission_id": submission_id}
+    with tempfile.TemporaryDirectory(prefix="laser-submit-") as tmp:
+        wd = Path(working_dir) if working_dir is not None else stage(path, Path(tmp))
+        name = _config_in(wd, path) if working_dir is not None else path.name
+        files = uploaded_files(wd)
+        log.info("uploading to %s: working_dir %s (%d files: %s%s); code: %s", address, wd, len(files),
+                 ", ".join(files[:10]), " ..." if len(files) > 10 else "", ", ".join(PACKAGES))
+        kwargs = {"entrypoint": entrypoint(name, overrides, extra), "runtime_env": runtime_env(wd, pip, env),
+                  "submission_id": submission_id}
+        return _submit_with_retry(c, address, kwargs)
+
+
+def _submit_with_retry(c: Any, address: str, kwargs: dict[str, Any]) -> str:
     deadline = time.monotonic() + AGENT_WAIT_S
     while True:
         try:

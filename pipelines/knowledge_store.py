@@ -36,6 +36,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.lock import check_held
 from pipelines.storage import Location, atomic_write_local, file_mode  # noqa: F401  (file_mode: re-exported)
 
 log = logging.getLogger(__name__)
@@ -185,12 +186,34 @@ def scan_store(store: str | Path | Location) -> Manifest:
     manifest = Manifest.load(root)
     if not root.local:
         return manifest
-    listed = {s["file"] for s in manifest.shards}
-    for name in _shard_files(root):
-        if name not in listed:
+    for name in _unlisted(root, manifest):
+        try:
             rows = pq.ParquetFile(root.local_path / name).metadata.num_rows
-            manifest.shards.append({"file": name, "rows": rows, "run_id": None})
+        except (pa.ArrowInvalid, OSError) as exc:  # not listed, so never committed: skipped, and moved aside
+            log.error("%s: unreadable shard not in the manifest, skipped (%s); the next writer moves it to %s/",
+                      root / name, exc, QUARANTINE)
+            continue
+        manifest.shards.append({"file": name, "rows": rows, "run_id": None})
     return manifest
+
+
+def _unlisted(root: Location, manifest: Manifest) -> list[str]:
+    listed = {s["file"] for s in manifest.shards}
+    return [n for n in _shard_files(root) if n not in listed]
+
+
+def _quarantine_unreadable_unlisted(root: Location, manifest: Manifest) -> list[str]:
+    """Local stores: move shards that the manifest does not list and Parquet cannot read to ``quarantine/``."""
+    moved = []
+    for name in _unlisted(root, manifest):
+        try:
+            pq.ParquetFile(root.local_path / name)
+        except (pa.ArrowInvalid, OSError) as exc:
+            (root / QUARANTINE).mkdir(exist_ok=True)
+            (root / name).move_to(root / QUARANTINE / name)
+            log.error("%s: unreadable shard not in the manifest (%s); moved to %s/", root / name, exc, QUARANTINE)
+            moved.append(name)
+    return moved
 
 
 def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
@@ -215,6 +238,8 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
     _drop_uncommitted(root, Manifest.load(root))
+    if root.local:
+        _quarantine_unreadable_unlisted(root, Manifest.load(root))
     listed = len(Manifest.load(root).shards)
     manifest = scan_store(root)
     if len(manifest.shards) > listed:
@@ -305,6 +330,7 @@ class KnowledgeWriter:
         rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
                "failed_at": utc_now().isoformat()}
         line = json.dumps(rec) + "\n"
+        check_held()
         path = self.store / FAILURES
         if path.local:
             with open(path.local_path, "a", encoding="utf-8") as fh:
@@ -319,6 +345,7 @@ class KnowledgeWriter:
         """Write the queued rows as one shard (temp file, fsync, rename), then replace the manifest."""
         if not self._buffer:
             return
+        check_held()  # a lost lease on the output stops the run before it writes again
         try:
             table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:

@@ -13,6 +13,7 @@ import itertools
 from contextlib import contextmanager
 from typing import Iterator, Sequence
 
+import numpy as np
 import pygtrie
 
 
@@ -92,6 +93,21 @@ class TokenTrie:
             self._trie[key] = count // 2
             self._nodes += 1
 
+    def to_state(self) -> np.ndarray:
+        """The trie as plain integers: pygtrie's own node encoding (navigation commands, token steps and
+        counts, depth-first; see ``pygtrie._Node.__getstate__``), which is what pickling it stores."""
+        return np.asarray(self._trie._root.__getstate__(), dtype=np.int64)
+
+    @classmethod
+    def from_state(cls, window: int, nodes: int, state: Sequence[int]) -> "TokenTrie":
+        """The trie :meth:`to_state` encoded (plain integers: nothing here can run code)."""
+        trie = cls(window)
+        root = pygtrie._Node()
+        with paused_gc():
+            root.__setstate__(list(state))
+        trie._trie._root = root
+        trie._nodes = nodes
+        return trie
 
 
 def _lazy_node(path_conv, path, children, value=None):

@@ -39,10 +39,10 @@ from pipelines.knowledge.routing import read_routing, step_build_pools, step_rou
 from pipelines.knowledge_store import KnowledgeWriter, open_store, read_knowledge, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
+from pipelines.lock import output_lock
 from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.ops.schedule.lock import RunLock
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
-    with RunLock(paths.root, run_id=cfg.resolved_run_id()):
+    with output_lock(paths.root, run_id=cfg.resolved_run_id()):  # one writer per output (pipelines/lock.py)
         for store in (paths.knowledge, paths.old_knowledge):  # corrupt shards out, so their entities are redone
             if store.exists():
                 open_store(store)

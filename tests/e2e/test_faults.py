@@ -177,7 +177,7 @@ def test_corrupt_pool_files_are_detected(tmp_path):
     fp = TokenizerFingerprint("t", "0")
     write_store(tmp_path / "p", {"user/attribute/a": [[5, 6, 7, 8], [5, 6, 9]]}, fp)
     good = PoolStore.open(tmp_path / "p").get("user/attribute/a")
-    _corrupt(tmp_path / "p" / "pool-00000.pkl")  # snapshot: never unpickled, rebuilt from the texts
+    _corrupt(tmp_path / "p" / "pool-00000.trie.arrow")  # snapshot: checksum mismatch, rebuilt from the texts
     rebuilt = PoolStore.open(tmp_path / "p").get("user/attribute/a")
     assert type(rebuilt) is type(good) and len(rebuilt) == len(good) > 0
     _corrupt(tmp_path / "p" / "pool-00000.arrow")  # the texts themselves: an error naming the file

@@ -4,6 +4,7 @@ from __future__ import annotations
 import shlex
 import sys
 import types
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -32,6 +33,7 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
 
         def submit_job(self, **kwargs):
             calls.update(kwargs)
+            calls["uploaded"] = submit_mod.uploaded_files(Path(kwargs["runtime_env"]["working_dir"]))
             return "raysubmit_123"
 
     fake = types.ModuleType("ray.job_submission")
@@ -42,7 +44,7 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
     assert calls["address"] == "http://head:8265"
     assert calls["entrypoint"] == "python -m jobs run ml.yaml --set decoder.params.k=3 --set execution.address=auto"
     env = calls["runtime_env"]
-    assert env["working_dir"] == str(config.parent.resolve()) and env["pip"] == ["extra==1.0"]
+    assert calls["uploaded"] == ["ml.yaml"] and env["pip"] == ["extra==1.0"]
     assert env["env_vars"] == {"A": "1"}
     assert [p.rsplit("/", 1)[-1] for p in env["py_modules"]] == ["laser", "pools", "router", "pipelines", "jobs"]
     calls.clear()
@@ -86,3 +88,54 @@ def test_batches_grouped_by_pool_and_scheduled_with_affinity():
     assert [r.pool_key for r in sched.next_for(0)] == ["p/a", "p/a"]  # actor 0 keeps its pool
     assert [r.entity_id for r in sched.next_for(1)] == ["u5"]
     assert sched.next_for(0) is None and not sched
+
+
+def _fake_ray_client(monkeypatch, calls):
+    class FakeClient:
+        def __init__(self, address, headers=None):
+            pass
+
+        def submit_job(self, **kwargs):
+            wd = Path(kwargs["runtime_env"]["working_dir"])
+            calls["everything"] = sorted(str(p.relative_to(wd)) for p in wd.rglob("*"))
+            calls["uploaded"] = submit_mod.uploaded_files(wd)
+            calls.update(kwargs)
+            return "raysubmit_1"
+
+    fake = types.ModuleType("ray.job_submission")
+    fake.JobSubmissionClient = FakeClient
+    monkeypatch.setitem(sys.modules, "ray.job_submission", fake)
+
+
+def test_submit_uploads_the_config_alone_never_secrets_beside_it(tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "cfgs"
+    (folder / "sub").mkdir(parents=True)
+    config = folder / "ml.yaml"
+    config.write_text(f"output:\n  path: {tmp_path / 'runs'}\n")
+    for name in (".env", "token", "ray-token.txt", "sub/notes.md", "id_rsa"):
+        (folder / name).write_text("s3cr3t")
+    calls = {}
+    _fake_ray_client(monkeypatch, calls)
+    with caplog.at_level("INFO"):
+        submit_mod.submit(config, "http://head:8265")
+    assert calls["everything"] == ["ml.yaml"]  # only the config travels by default
+    assert "uploading to http://head:8265" in caplog.text and "ml.yaml" in caplog.text
+    submit_mod.submit(config, "http://head:8265", working_dir=folder)  # an explicit folder: secrets excluded
+    assert calls["uploaded"] == ["ml.yaml", "sub/notes.md"]
+    assert {".*", "*token*"} <= set(calls["runtime_env"]["excludes"])
+    assert calls["entrypoint"].startswith("python -m jobs run ml.yaml")
+    with pytest.raises(submit_mod.SubmitError, match="not inside it"):
+        submit_mod.submit(config, "http://head:8265", working_dir=tmp_path / "elsewhere")
+
+
+def test_submit_os_errors_are_one_line(tmp_path):
+    config = tmp_path / "ml.yaml"
+    config.write_text(f"output:\n  path: {tmp_path / 'runs'}\n")
+    missing = tmp_path / "no-such-token"
+    res = CliRunner().invoke(app, ["submit", str(config), "--token-file", str(missing)])
+    assert res.exit_code == 2 and str(missing) in res.output and "No such file" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    res = CliRunner().invoke(app, ["submit", str(config), "--address", "http://127.0.0.1:9"])
+    assert res.exit_code == 1, res.output
+    assert "http://127.0.0.1:9" in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1

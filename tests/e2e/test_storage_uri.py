@@ -140,6 +140,25 @@ def test_expired_lease_is_taken_over_and_a_live_one_renewed(mem_uri):
             RunLock(mem_uri, run_id="other").acquire()
 
 
+
+def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
+    from pipelines.lock import LockLost
+
+    lock_obj = Location.of(mem_uri) / LOCK_FILE
+    with RunLock(mem_uri, run_id="slow", lease_s=0.6) as lock:
+        writer = kn.KnowledgeWriter(f"{mem_uri}/knowledge", shard_rows=1, run_id="slow")
+        writer.add(row(1))  # written while the lease is ours
+        held = json.loads(lock_obj.read_text())
+        lock_obj.write_text(json.dumps({**held, "token": "another-run"}))  # another run took the lease over
+        time.sleep(0.5)  # the holder's next renewal (every lease_s / 3) finds out
+        with pytest.raises(LockLost, match="lost its lease"):
+            writer.add(row(2))
+        with pytest.raises(LockLost):
+            RunLedger(mem_uri).save(RunRecord(run_id="slow", decoder="laser", config_hash="h"))
+    assert kn.done_keys(f"{mem_uri}/knowledge") == {("user", "u1")}
+    assert json.loads(lock_obj.read_text())["token"] == "another-run"  # the other run's lease is left alone
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

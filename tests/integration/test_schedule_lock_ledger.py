@@ -98,3 +98,61 @@ def test_ledger_records_and_resume_detection(tmp_path):
     (tmp_path / "runs.parquet").write_bytes(b"garbage")
     with pytest.raises(ValueError, match="runs.parquet: unreadable run ledger"):
         ledger.records()
+
+
+# ---- every writer takes the lock; the lock file is never followed or shown (issue 23, items 1 and 3) ----
+
+@pytest.mark.parametrize("command", [["run"], ["latest"], ["encode"]])
+def test_every_writer_exits_75_while_another_run_holds_the_output(command, tmp_path):
+    from typer.testing import CliRunner
+
+    from jobs.cli import app
+
+    out = tmp_path / "job"
+    proc = _hold_in_subprocess(out)
+    try:
+        res = CliRunner().invoke(app, [*command, "jobs/configs/demo.yaml", "--set", f"output.path={out}",
+                                       "--set", "dataset.synthetic.n_users=20", "--set", "dataset.synthetic.n_items=20"])
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert res.exit_code == exitcodes.LOCKED, res.output
+    assert "another run holds this output's lock" in res.output and str(proc.pid) in res.output
+    assert sorted(p.name for p in out.iterdir()) == [LOCK_FILE]  # nothing else was written
+
+
+def test_output_lock_is_reentrant_in_one_process_and_exclusive_across(tmp_path):
+    from pipelines.lock import output_lock
+
+    with output_lock(tmp_path, "outer") as outer:
+        with output_lock(tmp_path, "inner") as inner:  # a writer called by a writer (ingest -> encode)
+            assert inner is outer
+        with pytest.raises(LockHeld):
+            RunLock(tmp_path, "other").acquire()  # still held after the inner block
+    with output_lock(tmp_path, "again"):
+        pass
+
+
+def test_lock_never_follows_a_symlink_nor_shows_what_it_points_to(tmp_path, caplog):
+    from pipelines.lock import LockError
+
+    secret = tmp_path / "token"
+    secret.write_text("s3cr3t-token-value")
+    out = tmp_path / "job"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(secret)
+    with pytest.raises(LockError, match="symbolic link") as err:
+        RunLock(out).acquire()
+    assert secret.read_text() == "s3cr3t-token-value"  # not truncated
+    assert "s3cr3t" not in str(err.value) + caplog.text
+
+
+def test_stale_lock_warning_shows_record_fields_only(tmp_path, caplog):
+    (tmp_path / LOCK_FILE).write_text("s3cr3t-token-value")  # not a lock record
+    with caplog.at_level("WARNING"), RunLock(tmp_path, run_id="next") as lock:
+        assert lock.stale == {"unreadable": True}
+    assert "stale lock" in caplog.text and "s3cr3t" not in caplog.text
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 7, "run_id": "r", "token": "s3cr3t"}))
+    with caplog.at_level("WARNING"), RunLock(tmp_path, run_id="next"):
+        pass
+    assert "pid" in caplog.text and "s3cr3t" not in caplog.text

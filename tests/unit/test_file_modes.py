@@ -35,7 +35,7 @@ def test_knowledge_shards_and_manifest_are_world_readable(tmp_path, umask_022):
 def test_pool_store_files_are_world_readable(tmp_path, umask_022):
     write_store(tmp_path, {"user/attribute/a": [[1, 2, 3], [2, 3]]}, TokenizerFingerprint("t", "0" * 64))
     files = list(tmp_path.iterdir())
-    assert len(files) == 3  # arrow, pickle snapshot, manifest
+    assert len(files) == 3  # arrow, trie snapshot (integers), manifest
     assert {mode(p) for p in files} == {0o644}
 
 

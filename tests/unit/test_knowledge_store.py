@@ -120,3 +120,15 @@ def test_reader_dedups_and_reads_empty_store(tmp_path):
     assert frame["knowledge"].to_list() == ["likes film 0"]
     assert kn.read_knowledge(tmp_path, dedup=False).height == 2
     assert kn.knowledge_texts(tmp_path, "user") == {("user", "u0"): "likes film 0"}
+
+
+def test_unreadable_unlisted_shard_is_named_moved_aside_and_the_run_goes_on(tmp_path, caplog):
+    store = tmp_path / "k"
+    write_run(store, range(4), shard_rows=2)
+    (store / "part-00007.parquet").write_bytes(b"not parquet at all")  # unlisted and unreadable
+    with caplog.at_level("ERROR"):
+        assert len(kn.done_keys(store)) == 4 and kn.read_knowledge(store).height == 4  # readers skip it
+    assert "part-00007.parquet: unreadable shard not in the manifest" in caplog.text
+    write_run(store, range(6), shard_rows=2)  # a writer moves it aside and goes on
+    assert (store / "quarantine" / "part-00007.parquet").exists() and not (store / "part-00007.parquet").exists()
+    assert sorted(kn.read_knowledge(store)["entity_id"]) == [f"u{i}" for i in range(6)]

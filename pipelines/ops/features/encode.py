@@ -41,7 +41,17 @@ def features_dir(output: str | Path) -> Path:
 
 
 def encode_latest(output: str | Path, encoder: str = "all-minilm-l6-v2", batch_size: int = 32) -> FeatureTables:
-    """Encode ``<output>/latest.parquet`` (only texts not encoded before) and write the feature tables."""
+    """Encode ``<output>/latest.parquet`` (only texts not encoded before) and write the feature tables, under
+    the output's run lock."""
+    from pipelines.lock import output_lock
+
+    if not Path(output).is_dir():
+        raise FileNotFoundError(f"{output}: no job output here; run `laser run CONFIG` first")
+    with output_lock(output, run_id="encode"):
+        return _encode_latest(output, encoder, batch_size)
+
+
+def _encode_latest(output: str | Path, encoder: str, batch_size: int) -> FeatureTables:
     from pipelines.ops.features.encoding import encode_knowledge
 
     out = features_dir(output)

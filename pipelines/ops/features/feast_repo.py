@@ -147,9 +147,9 @@ def online_features(store: Any, entity_type: str, ids: list[str],
 def ingest(output: str | Path, encoder: str = "all-minilm-l6-v2") -> tuple[FeastRepo, dict[str, str]]:
     """Encode the latest view, write and apply the repository, materialize (under the run lock)."""
     from pipelines.ops.features.encode import encode_latest
-    from pipelines.ops.schedule.lock import RunLock
+    from pipelines.lock import output_lock
 
-    with RunLock(output, run_id="ingest-feast"):
+    with output_lock(output, run_id="ingest-feast"):
         tables = encode_latest(output, encoder)
         repo = write_repo(output, tables, encoder)
         store = apply(repo)

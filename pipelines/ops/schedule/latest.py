@@ -12,6 +12,7 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.knowledge_store import KEY_COLUMNS, parquet_bytes, read_knowledge
+from pipelines.lock import check_held
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Lo
 
 def write_latest(path: str | Path | Location, view: pl.DataFrame) -> Location:
     """Write the view as one Parquet file, atomically (readers never see a partial file)."""
+    check_held()
     out = Location.of(path)
     out.write_bytes(parquet_bytes(view.to_arrow()))
     log.info("latest view: %d entities -> %s", view.height, out)

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.knowledge_store import parquet_bytes, utc_now
+from pipelines.lock import check_held
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,7 @@ class RunLedger:
 
     def save(self, record: RunRecord) -> None:
         """Insert or replace ``record`` (by run_id), atomically."""
+        check_held()
         recs = [r for r in self.records() if r.run_id != record.run_id] + [record]
         table = pa.Table.from_pylist([asdict(r) for r in recs], schema=LEDGER_SCHEMA)
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,7 @@
 ``laser bench pools --json OUT`` runs :func:`run_pools_bench`: LightGCN to early stop on a
 MovieLens-100K-sized planted graph (943 x 1682, ~100K ratings), then for each pool size (texts of ~200
 tokens with phrase-level repetition, like generated knowledge) the build time and peak memory, the
-store's load time (rebuild from token ids, and from a pickled snapshot), and the retrieval time per
+store's load time (rebuild from token ids, and from a snapshot (plain integers)), and the retrieval time per
 decoding step. Every pool size runs in a fresh process so its peak RSS is its own. Writes JSON and a
 PNG plot next to it and prints a table.
 """
@@ -61,7 +61,7 @@ class PoolSizeResult:
     build_s: float
     build_peak_mib: float        # resident memory after the build minus before it (a trie only grows)
     load_rebuild_s: float        # PoolStore.get from token ids
-    load_snapshot_s: float       # PoolStore.get from a pickled snapshot
+    load_snapshot_s: float       # PoolStore.get from a snapshot (plain integers)
     retrieval_median_ms: float
     retrieval_p95_ms: float
     mean_draft_nodes: float

@@ -37,7 +37,7 @@ from laser.decoders.beam.search import Hyp, ItemTrie, Seq, beam_step, initial_be
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.tools.train.draft import build_draft, plot_losses, save_draft
-from pipelines.tools.train.loop import LoopSettings, batch_indices, run_steps, start_run
+from pipelines.tools.train.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
 from pipelines.tools.train.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
                                           model_beam_search, rec_data, valid_mask)
 from pipelines.knowledge.validation import JobInputError
@@ -172,13 +172,14 @@ def align_examples(lm: LoadedModel, draft: torch.nn.Module, examples: list[RecEx
 def _cached_data(path: Path, meta: dict, make: Callable[[], dict]) -> dict:
     """The generated data, made once per work directory (a resumed run reuses them)."""
     if path.exists():
-        data = torch.load(path, weights_only=False)
+        data = load_plain(path)
         if data["meta"] != meta:
             raise ValueError(f"{path}: data made for {data['meta']}, not {meta}; use another --name or delete it")
-        return data
+        return {k: [AlignExample(*e) for e in v] if k != "meta" else v for k, v in data.items()}
     data = {"meta": meta, **make()}
     tmp = path.with_suffix(".tmp")
-    torch.save(data, tmp)
+    plain = {k: [(e.prompt, e.seqs, e.truth) for e in v] if k != "meta" else v for k, v in data.items()}
+    torch.save(plain, tmp)  # plain lists: loaded back with weights_only=True
     os.replace(tmp, path)
     return data
 

@@ -40,7 +40,7 @@ from laser.decoders.draft_model.distill import distill_loss_terms, hidden_projec
 from laser.decoders.draft_model.drafter import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
-from pipelines.tools.train.loop import LoopSettings, batch_indices, run_steps, start_run
+from pipelines.tools.train.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
 
 log = logging.getLogger(__name__)
 
@@ -311,10 +311,10 @@ def _examples(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings, work: Path
     """The examples, made once per work directory (a resumed run reuses them)."""
     path = work / "examples.pt"
     if path.exists():
-        return torch.load(path, weights_only=False)
+        return [Example(*e) for e in load_plain(path)]
     examples = make_examples(lm.model, training_pairs(cfg, lm, s), s.max_prompt_tokens)
     tmp = path.with_suffix(".tmp")
-    torch.save(examples, tmp)
+    torch.save([(e.ids, e.start, e.target_hidden) for e in examples], tmp)  # plain: loaded with weights_only
     os.replace(tmp, path)
     return examples
 

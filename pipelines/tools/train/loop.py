@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import random
 import time
 from dataclasses import dataclass, field
@@ -99,9 +100,22 @@ def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimiz
     os.replace(tmp, path)
 
 
+def load_plain(path: Path) -> Any:
+    """A cache or checkpoint of a training work directory: tensors, numbers, strings, lists, tuples and
+    dicts only (``weights_only=True``), so a planted file cannot run code. Anything else is refused."""
+    from pipelines.knowledge.validation import JobInputError
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise JobInputError(f"{path}: not a plain tensor file, refused ({reason[:160]}); delete it to start "
+                            "over") from None
+
+
 def load_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
                     meta: dict[str, Any]) -> LoopResult:
-    ckpt = torch.load(path, weights_only=False)
+    ckpt = load_plain(path)
     if ckpt.get("meta") != meta:
         raise ValueError(f"{path}: checkpoint of another training ({ckpt['meta']}), not {meta}; "
                          "use another --name or delete the work directory")

@@ -33,6 +33,7 @@ from laser.engine import TreeDecodingEngine
 from laser.decoders.redrafter.head import HEAD_KINDS, RecurrentDraftHead, head_path
 from laser.request import Request
 from laser.verify import RejectionSampler
+from pipelines.tools.train.loop import load_plain
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_n
     """The target's greedy answers with the hidden state at every answer position, captured during
     generation (no second forward); saved after every batch in ``workdir`` so a killed run keeps them."""
     path = workdir / "generated.pt"
-    kept: list[Example] = torch.load(path, weights_only=False) if path.exists() else []
+    kept: list[Example] = [tuple(e) for e in load_plain(path)] if path.exists() else []
     have = {tuple(e[0]): e for e in kept}  # by prompt content: another sample reuses what it shares
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
     todo = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts) if p not in have]
@@ -136,7 +137,7 @@ def generated_examples(workdir: Path) -> list[Example]:
     path = workdir / "generated.pt"
     if not path.exists():
         raise ValueError(f"no generated answers in {workdir}: run without --from-generated first")
-    return torch.load(path, weights_only=False)
+    return [tuple(e) for e in load_plain(path)]
 
 
 def examples_features(lm: laser.LoadedModel, examples: Sequence[Example], depth: int, desc: str) -> Features:
@@ -248,7 +249,7 @@ def save_checkpoint(path: Path, head, opt, sched, settings: TrainSettings, step:
 
 
 def load_checkpoint(path: Path, head, opt, sched, settings: TrainSettings) -> tuple[int, list]:
-    blob = torch.load(path, map_location="cpu", weights_only=False)
+    blob = load_plain(path)
     if blob["settings"] != asdict(settings):
         changed = sorted(k for k in blob["settings"] if blob["settings"][k] != asdict(settings).get(k))
         raise ValueError(f"{path} was written with other training settings ({', '.join(changed)}); "
