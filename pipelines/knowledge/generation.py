@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from pipelines.interrupts import ray_wait
 from pipelines.knowledge.store import KnowledgeWriter, encode_params, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.knowledge.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
+from pipelines.knowledge.quality import (GREEDY_RETRY_DECODER, QualitySummary, entity_quality, quality_columns,
+                                         row_quality, text_quality)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,8 @@ class GenerationWorker:
              sampling: Any = None) -> dict[str, Any]:
         st = res.stats
         sampling = sampling or entity_sampling(task.sampling, req.entity_type, req.entity_id)
-        q = text_quality(res.text, st.finish_reason)
+        q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
+                           words_for_budget(task.max_new_tokens))
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
             "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
@@ -183,8 +185,7 @@ class GenerationWorker:
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
-            "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
-            "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
+            **quality_columns(q), "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
             "source_hash": req.source_hash, "sampling": encode_sampling(sampling),
         }
 
@@ -558,7 +559,7 @@ def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationRepo
         report.accepted_tokens += row["accepted_tokens"]
         report.prefill_s += row.get("prefill_s") or 0.0
         report.greedy_retries += bool(row.get("greedy_retry"))
-        report.quality.add(TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"]))
+        report.quality.add(row_quality(row))
     report.decode_s += result.decode_s
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])

@@ -268,6 +268,39 @@ def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grou
     return g
 
 
+# ---- knowledge rows ----------------------------------------------------------------------------------
+
+def entity_quality(text: str, finish_reason: str, entity_type: str, history: Sequence[tuple] | None = None,
+                   item: Mapping | None = None, asked_words: int | None = None) -> TextQuality:
+    """:func:`text_quality` with the grounding of a user (``history``) or item (``item``) text."""
+    if entity_type == "user" and history:
+        grounding = user_grounding(text, history)
+    elif entity_type == "item" and item:
+        grounding = item_grounding(text, item)
+    else:
+        grounding = None
+    return text_quality(text, finish_reason, asked_words, grounding)
+
+
+def quality_columns(q: TextQuality) -> dict[str, object]:
+    """The knowledge-store quality columns of one row (pipelines/knowledge/store.py)."""
+    g = q.grounding
+    return {"finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
+            "ended": q.ended, "cut": q.cut, "fragment": q.fragment, "n_words": q.n_words,
+            "asked_words": q.asked_words, "facts_mentioned": g.n_mentioned if g is not None else None,
+            "grounding": g.share if g is not None else None}
+
+
+def row_quality(row: Mapping) -> TextQuality:
+    """The quality of a stored row from its columns (grounding as one aggregate kind, ``facts``)."""
+    g = None
+    if row.get("facts_mentioned"):
+        n = int(row["facts_mentioned"])
+        g = Grounding({"facts": n}, {"facts": round((row.get("grounding") or 0.0) * n)})
+    return TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"], row.get("ended"), row.get("cut"),
+                       row.get("fragment"), row.get("n_words"), row.get("asked_words"), g)
+
+
 # ---- summaries -------------------------------------------------------------------------------------
 
 @dataclass
