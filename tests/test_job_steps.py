@@ -127,4 +127,6 @@ def test_summary_numbers(capsys):
     assert summary.to_json()["skipped"] == {"users without interactions": 5}
     js = summary.to_json()["new"]
     assert js["aal"] == 3.0 and js["tokens_per_s_decode"] == 20.0
-    assert js["quality"] == {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222}
+    q = js["quality"]
+    assert {k: q[k] for k in ("n", "finished_eos", "eos_share", "degenerate", "mean_repeat_4gram", "ended", "cut")} == \
+        {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222, "ended": 2, "cut": 1}

@@ -25,6 +25,7 @@ from pipelines.knowledge.store import KnowledgeWriter, encode_params, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.knowledge.quality import (GREEDY_RETRY_DECODER, QualitySummary, entity_quality, quality_columns,
                                          row_quality, text_quality)
+from pipelines.knowledge.retry import retry_once, task_rules
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 
 log = logging.getLogger(__name__)
@@ -82,8 +83,10 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
-    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/knowledge/quality.py)
+    degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/knowledge/quality.py)
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
+    rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
+    retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
 
 
 @dataclass
@@ -193,6 +196,8 @@ class GenerationWorker:
                       row: dict[str, Any]) -> dict[str, Any]:
         """Apply ``task.degenerate`` to a degenerate row: keep it flagged, regenerate it greedily (kept,
         flagged, when still degenerate), or raise so that it becomes a failure."""
+        if task.degenerate == "retry":
+            return retry_once(self, task, req, prompt, row)
         if not row["degenerate"] or task.degenerate == "keep":
             return row
         reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
@@ -201,7 +206,7 @@ class GenerationWorker:
         log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
         greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}, "sampling": None})
         decoder, params_json = self._decoder(greedy)
-        res = decoder.generate(prompt, task.max_new_tokens, None)
+        res = decoder.generate(prompt, task.max_new_tokens, None, rules=task_rules(task.rules))
         return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest], slots: int | None = None) -> BatchResult:
@@ -237,7 +242,8 @@ class GenerationWorker:
                     try:
                         prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
                         r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool,
-                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id))
+                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id),
+                                            rules=task_rules(task.rules))
                     except Exception as exc:  # one bad entity never takes down the others
                         failed.append(_failure(req, exc))
                         continue
@@ -269,7 +275,8 @@ class GenerationWorker:
                pool: Any) -> BatchResult:
         sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
         try:  # greedy calls stay valid for decoders whose generate takes no `sampling`
-            res = decoder.generate(prompt, task.max_new_tokens, pool, **({} if sampling.greedy else {"sampling": sampling}))
+            kw = {} if sampling.greedy else {"sampling": sampling}
+            res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(task.rules), **kw)
         except Exception as exc:
             return BatchResult(failures=[_failure(req, exc)])
         out = self._finish(task, req, prompt, pool, res, params_json)

@@ -154,7 +154,8 @@ def _task(cfg: JobConfig, decoder: str, params: dict[str, Any], max_new_tokens: 
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
                       pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate,
-                      sampling=None if greedy else cfg.generation.sampling())
+                      sampling=None if greedy else cfg.generation.sampling(), rules=cfg.generation.rules(),
+                      retry_rules=cfg.generation.retry_rules())
 
 
 def _generate(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path | Location, desc: str,
