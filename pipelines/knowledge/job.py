@@ -28,7 +28,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 
-from pipelines.knowledge.accounting import skipped_entities
+from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes, skipped_entities
 from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
@@ -234,6 +234,7 @@ def _groups(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.D
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
+    data.dataset.notes.update(lightgcn_notes(emb.best_recall if emb is not None else None))
     out = {}
     for etype, table, id_col, cands, emb_of in (("user", ds.users, "user_id", USER_ATTRIBUTES, "users"),
                                                  ("item", ds.items, "item_id", ITEM_ATTRIBUTES, "items")):
@@ -268,6 +269,7 @@ def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
     router.write_routing(table, paths.routing)
     router.write_routing(pa.concat_tables(members), paths.memberships)
     frame = pl.from_arrow(table)
+    data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
     log.info("routing: %s -> %s", counts, paths.routing)
     return frame
