@@ -34,6 +34,7 @@ def test_ended_cut_and_fragment():
     assert text_quality(prose, "eos").ended and not text_quality(prose, "eos").cut
     at_limit = text_quality(prose, "length")  # hit the limit exactly at a sentence end: ended, not cut
     assert at_limit.ended and not at_limit.cut and not at_limit.fragment
+    assert text_quality("This user enjoys tense crime films\n\n", "stop").ended  # a stop string ended it
     cut = text_quality("This user enjoys tense crime films such as", "length")
     assert cut.cut and not cut.ended and cut.fragment and cut.flawed
     issue = "Its director, John Hust\n (Bruce Willis)\n\nThe Shawshank Redemption (199"

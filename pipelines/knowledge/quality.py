@@ -8,7 +8,7 @@ Rules (documented in docs/knowledge-quality.md):
 - **degenerate**: fewer than ``MIN_WORDS`` words, or repeated / all >= ``MAX_REPEAT_4GRAM`` compared EXACTLY
   (as fractions): 1 repeat in 5 4-grams is degenerate, a stored 0.2 always means degenerate.
 - **sentence end**: the text, stripped, ends with ``.``, ``!`` or ``?`` (closing quotes/brackets after it allowed).
-- **ended**: finished by EOS, or it ends at a sentence end (within the budget, which it always is).
+- **ended**: finished by EOS or a stop string, or it ends at a sentence end (within the budget, which it always is).
 - **cut**: stopped at the token limit and not at a sentence end.
 - **fragment**: not at a sentence end, unbalanced brackets or double quotes, or garbage (fewer than
   ``MIN_LETTER_SHARE`` of its non-space characters are letters).
@@ -108,7 +108,7 @@ def text_quality(text: str, finish_reason: str, asked_words: int | None = None,
     at_end = ends_sentence(text)
     return TextQuality(finished_eos=finish_reason == "eos", repeat_4gram=rep / total if total else 0.0,
                        degenerate=n_words < MIN_WORDS or (total > 0 and Fraction(rep, total) >= _MAX_REPEAT),
-                       ended=finish_reason == "eos" or at_end, cut=finish_reason == "length" and not at_end,
+                       ended=finish_reason in ("eos", "stop") or at_end, cut=finish_reason == "length" and not at_end,
                        fragment=fragment_reason(text) is not None, n_words=n_words, asked_words=asked_words,
                        grounding=grounding)
 

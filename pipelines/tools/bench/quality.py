@@ -33,7 +33,7 @@ from pipelines.knowledge.generation import (BatchResult, GenerationReport, Gener
                                             ModelSpec, _record)
 from pipelines.knowledge.job import (JobPaths, load_job_data, new_knowledge_task, new_requests, step_build_pools,
                                      step_old_knowledge, step_route)
-from pipelines.knowledge.quality import QualitySummary, row_quality
+from pipelines.knowledge.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
 from pipelines.knowledge.store import KnowledgeWriter
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 
@@ -151,6 +151,12 @@ def _flags(rows: list[dict[str, Any]], name: str) -> np.ndarray:
     return np.array([bool(r[name]) for r in rows], dtype=float)
 
 
+def flag_contradicts(row: dict[str, Any]) -> bool:
+    """The row's stored degenerate flag disagrees with its stored repeat share and word count."""
+    expected = (row["n_words"] is not None and row["n_words"] < MIN_WORDS) or row["repeat_4gram"] >= MAX_REPEAT_4GRAM
+    return bool(row["degenerate"]) != bool(expected)
+
+
 def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], settings: QualityBenchSettings,
             cfg: JobConfig, chosen: list[tuple[str, str]], config_name: str) -> dict[str, Any]:
     out: dict[str, Any] = {"methods": {}, "settings": dataclasses.asdict(settings), "config": config_name,
@@ -163,6 +169,7 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
         s["intervals"] = {f: wilson(int(_flags(rs, f).sum()), n) for f in SHARES}
         s["intervals"]["grounding"] = wilson(s["facts_matched"], s["facts_mentioned"])
         s["retried"] = sum(bool(r["greedy_retry"]) for r in rs)
+        s["flag_contradictions"] = sum(flag_contradicts(r) for r in rs)
         s["tokens"] = sum(r["n_tokens"] for r in rs)
         s["seconds"] = round(seconds[label], 2)
         s["tokens_per_s"] = round(s["tokens"] / seconds[label], 2) if seconds[label] else None
@@ -235,6 +242,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"Shares with 95% Wilson intervals.", "",
              "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(report)]
+    lines += ["", "Rows whose degenerate flag contradicts their stored repeat share: " +
+              ", ".join(f"{k} {m['flag_contradictions']}" for k, m in report["methods"].items()) + "."]
     if "laser_greedy_identical_to_autoregressive" in report:
         lines += ["", f"laser greedy identical to autoregressive greedy: {report['laser_greedy_identical_to_autoregressive']} rows."]
     if report.get("relaxed_minus_greedy"):
