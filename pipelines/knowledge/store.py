@@ -56,14 +56,14 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("accepted_tokens", pa.int32(), nullable=False),  # draft tokens accepted in total
         pa.field("retrieval_s", pa.float64(), nullable=False),
         pa.field("generation_s", pa.float64(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
+        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length" | "stop" (a stop string)
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
         # quality (pipelines/knowledge/quality.py) and timing detail; null in shards written before they existed
         pa.field("finished_eos", pa.bool_()),
         pa.field("repeat_4gram", pa.float64()),  # share of word 4-grams that repeat an earlier one
         pa.field("degenerate", pa.bool_()),
-        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a degenerate first text
+        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a flawed first text (policy retry, retry_greedy)
         pa.field("prefill_s", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
