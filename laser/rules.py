@@ -73,10 +73,13 @@ class TokenText:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.base = tokenizer.convert_ids_to_tokens(tokenizer(self.PREFIX, add_special_tokens=False)["input_ids"])
+        self.base: list[str] | None = None  # the prefix's tokens, made on first use (stop strings only)
         self.cache: dict[int, str] = {}
 
     def __call__(self, token: int) -> str:
+        if self.base is None:
+            ids = self.tokenizer(self.PREFIX, add_special_tokens=False)["input_ids"]
+            self.base = self.tokenizer.convert_ids_to_tokens(ids)
         if token not in self.cache:
             piece = self.tokenizer.convert_ids_to_tokens(int(token))
             text = self.tokenizer.convert_tokens_to_string(self.base + [piece])
