@@ -238,5 +238,23 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
+@bench_app.command("quality")
+def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"), "--json",
+                                                help="JSON output (Markdown and PNG beside it)."),
+                  config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
+                  work: Path = typer.Option(Path("runs/bench-quality"), help=(
+                      "Job directory for old knowledge and pools (kept: a second run reuses them).")),
+                  entities: int = typer.Option(24, help="New-knowledge entities measured (half users, half items)."),
+                  threads: int = typer.Option(1, help="torch threads."),
+                  overrides: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE (repeatable).")) -> None:
+    """Quality of new knowledge: autoregressive greedy, laser greedy and laser relaxed on the same entities."""
+    from jobs.config import bundled_config, load_config
+    from pipelines.tools.bench.quality import QualityBenchSettings, run_quality_bench
+
+    path = config or bundled_config("demo")
+    cfg = load_config(path, [*overrides, f"output.path={work}"])
+    run_quality_bench(json_out, cfg, QualityBenchSettings(entities=entities, threads=threads), path.name)
+
+
 if __name__ == "__main__":
     app()

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from laser.kv_cache import SlotKVCache
 from laser.request import DecodeStats, Request
-from laser.rules import apply_rules
+from laser.rules import TokenText, apply_rules, stop_string_hit
 from laser.tree import DraftTree, pack_trees
 from laser.verify import Outcome, Verifier
 
@@ -131,6 +131,7 @@ class TreeDecodingEngine:
         self.dtype = next(model.parameters()).dtype
         self.clock = _Clock(self.device)
         self.log = EngineLog()
+        self.token_text: TokenText | None = None  # needed by requests with stop strings (set by the decoder)
 
     def run(self, seqs: list[Request], slots: int | None = None) -> list[Request]:
         """Decode ``seqs`` to the end, at most ``slots`` at a time (default: all at once)."""
@@ -310,9 +311,15 @@ class TreeDecodingEngine:
         """Cut ``new`` at the first end-of-sequence token or the token budget, and record why."""
         room = s.max_new_tokens - len(s.new_tokens)
         new = new[:room]
+        stops = s.rules.stop_strings
+        if stops and self.token_text is None:
+            raise ValueError("stop_strings need the model's tokenizer; this engine has none (LoadedModel.tokenizer)")
         for i, tok in enumerate(new):
             if tok in self.eos_ids:
                 s.stats.finish_reason = "eos"
+                return new[: i + 1]
+            if stops and stop_string_hit(s.tokens[-max(map(len, stops)) - 1:] + new[: i + 1], stops, self.token_text):
+                s.stats.finish_reason = "stop"
                 return new[: i + 1]
         if len(new) == room:
             s.stats.finish_reason = "length"

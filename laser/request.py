@@ -20,7 +20,7 @@ class DecodeStats:
     accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted per forward
     drafted_per_step: list[int] = field(default_factory=list)  # draft tokens proposed per forward
     new_tokens: int = 0
-    finish_reason: str = ""  # "eos" | "length" | "verifier"
+    finish_reason: str = ""  # "eos" | "length" | "stop" (a stop string) | "verifier"
     prefill_s: float = 0.0
     decode_s: float = 0.0
     retrieval_s: float = 0.0  # drafting: proposing trees + drafter upkeep

@@ -9,6 +9,9 @@ rule reads the row's own sequence:
 - ``min_new_tokens``: end-of-sequence tokens are banned until that many tokens were generated;
 - ``bad_words_ids``: a one-token entry is always banned; a longer one bans its last token when the
   sequence ends with the others.
+- ``stop_strings``: decoding stops after the token that completes one of these strings (checked by the
+  engine on accepted tokens, as transformers' ``StopStringCriteria``: the string must overlap the last
+  token; the prompt counts; the stop string stays in the output; finish reason ``stop``).
 
 Greedy decoding under these rules equals ``model.generate`` with the same settings (tested).
 """
@@ -39,8 +42,12 @@ class GenerationRules:
     no_repeat_ngram_size: int = 0
     min_new_tokens: int = 0
     bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    stop_strings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        if any(not isinstance(x, str) or not x for x in self.stop_strings):
+            raise ValueError(f"stop_strings must be non-empty strings, got {self.stop_strings!r}")
         if not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         if self.no_repeat_ngram_size < 0 or self.min_new_tokens < 0:
@@ -56,6 +63,41 @@ class GenerationRules:
 
 
 NO_RULES = GenerationRules()
+
+
+class TokenText:
+    """Each token id's text as stop strings see it: the token's string after a fixed prefix (so a leading
+    space marker reads as a space), as transformers' ``StopStringCriteria`` cleans its vocabulary."""
+
+    PREFIX = "abcdef"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.base: list[str] | None = None  # the prefix's tokens, made on first use (stop strings only)
+        self.cache: dict[int, str] = {}
+
+    def __call__(self, token: int) -> str:
+        if self.base is None:
+            ids = self.tokenizer(self.PREFIX, add_special_tokens=False)["input_ids"]
+            self.base = self.tokenizer.convert_ids_to_tokens(ids)
+        if token not in self.cache:
+            piece = self.tokenizer.convert_ids_to_tokens(int(token))
+            text = self.tokenizer.convert_tokens_to_string(self.base + [piece])
+            self.cache[token] = text[text.index(self.PREFIX) + len(self.PREFIX):]
+        return self.cache[token]
+
+
+def stop_string_hit(tokens: Sequence[int], stops: Sequence[str], text: TokenText) -> bool:
+    """Whether a stop string ends inside the last token of ``tokens`` (it may start tokens earlier)."""
+    if not tokens or not stops:
+        return False
+    longest = max(map(len, stops))
+    last = text(tokens[-1])
+    tail, i = last, len(tokens) - 1
+    while len(tail) < len(last) + longest - 1 and i > 0:
+        i -= 1
+        tail = text(tokens[i]) + tail
+    return any(tail.find(stop, max(0, len(tail) - len(last) - len(stop) + 1)) != -1 for stop in stops)
 
 
 def apply_rules(logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence[_Ruled],

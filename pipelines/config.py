@@ -47,9 +47,21 @@ class GenerationConfig(_Strict):
 
     max_new_tokens: int = Field(256, ge=1, description="tokens generated per entity at most")
     max_prompt_tokens: int | None = Field(1024, ge=16, description="user histories are cut (oldest first) to fit")
-    degenerate: Literal["keep", "retry_greedy", "fail"] = Field(
-        "keep", description="a degenerate text (pipelines/quality.py): keep it flagged, regenerate it with the "
-        "greedy autoregressive decoder, or record it in failures.jsonl")
+    degenerate: Literal["retry", "keep", "retry_greedy", "fail"] = Field(
+        "retry", description="a degenerate, cut or fragment text (pipelines/quality.py; docs/knowledge-quality.md): "
+        "retry: regenerate it once, greedily with the retry_* rules, and keep the retry flagged; keep: keep it flagged; "
+        "retry_greedy: regenerate a degenerate one with the greedy autoregressive decoder; fail: record it in "
+        "failures.jsonl")
+    repetition_penalty: float = Field(1.0, gt=0.0, description="as generate's: logits of tokens already in the "
+                                      "sequence are divided (positive) or multiplied (negative) by it; 1 = off")
+    no_repeat_ngram_size: int = Field(0, ge=0, description="as generate's: no token n-gram of this size twice; 0 = off")
+    min_new_tokens: int = Field(0, ge=0, description="as generate's: no end-of-sequence before this many new tokens")
+    stop_strings: list[str] = Field(default_factory=list, description="as generate's: stop after the token that "
+                                    "completes one of these strings (it stays in the text)")
+    retry_repetition_penalty: float = Field(1.1, gt=0.0, description="degenerate retry: repetition penalty of the "
+                                            "retry (the larger of this and repetition_penalty)")
+    retry_no_repeat_ngram_size: int = Field(3, ge=0, description="degenerate retry: no-repeat n-gram size of the retry "
+                                            "(the smaller non-zero of this and no_repeat_ngram_size)")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")
     top_k: int = Field(0, ge=0, description="top-k filter when sampling (0 = off)")
@@ -68,6 +80,17 @@ class GenerationConfig(_Strict):
                              "temperature must be 0 or 1, top_p 1 and top_k 0; got temperature="
                              f"{self.temperature}, top_p={self.top_p}, top_k={self.top_k}")
         return self
+
+    def rules(self) -> dict[str, Any]:
+        """The generation rules handed to the actors (laser.GenerationRules keywords)."""
+        return {"repetition_penalty": self.repetition_penalty, "no_repeat_ngram_size": self.no_repeat_ngram_size,
+                "min_new_tokens": self.min_new_tokens, "stop_strings": tuple(self.stop_strings)}
+
+    def retry_rules(self) -> dict[str, Any]:
+        """The stronger rules of the ``retry`` policy's second attempt."""
+        sizes = [n for n in (self.no_repeat_ngram_size, self.retry_no_repeat_ngram_size) if n > 0]
+        return {**self.rules(), "repetition_penalty": max(self.repetition_penalty, self.retry_repetition_penalty),
+                "no_repeat_ngram_size": min(sizes) if sizes else 0}
 
     def sampling(self) -> dict[str, float | int]:
         """The sampling settings handed to the actors (see pipelines/knowledge/sampling.py); strategy beam_sample

@@ -57,22 +57,31 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("accepted_tokens", pa.int32(), nullable=False),  # draft tokens accepted in total
         pa.field("retrieval_s", pa.float64(), nullable=False),
         pa.field("generation_s", pa.float64(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length"
+        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length" | "stop" (a stop string)
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
         # quality (pipelines/quality.py) and timing detail; null in shards written before they existed
         pa.field("finished_eos", pa.bool_()),
         pa.field("repeat_4gram", pa.float64()),  # share of word 4-grams that repeat an earlier one
         pa.field("degenerate", pa.bool_()),
-        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a degenerate first text
+        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a flawed first text (policy retry, retry_greedy)
         pa.field("prefill_s", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
         pa.field("sampling", pa.string()),  # JSON: temperature, top_p, top_k, the entity's seed; null in old shards
+        # how the text ended and what it says (pipelines/quality.py); null in shards written before
+        pa.field("ended", pa.bool_()),  # by EOS or at a sentence end
+        pa.field("cut", pa.bool_()),  # at the token limit mid-sentence
+        pa.field("fragment", pa.bool_()),  # not at a sentence end, unbalanced brackets/quotes or garbage
+        pa.field("n_words", pa.int32()),
+        pa.field("asked_words", pa.int32()),  # the prompt's "at most N words"
+        pa.field("facts_mentioned", pa.int32()),  # titles, genres, ratings (users); genres, years (items)
+        pa.field("grounding", pa.float64()),  # share of the mentioned facts the input supports; null: none
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null
-OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s")
+OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s", "ended",
+                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding")
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
@@ -258,6 +267,9 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     if out["finished_eos"] is None or out["repeat_4gram"] is None or out["degenerate"] is None:
         q = text_quality(str(out["knowledge"]), str(out["finish_reason"]))
         out.update(finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate)
+    if out["ended"] is None:  # text-only flags; grounding needs the entity's input and stays null
+        q = text_quality(str(out["knowledge"]), str(out["finish_reason"]))
+        out.update(ended=q.ended, cut=q.cut, fragment=q.fragment, n_words=q.n_words)
     if out["greedy_retry"] is None:
         out["greedy_retry"] = False
     return out

@@ -1,28 +1,37 @@
-"""Text-quality figures of generated knowledge: finished by EOS, repetition, degenerate flag.
+"""Text-quality figures of generated knowledge: how it ended, repetition, fragments, length and grounding.
 
-Rules (documented in README, "Knowledge quality"):
+Rules (documented in docs/knowledge-quality.md):
 
 - **words**: lower-cased runs of letters/digits/apostrophes (``\\w+(?:'\\w+)*``); punctuation is ignored.
-- **repeat_4gram**: the share of the text's word 4-grams that already occurred earlier in the same text
-  (0.0 for a text of fewer than 4 words). Ordinary prose scores near 0; a looping text ("a dark
-  underbelly with a dark underbelly with ...") approaches 1.
-- **degenerate**: fewer than ``MIN_WORDS`` words, or ``repeat_4gram >= MAX_REPEAT_4GRAM``.
-
-:func:`text_quality` scores one text; :func:`summarise_quality` aggregates texts (the job's closing
-summary and the benchmarks use it per decoder).
+- **repeat_4gram**: repeated / all word 4-grams, where a 4-gram is repeated when it already occurred earlier in
+  the same text (0.0 for a text of fewer than 4 words), computed as one float division of two counts.
+- **degenerate**: fewer than ``MIN_WORDS`` words, or repeated / all >= ``MAX_REPEAT_4GRAM`` compared EXACTLY
+  (as fractions): 1 repeat in 5 4-grams is degenerate, a stored 0.2 always means degenerate.
+- **sentence end**: the text, stripped, ends with ``.``, ``!`` or ``?`` (closing quotes/brackets after it allowed).
+- **ended**: finished by EOS or a stop string, or it ends at a sentence end (within the budget, which it always is).
+- **cut**: stopped at the token limit and not at a sentence end.
+- **fragment**: not at a sentence end, unbalanced brackets or double quotes, or garbage (fewer than
+  ``MIN_LETTER_SHARE`` of its non-space characters are letters).
+- **length**: ``n_words`` against ``asked_words`` (the prompt's "at most N words"; 0 when unknown).
+- **grounding** (:func:`user_grounding`, :func:`item_grounding`): matched / mentioned facts, None when the text
+  mentions none.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Iterable, Literal
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Iterable, Literal, Mapping, Sequence
 
 NGRAM = 4
 MAX_REPEAT_4GRAM = 0.2  # at least a fifth of the 4-grams are repeats: the text loops
+_MAX_REPEAT = Fraction(1, 5)  # the same threshold, compared exactly
 MIN_WORDS = 3
-DegeneratePolicy = Literal["keep", "retry_greedy", "fail"]
+MIN_LETTER_SHARE = 0.6
+DegeneratePolicy = Literal["retry", "keep", "retry_greedy", "fail"]
 GREEDY_RETRY_DECODER = "autoregressive"
 _WORD = re.compile(r"\w+(?:'\w+)*")
+_SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*$")
 
 
 def words(text: str) -> list[str]:
@@ -30,50 +39,307 @@ def words(text: str) -> list[str]:
     return _WORD.findall(text.lower())
 
 
-def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
-    """Share of the word ``n``-grams of ``text`` that repeat an earlier one (0.0 with fewer than n words)."""
+def _repeat_counts(text: str, n: int = NGRAM) -> tuple[int, int]:
+    """(repeated, all) word ``n``-grams of ``text``."""
     ws = words(text)
     grams = [tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)]
-    if not grams:
-        return 0.0
-    return 1.0 - len(set(grams)) / len(grams)
+    return len(grams) - len(set(grams)), len(grams)
+
+
+def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
+    """Share of the word ``n``-grams of ``text`` that repeat an earlier one (0.0 with fewer than n words)."""
+    rep, total = _repeat_counts(text, n)
+    return rep / total if total else 0.0
+
+
+def ends_sentence(text: str) -> bool:
+    """The stripped text ends with sentence-final punctuation (closing quotes/brackets allowed after it)."""
+    return bool(_SENTENCE_END.search(text.strip()))
+
+
+def fragment_reason(text: str) -> str | None:
+    """Why ``text`` reads as a fragment or garbage (module docstring), or None."""
+    body = text.strip()
+    if not ends_sentence(body):
+        return "does not end at a sentence end"
+    pairs = (("(", ")"), ("[", "]"))
+    if any(body.count(a) != body.count(b) for a, b in pairs) or body.count('"') % 2:
+        return "unbalanced brackets or quotes"
+    chars = [c for c in body if not c.isspace()]
+    if chars and sum(c.isalpha() for c in chars) / len(chars) < MIN_LETTER_SHARE:
+        return f"fewer than {MIN_LETTER_SHARE:.0%} of its characters are letters"
+    return None
 
 
 @dataclass(frozen=True)
 class TextQuality:
-    """The quality fields of one knowledge row."""
+    """The quality fields of one knowledge row (grounding None: not measured or nothing mentioned)."""
 
     finished_eos: bool
     repeat_4gram: float
     degenerate: bool
+    ended: bool | None = None
+    cut: bool | None = None
+    fragment: bool | None = None
+    n_words: int | None = None
+    asked_words: int | None = None
+    grounding: "Grounding | None" = None
+
+    @property
+    def flawed(self) -> bool:
+        """Degenerate, cut or a fragment: what the retry policy regenerates."""
+        return bool(self.degenerate or self.cut or self.fragment)
 
     def reason(self) -> str:
-        """Why the text is degenerate (for failure records and logs)."""
-        return (f"degenerate text: {self.repeat_4gram:.0%} of its word 4-grams repeat "
-                f"(limit {MAX_REPEAT_4GRAM:.0%}) or it has fewer than {MIN_WORDS} words")
+        """Why the text is flawed (for failure records and logs)."""
+        if self.degenerate:
+            return (f"degenerate text: {self.repeat_4gram:.0%} of its word 4-grams repeat "
+                    f"(limit {MAX_REPEAT_4GRAM:.0%}) or it has fewer than {MIN_WORDS} words")
+        if self.cut:
+            return "cut text: stopped at the token limit mid-sentence"
+        return "fragment: does not end at a sentence end, unbalanced brackets/quotes or few letters"
 
 
-def text_quality(text: str, finish_reason: str) -> TextQuality:
+def text_quality(text: str, finish_reason: str, asked_words: int | None = None,
+                 grounding: "Grounding | None" = None) -> TextQuality:
     """Score one generated text; ``finish_reason`` is the decoder's (``eos`` or ``length``)."""
-    rep = repeated_ngram_share(text)
-    return TextQuality(finished_eos=finish_reason == "eos", repeat_4gram=round(rep, 4),
-                       degenerate=len(words(text)) < MIN_WORDS or rep >= MAX_REPEAT_4GRAM)
+    rep, total = _repeat_counts(text)
+    n_words = len(words(text))
+    at_end = ends_sentence(text)
+    return TextQuality(finished_eos=finish_reason == "eos", repeat_4gram=rep / total if total else 0.0,
+                       degenerate=n_words < MIN_WORDS or (total > 0 and Fraction(rep, total) >= _MAX_REPEAT),
+                       ended=finish_reason in ("eos", "stop") or at_end, cut=finish_reason == "length" and not at_end,
+                       fragment=fragment_reason(text) is not None, n_words=n_words, asked_words=asked_words,
+                       grounding=grounding)
+
+
+# ---- grounding ---------------------------------------------------------------------------------------
+
+# Genre names a text may mention (MovieLens, the synthetic demo, common book genres); the entity's own
+# genres are always added. A mention of one of these that the input does not support is ungrounded.
+KNOWN_GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama",
+                "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War",
+                "Western", "Biography", "History", "Science Fiction", "Poetry", "Memoir")
+# written forms of a genre beyond "<genre>" and its plural; "war" counts only as a genre phrase
+_GENRE_FORMS = {"sci-fi": ("sci-fi", "science fiction", "science-fiction"),
+                "science fiction": ("sci-fi", "science fiction", "science-fiction"),
+                "film-noir": ("film-noir", "film noir", "noir"), "animation": ("animation", "animated"),
+                "children": ("children's", "children", "family"), "comedy": ("comedy", "comedies"),
+                "mystery": ("mystery", "mysteries"), "war": ("war film", "war films", "war movie", "war movies",
+                                                             "war genre", "war drama", "war dramas"),
+                "history": ("historical",), "biography": ("biography", "biographies", "biopic", "biopics")}
+_RATING = re.compile(r"(?<![\w.])(\d(?:\.5)?)\s*(?:-|\s)?(?:stars?\b|/\s*5\b|out of 5\b)", re.I)
+_QUOTED = re.compile(r"[\"“]([^\"”\n]{2,80})[\"”]")
+_YEAR = re.compile(r"\b(1[89]\d\d|20\d\d)s?\b")
+_TITLE_YEAR = re.compile(r"\((1[89]\d\d|20\d\d)\)")
 
 
 @dataclass
+class Grounding:
+    """Facts a text mentions and how many of them the input supports, per kind (titles, genres, ratings, years)."""
+
+    mentioned: dict[str, int] = field(default_factory=dict)
+    matched: dict[str, int] = field(default_factory=dict)
+
+    def add(self, kind: str, ok: bool) -> None:
+        self.mentioned[kind] = self.mentioned.get(kind, 0) + 1
+        self.matched[kind] = self.matched.get(kind, 0) + int(ok)
+
+    @property
+    def n_mentioned(self) -> int:
+        return sum(self.mentioned.values())
+
+    @property
+    def n_matched(self) -> int:
+        return sum(self.matched.values())
+
+    @property
+    def share(self) -> float | None:
+        """matched / mentioned, None when the text mentions nothing checkable."""
+        return self.n_matched / self.n_mentioned if self.n_mentioned else None
+
+
+def _norm_title(title: str) -> str:
+    """Lower-cased title without its year, a trailing ", The"/", A" moved to the front, spaces squeezed."""
+    t = _TITLE_YEAR.sub("", title).strip().lower()
+    m = re.match(r"^(.*), (the|a|an)$", t)
+    if m:
+        t = f"{m.group(2)} {m.group(1)}"
+    return " ".join(re.sub(r"[^\w' ]", " ", t).split())
+
+
+def _genre_forms(genre: str) -> tuple[str, ...]:
+    g = genre.lower()
+    return _GENRE_FORMS.get(g, (g, g + "s"))
+
+
+def _genre_mentions(text: str, vocabulary: Iterable[str]) -> set[str]:
+    """Canonical (lower-case) genres of ``vocabulary`` that ``text`` names."""
+    low = text.lower()
+    found = set()
+    for genre in vocabulary:
+        if any(_same_genre(genre.lower(), f) for f in found):
+            continue  # one genre under two names (Sci-Fi, Science Fiction) is one mention
+        if any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", low) for f in _genre_forms(genre)):
+            found.add(genre.lower())
+    return found
+
+
+def _same_genre(a: str, b: str) -> bool:
+    return a == b or set(_genre_forms(a)) & set(_genre_forms(b)) != set()
+
+
+def _blank(text: str, spans: Iterable[tuple[int, int]]) -> str:
+    """``text`` with the character ranges ``spans`` replaced by spaces."""
+    chars = list(text)
+    for a, b in spans:
+        chars[a:b] = " " * (b - a)
+    return "".join(chars)
+
+
+def _vocabulary(extra: Iterable[str]) -> list[str]:
+    seen: dict[str, str] = {g.lower(): g for g in KNOWN_GENRES}
+    seen.update({g.lower(): g for g in extra})
+    return list(seen.values())
+
+
+def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = ()) -> Grounding:
+    """How well a user profile sticks to the user's history (entries ``(title, rating[, genres])``).
+
+    Titles: every quoted span, every history title named without quotes; matched when it is a history
+    title (year optional, ", The" order ignored). Genres: every genre name (``KNOWN_GENRES`` + ``genres`` +
+    the history's) the text names; matched when a history entry has it. Ratings (``4.5 stars``, ``4/5``):
+    matched when the closest history title named before it within the same sentence has that rating, or,
+    when no title precedes, when any history entry has it.
+    """
+    g = Grounding()
+    low = text.lower()
+    ratings = {_norm_title(e[0]): float(e[1]) for e in history}
+    hist_genres = {x.lower() for e in history if len(e) > 2 for x in (e[2] or ())}
+    spans: list[tuple[int, str | None]] = []  # (end offset, matched history title or None) of title mentions
+    vocab = _vocabulary(list(genres) + sorted(hist_genres))
+    quoted: list[tuple[int, int]] = []
+    for m in _QUOTED.finditer(text):
+        key = _norm_title(m.group(1))
+        if _genre_mentions(m.group(1), vocab) and key not in ratings and len(key.split()) <= 2:
+            continue  # a quoted genre ("comedy") is not a title
+        g.add("titles", key in ratings)
+        spans.append((m.end(), key if key in ratings else None))
+        quoted.append((m.start(), m.end()))
+    titled = list(quoted)  # where titles stand: genre words inside them are not genre mentions
+    for key in ratings:
+        for m in re.finditer(rf"(?<!\w){re.escape(key)}(?!\w)", low):
+            if not any(a <= m.start() < b for a, b in quoted):
+                g.add("titles", True)
+                spans.append((m.end(), key))
+                titled.append((m.start(), m.end()))
+    spans.sort()
+    for genre in _genre_mentions(_blank(text, titled), vocab):
+        g.add("genres", any(_same_genre(genre, h) for h in hist_genres))
+    for m in _RATING.finditer(text):
+        value = float(m.group(1))
+        sentence_start = max(text.rfind(c, 0, m.start()) for c in ".!?\n") + 1
+        before = [key for end, key in spans if sentence_start <= end <= m.start()]
+        if before:
+            g.add("ratings", before[-1] is not None and ratings[before[-1]] == value)
+        else:
+            g.add("ratings", value in ratings.values())
+    return g
+
+
+def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grounding:
+    """How well an item description agrees with the item's attributes.
+
+    Genres: every genre name (``KNOWN_GENRES`` + ``genres``) the text names; matched when the item has it
+    (genres, category or sub-category). Years: every year (``1995``, ``1990s``) the text names; matched when it is
+    the item's year (a decade matches the year's decade). Skipped for attributes the item lacks.
+    """
+    g = Grounding()
+    own = [x for x in (item.get("genres") or [])] + [item[k] for k in ("category", "sub_category") if item.get(k)]
+    if own:
+        own_low = {x.lower() for x in own}
+        for genre in _genre_mentions(text, _vocabulary(list(genres) + own)):
+            g.add("genres", any(_same_genre(genre, h) for h in own_low))
+    year = item.get("year")
+    if year:
+        for m in _YEAR.finditer(text):
+            said = int(m.group(1))
+            g.add("years", said == int(year) if not m.group(0).endswith("s") else said == int(year) // 10 * 10)
+    return g
+
+
+# ---- knowledge rows ----------------------------------------------------------------------------------
+
+def entity_quality(text: str, finish_reason: str, entity_type: str, history: Sequence[tuple] | None = None,
+                   item: Mapping | None = None, asked_words: int | None = None) -> TextQuality:
+    """:func:`text_quality` with the grounding of a user (``history``) or item (``item``) text."""
+    if entity_type == "user" and history:
+        grounding = user_grounding(text, history)
+    elif entity_type == "item" and item:
+        grounding = item_grounding(text, item)
+    else:
+        grounding = None
+    return text_quality(text, finish_reason, asked_words, grounding)
+
+
+def quality_columns(q: TextQuality) -> dict[str, object]:
+    """The knowledge-store quality columns of one row (pipelines/knowledge_store.py)."""
+    g = q.grounding
+    return {"finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
+            "ended": q.ended, "cut": q.cut, "fragment": q.fragment, "n_words": q.n_words,
+            "asked_words": q.asked_words, "facts_mentioned": g.n_mentioned if g is not None else None,
+            "grounding": g.share if g is not None else None}
+
+
+def row_quality(row: Mapping) -> TextQuality:
+    """The quality of a stored row from its columns (grounding as one aggregate kind, ``facts``)."""
+    g = None
+    if row.get("facts_mentioned"):
+        n = int(row["facts_mentioned"])
+        g = Grounding({"facts": n}, {"facts": round((row.get("grounding") or 0.0) * n)})
+    return TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"], row.get("ended"), row.get("cut"),
+                       row.get("fragment"), row.get("n_words"), row.get("asked_words"), g)
+
+
+# ---- summaries -------------------------------------------------------------------------------------
+
+@dataclass
 class QualitySummary:
-    """Quality over many texts: counts and the mean repeat share."""
+    """Quality over many texts: counts, the mean repeat share, length against the ask and grounding."""
 
     n: int = 0
     finished_eos: int = 0
     degenerate: int = 0
     repeat_4gram_sum: float = 0.0
+    ended: int = 0
+    cut: int = 0
+    fragment: int = 0
+    over_budget: int = 0  # more words than asked
+    length_ratio_sum: float = 0.0
+    length_ratio_n: int = 0
+    mentioned: int = 0
+    matched: int = 0
+    grounding_by_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [matched, mentioned]
 
     def add(self, q: TextQuality) -> None:
         self.n += 1
-        self.finished_eos += q.finished_eos
-        self.degenerate += q.degenerate
-        self.repeat_4gram_sum += q.repeat_4gram
+        self.finished_eos += bool(q.finished_eos)
+        self.degenerate += bool(q.degenerate)
+        self.repeat_4gram_sum += q.repeat_4gram or 0.0
+        self.ended += bool(q.ended)
+        self.cut += bool(q.cut)
+        self.fragment += bool(q.fragment)
+        if q.asked_words and q.n_words is not None:
+            self.over_budget += q.n_words > q.asked_words
+            self.length_ratio_sum += q.n_words / q.asked_words
+            self.length_ratio_n += 1
+        if q.grounding is not None:
+            self.mentioned += q.grounding.n_mentioned
+            self.matched += q.grounding.n_matched
+            for kind, n in q.grounding.mentioned.items():
+                slot = self.grounding_by_kind.setdefault(kind, [0, 0])
+                slot[0] += q.grounding.matched[kind]
+                slot[1] += n
 
     @property
     def eos_share(self) -> float:
@@ -83,9 +349,22 @@ class QualitySummary:
     def mean_repeat_4gram(self) -> float:
         return self.repeat_4gram_sum / self.n if self.n else 0.0
 
-    def as_dict(self) -> dict[str, float | int]:
+    @property
+    def grounding(self) -> float | None:
+        """Matched / mentioned facts over all texts (None: nothing mentioned)."""
+        return self.matched / self.mentioned if self.mentioned else None
+
+    def as_dict(self) -> dict[str, object]:
+        share = (lambda k: round(k / self.n, 4) if self.n else 0.0)
         return {"n": self.n, "finished_eos": self.finished_eos, "eos_share": round(self.eos_share, 4),
-                "degenerate": self.degenerate, "mean_repeat_4gram": round(self.mean_repeat_4gram, 4)}
+                "degenerate": self.degenerate, "mean_repeat_4gram": round(self.mean_repeat_4gram, 4),
+                "ended": self.ended, "ended_share": share(self.ended), "cut": self.cut, "cut_share": share(self.cut),
+                "fragment": self.fragment, "degenerate_share": share(self.degenerate),
+                "over_budget": self.over_budget,
+                "mean_length_ratio": round(self.length_ratio_sum / self.length_ratio_n, 4) if self.length_ratio_n else None,
+                "facts_mentioned": self.mentioned, "facts_matched": self.matched,
+                "grounding": round(self.grounding, 4) if self.grounding is not None else None,
+                "grounding_by_kind": {k: {"matched": m, "mentioned": n} for k, (m, n) in sorted(self.grounding_by_kind.items())}}
 
 
 def summarise_quality(texts: Iterable[str], finish_reasons: Iterable[str]) -> QualitySummary:

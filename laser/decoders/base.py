@@ -25,7 +25,7 @@ from laser.cost import forward_cost
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine
 from laser.models import LoadedModel
-from laser.rules import NO_RULES, GenerationRules
+from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import RejectionSampler, Verifier
 
@@ -73,6 +73,7 @@ class Decoder:
         self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
         self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)  # checks the attention backend
         self.engine.budget = self.budget_policy()
+        self.engine.token_text = TokenText(lm.tokenizer) if lm.tokenizer is not None else None  # stop strings
 
     def budget_policy(self) -> BudgetPolicy | None:
         """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""

@@ -63,8 +63,10 @@ class DatasetConfig(BaseModel):
     path: str | None = None
     name: str | None = Field(None, description="dataset name in outputs; default from format and path")
     domain: Domain | None = Field(None, description="prompt variant; default movie, book for Amazon")
-    limit_users: int | None = Field(None, ge=1)
-    limit_items: int | None = Field(None, ge=1)
+    limit_users: int | None = Field(None, ge=1, description="trial sample: at most this many users, each with "
+                                    "its whole history (pipelines/data/load.py, limit_dataset)")
+    limit_items: int | None = Field(None, ge=1, description="trial sample: users whose history would take the "
+                                    "items they touched past this are passed over (histories are never cut)")
     seed: int = 0
     min_positive_rating: float = Field(4.0, description="ratings >= this count as positive (graph, CTR labels)")
     synthetic: SyntheticParams = Field(default_factory=SyntheticParams)

@@ -46,46 +46,60 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
 
 
 def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0) -> Dataset:
-    """Seeded sample for trial runs that keeps the kept users' histories as whole as it can.
+    """Seeded sample for trial runs that keeps WHOLE histories: the users it picks with every interaction
+    they have, and the items they touched.
 
-    Users are drawn uniformly (seeded) from those with interactions. Items are the ``limit_items`` items
-    the kept users rated most (ties by item id), topped up with a seeded draw from the other items when
-    they rated fewer; only interactions among kept users and items remain. With only ``limit_users``
-    the items are those the kept users interacted with. What the sample dropped (interactions of kept
-    users, kept users left without any interaction) is logged and kept in ``ds.notes``.
+    Users with interactions are visited in a seeded random order and kept until ``limit_users`` are kept;
+    with ``limit_items``, a user whose history would take the kept items past ``limit_items`` is passed
+    over (never cut), except the first one, kept whole even when its history alone is larger (with a
+    warning). The items table holds exactly the items the kept users touched. ``ds.notes`` says how much of
+    the data the sample kept (users, items, interactions: "k of n (share)") and how many users were passed
+    over for the item limit; the same is logged.
     """
     if limit_users is None and limit_items is None:
         return ds
-    inter, users, items = ds.interactions, ds.users, ds.items
-    if limit_users is not None:
-        active = inter.select("user_id").unique().sort("user_id")["user_id"]
-        if active.len() > limit_users:
-            active = active.sample(limit_users, seed=seed)
-        inter = inter.filter(pl.col("user_id").is_in(active.implode()))
-        users = users.filter(pl.col("user_id").is_in(active.implode()))
-    before = inter
-    if limit_items is not None:
-        kept = _most_rated_items(inter, items, limit_items, seed)
-        items = items.filter(pl.col("item_id").is_in(kept.implode()))
-        inter = inter.filter(pl.col("item_id").is_in(kept.implode()))
-    elif limit_users is not None:
-        items = items.filter(pl.col("item_id").is_in(inter["item_id"].unique().implode()))
+    inter = ds.interactions
+    per_user = inter.group_by("user_id").agg(pl.col("item_id").unique()).sort("user_id")
+    order = per_user.sample(fraction=1.0, shuffle=True, seed=seed)
+    kept_users: list[str] = []
+    kept_items: set[str] = set()
+    passed_over = 0
+    for uid, its in order.iter_rows():
+        if limit_users is not None and len(kept_users) >= limit_users:
+            break
+        union = kept_items | set(its)
+        if limit_items is not None and kept_users and len(union) > limit_items:
+            passed_over += 1
+            continue
+        kept_users.append(uid)
+        kept_items = union
+    if limit_items is not None and len(kept_items) > limit_items:
+        log.warning("trial sample: user %s alone rated %d items, more than limit_items=%d; kept whole (raise "
+                    "limit_items to sample more users)", kept_users[0], len(kept_items), limit_items)
+    users_kept = pl.Series(kept_users, dtype=pl.Utf8).implode()
+    small = inter.filter(pl.col("user_id").is_in(users_kept))
+    items = ds.items.filter(pl.col("item_id").is_in(pl.Series(sorted(kept_items), dtype=pl.Utf8).implode()))
+    users = ds.users.filter(pl.col("user_id").is_in(users_kept))
     notes = dict(ds.notes)
-    notes["sample_dropped_interactions"] = before.height - inter.height
-    emptied = sorted(set(before["user_id"]) - set(inter["user_id"]))
-    notes["sample_users_without_interactions"] = len(emptied)
-    log.info("trial sample: %d users, %d items; kept %d of the kept users' %d interactions (dropped %d with items "
-             "outside the sample); %d kept users have no interaction left%s", users.height, items.height,
-             inter.height, before.height, before.height - inter.height, len(emptied),
-             f" (e.g. {emptied[:5]})" if emptied else "")
-    return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=items, users=users, notes=notes)
+    notes.update(sample_notes(ds, small, items, users, passed_over))
+    log.info("trial sample kept %s users, %s items, %s interactions (whole histories)%s",
+             notes["sample_kept_users"], notes["sample_kept_items"], notes["sample_kept_interactions"],
+             f"; {passed_over} users passed over: their history would exceed limit_items={limit_items}"
+             if passed_over else "")
+    return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
 
 
-def _most_rated_items(inter: pl.DataFrame, items: pl.DataFrame, limit: int, seed: int) -> pl.Series:
-    """The ``limit`` items with most interactions in ``inter`` (ties by id), topped up from the rest."""
-    counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])
-    kept = counts["item_id"].head(limit)
-    if kept.len() < limit:
-        others = items.filter(~pl.col("item_id").is_in(kept.implode())).sort("item_id")["item_id"]
-        kept = pl.concat([kept, others.sample(min(limit - kept.len(), others.len()), seed=seed)])
-    return kept
+def _share(kept: int, total: int) -> str:
+    return f"{kept} of {total} ({kept / total:.1%})" if total else f"{kept} of 0"
+
+
+def sample_notes(full: Dataset, inter: pl.DataFrame, items: pl.DataFrame, users: pl.DataFrame,
+                 passed_over: int) -> dict[str, str | int]:
+    """How much of ``full`` a sample kept, for ``Dataset.notes`` (and so the job's closing summary)."""
+    notes: dict[str, str | int] = {
+        "sample_kept_users": _share(users.height, full.users.height),
+        "sample_kept_items": _share(items.height, full.items.height),
+        "sample_kept_interactions": _share(inter.height, full.interactions.height)}
+    if passed_over:
+        notes["sample_users_passed_over_for_limit_items"] = passed_over
+    return notes

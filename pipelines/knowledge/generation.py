@@ -23,7 +23,9 @@ from tqdm.auto import tqdm
 from pipelines.interrupts import ray_wait
 from pipelines.knowledge_store import KnowledgeWriter, encode_params, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.quality import GREEDY_RETRY_DECODER, QualitySummary, TextQuality, text_quality
+from pipelines.quality import (GREEDY_RETRY_DECODER, QualitySummary, entity_quality, quality_columns,
+                                         row_quality, text_quality)
+from pipelines.knowledge.retry import retry_once, task_rules
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,10 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
-    degenerate: str = "keep"  # keep | retry_greedy | fail (pipelines/quality.py)
+    degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality.py)
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
+    rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
+    retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
 
 
 @dataclass
@@ -174,7 +178,8 @@ class GenerationWorker:
              sampling: Any = None) -> dict[str, Any]:
         st = res.stats
         sampling = sampling or entity_sampling(task.sampling, req.entity_type, req.entity_id)
-        q = text_quality(res.text, st.finish_reason)
+        q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
+                           words_for_budget(task.max_new_tokens))
         return {
             "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
             "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
@@ -183,8 +188,7 @@ class GenerationWorker:
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
-            "finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
-            "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
+            **quality_columns(q), "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
             "source_hash": req.source_hash, "sampling": encode_sampling(sampling),
         }
 
@@ -192,6 +196,8 @@ class GenerationWorker:
                       row: dict[str, Any]) -> dict[str, Any]:
         """Apply ``task.degenerate`` to a degenerate row: keep it flagged, regenerate it greedily (kept,
         flagged, when still degenerate), or raise so that it becomes a failure."""
+        if task.degenerate == "retry":
+            return retry_once(self, task, req, prompt, row)
         if not row["degenerate"] or task.degenerate == "keep":
             return row
         reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
@@ -200,7 +206,7 @@ class GenerationWorker:
         log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
         greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}, "sampling": None})
         decoder, params_json = self._decoder(greedy)
-        res = decoder.generate(prompt, task.max_new_tokens, None)
+        res = decoder.generate(prompt, task.max_new_tokens, None, rules=task_rules(task.rules))
         return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
 
     def generate(self, task: DecodeTask, requests: list[GenerationRequest], slots: int | None = None) -> BatchResult:
@@ -236,7 +242,8 @@ class GenerationWorker:
                     try:
                         prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
                         r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool,
-                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id))
+                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id),
+                                            rules=task_rules(task.rules))
                     except Exception as exc:  # one bad entity never takes down the others
                         failed.append(_failure(req, exc))
                         continue
@@ -268,7 +275,8 @@ class GenerationWorker:
                pool: Any) -> BatchResult:
         sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
         try:  # greedy calls stay valid for decoders whose generate takes no `sampling`
-            res = decoder.generate(prompt, task.max_new_tokens, pool, **({} if sampling.greedy else {"sampling": sampling}))
+            kw = {} if sampling.greedy else {"sampling": sampling}
+            res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(task.rules), **kw)
         except Exception as exc:
             return BatchResult(failures=[_failure(req, exc)])
         out = self._finish(task, req, prompt, pool, res, params_json)
@@ -562,7 +570,7 @@ def _record(result: BatchResult, writer: KnowledgeWriter, report: GenerationRepo
         report.accepted_tokens += row["accepted_tokens"]
         report.prefill_s += row.get("prefill_s") or 0.0
         report.greedy_retries += bool(row.get("greedy_retry"))
-        report.quality.add(TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"]))
+        report.quality.add(row_quality(row))
     report.decode_s += result.decode_s
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])

@@ -14,14 +14,16 @@ entry fits, a ``PromptTooLongError`` names the user.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import polars as pl
 
-PROMPT_VERSION = "kar-v4"  # v4: the requested word count follows the token budget (words_for_budget)
+PROMPT_VERSION = "kar-v5"  # v5: facts as fields (title, year, genres, rating apart), short answers with headroom
 MAX_WORDS = 120
 TOKENS_PER_WORD = 1.6  # measured 1.56 on SmolLM2 profile-like prose with quoted titles (101 words, 158 tokens)
+HEADROOM = 0.6  # ask for this share of what the budget holds: small models overshoot a requested length
 HISTORY_GENRES = 2  # genres shown per history entry
 
 
@@ -38,27 +40,28 @@ class PromptTooLongError(ValueError):
 
 
 _USER_INTRO = {
-    "movie": "A user rated these movies, oldest first (1 star = disliked, 5 stars = loved):",
-    "book": "A user rated these books, oldest first (1 star = disliked, 5 stars = loved):",
+    "movie": "A user's movie ratings, oldest first (rating 1 = disliked, 5 = loved):",
+    "book": "A user's book ratings, oldest first (rating 1 = disliked, 5 = loved):",
 }
-# Checked on SmolLM2-135M-Instruct: without "Do not repeat the list" and the fixed opening, the small
-# model tends to copy the history back instead of profiling it.
+# Facts go in as fields, one entity per line, so a small model does not mix titles, genres and ratings up;
+# the answer is asked short (HEADROOM) and bounded to the listed facts, so it ends within the budget.
+# The fixed opening keeps SmolLM2-135M-Instruct from copying the list back instead of profiling it.
 _USER_ASK = {
-    "movie": ("In one paragraph of at most {w} words, profile this user's movie taste: the genres, eras, "
-              "moods and themes they favour or avoid, citing a few titles. Do not repeat the list. "
+    "movie": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's movie taste: the "
+              "genres and eras they like and the ones they dislike. Use only the facts listed above. "
               'Begin with "This user enjoys".'),
-    "book": ("In one paragraph of at most {w} words, profile this user's reading taste: the genres, authors, "
-             "writing styles and themes they favour or avoid, citing a few titles. Do not repeat the list. "
+    "book": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's reading taste: the "
+             "genres and eras they like and the ones they dislike. Use only the facts listed above. "
              'Begin with "This user enjoys".'),
 }
+_ITEM_INTRO = {"movie": "A movie:", "book": "A book:"}
 _ITEM_ASK = {
-    "movie": ("Describe the movie {subject} in one concise paragraph of at most {w} words: its genre, "
-              "director and cast, country, characters, plot and themes, mood and tone, acclaim and awards, "
-              "production quality and soundtrack."),
-    "book": ("Describe the book {subject} in one concise paragraph of at most {w} words: its genre, author, "
-             "writing style, themes, setting, length and complexity, time period, literary quality and "
-             "acclaim."),
+    "movie": ("In 1 or 2 sentences (at most {w} words in all), say what kind of movie this is and who would "
+              "enjoy it, using only its genres and year above."),
+    "book": ("In 1 or 2 sentences (at most {w} words in all), say what kind of book this is and who would "
+             "enjoy it, using only its genres and year above."),
 }
+_TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
 
 
 def _check_domain(domain: str) -> None:
@@ -79,14 +82,27 @@ def format_rating(rating: float) -> str:
 
 def words_for_budget(max_new_tokens: int) -> int:
     """The word count a prompt may ask for within ``max_new_tokens``: ``MAX_WORDS``, or fewer so that
-    words x ``TOKENS_PER_WORD`` fit the budget (rounded down to tens, at least 10)."""
-    fit = int(max_new_tokens / TOKENS_PER_WORD) // 10 * 10
+    words x ``TOKENS_PER_WORD`` fit ``HEADROOM`` of the budget (rounded down to tens, at least 10)."""
+    fit = int(max_new_tokens * HEADROOM / TOKENS_PER_WORD) // 10 * 10
     return max(10, min(MAX_WORDS, fit))
 
 
+def split_year(title: str) -> tuple[str, str | None]:
+    """``("Heat", "1995")`` for ``"Heat (1995)"``; the title and None without a trailing year."""
+    m = _TITLE_YEAR.match(title)
+    return (m.group(1), m.group(2)) if m else (title, None)
+
+
+def history_line(k: int, e: HistoryEntry) -> str:
+    """``3. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4``: one rated item as fields."""
+    title, year = split_year(e.title)
+    fields = [f"Title: {title}"] + ([f"Year: {year}"] if year else []) + \
+             ([f"Genres: {', '.join(e.genres)}"] if e.genres else []) + [f"Rating: {e.rating:g}"]
+    return f"{k}. " + " | ".join(fields)
+
+
 def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = MAX_WORDS) -> str:
-    lines = [f'"{e.title}"' + (f" [{', '.join(e.genres)}]" if e.genres else "") + f", {format_rating(e.rating)};"
-             for e in entries]
+    lines = [history_line(k, e) for k, e in enumerate(entries, 1)]
     return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=max_words)])
 
 
@@ -136,30 +152,28 @@ def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str
     return _render_user(entries[-lo:], domain, max_words)
 
 
-def _attributes(item: Mapping[str, Any]) -> str:
-    parts = []
+def _attributes(item: Mapping[str, Any]) -> list[str]:
+    """The item's fields after the title: year, genres, then category/sub-category not among the genres."""
+    parts = [f"Year: {item['year']}"] if item.get("year") else []
     genres = item.get("genres")
     if genres:
-        parts.append("genres: " + ", ".join(genres))
+        parts.append("Genres: " + ", ".join(genres))
     for key in ("category", "sub_category"):
         value = item.get(key)
         if value and not (genres and value in genres):
-            parts.append(f"{key.replace('_', '-')}: {value}")
-    return "; ".join(parts)
+            parts.append(f"{key.replace('_', '-').capitalize()}: {value}")
+    return parts
 
 
 def item_prompt(item: Mapping[str, Any], domain: str = "movie", max_words: int = MAX_WORDS) -> str:
     """The description message for one item row (``title`` required; ``year``, ``genres``,
-    ``category``, ``sub_category`` used when present)."""
+    ``category``, ``sub_category`` used when present), its facts one field a line."""
     _check_domain(domain)
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
-    subject = f'"{display_title(title, item.get("year"))}"'
-    attrs = _attributes(item)
-    if attrs:
-        subject += f" ({attrs})"
-    return _ITEM_ASK[domain].format(subject=subject, w=max_words)
+    return "\n".join([_ITEM_INTRO[domain], f"Title: {title}", *_attributes(item), "",
+                      _ITEM_ASK[domain].format(w=max_words)])
 
 
 def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:

@@ -9,6 +9,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.config import JobConfig
+from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge_store import read_knowledge
@@ -40,6 +41,7 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
+    data.dataset.notes.update(lightgcn_notes(emb.best_recall if emb is not None else None))
     out = {}
     for etype, table, id_col, cands, emb_of in (("user", ds.users, "user_id", USER_ATTRIBUTES, "users"),
                                                  ("item", ds.items, "item_id", ITEM_ATTRIBUTES, "items")):
@@ -74,6 +76,7 @@ def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
     router.write_routing(table, paths.routing)
     router.write_routing(pa.concat_tables(members), paths.memberships)
     frame = pl.from_arrow(table)
+    data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
     log.info("routing: %s -> %s", counts, paths.routing)
     return frame

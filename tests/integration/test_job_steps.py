@@ -134,4 +134,14 @@ def test_summary_numbers(capsys):
     assert summary.to_json()["skipped"] == {"users without interactions": 5}
     js = summary.to_json()["new"]
     assert js["aal"] == 3.0 and js["tokens_per_s_decode"] == 20.0
-    assert js["quality"] == {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222}
+    q = js["quality"]
+    assert {k: q[k] for k in ("n", "finished_eos", "eos_share", "degenerate", "mean_repeat_4gram", "ended", "cut")} == \
+        {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222, "ended": 2, "cut": 1}
+
+
+def test_route_notes_when_every_user_goes_to_one_pool_kind(tmp_path):
+    cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4",
+                             "routing.warm_threshold=1000", f"output.path={tmp_path / 'out'}"])
+    data = jobmod.load_job_data(cfg)
+    jobmod.step_route(cfg, data)
+    assert "every user went to the attribute pool" in data.dataset.notes["warning_user_pools"]

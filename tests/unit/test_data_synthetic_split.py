@@ -115,24 +115,24 @@ def test_item_split_per_category_deterministic():
     assert split_old_new(ds, new_item_fraction=0.0).new_items.is_empty()
 
 
-def test_limit_dataset_seeded_and_consistent():
+def test_limit_dataset_seeded_and_keeps_whole_histories():
     ds = synthetic_dataset(SMALL, seed=0)
-    small = limit_dataset(ds, limit_users=20, limit_items=30, seed=7)
-    again = limit_dataset(ds, limit_users=20, limit_items=30, seed=7)
+    small = limit_dataset(ds, limit_users=20, limit_items=60, seed=7)
+    again = limit_dataset(ds, limit_users=20, limit_items=60, seed=7)
     assert_frame_equal(small.interactions, again.interactions)
-    assert small.users.height == 20 and small.items.height == 30
-    assert small.interactions["user_id"].is_in(small.users["user_id"].implode()).all()
-    assert small.interactions["item_id"].is_in(small.items["item_id"].implode()).all()
-    # every kept interaction is an original one among kept users and items
-    expected = ds.interactions.filter(pl.col("user_id").is_in(small.users["user_id"].implode())
-                                      & pl.col("item_id").is_in(small.items["item_id"].implode()))
+    assert small.items.height <= 60 and 1 <= small.users.height <= 20
+    # every kept user keeps every interaction it has, and the items table is exactly the items they touched
+    expected = ds.interactions.filter(pl.col("user_id").is_in(small.users["user_id"].implode()))
     assert_frame_equal(small.interactions, expected)
+    assert set(small.items["item_id"]) == set(small.interactions["item_id"])
     users_only = load_dataset(DatasetConfig(limit_users=10, synthetic=SMALL))
     assert users_only.users.height == 10
     assert set(users_only.items["item_id"]) == set(users_only.interactions["item_id"])
+    full_histories = ds.interactions.filter(pl.col("user_id").is_in(users_only.users["user_id"].implode()))
+    assert users_only.interactions.height == full_histories.height
 
 
-def test_trial_sample_keeps_histories_and_says_what_it_dropped(caplog):
+def _ml_like() -> Dataset:
     """Like ml-latest-small: every user has >= 20 ratings; a few popular items and many rare ones."""
     rows = [(f"u{u}", f"pop{i}", 4.0, 100 + i) for u in range(10) for i in range(5)]
     rows += [(f"u{u}", f"rare{u}-{j}", 3.0, 200 + j) for u in range(10) for j in range(20)]
@@ -140,15 +140,28 @@ def test_trial_sample_keeps_histories_and_says_what_it_dropped(caplog):
                                        "timestamp": pl.Int64}, orient="row")
     items = pl.DataFrame({"item_id": sorted(set(inter["item_id"]))}).with_columns(title=pl.col("item_id"))
     users = pl.DataFrame({"user_id": [f"u{u}" for u in range(12)]})  # two users never rated anything
-    ds = Dataset("ml-like", "movie", inter, items, users)
+    return Dataset("ml-like", "movie", inter, items, users)
+
+
+def test_trial_sample_says_how_much_it_kept(caplog):
+    ds = _ml_like()
     with caplog.at_level("INFO"):
-        small = limit_dataset(ds, limit_users=10, limit_items=10, seed=0)
+        small = limit_dataset(ds, limit_users=3, limit_items=80, seed=0)
     per_user = small.interactions.group_by("user_id").len()
-    assert per_user.height == 10 and per_user["len"].min() >= 5  # every kept user keeps the popular items
-    assert {f"pop{i}" for i in range(5)} <= set(small.items["item_id"])
-    assert small.notes == {"sample_dropped_interactions": 250 - small.interactions.height,
-                           "sample_users_without_interactions": 0}
-    assert "dropped 195 with items outside the sample" in caplog.text
+    assert per_user.height == 3 and set(per_user["len"]) == {25}  # whole histories: 5 popular + 20 rare each
+    assert small.items.height == 5 + 3 * 20
+    assert small.notes == {"sample_kept_users": "3 of 12 (25.0%)", "sample_kept_items": "65 of 205 (31.7%)",
+                           "sample_kept_interactions": "75 of 250 (30.0%)"}
+    assert "trial sample kept 3 of 12 (25.0%) users" in caplog.text
+
+
+def test_item_limit_passes_users_over_instead_of_cutting_histories(caplog):
+    ds = _ml_like()
+    with caplog.at_level("INFO"):
+        small = limit_dataset(ds, limit_users=8, limit_items=8, seed=0)  # the issue's 8 x 8 on a 20-rating dataset
+    assert small.users.height == 1 and small.interactions.height == 25  # one whole history, not 34 scraps
+    assert small.notes["sample_users_passed_over_for_limit_items"] == 9
+    assert "alone rated 25 items, more than limit_items=8" in caplog.text
 
 
 def test_users_without_knowledge_are_counted(caplog):
@@ -160,3 +173,18 @@ def test_users_without_knowledge_are_counted(caplog):
         skipped = skipped_entities(ds, split_old_new(ds))
     assert skipped == {NO_INTERACTIONS: 2}
     assert "2 users without interactions get no new knowledge (e.g. ['ghost1', 'ghost2'])" in caplog.text
+
+
+def test_routing_warnings_reach_the_notes(caplog):
+    from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
+
+    with caplog.at_level("WARNING"):
+        assert "learned nothing" in lightgcn_notes(0.0)["warning_lightgcn"]
+        assert lightgcn_notes(0.12) == {}
+        assert "not trained" in lightgcn_notes(None)["warning_lightgcn"]
+        routing = pl.DataFrame({"entity_type": ["user", "user", "item"], "pool_kind": ["attribute"] * 3})
+        notes = pool_kind_notes(routing, {"user": "warm_cold", "item": "attribute"})
+    assert list(notes) == ["warning_user_pools"] and "every user went to the attribute pool" in notes["warning_user_pools"]
+    mixed = pl.DataFrame({"entity_type": ["user", "user"], "pool_kind": ["attribute", "collaborative"]})
+    assert pool_kind_notes(mixed, {"user": "warm_cold"}) == {}
+    assert "learned nothing" in caplog.text

@@ -30,15 +30,22 @@ HISTORY = [HistoryEntry(f"Movie{k} (199{k})", float(1 + k % 5)) for k in range(1
 
 
 def _kept_titles(text: str) -> list[str]:
-    return [line.split('"')[1] for line in text.splitlines() if line.startswith('"')]
+    """``Title (year)`` of each history line (``k. Title: T | Year: Y | ...``)."""
+    out = []
+    for line in text.splitlines():
+        if " | " in line:
+            fields = dict(f.split(": ", 1) for f in line.split(". ", 1)[1].split(" | "))
+            out.append(f"{fields['Title']} ({fields['Year']})")
+    return out
 
 
 def test_user_prompt_lists_history_oldest_first():
     text = user_prompt([("Heat (1995)", 4.0, ("Action", "Crime")), ("Up (2009)", 4.5), ("Cats (2019)", 1.0)])
-    assert '"Heat (1995)" [Action, Crime], 4 stars;\n"Up (2009)", 4.5 stars;\n"Cats (2019)", 1 star;' in text
+    assert ("1. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4\n"
+            "2. Title: Up | Year: 2009 | Rating: 4.5\n3. Title: Cats | Year: 2019 | Rating: 1\n") in text
     assert "movie" in text and "at most 120 words" in text
     book = user_prompt([("Dune", 5.0)], domain="book")
-    assert "rated these books" in book and "authors" in book
+    assert "book ratings" in book and "1. Title: Dune | Rating: 5" in book and "reading taste" in book
     assert PROMPT_VERSION
 
 
@@ -49,7 +56,7 @@ def test_format_rating():
 def test_truncation_keeps_newest_entries_and_fits():
     tok = WhitespaceTokenizer()
     full = user_prompt(HISTORY)
-    per_entry = len('"Movie0 (1990)", 1 star;'.split())  # 4 words per entry
+    per_entry = len("1. Title: Movie0 | Year: 1990 | Rating: 1".split())  # 9 words per entry
     budget = len(full.split()) - 3 * per_entry  # room for exactly 7 of the 10 entries
     text = user_prompt(HISTORY, tokenizer=tok, max_prompt_tokens=budget)
     assert _kept_titles(text) == [e.title for e in HISTORY[3:]]
@@ -66,7 +73,7 @@ def test_truncation_counts_the_chat_template():
     budget = len(user_prompt(HISTORY).split())
     assert len(_kept_titles(user_prompt(HISTORY, tokenizer=plain, max_prompt_tokens=budget))) == 10
     kept = _kept_titles(user_prompt(HISTORY, tokenizer=templated, max_prompt_tokens=budget))
-    assert kept == [e.title for e in HISTORY[3:]]  # 10 wrapper tokens cost three 4-token entries
+    assert kept == [e.title for e in HISTORY[2:]]  # 10 wrapper tokens cost two 9-token entries
 
 
 def test_history_that_cannot_fit_names_the_user():
@@ -81,11 +88,11 @@ def test_history_that_cannot_fit_names_the_user():
 def test_item_prompt_uses_attributes():
     row = {"item_id": "i1", "title": "Heat", "year": 1995, "genres": ["Action", "Crime"], "category": "Action",
            "sub_category": "Crime"}
-    text = item_prompt(row)
-    assert text.startswith('Describe the movie "Heat (1995)" (genres: Action, Crime) in one concise paragraph')
+    text = item_prompt(row, max_words=30)
+    assert text.startswith("A movie:\nTitle: Heat\nYear: 1995\nGenres: Action, Crime\n\nIn 1 or 2 sentences (at most 30 words")
     book = item_prompt({"item_id": "b", "title": "Dune", "genres": [], "category": "Science Fiction",
                         "sub_category": "Space Opera"}, domain="book")
-    assert '"Dune" (category: Science Fiction; sub-category: Space Opera)' in book and "author" in book
+    assert "Title: Dune\nCategory: Science Fiction\nSub-category: Space Opera\n" in book and "kind of book" in book
     with pytest.raises(ValueError, match="item 'x' has no title"):
         item_prompt({"item_id": "x", "title": None})
 
@@ -99,3 +106,11 @@ def test_user_histories_orders_by_time_and_joins_titles():
     hist = user_histories(inter, items)
     assert hist == {"u1": [("Alpha (1999)", 3.0, ("Drama", "War")), ("Beta", 5.0, ()), ("zz", 4.0, ())],
                     "u2": [("Alpha (1999)", 1.0, ("Drama", "War"))]}
+
+
+def test_asked_length_leaves_headroom_in_the_budget():
+    from pipelines.knowledge.prompts import HEADROOM, TOKENS_PER_WORD, words_for_budget
+
+    for budget in (64, 96, 256):
+        assert words_for_budget(budget) * TOKENS_PER_WORD <= HEADROOM * budget
+    assert words_for_budget(96) == 30 and words_for_budget(1000) == 120

@@ -147,3 +147,46 @@ def test_shipped_configs_ask_for_what_their_token_budget_holds(name, worker):
             words_asked = _asked_words(worker.prompt(task, req))
             assert words_asked * TOKENS_PER_WORD <= budget, (name, budget, req.entity_type)
             assert words_asked >= 10
+
+
+def test_policy_retry_keeps_a_still_flawed_retry_marked(worker, looper):
+    result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="retry",
+                                        retry_rules={"no_repeat_ngram_size": 3}), REQS)
+    assert not result.failures
+    assert [(r["decoder"], r["greedy_retry"], r["degenerate"]) for r in result.rows] == [("looper", True, True)] * 2
+
+
+def test_policy_retry_regenerates_a_cut_row_greedily_with_the_retry_rules(worker):
+    from laser.rules import GenerationRules
+
+    rules = {"repetition_penalty": 1.2, "no_repeat_ngram_size": 2}
+    task = DecodeTask("autoregressive", max_new_tokens=8, degenerate="retry", retry_rules=rules)
+    first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, degenerate="keep"), REQS).rows
+    assert all(r["cut"] or r["fragment"] for r in first)  # random tiny model: nothing ends at a sentence
+    rows = worker.generate(task, REQS).rows
+    decoder = worker._decoder(task)[0]
+    expected = [decoder.generate(worker.prompt(task, req), 8, rules=GenerationRules(**rules)).text for req in REQS]
+    assert [r["knowledge"] for r in rows] == expected != [r["knowledge"] for r in first]
+    assert all(r["greedy_retry"] for r in rows)
+
+
+def test_job_default_policy_is_retry_with_stronger_rules():
+    from pipelines.config import GenerationConfig
+
+    g = GenerationConfig()
+    assert g.degenerate == "retry"
+    assert g.retry_rules() == {"repetition_penalty": 1.1, "no_repeat_ngram_size": 3, "min_new_tokens": 0, "stop_strings": ()}
+    strong = GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, stop_strings=["\n\n"])
+    assert strong.retry_rules()["repetition_penalty"] == 1.5 and strong.retry_rules()["no_repeat_ngram_size"] == 2
+    assert strong.rules()["stop_strings"] == ("\n\n",)
+
+
+def test_task_rules_reach_the_decoder(worker):
+    from laser.rules import GenerationRules
+
+    rules = {"no_repeat_ngram_size": 1, "min_new_tokens": 6}
+    task = DecodeTask("autoregressive", max_new_tokens=12, degenerate="keep", rules=rules)
+    rows = worker.generate(task, REQS).rows
+    decoder = worker._decoder(task)[0]
+    assert [r["knowledge"] for r in rows] == [
+        decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS]
