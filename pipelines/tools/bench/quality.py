@@ -28,11 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from laser.decoders import available_decoders
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import (BatchResult, GenerationReport, GenerationRequest, GenerationWorker,
                                             ModelSpec, _record)
-from pipelines.knowledge.job import (JobPaths, load_job_data, new_knowledge_task, new_requests, step_build_pools,
-                                     step_old_knowledge, step_route)
+from pipelines.knowledge.decoders import new_knowledge_decoder
+from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.job import knowledge_task, step_old_knowledge
+from pipelines.knowledge.paths import JobPaths
+from pipelines.knowledge.requests import new_requests, pool_routes
+from pipelines.knowledge.routing import step_build_pools, step_route
 from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
 from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.tools.bench.report import machine_info, versions, wide_console
@@ -117,17 +122,18 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
     step_old_knowledge(cfg, data, LocalWorkers(worker))  # type: ignore[arg-type]
     routing = step_route(cfg, data)
     step_build_pools(cfg)
-    base = new_requests(data, routing, "autoregressive")
+    base = new_requests(data.dataset, data.split, {})
     ids = [(r.entity_type, r.entity_id) for r in sorted(base, key=lambda r: (r.entity_type != "user", r.entity_id))]
     users = [k for k in ids if k[0] == "user"][: (settings.entities + 1) // 2]
     items = [k for k in ids if k[0] == "item"][: settings.entities - len(users)]
     chosen = users + items + [k for k in ids if k not in users + items][: settings.entities - len(users) - len(items)]
-    base_task = new_knowledge_task(cfg, "bench-quality", data.dataset.domain, paths.pools)
+    base_task = knowledge_task(cfg, new_knowledge_decoder(cfg), "bench-quality", data.dataset.domain, paths.pools)
     rows: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
     for label, decoder, params in methods(cfg):
         task = dataclasses.replace(base_task, decoder=decoder, decoder_params=params, sampling=None)
-        reqs = _select(new_requests(data, routing, decoder), chosen)
+        reqs = _select(new_requests(data.dataset, data.split, pool_routes(available_decoders()[decoder].pool, routing)),
+                       chosen)
         t0 = time.perf_counter()
         result: BatchResult = worker.generate(task, reqs, cfg.execution.batch_size)
         seconds[label] = time.perf_counter() - t0
