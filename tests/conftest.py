@@ -83,6 +83,8 @@ def ray_session():
     """Local Ray for the whole session (2 CPUs); yields its GCS address."""
     import ray
 
+    if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 2:  # a job run in-process started a smaller one
+        ray.shutdown()
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray.get_runtime_context().gcs_address

@@ -139,7 +139,9 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
     ``summary.json``) the closing summary. Raises ``LockHeld`` when another run holds the output."""
     start = time.perf_counter()
     decoder = check_job(cfg)
-    data = load_inputs(load_job_data, cfg)  # nothing is created before the inputs are known good
+    # a full run creates nothing before its inputs are known good; a scheduled run loads them under its
+    # lock, so that its ledger row says why it stopped
+    data = None if incremental else load_inputs(load_job_data, cfg)
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
@@ -164,7 +166,7 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
         ledger.save(record)
     summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, time.perf_counter() - start)
     summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
-    summary.skipped, summary.input_notes = skipped_entities(data.dataset, data.split), dict(data.dataset.notes)
+    summary.skipped, summary.input_notes = skipped_entities(job.data.dataset, job.data.split), dict(job.data.dataset.notes)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
     return summary
 
