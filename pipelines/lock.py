@@ -106,7 +106,7 @@ class RunLock:
             self.stale = previous
             log.warning("%s: took over a stale lock from a run that did not release it: %s", self.path,
                         _shown(previous) or "(not a lock record)")
-        _write_record(fd, self._record())
+        _write_record(fd, self._record(), self.path)
         self._fd = fd
         return self
 
@@ -123,7 +123,7 @@ class RunLock:
             self._lease = None
         if self._fd is None:
             return
-        _write_record(self._fd, None)  # empty = released cleanly
+        _write_record(self._fd, None, self.path)  # empty = released cleanly
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -274,9 +274,12 @@ def _read_record(fd: int) -> dict[str, Any]:
     return _parse(os.read(fd, 65536))
 
 
-def _write_record(fd: int, record: dict[str, Any] | None) -> None:
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    if record:
-        os.write(fd, json.dumps(record).encode())
-    os.fsync(fd)
+def _write_record(fd: int, record: dict[str, Any] | None, path: Path) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if record:
+            os.write(fd, json.dumps(record).encode())
+        os.fsync(fd)
+    except OSError as exc:  # e.g. a full disk: name the lock file
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc
