@@ -101,7 +101,8 @@ def test_concurrent_run_refused_then_killed_driver_resumes(tiny_model, ray_sessi
     after = read_knowledge(store, dedup=False)
     keys = list(zip(after["entity_type"], after["entity_id"]))
     assert len(keys) == len(set(keys)) == killed.entities_new  # none lost, none twice
-    assert rec.generated == killed.entities_new - written.height and rec.entities_unchanged == written.height
+    assert rec.generated == rec.entities_new == killed.entities_new  # the resumed run counts its whole work
+    assert rec.entities_unchanged == 0
     assert [r.status for r in RunLedger(out).records()] == ["succeeded"]
 
 

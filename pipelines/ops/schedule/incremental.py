@@ -37,18 +37,25 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class ChangePlan:
-    """Which requests to generate and why."""
+    """Which requests to generate and why; ``resumed``: entities a killed run of the same id already wrote
+    (counted as new or changed like the rest, not generated again)."""
 
     todo: list[GenerationRequest] = field(default_factory=list)
     new: int = 0
     changed: int = 0
     unchanged: int = 0
+    resumed: int = 0
 
 
-def plan_changes(requests: list[GenerationRequest], latest: pl.DataFrame) -> ChangePlan:
-    """Split requests by their entity's newest row in ``latest``: none (new), another source hash
-    (changed; a row without a hash counts as changed), the same hash (unchanged, skipped)."""
-    known = {(t, i): h for t, i, h in latest.select("entity_type", "entity_id", "source_hash").iter_rows()}
+def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, run_id: str | None = None) -> ChangePlan:
+    """Split requests by their entity's newest row in ``rows`` written before run ``run_id``: none (new),
+    another source hash (changed; a row without a hash counts as changed), the same hash (unchanged,
+    skipped). Rows run ``run_id`` itself wrote before it was killed (same hash) are done: its counts
+    cover the whole run, resumed or not."""
+    mine = rows.filter(pl.col("run_id") == run_id) if run_id else rows.clear()
+    done = {(t, i): h for t, i, h in mine.select("entity_type", "entity_id", "source_hash").iter_rows()}
+    base = newest_per_entity(rows.filter(pl.col("run_id") != run_id) if run_id else rows)
+    known = {(t, i): h for t, i, h in base.select("entity_type", "entity_id", "source_hash").iter_rows()}
     plan = ChangePlan()
     for req in requests:
         key = (req.entity_type, req.entity_id)
@@ -58,6 +65,9 @@ def plan_changes(requests: list[GenerationRequest], latest: pl.DataFrame) -> Cha
             plan.changed += 1
         else:
             plan.unchanged += 1
+            continue
+        if key in done and done[key] == req.source_hash:
+            plan.resumed += 1
             continue
         plan.todo.append(req)
     return plan
@@ -105,14 +115,14 @@ def _steps(cfg: JobConfig, rec: RunRecord, ledger: RunLedger) -> None:
         rec.old_generated, rec.old_failed = old.done, old.failed
         routing = step_route(cfg, data)
         step_build_pools(cfg, latest_view(paths.knowledge, paths.old_knowledge).to_arrow())
-        current = newest_per_entity(read_knowledge(paths.knowledge))
-        plan = plan_changes(new_requests(data, routing, new_knowledge_decoder(cfg).name), current)
+        plan = plan_changes(new_requests(data, routing, new_knowledge_decoder(cfg).name),
+                            read_knowledge(paths.knowledge), rec.run_id)
         rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
         log.info("run %s: %d new, %d changed, %d unchanged entities; %d users with interactions after the "
                  "watermark", rec.run_id, plan.new, plan.changed, plan.unchanged, rec.users_after_watermark)
         ledger.save(rec)
         new = _generate_changed(cfg, plan, rec.run_id, data.dataset.domain, workers)
-        rec.generated, rec.failed = new.done, new.failed
+        rec.generated, rec.failed = plan.resumed + new.done, new.failed  # a resumed run counts its whole work
     write_latest(paths.root / LATEST_FILE, latest_view(paths.knowledge, paths.old_knowledge))
 
 
