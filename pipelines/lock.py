@@ -108,6 +108,7 @@ class RunLock:
                         _shown(previous) or "(not a lock record)")
         _write_record(fd, self._record(), self.path)
         self._fd = fd
+        _clear_temp_files(self.path.parent)
         return self
 
     def check(self) -> None:
@@ -230,6 +231,16 @@ def _parse(raw: bytes) -> dict[str, Any]:
 def _shown(record: dict[str, Any]) -> dict[str, Any]:
     """The record fields that may be shown: pid, host, run_id, started, expires (short values only)."""
     return {k: str(record[k])[:80] for k in RECORD_KEYS if k in record}
+
+
+def _clear_temp_files(root: Path) -> None:
+    """Remove the temp files (``.<name>.*.tmp``) that a killed holder's atomic writes (ledger, latest view,
+    summary) left in the output folder: only a lock holder writes there."""
+    stale = [p for p in root.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.warning("%s: removed %d temp files left by a run that did not finish", root, len(stale))
 
 
 def _open_lock_file(path: Path) -> int:
