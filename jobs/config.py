@@ -2,12 +2,14 @@
 ``pipelines/config.py`` (re-exported here).
 
 Every block forbids unknown keys, so a typo fails with the dotted key named. ``load_config`` reads a
-YAML file, applies ``a.b=value`` overrides (values parsed as YAML: ``3`` is an int, ``true`` a bool,
-``null`` None, ``[1, 2]`` a list) and validates.
+YAML file, applies ``a.b=value`` overrides and validates. An override's value is a string, taken whole
+(``#``, ``:`` and spaces included), unless it reads as a number (``3``, ``0.5``), a boolean (``true``,
+``false``), ``null``, or a list or mapping in brackets (``[1, 2]``, ``{a: 1}``).
 """
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from pipelines.config import (ConfigError, DecoderConfig, ExecutionConfig, Gener
                               ModelConfig, OldKnowledgeConfig, OutputConfig, RoutingConfig, SplitConfig)
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+_INT = re.compile(r"^[-+]?\d+$")
+_FLOAT = re.compile(r"^[-+]?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?$")
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
@@ -35,6 +39,27 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> N
     node[parts[-1]] = value
 
 
+def override_value(key: str, raw: str) -> Any:
+    """The value of ``--set key=raw``: a number, boolean, null, or bracketed list/mapping when ``raw`` reads
+    as one; otherwise the text itself (never cut at a ``#`` or ``: ``)."""
+    text = raw.strip()
+    if text.startswith(("[", "{")):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--set {key}: value {raw!r} is not a valid list or mapping ({exc})") from exc
+    lower = text.lower()
+    if lower in ("true", "false"):
+        return lower == "true"
+    if lower in ("null", "~"):
+        return None
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    return text
+
+
 def apply_overrides(tree: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """A copy of ``tree`` with ``key.path=value`` overrides applied (values parsed as YAML)."""
     out = copy.deepcopy(tree)
@@ -42,11 +67,7 @@ def apply_overrides(tree: dict[str, Any], overrides: list[str] | None) -> dict[s
         key, sep, raw = item.partition("=")
         if not sep:
             raise ConfigError(f"--set {item!r}: expected key=value")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"--set {key.strip()}: value {raw!r} is not valid YAML ({exc})") from exc
-        _set_dotted(out, key.strip(), value, f"--set {item!r}")
+        _set_dotted(out, key.strip(), override_value(key.strip(), raw), f"--set {item!r}")
     return out
 
 
@@ -74,6 +95,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: config file not found")
     try:
         tree = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
+                          "save the config as UTF-8") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
     if tree is None:

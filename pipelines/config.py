@@ -183,6 +183,9 @@ class JobConfig(_Strict):
         # work_dir only says where derived files go: the same output under another work_dir is the same job;
         # the default strategy hashes as configs written before the strategy keys existed
         default = {"strategy", "beam_width"} if self.generation.strategy == "default" else set()
+        # input rules added later hash only when set, so configs written before them keep their hash
+        data_rules = {k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None))
+                      if getattr(self.dataset, k) == v}
         payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"},
-                                                        "generation": default})
+                                                        "generation": default, "dataset": data_rules})
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

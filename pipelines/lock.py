@@ -106,8 +106,9 @@ class RunLock:
             self.stale = previous
             log.warning("%s: took over a stale lock from a run that did not release it: %s", self.path,
                         _shown(previous) or "(not a lock record)")
-        _write_record(fd, self._record())
+        _write_record(fd, self._record(), self.path)
         self._fd = fd
+        _clear_temp_files(self.path.parent)
         return self
 
     def check(self) -> None:
@@ -123,7 +124,7 @@ class RunLock:
             self._lease = None
         if self._fd is None:
             return
-        _write_record(self._fd, None)  # empty = released cleanly
+        _write_record(self._fd, None, self.path)  # empty = released cleanly
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -232,6 +233,16 @@ def _shown(record: dict[str, Any]) -> dict[str, Any]:
     return {k: str(record[k])[:80] for k in RECORD_KEYS if k in record}
 
 
+def _clear_temp_files(root: Path) -> None:
+    """Remove the temp files (``.<name>.*.tmp``) that a killed holder's atomic writes (ledger, latest view,
+    summary) left in the output folder: only a lock holder writes there."""
+    stale = [p for p in root.glob(".*.tmp") if p.is_file() and not p.is_symlink()]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        log.warning("%s: removed %d temp files left by a run that did not finish", root, len(stale))
+
+
 def _open_lock_file(path: Path) -> int:
     """Open (create) the lock file without following a symbolic link; it must be a regular file."""
     try:
@@ -274,9 +285,12 @@ def _read_record(fd: int) -> dict[str, Any]:
     return _parse(os.read(fd, 65536))
 
 
-def _write_record(fd: int, record: dict[str, Any] | None) -> None:
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    if record:
-        os.write(fd, json.dumps(record).encode())
-    os.fsync(fd)
+def _write_record(fd: int, record: dict[str, Any] | None, path: Path) -> None:
+    try:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        if record:
+            os.write(fd, json.dumps(record).encode())
+        os.fsync(fd)
+    except OSError as exc:  # e.g. a full disk: name the lock file
+        raise type(exc)(exc.errno, exc.strerror, str(path)) from exc

@@ -79,11 +79,23 @@ class DatasetConfig(BaseModel):
     users_file: str | None = None
     columns: TableColumns = Field(default_factory=TableColumns)
     genres_separator: str = Field("|", description="separator when genres is a string column (table)")
+    timestamp_format: str = Field("epoch", min_length=1, description=(
+        "how a text timestamp column is read (table): epoch (unix seconds), iso (ISO 8601 date or date-time, "
+        "UTC), or a strftime format such as %d/%m/%Y; digits are always unix seconds; rows that do not match "
+        "are skipped and counted, naming the column"))
+    rating_scale: tuple[float, float] | None = Field(None, description=(
+        "[min, max] of valid ratings; rows outside are skipped and counted (NaN and negative ratings always are)"))
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DatasetConfig":
         if self.format != "synthetic" and not self.path:
             raise ValueError(f"dataset.path is required for format {self.format!r}")
+        return self
+
+    @model_validator(mode="after")
+    def _scale_ordered(self) -> "DatasetConfig":
+        if self.rating_scale is not None and not self.rating_scale[0] <= self.rating_scale[1]:
+            raise ValueError(f"dataset.rating_scale: min {self.rating_scale[0]} exceeds max {self.rating_scale[1]}")
         return self
 
     def resolved_domain(self) -> Domain:

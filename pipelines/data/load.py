@@ -14,7 +14,7 @@ log = logging.getLogger(__name__)
 
 def load_dataset(cfg: DatasetConfig) -> Dataset:
     """Load the configured dataset in canonical form, then apply ``limit_users``/``limit_items``."""
-    ds = _load_full(cfg)
+    ds = check_interactions(_load_full(cfg), cfg.rating_scale)
     if cfg.name:
         ds.name = cfg.name
     ds.domain = cfg.resolved_domain()
@@ -22,6 +22,40 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     log.info("dataset %s: %d users, %d items, %d interactions", ds.name, ds.users.height, ds.items.height,
              ds.interactions.height)
     return ds
+
+
+SHOWN_ROWS = 5
+
+
+def check_interactions(ds: Dataset, scale: tuple[float, float] | None = None) -> Dataset:
+    """Documented rules on every loader's interactions, each counted in ``ds.notes`` with its first rows:
+    ratings that are NaN, infinite, negative or outside ``scale`` are skipped; of several rows for one
+    (user, item) the newest is kept (equal timestamps: the later row in the file)."""
+    inter, notes = ds.interactions, dict(ds.notes)
+    rating = pl.col("rating")
+    bad = rating.is_nan() | rating.is_infinite() | (rating < 0)
+    if scale is not None:
+        bad = bad | (rating < scale[0]) | (rating > scale[1])
+    invalid = inter.filter(bad)
+    what = "NaN, infinite or negative" + (f", or outside dataset.rating_scale [{scale[0]}, {scale[1]}]" if scale else "")
+    _note_rows(notes, ds.name, f"interactions with invalid ratings ({what}), skipped", invalid)
+    inter = inter.filter(~bad)
+    newest = inter.unique(subset=["user_id", "item_id"], keep="last", maintain_order=True)  # sorted by time
+    if newest.height < inter.height:
+        superseded = inter.join(newest, on=list(inter.columns), how="anti", nulls_equal=True)
+        _note_rows(notes, ds.name, "duplicate (user, item) interactions: the newest kept (equal timestamps: the "
+                   "later row), older rows skipped", superseded)
+        inter = newest
+    return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=ds.items, users=ds.users, notes=notes)
+
+
+def _note_rows(notes: dict, source: str, what: str, rows: pl.DataFrame) -> None:
+    if rows.is_empty():
+        return
+    shown = [f"user {u} item {i} rating {r} time {t}" for u, i, r, t in
+             rows.select("user_id", "item_id", "rating", "timestamp").head(SHOWN_ROWS).iter_rows()]
+    notes[what] = {"count": rows.height, "first": shown}
+    log.warning("%s: %s: %d row(s), first: %s", source, what, rows.height, "; ".join(shown))
 
 
 def _load_full(cfg: DatasetConfig) -> Dataset:

@@ -51,7 +51,7 @@ def conform_interactions(frame: pl.DataFrame) -> pl.DataFrame:
     """Canonical interaction columns and types, exact duplicates dropped, sorted by user then time."""
     return (frame.select(pl.col(name).cast(dtype) for name, dtype in INTERACTIONS_SCHEMA.items())
             .unique(maintain_order=True)
-            .sort(["user_id", "timestamp", "item_id"]))
+            .sort(["user_id", "timestamp", "item_id"], maintain_order=True))  # stable: ties keep file order
 
 
 def conform_items(frame: pl.DataFrame) -> pl.DataFrame:

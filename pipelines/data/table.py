@@ -2,7 +2,8 @@
 
 ``path`` is either the interactions file or a directory holding ``interactions_file`` (plus optional
 ``items_file`` and ``users_file``). ``columns`` maps canonical names to the file's names. Interactions
-need user_id, item_id, rating and timestamp (unix seconds, or a date/datetime column). Items need
+need user_id, item_id, rating and timestamp (unix seconds, a date/datetime column, or text read by
+``dataset.timestamp_format``: epoch by default, iso, or a strftime format). Items need
 item_id and use title, genres (a list, or text split on ``genres_separator``), category, sub_category
 and year when present; other item and user columns are kept as attributes. Without an items file the
 item id serves as the title.
@@ -16,7 +17,8 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.config import DatasetConfig
-from pipelines.data.readers import DataFileError, coerce, drop_unknown_items, read_checked_csv
+from pipelines.data.readers import (MAX_BAD_FRACTION, DataFileError, coerce, drop_unknown_items, note,
+                                    read_checked_csv)
 from pipelines.data.schema import (INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items,
                                    conform_users)
 
@@ -55,19 +57,45 @@ def _rename(frame: pl.DataFrame, mapping: dict[str, str], required: list[str], p
     return frame.drop([c for c in present.values() if c in frame.columns]).rename(present)
 
 
-def _timestamp_seconds(frame: pl.DataFrame) -> pl.DataFrame:
+ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
+               "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d")
+
+
+def _parse_text_times(text: pl.Expr, fmt: str) -> pl.Expr:
+    """Unix seconds of a text column by the declared format; digits are always unix seconds; null: no match.
+    Every row is read by the same format(s): the result never depends on row order."""
+    digits = pl.when(text.str.contains(r"^-?\d+$")).then(text.cast(pl.Int64, strict=False))
+    if fmt == "epoch":
+        return digits
+    formats = ISO_FORMATS if fmt == "iso" else (fmt,)
+    parsed = [text.str.strptime(pl.Datetime("us"), f, strict=False, exact=True).dt.epoch("s") for f in formats]
+    return pl.coalesce(digits, *parsed)
+
+
+def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path,
+                       notes: dict[str, Any]) -> pl.DataFrame:
+    """The timestamp column as unix seconds (Date/Datetime columns converted; text by ``fmt``, see
+    ``dataset.timestamp_format``). Text that does not match is skipped and counted naming the column; a
+    column that mostly does not match is an error."""
     dtype = frame.schema["timestamp"]
     if dtype == pl.Date:
         return frame.with_columns(pl.col("timestamp").cast(pl.Datetime("us")).dt.epoch("s"))
     if isinstance(dtype, pl.Datetime):
         return frame.with_columns(pl.col("timestamp").dt.epoch("s"))
-    if dtype == pl.Utf8:  # digits, else an ISO date/datetime
-        text = pl.col("timestamp").str.strip_chars()
-        return frame.with_columns(pl.coalesce(
-            text.cast(pl.Int64, strict=False),
-            text.str.to_datetime(strict=False, time_unit="us").dt.epoch("s"),
-        ).alias("timestamp"))
-    return frame
+    if dtype != pl.Utf8:
+        return frame
+    text = pl.col("timestamp").str.strip_chars()
+    out = frame.with_columns(_raw=text, timestamp=_parse_text_times(text, fmt))
+    bad = out.filter(pl.col("timestamp").is_null() & pl.col("_raw").is_not_null() & (pl.col("_raw") != ""))
+    if bad.height:
+        first = bad.row(0, named=True)
+        if bad.height > MAX_BAD_FRACTION * frame.height:
+            raise DataFileError(f"{path}: column {column!r}: {bad.height} of {frame.height} timestamps do not match "
+                                f"dataset.timestamp_format {fmt!r} (first at row {first[LINE]}: {first['_raw']!r})")
+        note(notes, path, f"timestamps in column {column!r} not matching dataset.timestamp_format {fmt!r}, skipped",
+             bad[LINE].to_list())
+        out = out.join(bad.select(LINE), on=LINE, how="anti")
+    return out.drop("_raw")
 
 
 def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
@@ -76,14 +104,15 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     directory = path if path.is_dir() else path.parent
     if path.is_dir():
         if not cfg.interactions_file:
-            raise ValueError(f"dataset.path {str(path)!r} is a directory: set dataset.interactions_file")
+            raise DataFileError(f"dataset.path {str(path)!r} is a directory: set dataset.interactions_file")
         inter_path = path / cfg.interactions_file
     else:
         inter_path = path
     required = list(INTERACTIONS_SCHEMA)
     notes: dict[str, Any] = {}
     inter = _rename(read_table(inter_path, notes), mapping, required, inter_path).select(*required, LINE)
-    inter = coerce(_timestamp_seconds(inter), INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True)
+    inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], inter_path, notes)
+    inter = coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True)
 
     if cfg.items_file:
         items_path = directory / cfg.items_file

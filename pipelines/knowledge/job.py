@@ -41,7 +41,7 @@ from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
 from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
-from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, newest_per_entity, write_latest
+from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ class JobRun:
     data: JobData | None = None
     routing: pl.DataFrame | None = None
     todo: list[GenerationRequest] = field(default_factory=list)
+    resumed: int = 0  # entities this run (resumed after a kill) had already written
     old: GenerationReport = field(default_factory=GenerationReport)
     new: GenerationReport = field(default_factory=GenerationReport)
 
@@ -92,9 +93,9 @@ def _plan(job: JobRun) -> None:
     requests = new_requests(job.data.dataset, job.data.split, pool_routes(job.decoder.cls.pool, job.routing))
     rec = job.record
     if job.incremental:
-        plan = plan_changes(requests, newest_per_entity(read_knowledge(job.paths.knowledge)))
-        job.todo, rec.entities_new, rec.entities_changed, rec.entities_unchanged = (plan.todo, plan.new,
-                                                                                    plan.changed, plan.unchanged)
+        plan = plan_changes(requests, read_knowledge(job.paths.knowledge), rec.run_id)
+        job.todo, job.resumed = plan.todo, plan.resumed
+        rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
     else:
         job.todo = pending(requests, job.paths.knowledge)
         rec.entities_new, rec.entities_unchanged = len(job.todo), len(requests) - len(job.todo)
@@ -107,7 +108,8 @@ def _new_knowledge(job: JobRun) -> None:
     if job.decoder.cls.pool != "none" and not (job.paths.pools / "manifest.json").exists():
         raise FileNotFoundError(f"{job.paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
     job.new = write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers)
-    job.record.generated, job.record.failed = job.new.done, job.new.failed
+    # a resumed run counts its whole work: rows it wrote before it was killed too
+    job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
 
 
 def _latest(job: JobRun) -> None:

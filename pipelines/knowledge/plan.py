@@ -20,24 +20,32 @@ import polars as pl
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationRequest
 from pipelines.ops.schedule import exitcodes
+from pipelines.ops.schedule.latest import newest_per_entity
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ChangePlan:
-    """Which requests to generate and why."""
+    """Which requests to generate and why; ``resumed``: entities a killed run of the same id already wrote
+    (counted as new or changed like the rest, not generated again)."""
 
     todo: list[GenerationRequest] = field(default_factory=list)
     new: int = 0
     changed: int = 0
     unchanged: int = 0
+    resumed: int = 0
 
 
-def plan_changes(requests: list[GenerationRequest], latest: pl.DataFrame) -> ChangePlan:
-    """Split requests by their entity's newest row in ``latest``: none (new), another source hash
-    (changed; a row without a hash counts as changed), the same hash (unchanged, skipped)."""
-    known = {(t, i): h for t, i, h in latest.select("entity_type", "entity_id", "source_hash").iter_rows()}
+def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, run_id: str | None = None) -> ChangePlan:
+    """Split requests by their entity's newest row in ``rows`` written before run ``run_id``: none (new),
+    another source hash (changed; a row without a hash counts as changed), the same hash (unchanged,
+    skipped). Rows run ``run_id`` itself wrote before it was killed (same hash) are done: its counts
+    cover the whole run, resumed or not."""
+    mine = rows.filter(pl.col("run_id") == run_id) if run_id else rows.clear()
+    done = {(t, i): h for t, i, h in mine.select("entity_type", "entity_id", "source_hash").iter_rows()}
+    base = newest_per_entity(rows.filter(pl.col("run_id") != run_id) if run_id else rows)
+    known = {(t, i): h for t, i, h in base.select("entity_type", "entity_id", "source_hash").iter_rows()}
     plan = ChangePlan()
     for req in requests:
         key = (req.entity_type, req.entity_id)
@@ -47,6 +55,9 @@ def plan_changes(requests: list[GenerationRequest], latest: pl.DataFrame) -> Cha
             plan.changed += 1
         else:
             plan.unchanged += 1
+            continue
+        if key in done and done[key] == req.source_hash:
+            plan.resumed += 1
             continue
         plan.todo.append(req)
     return plan

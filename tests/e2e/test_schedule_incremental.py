@@ -52,7 +52,10 @@ def edit_users(data: Path, users: list[str]) -> None:
     inter = inter.join(newest, on="user_id").with_columns(
         rating=pl.when(pl.col("user_id").is_in(users) & (pl.col("timestamp") == pl.col("t_max")))
         .then(6.0 - pl.col("rating")).otherwise(pl.col("rating"))).drop("t_max")
+    seen = inter.filter(pl.col("user_id") == users[0])["item_id"]
+    unseen = inter.filter(~pl.col("item_id").is_in(seen.implode()))["item_id"].min()  # a new interaction, not a re-rating
     first = inter.filter(pl.col("user_id") == users[0]).tail(1).with_columns(
+        item_id=pl.lit(unseen, dtype=inter.schema["item_id"]),
         timestamp=pl.lit(int(inter["timestamp"].max()) + 100, dtype=inter.schema["timestamp"]), rating=pl.lit(1.0))
     pl.concat([inter, first]).write_parquet(data / "interactions.parquet")
 

@@ -33,3 +33,70 @@ def test_route_without_dataset_is_clean(tmp_path):
     result = CliRunner().invoke(app, ["route", "jobs/configs/movielens.yaml", "--set", "dataset.path=/nope",
                                       "--set", f"output.path={tmp_path / 'x'}"])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+# ---- OS errors a user can cause: one line naming the path, 2 for a wrong path, 1 for the environment ----
+
+import errno  # noqa: E402
+import os  # noqa: E402
+
+
+def _one_line(result, code: int, *needles: str) -> None:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1, result.output
+    for needle in needles:
+        assert needle in result.output, result.output
+
+
+SMALL = ["--set", "dataset.synthetic.n_users=20", "--set", "dataset.synthetic.n_items=20"]
+
+
+def test_output_path_that_is_a_file(tmp_path):
+    out = tmp_path / "out"
+    out.write_text("a file")
+    result = CliRunner().invoke(app, ["run", "jobs/configs/demo.yaml", "--set", f"output.path={out}", *SMALL])
+    _one_line(result, 2, str(out))
+
+
+def test_read_only_output_folder(tmp_path, monkeypatch):
+    real_open = os.open
+
+    def read_only(path, *args, **kwargs):  # as a read-only folder answers (the tests may run as root)
+        if str(path).endswith(".run.lock"):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", read_only)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["run", "jobs/configs/demo.yaml", "--set", f"output.path={out}", *SMALL])
+    _one_line(result, 1, str(out / ".run.lock"), "Permission denied")
+
+
+def test_disk_full_names_the_file(tmp_path, monkeypatch):
+    import pipelines.storage as storage
+
+    real_fsync = os.fsync
+
+    def full(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(".tmp"):  # the latest view's temp file
+            raise OSError(errno.ENOSPC, "No space left on device")  # what a failed flush raises: no file name
+        real_fsync(fd)
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(storage.os, "fsync", full)
+    result = CliRunner().invoke(app, ["latest", "jobs/configs/demo.yaml", "--set", f"output.path={out}"])
+    _one_line(result, 1, str(out / "latest.parquet"), "No space left on device")
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_dataset_folder_without_interactions_file(tmp_path):
+    result = CliRunner().invoke(app, ["run", "jobs/configs/demo.yaml", "--set", f"output.path={tmp_path / 'o'}",
+                                      "--set", "dataset.format=table", "--set", f"dataset.path={tmp_path}"])
+    _one_line(result, 2, "is a directory: set dataset.interactions_file")
+
+
+def test_config_not_utf8(tmp_path):
+    config = tmp_path / "job.yaml"
+    config.write_bytes("dataset:\n  name: caf\xe9\n".encode("latin-1"))
+    _one_line(CliRunner().invoke(app, ["run", str(config)]), 2, "not UTF-8")

@@ -104,3 +104,17 @@ def test_cli_ingest_feast(tmp_path):
 
     store = FeatureStore(repo_path=str(out / "feast"))
     assert online_features(store, "user", ["u1"])["knowledge"] == ["Likes noir."]
+
+
+def test_feature_store_yaml_quotes_paths_with_hash_and_colon(tmp_path):
+    import yaml
+
+    from pipelines.ops.features.encode import FeatureTables
+    from pipelines.ops.features.feast_repo import write_repo
+
+    out = tmp_path / "fe #1: x"
+    (out / "features").mkdir(parents=True)
+    repo = write_repo(out, FeatureTables(out / "features", 4), "enc")
+    conf = yaml.safe_load((repo.path / "feature_store.yaml").read_text())
+    assert conf["online_store"]["path"] == str(out.resolve() / "feast" / "data" / "online.db")
+    assert conf["registry"] == str(out.resolve() / "feast" / "data" / "registry.db")

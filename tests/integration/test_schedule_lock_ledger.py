@@ -156,3 +156,26 @@ def test_stale_lock_warning_shows_record_fields_only(tmp_path, caplog):
     with caplog.at_level("WARNING"), RunLock(tmp_path, run_id="next"):
         pass
     assert "pid" in caplog.text and "s3cr3t" not in caplog.text
+
+
+def test_resumed_run_counts_its_whole_work():
+    """A run killed after writing some entities, then resumed under the same run_id: its new / changed
+    counts cover every entity it handles, and only the rest is generated (issue 23, item 9)."""
+    from datetime import datetime, timedelta, timezone
+
+    import polars as pl
+
+    from pipelines.knowledge.generation import GenerationRequest
+    from pipelines.ops.schedule.incremental import plan_changes
+
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    rows = pl.DataFrame({
+        "entity_type": ["user"] * 4, "entity_id": ["a", "b", "c", "b"], "source_hash": ["ha", "old", "hc", "hb"],
+        "run_id": ["r0", "r0", "r0", "r1"], "generated_at": [t0, t0, t0, t0 + timedelta(hours=1)]})
+    requests = [GenerationRequest("user", i, source_hash=h) for i, h in (("a", "ha"), ("b", "hb"), ("c", "new"),
+                                                                        ("d", "hd"))]
+    plan = plan_changes(requests, rows, "r1")  # r1 wrote b before it was killed
+    assert (plan.new, plan.changed, plan.unchanged, plan.resumed) == (1, 2, 1, 1)
+    assert [r.entity_id for r in plan.todo] == ["c", "d"]
+    fresh = plan_changes(requests, rows, "r2")  # another run sees r1's row for b as its base
+    assert (fresh.new, fresh.changed, fresh.unchanged, fresh.resumed) == (1, 1, 2, 0)

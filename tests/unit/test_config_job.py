@@ -95,3 +95,24 @@ def test_work_dir_does_not_change_the_config_hash():
     base = load_config(None, ["output.path=s3://bucket/job"])
     moved = load_config(None, ["output.path=s3://bucket/job", "output.work_dir=/shared/work"])
     assert base.resolved_run_id() == moved.resolved_run_id()
+
+
+def test_set_values_are_strings_unless_number_boolean_or_bracketed():
+    cfg = load_config(CONFIG_DIR / "demo.yaml", ["output.path=/x/fe #1", "dataset.name=a: b", "model.name=yes",
+                                                 "decoder.params.k=3", "decoder.params.p=1e-1",
+                                                 "old_knowledge.generate_missing=False", "execution.address=~"])
+    assert cfg.output.path == "/x/fe #1"  # never cut at '#'
+    assert cfg.dataset.name == "a: b" and cfg.model.name == "yes"
+    assert cfg.decoder.params["k"] == 3 and cfg.decoder.params["p"] == 0.1
+    assert cfg.old_knowledge.generate_missing is False and cfg.execution.address is None
+    assert apply_overrides({}, ["a={x: 1}", "b=[a, 'b #c']", "c=2020-01-01"]) == {
+        "a": {"x": 1}, "b": ["a", "b #c"], "c": "2020-01-01"}
+    with pytest.raises(ConfigError, match="not a valid list or mapping"):
+        apply_overrides({}, ["a=[1, 2"])
+
+
+def test_config_file_that_is_not_utf8_is_named(tmp_path):
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes("dataset:\n  name: caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 20"):
+        load_config(path)

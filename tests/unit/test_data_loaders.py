@@ -186,7 +186,7 @@ def test_table_parquet_and_csv(tmp_path):
                   "price": [1.5, 2.0]}).write_parquet(tmp_path / "items.parquet")
     pl.DataFrame({"uid": [7, 8], "age": [30, 40]}).write_parquet(tmp_path / "users.parquet")
     cfg = DatasetConfig(format="table", path=str(tmp_path), interactions_file="events.csv",
-                        items_file="items.parquet", users_file="users.parquet", domain="book",
+                        items_file="items.parquet", users_file="users.parquet", domain="book", timestamp_format="iso",
                         columns={"user_id": "uid", "item_id": "iid", "rating": "stars", "timestamp": "when",
                                  "title": "name", "genres": "tags"})
     ds = load_dataset(cfg)

@@ -10,6 +10,7 @@ lock, so a run cannot add rows that a concurrent materialization window would th
 """
 from __future__ import annotations
 
+import json
 import logging
 import runpy
 from dataclasses import dataclass
@@ -83,12 +84,17 @@ class FeastRepo:
         return FeatureStore(repo_path=str(self.path))
 
 
+def _yaml_str(value: object) -> str:
+    """A YAML double-quoted scalar (JSON's string syntax is valid YAML)."""
+    return json.dumps(str(value))
+
+
 def write_repo(output: str | Path, tables: FeatureTables, encoder: str) -> FeastRepo:
     """Write ``<output>/feast/{feature_store.yaml, knowledge_repo.py}`` (absolute paths inside)."""
     repo = Path(output).resolve() / "feast"
     (repo / "data").mkdir(parents=True, exist_ok=True)
-    (repo / "feature_store.yaml").write_text(STORE_YAML.format(
-        project=PROJECT, registry=repo / "data" / "registry.db", online=repo / "data" / "online.db"))
+    (repo / "feature_store.yaml").write_text(STORE_YAML.format(  # quoted: a path may hold '#', ': ' or spaces
+        project=PROJECT, registry=_yaml_str(repo / "data" / "registry.db"), online=_yaml_str(repo / "data" / "online.db")))
     (repo / REPO_FILE).write_text(REPO_TEMPLATE.format(
         dim=tables.dim, encoder=encoder, user_path=str(tables.table("user").resolve()),
         item_path=str(tables.table("item").resolve())))
