@@ -218,7 +218,7 @@ def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_sessio
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-import pipelines.storage as storage, pipelines.knowledge.store as store
+import pipelines.storage as storage, pipelines.knowledge_store as store
 config, part, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
 real, seen = storage.atomic_write_local, [0]
 def crashing(path, write):
