@@ -23,6 +23,14 @@ def _load(config: Path | None, overrides: list[str] | None) -> JobConfig:
         raise typer.Exit(2) from None
 
 
+def _output_lock(cfg: JobConfig):
+    """The output's run lock (pipelines/lock.py): a step run alone writes the same files as a whole run."""
+    from pipelines.knowledge.job import JobPaths
+    from pipelines.lock import output_lock
+
+    return output_lock(JobPaths.of(cfg).root, run_id=cfg.resolved_run_id())
+
+
 def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
         incremental: bool = typer.Option(False, "--incremental", help=(
             "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
@@ -57,7 +65,9 @@ def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
     from pipelines.knowledge.routing import step_route
 
     cfg = _load(config, set_)
-    table = step_route(cfg, load_job_data(cfg))
+    data = load_job_data(cfg)
+    with _output_lock(cfg):
+        table = step_route(cfg, data)
     typer.echo(table.group_by("entity_type", "pool_kind").len().sort("entity_type", "pool_kind"))
 
 
@@ -65,7 +75,9 @@ def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) ->
     """Step 3 alone: build the pools from old knowledge (needs `laser route` first)."""
     from pipelines.knowledge.routing import step_build_pools
 
-    sizes = step_build_pools(_load(config, set_))
+    cfg = _load(config, set_)
+    with _output_lock(cfg):
+        sizes = step_build_pools(cfg)
     for key, n in sorted(sizes.items()):
         typer.echo(f"{key}\t{n} texts")
 
@@ -82,12 +94,13 @@ def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
 
     cfg = _load(config, set_)
     data = load_job_data(cfg)
-    if old:
-        rep, out = step_old_knowledge(cfg, data), JobPaths.of(cfg).old_knowledge
-        print_summary(JobSummary.of(cfg, rep, GenerationReport(), out, rep.wall_s))
-    else:
-        rep, out = step_generate(cfg, data, read_routing(cfg)), JobPaths.of(cfg).knowledge
-        print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, rep.wall_s))
+    with _output_lock(cfg):
+        if old:
+            rep, out = step_old_knowledge(cfg, data), JobPaths.of(cfg).old_knowledge
+            print_summary(JobSummary.of(cfg, rep, GenerationReport(), out, rep.wall_s))
+        else:
+            rep, out = step_generate(cfg, data, read_routing(cfg)), JobPaths.of(cfg).knowledge
+            print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, rep.wall_s))
 
 
 def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,

@@ -102,7 +102,7 @@ def test_ledger_records_and_resume_detection(tmp_path):
 
 # ---- every writer takes the lock; the lock file is never followed or shown (issue 23, items 1 and 3) ----
 
-@pytest.mark.parametrize("command", [["run"], ["latest"], ["encode"]])
+@pytest.mark.parametrize("command", [["run"], ["latest"], ["encode"], ["route"], ["build-pools"], ["generate"]])
 def test_every_writer_exits_75_while_another_run_holds_the_output(command, tmp_path):
     from typer.testing import CliRunner
 
