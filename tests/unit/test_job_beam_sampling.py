@@ -85,7 +85,8 @@ def knowledge(workers, tiny_model, out, *extra: str) -> pl.DataFrame:
     cfg = load_config(None, BEAM + [
         f"model.name={tiny_model}", "model.dtype=float32", f"output.path={out}", "generation.max_new_tokens=10",
         "generation.beam_width=2", "dataset.synthetic.n_users=4", "dataset.synthetic.n_items=6",
-        "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=6", "split.max_hist=3", *extra])
+        "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=6", "split.max_hist=3",
+        "generation.degenerate=keep", *extra])  # a random model never ends a sentence: no retry hiding the sampling
     data = load_job_data(cfg)
     report = jobmod.step_generate(cfg, data, pl.DataFrame(), workers)
     assert report.done > 0 and report.failed == 0
