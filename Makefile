@@ -1,4 +1,4 @@
-.PHONY: setup demo test test-quick bench
+.PHONY: setup demo test test-unit test-quick bench
 setup:
 	@bash scripts/setup.sh
 
@@ -7,6 +7,9 @@ demo: setup
 
 test: setup
 	.venv/bin/python -m pytest -q
+
+test-unit: setup
+	.venv/bin/python -m pytest -q tests/unit
 
 test-quick: setup
 	.venv/bin/python -m pytest -q -m "not slow"
