@@ -106,7 +106,6 @@ def validate(config: Path, overrides: list[str]) -> JobConfig:
     from pipelines.knowledge.job import check_job
 
     cfg = load_config(config, overrides)
-    check_job(cfg)
     for key, value in (("output.path", cfg.output.path), ("old_knowledge.path", cfg.old_knowledge.path),
                        ("dataset.path", cfg.dataset.path)):
         if value and not is_uri(value) and not Path(value).is_absolute():
@@ -115,6 +114,7 @@ def validate(config: Path, overrides: list[str]) -> JobConfig:
                               f"e.g. --set {key}={Path(value).resolve()}")
     if is_uri(cfg.output.path):
         check_uri_output(cfg)
+    check_job(cfg)  # every step's checks, as `laser run` makes them on the cluster
     return cfg
 
 

@@ -159,6 +159,7 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
                 for step in STEPS:
                     log.info("step: %s", step.name)
                     step.run(job)
+                    ledger.save(record)  # what the run has done so far, should it be killed
             except BaseException as exc:
                 record.status, record.finished, record.error = "failed", utc_now(), f"{type(exc).__name__}: {exc}"[:2000]
                 ledger.save(record)

@@ -37,7 +37,8 @@ def write_config(tmp_path: Path, model: str) -> Path:
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_signal_flushes_finished_rows_and_says_how_to_resume(tiny_model, tmp_path, sig, code):
     config = write_config(tmp_path, tiny_model)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # every progress update is printed (a pipe otherwise gets one every 30 s): the test waits on them
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TQDM_MININTERVAL": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(config)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     os.set_blocking(proc.stderr.fileno(), False)

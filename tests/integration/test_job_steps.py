@@ -142,6 +142,6 @@ def test_summary_numbers(capsys):
 def test_route_notes_when_every_user_goes_to_one_pool_kind(tmp_path):
     cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4",
                              "routing.warm_threshold=1000", f"output.path={tmp_path / 'out'}"])
-    data = jobmod.load_job_data(cfg)
-    jobmod.step_route(cfg, data)
+    data = load_job_data(cfg)
+    step_route(cfg, data)
     assert "every user went to the attribute pool" in data.dataset.notes["warning_user_pools"]
