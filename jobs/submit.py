@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 PACKAGES = ("laser", "pools", "router", "pipelines", "jobs")
 EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
-# never uploaded from an explicit --working-dir: dotfiles (.env, .git, ...) and files that look like secrets
-SECRET_EXCLUDES = [".*", "*token*", "*secret*", "*credential*", "*password*", "*.pem", "*.key", "id_rsa*", "*.p12"]
+# never uploaded from an explicit --working-dir: dotfiles (.env, .git, ...; ".?*", since Ray matches ".*" against
+# the folder itself, "."), and files that look like secrets
+SECRET_EXCLUDES = [".?*", "*token*", "*secret*", "*credential*", "*password*", "*.pem", "*.key", "id_rsa*", "*.p12"]
 AGENT_WAIT_S = 120  # how long a submission retries while the cluster's job agent is not up yet
 
 

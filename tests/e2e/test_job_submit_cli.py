@@ -122,7 +122,7 @@ def test_submit_uploads_the_config_alone_never_secrets_beside_it(tmp_path, monke
     assert "uploading to http://head:8265" in caplog.text and "ml.yaml" in caplog.text
     submit_mod.submit(config, "http://head:8265", working_dir=folder)  # an explicit folder: secrets excluded
     assert calls["uploaded"] == ["ml.yaml", "sub/notes.md"]
-    assert {".*", "*token*"} <= set(calls["runtime_env"]["excludes"])
+    assert {".?*", "*token*"} <= set(calls["runtime_env"]["excludes"])
     assert calls["entrypoint"].startswith("python -m jobs run ml.yaml")
     with pytest.raises(submit_mod.SubmitError, match="not inside it"):
         submit_mod.submit(config, "http://head:8265", working_dir=tmp_path / "elsewhere")
