@@ -119,6 +119,10 @@ def _pids_mentioning(text: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def cluster():
+    import ray
+
+    if ray.is_initialized():  # an in-process Ray left by earlier tests would compete with the cluster's nodes
+        ray.shutdown()
     c = Cluster()
     try:
         yield c.start()
