@@ -14,9 +14,11 @@ from typing import Any, Callable
 
 import typer
 
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 1
-EXIT_LOCKED = 75
+from pipelines.ops.schedule import exitcodes
+
+EXIT_BAD_INPUT = exitcodes.CONFIG
+EXIT_ENVIRONMENT = exitcodes.ERROR
+EXIT_LOCKED = exitcodes.LOCKED
 # OS errors that mean the input names a wrong path (exit 2); every other OS error is the environment's (exit 1)
 BAD_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError)
 

@@ -105,8 +105,7 @@ def _plan(job: JobRun) -> None:
 
 def _new_knowledge(job: JobRun) -> None:
     task = knowledge_task(job.cfg, job.decoder, job.record.run_id, job.data.dataset.domain, job.paths.pools)
-    if job.decoder.cls.pool != "none" and not (job.paths.pools / "manifest.json").exists():
-        raise FileNotFoundError(f"{job.paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
+    check_pool_store(job.decoder, job.paths)
     job.new = write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
@@ -225,6 +224,12 @@ def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: Dec
             return own.run(requests, task, writer, slots=cfg.execution.batch_size, desc=desc)
 
 
+def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
+    """A decoder that drafts from pools needs the pool store the pools step writes."""
+    if decoder.cls.pool != "none" and not (paths.pools / "manifest.json").exists():
+        raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
+
+
 def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
     """Old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
@@ -242,8 +247,7 @@ def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
     """New knowledge alone (`laser generate`) for the entities not yet written, after route and pools."""
     paths = JobPaths.of(cfg)
     decoder = new_knowledge_decoder(cfg)
-    if decoder.cls.pool != "none" and not (paths.pools / "manifest.json").exists():
-        raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
+    check_pool_store(decoder, paths)
     task = knowledge_task(cfg, decoder, cfg.resolved_run_id(), data.dataset.domain, paths.pools)
     todo = pending(new_requests(data.dataset, data.split, pool_routes(decoder.cls.pool, routing)), paths.knowledge)
     return write_knowledge(cfg, todo, task, paths.knowledge, "new knowledge", workers)

@@ -13,7 +13,7 @@ import pytest
 import pipelines.knowledge_store as kn
 from pipelines.ops.schedule.latest import latest_view, read_latest, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.ops.schedule.lock import LOCK_FILE, LockHeld, RunLock
+from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
 from tests.helpers import knowledge_row as row
 

@@ -12,11 +12,11 @@ import pytest
 
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.ops.schedule.lock import LOCK_FILE, LockHeld, RunLock
+from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]  # this checkout's CLI
-HOLD = ("import sys, time; from pipelines.ops.schedule.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
+HOLD = ("import sys, time; from pipelines.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
         " print('held', flush=True); time.sleep(600)")
 
 
