@@ -18,7 +18,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Sequence
 
-import torch
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
