@@ -184,9 +184,8 @@ class GenerationWorker(ModelWorker):
     def _alone(self, task: DecodeTask, decoder: Any, params_json: str, req: GenerationRequest, prompt: str,
                pool: Any) -> BatchResult:
         sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
-        try:  # greedy calls stay valid for decoders whose generate takes no `sampling`
-            kw = {} if sampling.greedy else {"sampling": sampling}
-            res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(task.rules), **kw)
+        try:
+            res = decoder.generate(prompt, task.max_new_tokens, pool, sampling, rules=task_rules(task.rules))
         except Exception as exc:
             return BatchResult(failures=[_failure(req, exc)])
         out = self._finish(task, req, prompt, pool, res, params_json)
