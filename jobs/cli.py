@@ -152,9 +152,10 @@ def bench_driver(json_out: Path = typer.Option(Path("bench-driver.json"), "--jso
                  max_new_tokens: int = typer.Option(48, help="Generation budget per request."),
                  repeats: int = typer.Option(2, help="Interleaved runs of each method.")) -> None:
     """The job's driver against Ray Data's map_batches on the same worker and requests: wall time, rows lost."""
+    from jobs.config import load_config
     from pipelines.tools.bench.driver import DriverBenchSettings, run_driver_bench
 
-    run_driver_bench(json_out, DriverBenchSettings(config=config, model=model, workers=workers, threads=threads,
+    run_driver_bench(json_out, load_config(config), DriverBenchSettings(model=model, workers=workers, threads=threads,
                                                    slots=slots, max_new_tokens=max_new_tokens, repeats=repeats))
 
 

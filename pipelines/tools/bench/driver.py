@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.config import JobConfig
 from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.tools.bench.report import machine_info, versions, wide_console
@@ -40,7 +41,6 @@ METHODS = ("driver", "ray data")
 
 @dataclass(frozen=True)
 class DriverBenchSettings:
-    config: str = "jobs/configs/demo.yaml"
     model: str | None = None  # default: the config's model
     workers: int = 2
     threads: int = 1
@@ -96,12 +96,11 @@ def _measure(method: str, spec: ModelSpec, task: DecodeTask, requests: list[Gene
             "entities_per_s": unique / wall, "tokens_per_s": report.n_tokens / wall}
 
 
-def run_driver_bench(json_out: Path, s: DriverBenchSettings) -> dict[str, Any]:
-    from jobs.config import load_config
+def run_driver_bench(json_out: Path, cfg: JobConfig, s: DriverBenchSettings) -> dict[str, Any]:
+    """Both methods over ``cfg``'s old-knowledge requests (the config is loaded by the caller)."""
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.requests import old_requests
 
-    cfg = load_config(s.config)
     data = load_job_data(cfg)
     requests = old_requests(data.dataset, data.split)
     spec = ModelSpec(s.model or cfg.model.name, cfg.model.dtype, threads=s.threads, seed=cfg.dataset.seed)
