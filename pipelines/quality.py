@@ -140,10 +140,16 @@ class Grounding:
 
     mentioned: dict[str, int] = field(default_factory=dict)
     matched: dict[str, int] = field(default_factory=dict)
+    unsupported_genres: list[str] = field(default_factory=list)  # genres named that the input does not have
 
     def add(self, kind: str, ok: bool) -> None:
         self.mentioned[kind] = self.mentioned.get(kind, 0) + 1
         self.matched[kind] = self.matched.get(kind, 0) + int(ok)
+
+    def add_genre(self, genre: str, ok: bool) -> None:
+        self.add("genres", ok)
+        if not ok:
+            self.unsupported_genres.append(genre)
 
     @property
     def n_mentioned(self) -> int:
@@ -168,7 +174,8 @@ def _norm_title(title: str) -> str:
     return " ".join(re.sub(r"[^\w' ]", " ", t).split())
 
 
-def _genre_forms(genre: str) -> tuple[str, ...]:
+def genre_forms(genre: str) -> tuple[str, ...]:
+    """The lower-case words that name ``genre`` (``comedy``: comedy, comedies)."""
     g = genre.lower()
     return _GENRE_FORMS.get(g, (g, g + "s"))
 
@@ -180,13 +187,13 @@ def _genre_mentions(text: str, vocabulary: Iterable[str]) -> set[str]:
     for genre in vocabulary:
         if any(_same_genre(genre.lower(), f) for f in found):
             continue  # one genre under two names (Sci-Fi, Science Fiction) is one mention
-        if any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", low) for f in _genre_forms(genre)):
+        if any(re.search(rf"(?<![\w-]){re.escape(f)}(?![\w-])", low) for f in genre_forms(genre)):
             found.add(genre.lower())
     return found
 
 
 def _same_genre(a: str, b: str) -> bool:
-    return a == b or set(_genre_forms(a)) & set(_genre_forms(b)) != set()
+    return a == b or set(genre_forms(a)) & set(genre_forms(b)) != set()
 
 
 def _blank(text: str, spans: Iterable[tuple[int, int]]) -> str:
@@ -235,7 +242,7 @@ def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = 
                 titled.append((m.start(), m.end()))
     spans.sort()
     for genre in _genre_mentions(_blank(text, titled), vocab):
-        g.add("genres", any(_same_genre(genre, h) for h in hist_genres))
+        g.add_genre(genre, any(_same_genre(genre, h) for h in hist_genres))
     for m in _RATING.finditer(text):
         value = float(m.group(1))
         sentence_start = max(text.rfind(c, 0, m.start()) for c in ".!?\n") + 1
@@ -259,7 +266,7 @@ def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grou
     if own:
         own_low = {x.lower() for x in own}
         for genre in _genre_mentions(text, _vocabulary(list(genres) + own)):
-            g.add("genres", any(_same_genre(genre, h) for h in own_low))
+            g.add_genre(genre, any(_same_genre(genre, h) for h in own_low))
     year = item.get("year")
     if year:
         for m in _YEAR.finditer(text):

@@ -1,10 +1,12 @@
 """The ``retry`` policy for flawed knowledge rows, and the generation rules of a decode task.
 
-A row that is degenerate, cut at the token limit or a fragment (pipelines/quality.py) is
-regenerated once: greedily (the task's decoder with its ``greedy_params()``, same pool; the autoregressive
-decoder when it has none) under the task's ``retry_rules`` (a stronger repetition penalty and a no-repeat
-n-gram size). The retry is kept whatever it reads like, with its own quality flags and ``greedy_retry``
-set, so a still-flawed row stays visible.
+A row that is degenerate, cut at the token limit or a fragment, or that names a genre its input does not
+have (pipelines/quality.py), is regenerated once: greedily (the task's decoder with its
+``greedy_params()``, same pool; the autoregressive decoder when it has none) under the task's
+``retry_rules`` (a stronger repetition penalty and a no-repeat n-gram size), with the unsupported genres'
+words banned (``bad_words_ids``). The retry replaces the row unless it reads worse (flawed where the
+first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
+still-flawed row stays visible.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import logging
 from typing import Any
 
 from laser.rules import NO_RULES, GenerationRules
-from pipelines.quality import GREEDY_RETRY_DECODER
+from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms
 
 log = logging.getLogger(__name__)
 
@@ -24,8 +26,28 @@ def task_rules(rules: dict[str, Any] | None) -> GenerationRules:
 
 
 def flawed(row: dict[str, Any]) -> bool:
-    """Degenerate, cut or a fragment: what the retry regenerates."""
+    """Degenerate, cut or a fragment."""
     return bool(row.get("degenerate") or row.get("cut") or row.get("fragment"))
+
+
+def ungrounded(row: dict[str, Any]) -> bool:
+    """The row names a fact its input does not support."""
+    return row.get("grounding") is not None and row["grounding"] < 1.0
+
+
+def worse(retry: dict[str, Any], first: dict[str, Any]) -> bool:
+    """The retry reads worse than the first text: flawed where it was not, or as flawed and less grounded."""
+    def score(row: dict[str, Any]) -> tuple[bool, float]:
+        return flawed(row), -(row["grounding"] if row.get("grounding") is not None else 1.0)
+    return score(retry) > score(first)
+
+
+def banned_words(tokenizer: Any, genres: list[str]) -> tuple[tuple[int, ...], ...]:
+    """Token sequences of every way the text could name ``genres`` (lower/capitalised, with/without a space)."""
+    if tokenizer is None:
+        return ()
+    surfaces = {v for g in genres for f in genre_forms(g) for c in (f, f.capitalize()) for v in (c, " " + c)}
+    return tuple(sorted({tuple(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in surfaces} - {()}))
 
 
 def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -40,15 +62,20 @@ def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, 
 
 
 def retry_once(worker: Any, task: Any, req: Any, prompt: str, row: dict[str, Any]) -> dict[str, Any]:
-    """``row``, or when it is flawed the row of one greedy retry under ``task.retry_rules`` (module docstring)."""
-    if not flawed(row):
+    """``row``, or when it is flawed or ungrounded the row of one greedy retry (module docstring)."""
+    if not (flawed(row) or ungrounded(row)):
         return row
+    wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
+    genres = wrong.unsupported_genres if wrong is not None else []
     name, params = retry_decoder(task.decoder, task.decoder_params)
-    retry = dataclasses.replace(task, decoder=name, decoder_params=params, sampling=None,
-                                rules=task.retry_rules or task.rules)
+    rules = dict(task.retry_rules or task.rules or {})
+    if genres:
+        rules["bad_words_ids"] = banned_words(worker.lm.tokenizer, genres)
+    retry = dataclasses.replace(task, decoder=name, decoder_params=params, sampling=None, rules=rules)
     decoder, params_json = worker._decoder(retry)
     pool = worker._pool(retry, req.pool_key) if name == task.decoder else None
-    log.info("%s %s: flawed text (degenerate %s, cut %s, fragment %s); retrying with %s %s", req.entity_type,
-             req.entity_id, row.get("degenerate"), row.get("cut"), row.get("fragment"), name, retry.rules)
-    res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(retry.rules))
-    return {**worker._row(retry, req, pool, res, params_json), "greedy_retry": True}
+    log.info("%s %s: flawed text (degenerate %s, cut %s, fragment %s, unsupported genres %s); retrying with %s",
+             req.entity_type, req.entity_id, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres, name)
+    res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(rules))
+    second = {**worker._row(retry, req, pool, res, params_json), "greedy_retry": True}
+    return row if worse(second, row) else second

@@ -191,3 +191,86 @@ def test_task_rules_reach_the_decoder(worker):
     decoder = worker._decoder(task)[0]
     assert [r["knowledge"] for r in rows] == [
         decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS]
+
+
+LIE = "A gripping horror movie for fans of slow suspense."  # the item below is Sci-Fi: the genre is invented
+
+
+class Liar(Autoregressive):
+    """A stand-in decoder that names a genre its item does not have; under banned words (the retry) it writes
+    ``RETRY`` instead. It records the rules of every request it is given."""
+
+    name = "liar"
+    summary = "test: invents a genre"
+    RETRY = "A science fiction movie for fans of space."
+    seen: list = []
+
+    def __init__(self, lm, **params):
+        super().__init__(lm)
+
+    def request(self, ids, max_new_tokens, pool=None, sampling=None, rules=None, **kw):
+        Liar.seen.append(rules)
+        return super().request(ids, max_new_tokens, pool, rules=rules)
+
+    def result(self, request):
+        from laser.decoders.base import Generation
+
+        text = self.RETRY if request.rules.bad_words_ids else LIE
+        request.stats.finish_reason = "eos"
+        return Generation(self.lm.tokenizer(text, add_special_tokens=False)["input_ids"], text, request.stats)
+
+
+@pytest.fixture
+def liar(monkeypatch):
+    from laser.decoders import registry
+
+    Liar.seen = []
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY) | {"liar": Liar})
+    return Liar
+
+
+def test_grounding_names_the_unsupported_genres():
+    from pipelines.quality import item_grounding, user_grounding
+
+    g = user_grounding("This user loves horror films and crime comedies.", [("Heat", 4.0, ("Action", "Crime"))])
+    assert sorted(g.unsupported_genres) == ["comedy", "horror"] and (g.n_mentioned, g.n_matched) == (3, 1)
+    assert item_grounding(LIE, {"genres": ["Sci-Fi"]}).unsupported_genres == ["horror"]
+    assert item_grounding("A science fiction film.", {"genres": ["Sci-Fi"]}).unsupported_genres == []
+
+
+def test_banned_words_cover_the_forms_of_a_genre(worker):
+    from pipelines.knowledge.retry import banned_words
+
+    tok = worker.lm.tokenizer
+    banned = banned_words(tok, ["comedy"])
+    for surface in (" comedy", " Comedy", " comedies", "comedy"):
+        assert tuple(tok(surface, add_special_tokens=False)["input_ids"]) in banned
+    assert banned_words(None, ["comedy"]) == ()
+
+
+def test_policy_retry_bans_an_invented_genre_and_keeps_the_grounded_retry(worker, liar):
+    item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
+    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item).rows
+    assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, True, 1.0)]
+    first, second = Liar.seen
+    assert not first.bad_words_ids
+    assert tuple(worker.lm.tokenizer(" horror", add_special_tokens=False)["input_ids"]) in second.bad_words_ids
+    kept = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="keep"), item).rows
+    assert [(r["knowledge"], r["greedy_retry"]) for r in kept] == [(LIE, False)]
+
+
+def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, liar, monkeypatch):
+    monkeypatch.setattr(Liar, "RETRY", "A sci-fi movie for fans of")  # grounded but cut: worse than the first
+    item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
+    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item).rows
+    assert [(r["knowledge"], r["greedy_retry"]) for r in rows] == [(LIE, False)] and len(Liar.seen) == 2
+
+
+def test_worse_orders_flawed_then_grounding():
+    from pipelines.knowledge.retry import worse
+
+    ok = {"degenerate": False, "cut": False, "fragment": False}
+    assert worse({**ok, "cut": True, "grounding": 1.0}, {**ok, "grounding": 0.5})
+    assert worse({**ok, "grounding": 0.5}, {**ok, "grounding": 1.0})
+    assert not worse({**ok, "grounding": None}, {**ok, "grounding": 0.5})
+    assert not worse({**ok, "grounding": 0.5}, {**ok, "grounding": 0.5})  # a tie keeps the retry
