@@ -4,8 +4,8 @@ A row that is degenerate, cut at the token limit or a fragment, or that names a 
 have (pipelines/quality.py), is regenerated once: greedily (the task's decoder with its
 ``greedy_params()``, same pool; the autoregressive decoder when it has none) under the task's
 ``retry_rules`` (a stronger repetition penalty and a no-repeat n-gram size), with the unsupported genres'
-words banned (``bad_words_ids``). The retry replaces the row unless it reads worse (flawed where the
-first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
+words banned (``bad_words_ids``). The retry replaces the row unless it reads worse (flawed or
+degenerate where the first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
 still-flawed row stays visible.
 """
 from __future__ import annotations
@@ -36,9 +36,10 @@ def ungrounded(row: dict[str, Any]) -> bool:
 
 
 def worse(retry: dict[str, Any], first: dict[str, Any]) -> bool:
-    """The retry reads worse than the first text: flawed where it was not, or as flawed and less grounded."""
-    def score(row: dict[str, Any]) -> tuple[bool, float]:
-        return flawed(row), -(row["grounding"] if row.get("grounding") is not None else 1.0)
+    """The retry reads worse than the first text: flawed where it was not, degenerate where it was not, or
+    otherwise as flawed and less grounded."""
+    def score(row: dict[str, Any]) -> tuple[bool, bool, float]:
+        return flawed(row), bool(row.get("degenerate")), -(row["grounding"] if row.get("grounding") is not None else 1.0)
     return score(retry) > score(first)
 
 
@@ -74,8 +75,8 @@ def retry_once(worker: Any, task: Any, req: Any, prompt: str, row: dict[str, Any
     retry = dataclasses.replace(task, decoder=name, decoder_params=params, sampling=None, rules=rules)
     decoder, params_json = worker._decoder(retry)
     pool = worker._pool(retry, req.pool_key) if name == task.decoder else None
-    log.info("%s %s: flawed text (degenerate %s, cut %s, fragment %s, unsupported genres %s); retrying with %s",
-             req.entity_type, req.entity_id, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres, name)
+    log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
+             req.entity_type, req.entity_id, name, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres)
     res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(rules))
     second = {**worker._row(retry, req, pool, res, params_json), "greedy_retry": True}
     return row if worse(second, row) else second

@@ -274,3 +274,5 @@ def test_worse_orders_flawed_then_grounding():
     assert worse({**ok, "grounding": 0.5}, {**ok, "grounding": 1.0})
     assert not worse({**ok, "grounding": None}, {**ok, "grounding": 0.5})
     assert not worse({**ok, "grounding": 0.5}, {**ok, "grounding": 0.5})  # a tie keeps the retry
+    cut, loop = {**ok, "cut": True}, {**ok, "cut": True, "degenerate": True}
+    assert worse({**loop, "grounding": 1.0}, {**cut, "grounding": 0.0}) and not worse({**cut, "grounding": 0.0}, {**loop, "grounding": 1.0})
