@@ -66,6 +66,10 @@ def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
     assert data["verdicts"]["relaxed"] == {"delta_auc": {"din": 0.0, "dcnv2": 0.0}, "lossless": True}
     assert (tmp_path / "greedy.vectors.parquet").is_file()
     assert len(data["runs"]) == 3 * 2 * 2
+    assert data["deltas"]["relaxed"]["vs_greedy"]["din"]["auc_ci95"] == [0.0, 0.0]
+    assert set(data["deltas"]["greedy"]) == {"vs_none"} and data["knowledge_rows"]["greedy"]["user"] == 40
+    assert "relaxed: " in data["verdict"] and "| relaxed | DIN |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_ctr_eval_cli_reports_config_error(tmp_path):
