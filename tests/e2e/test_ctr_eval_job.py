@@ -75,3 +75,15 @@ def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
 def test_ctr_eval_cli_reports_config_error(tmp_path):
     result = CliRunner().invoke(app, ["ctr-eval", _write(tmp_path / "c.yaml", {"seed": [1]})])
     assert result.exit_code == 2 and "seed: unknown key" in result.output
+
+
+def test_movielens_1m_configs_agree_on_the_sample_the_knowledge_was_written_for():
+    from jobs.config import load_config
+
+    job = load_config(CONFIG_DIR / "movielens_1m_ctr.yaml")
+    ctr = load_ctr_config(CONFIG_DIR / "ctr_eval_movielens_1m.yaml")
+    assert job.dataset.sample_items == "most_rated" and job.dataset.limit_users == 500
+    # ctr-eval rebuilds the samples from these blocks: they must be the generation job's
+    assert ctr.dataset.model_dump() == job.dataset.model_dump()
+    assert ctr.split.model_dump() == job.split.model_dump()
+    assert len(ctr.seeds) >= 3 and ctr.reference == "greedy" and "relaxed" in ctr.knowledge
