@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any, Literal
 
@@ -119,6 +120,7 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     from pipelines.data import load_dataset, split_old_new
     from pipelines.ops.features.encoding import encode_knowledge
 
+    started = time.perf_counter()
     ds = load_dataset(cfg.dataset)
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,
                           new_item_fraction=cfg.split.new_item_fraction, new_count=cfg.split.new_count)
@@ -128,17 +130,49 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     catalog = ItemCatalog.build(ds.items, extra_item_ids=ds.interactions["item_id"].unique().to_list())
     sources: dict[str, Any] = {NO_KNOWLEDGE: None}
     vector_files: dict[str, str] = {}
+    knowledge_rows: dict[str, dict[str, int]] = {}
     for name, path in cfg.knowledge.items():
         vectors = encode_knowledge(path, cfg.encoder, batch_size=cfg.encode_batch_size, progress=progress)
         vector_files[name] = str(vectors)
         sources[name] = KnowledgeVectors.from_parquet(vectors)
+        knowledge_rows[name] = {"user": len(sources[name].user), "item": len(sources[name].item)}
         _log_coverage(name, sources[name], samples)
     model_cfg = ModelConfig(**{**cfg.model.model_dump(), "mlp": tuple(cfg.model.mlp)})
     runs = compare_sources(samples, catalog, sources, tuple(cfg.models), tuple(cfg.seeds), model_cfg,
                            TrainConfig(**cfg.train.model_dump()), cfg.history_len, cfg.split_fractions, progress)
     summary = summarise(runs, cfg.reference, cfg.lossless_tolerance)
-    return {"dataset": ds.name, "n_samples": samples.height, "positive_rate": float(samples["label"].mean()),
-            "encoder": cfg.encoder, "vectors": vector_files, "config": cfg.model_dump(mode="json"), **summary}
+    sample = {"users": ds.users.height, "items": ds.items.height, "interactions": ds.interactions.height,
+              "old_interactions": split.old_interactions.height, "new_interactions": split.new_interactions.height}
+    return {"dataset": ds.name, "sample": sample, "n_samples": samples.height,
+            "positive_rate": float(samples["label"].mean()), "encoder": cfg.encoder, "vectors": vector_files,
+            "knowledge_rows": knowledge_rows, "config": cfg.model_dump(mode="json"), **summary,
+            "verdict": verdict_text(summary), "wall_s": time.perf_counter() - started}
+
+
+def verdict_text(summary: dict) -> str:
+    """One sentence per source from the paired 95% intervals: vs no knowledge (helps / hurts / no clear
+    difference in AUC, per model) and vs the reference (the lossless verdict, and whether the interval
+    of the AUC difference holds 0)."""
+    parts = []
+    for source, per_base in summary.get("deltas", {}).items():
+        words = []
+        for base, per_model in per_base.items():
+            name = base.removeprefix("vs_")
+            for m, d in per_model.items():
+                lo, hi = d["auc_ci95"]
+                if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+                    how = "no interval"
+                elif lo > 0:
+                    how = "higher"
+                elif hi < 0:
+                    how = "lower"
+                else:
+                    how = "not distinguishable"
+                words.append(f"{MODEL_LABELS.get(m, m)} AUC vs {name} {how} ({d['auc']:+.4f})")
+        verdict = summary.get("verdicts", {}).get(source)
+        tail = "" if verdict is None else f"; {'lossless' if verdict['lossless'] else 'not lossless'} vs {summary['reference']}"
+        parts.append(f"{source}: " + ", ".join(words) + tail + ".")
+    return " ".join(parts)
 
 
 def _log_coverage(name: str, vectors: Any, samples: Any) -> None:
@@ -188,7 +222,8 @@ def render_table(result: dict) -> Table:
 
 
 def ctr_eval(config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/configs/ctr_eval_demo.yaml)"),
-             json_out: Path | None = typer.Option(None, "--json", help="write the full results here"),
+             json_out: Path | None = typer.Option(None, "--json", help="write the full results here, with a "
+                                                  "Markdown table and a PNG beside it (same name, .md / .png)"),
              overrides: list[str] = typer.Option([], "--set", help="override a config key: key.path=value")) -> None:
     """Train DIN and DCNv2 with no knowledge and with each knowledge source; print Table 2, write JSON."""
     try:
@@ -204,7 +239,13 @@ def ctr_eval(config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/co
         if verdict["lossless"]:
             Console().print(f"[green]{source}: lossless vs {cfg.reference}[/green] "
                             f"(|mean ΔAUC| <= {cfg.lossless_tolerance} for every model over {len(cfg.seeds)} seeds)")
+    Console().print(f"verdict (95% intervals over {len(cfg.seeds)} seeds): {result['verdict']}")
     if json_out is not None:
+        from pipelines.ctr.report import markdown, plot
+
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(_nan_to_none(result), indent=2, allow_nan=False))
-        log.info("wrote %s", json_out)
+        clean = _nan_to_none(result)
+        json_out.write_text(json.dumps(clean, indent=2, allow_nan=False))
+        json_out.with_suffix(".md").write_text(markdown(clean))
+        plot(clean, json_out.with_suffix(".png"))
+        log.info("wrote %s and its .md and .png", json_out)

@@ -10,9 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass
 
+import math
+
 import numpy as np
 import polars as pl
 import torch
+from scipy import stats
 from tqdm.auto import tqdm
 
 from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
@@ -72,20 +75,58 @@ def compare_sources(samples: pl.DataFrame, catalog: ItemCatalog, sources: dict[s
     return runs
 
 
-def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float = 0.002) -> dict:
-    """Mean/std of test AUC and log loss per (source, model) and the lossless verdicts vs ``reference``.
+def mean_ci95(values) -> tuple[float, float]:
+    """Student-t 95% interval of the mean of ``values`` (seeds as independent draws); NaNs are left out.
 
-    Returns ``{"table": {source: {model: {auc_mean, auc_std, logloss_mean, logloss_std, n}}},
-    "verdicts": {source: {"delta_auc": {model: mean paired delta}, "lossless": bool}}, ...}``. Verdicts
-    exist for every source except ``none`` and the reference, and only when the reference was run.
+    One value (or none) gives ``(nan, nan)``: no spread, no interval. Equal values give a zero-width one.
+    """
+    x = np.asarray([v for v in values if not math.isnan(v)], dtype=float)
+    if x.size < 2:
+        return float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size))
+    mean = float(x.mean())
+    return mean - half, mean + half
+
+
+def paired_deltas(frame: pl.DataFrame, source: str, baseline: str) -> dict[str, dict[str, float | list[float]]]:
+    """Per model: mean of (source - baseline) test AUC and log loss over the seeds both ran, with 95% intervals."""
+    base = frame.filter(pl.col("source") == baseline).select(
+        "model", "seed", pl.col("auc").alias("base_auc"), pl.col("logloss").alias("base_logloss"))
+    paired = frame.filter(pl.col("source") == source).join(base, on=["model", "seed"], how="inner")
+    out: dict[str, dict[str, float | list[float]]] = {}
+    for (model,), g in paired.group_by(["model"], maintain_order=True):
+        d_auc = (g["auc"] - g["base_auc"]).to_list()
+        d_ll = (g["logloss"] - g["base_logloss"]).to_list()
+        out[model] = {"auc": float(np.nanmean(d_auc)), "auc_ci95": list(mean_ci95(d_auc)),
+                      "logloss": float(np.nanmean(d_ll)), "logloss_ci95": list(mean_ci95(d_ll)), "n": g.height}
+    return out
+
+
+def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float = 0.002) -> dict:
+    """Mean/std/95% interval of test AUC and log loss per (source, model), paired differences and the
+    lossless verdicts vs ``reference``.
+
+    Returns ``{"table": {source: {model: {auc_mean, auc_std, auc_ci95, logloss_mean, logloss_std,
+    logloss_ci95, n}}}, "verdicts": {source: {"delta_auc": {model: mean paired delta}, "lossless": bool}},
+    "deltas": {source: {"vs_none" | "vs_<reference>": {model: {auc, auc_ci95, logloss, logloss_ci95, n}}}},
+    ...}``. Intervals are Student-t over the seeds (:func:`mean_ci95`); differences are paired by seed.
+    Verdicts exist for every source except ``none`` and the reference, and only when the reference was run.
     """
     frame = pl.DataFrame([asdict(r) for r in runs])
     table: dict[str, dict[str, dict[str, float]]] = {}
     for (source, model), group in frame.group_by(["source", "model"], maintain_order=True):
         table.setdefault(source, {})[model] = {
             "auc_mean": float(group["auc"].mean()), "auc_std": float(group["auc"].std(ddof=0)),
+            "auc_ci95": list(mean_ci95(group["auc"].to_list())),
             "logloss_mean": float(group["logloss"].mean()), "logloss_std": float(group["logloss"].std(ddof=0)),
-            "n": group.height}
+            "logloss_ci95": list(mean_ci95(group["logloss"].to_list())), "n": group.height}
+    differences: dict[str, dict[str, dict]] = {}
+    for source in table:
+        if source == NO_KNOWLEDGE:
+            continue
+        for baseline in (NO_KNOWLEDGE, reference):
+            if baseline in table and baseline != source:
+                differences.setdefault(source, {})[f"vs_{baseline}"] = paired_deltas(frame, source, baseline)
     verdicts: dict[str, dict] = {}
     if reference in table:
         ref = frame.filter(pl.col("source") == reference).select("model", "seed", pl.col("auc").alias("ref_auc"))
@@ -96,5 +137,5 @@ def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float
             deltas = {m: float((g["auc"] - g["ref_auc"]).mean()) for (m,), g in paired.group_by(["model"], maintain_order=True)}
             lossless = bool(deltas) and set(deltas) == set(table[source]) and all(abs(d) <= tolerance for d in deltas.values())
             verdicts[source] = {"delta_auc": deltas, "lossless": lossless}
-    return {"table": table, "verdicts": verdicts, "reference": reference, "tolerance": tolerance,
+    return {"table": table, "verdicts": verdicts, "deltas": differences, "reference": reference, "tolerance": tolerance,
             "runs": [asdict(r) for r in runs]}

@@ -66,7 +66,12 @@ class DatasetConfig(BaseModel):
     limit_users: int | None = Field(None, ge=1, description="trial sample: at most this many users, each with "
                                     "its whole history (pipelines/data/load.py, limit_dataset)")
     limit_items: int | None = Field(None, ge=1, description="trial sample: users whose history would take the "
-                                    "items they touched past this are passed over (histories are never cut)")
+                                    "items they touched past this are passed over (histories are never cut); "
+                                    "see sample_items")
+    sample_items: Literal["whole_histories", "most_rated"] = Field(
+        "whole_histories", description="how limit_items keeps items: whole_histories (users passed over, never "
+        "cut) or most_rated (limit_users users drawn as without limit_items, then the limit_items items they "
+        "rated most; their other interactions are dropped, counted in the load report)")
     seed: int = 0
     min_positive_rating: float = Field(4.0, description="ratings >= this count as positive (graph, CTR labels)")
     synthetic: SyntheticParams = Field(default_factory=SyntheticParams)

@@ -18,7 +18,7 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     if cfg.name:
         ds.name = cfg.name
     ds.domain = cfg.resolved_domain()
-    ds = limit_dataset(ds, cfg.limit_users, cfg.limit_items, cfg.seed)
+    ds = limit_dataset(ds, cfg.limit_users, cfg.limit_items, cfg.seed, cfg.sample_items)
     log.info("dataset %s: %d users, %d items, %d interactions", ds.name, ds.users.height, ds.items.height,
              ds.interactions.height)
     return ds
@@ -79,9 +79,10 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
     return load_table(path, cfg)
 
 
-def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0) -> Dataset:
+def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0,
+                  sample_items: str = "whole_histories") -> Dataset:
     """Seeded sample for trial runs that keeps WHOLE histories: the users it picks with every interaction
-    they have, and the items they touched.
+    they have, and the items they touched (``sample_items="most_rated"``: see :func:`_most_rated_sample`).
 
     Users with interactions are visited in a seeded random order and kept until ``limit_users`` are kept;
     with ``limit_items``, a user whose history would take the kept items past ``limit_items`` is passed
@@ -92,6 +93,10 @@ def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None,
     """
     if limit_users is None and limit_items is None:
         return ds
+    if sample_items == "most_rated":
+        return _most_rated_sample(ds, limit_users, limit_items, seed)
+    if sample_items != "whole_histories":
+        raise ValueError(f"sample_items must be 'whole_histories' or 'most_rated', got {sample_items!r}")
     inter = ds.interactions
     per_user = inter.group_by("user_id").agg(pl.col("item_id").unique()).sort("user_id")
     order = per_user.sample(fraction=1.0, shuffle=True, seed=seed)
@@ -120,6 +125,35 @@ def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None,
              notes["sample_kept_users"], notes["sample_kept_items"], notes["sample_kept_interactions"],
              f"; {passed_over} users passed over: their history would exceed limit_items={limit_items}"
              if passed_over else "")
+    return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
+
+
+def _most_rated_sample(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int) -> Dataset:
+    """``sample_items="most_rated"``: ``limit_users`` users in the same seeded order as the whole-history
+    sample (none passed over), then the ``limit_items`` items they rated most (ties by item id); only
+    interactions among kept users and kept items remain. Users left without any interaction are dropped.
+    The notes count the kept users' interactions dropped and the users emptied (``sample_*``)."""
+    inter = ds.interactions
+    order = inter.group_by("user_id").agg(pl.len()).sort("user_id").sample(fraction=1.0, shuffle=True, seed=seed)
+    picked = order["user_id"].to_list()[:limit_users] if limit_users is not None else order["user_id"].to_list()
+    before = inter.filter(pl.col("user_id").is_in(pl.Series(picked, dtype=pl.Utf8).implode()))
+    if limit_items is not None:
+        counts = before.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])
+        kept_items = counts["item_id"].head(limit_items)
+        small = before.filter(pl.col("item_id").is_in(kept_items.implode()))
+    else:
+        small = before
+    kept_users = pl.Series(sorted(set(small["user_id"].to_list())), dtype=pl.Utf8)
+    items = ds.items.filter(pl.col("item_id").is_in(small["item_id"].unique().implode()))
+    users = ds.users.filter(pl.col("user_id").is_in(kept_users.implode()))
+    notes = dict(ds.notes)
+    notes.update(sample_notes(ds, small, items, users, 0))
+    notes["sample_dropped_interactions"] = before.height - small.height
+    notes["sample_users_without_interactions"] = len(picked) - kept_users.len()
+    log.info("trial sample (most-rated items) kept %s users, %s items, %s interactions; dropped %d of the kept "
+             "users' %d interactions (items outside the sample); %d users left without interactions",
+             notes["sample_kept_users"], notes["sample_kept_items"], notes["sample_kept_interactions"],
+             notes["sample_dropped_interactions"], before.height, notes["sample_users_without_interactions"])
     return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
 
 

@@ -66,8 +66,24 @@ def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
     assert data["verdicts"]["relaxed"] == {"delta_auc": {"din": 0.0, "dcnv2": 0.0}, "lossless": True}
     assert (tmp_path / "greedy.vectors.parquet").is_file()
     assert len(data["runs"]) == 3 * 2 * 2
+    assert data["deltas"]["relaxed"]["vs_greedy"]["din"]["auc_ci95"] == [0.0, 0.0]
+    assert set(data["deltas"]["greedy"]) == {"vs_none"} and data["knowledge_rows"]["greedy"]["user"] == 40
+    assert "relaxed: " in data["verdict"] and "| relaxed | DIN |" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_ctr_eval_cli_reports_config_error(tmp_path):
     result = CliRunner().invoke(app, ["ctr-eval", _write(tmp_path / "c.yaml", {"seed": [1]})])
     assert result.exit_code == 2 and "seed: unknown key" in result.output
+
+
+def test_movielens_1m_configs_agree_on_the_sample_the_knowledge_was_written_for():
+    from jobs.config import load_config
+
+    job = load_config(CONFIG_DIR / "movielens_1m_ctr.yaml")
+    ctr = load_ctr_config(CONFIG_DIR / "ctr_eval_movielens_1m.yaml")
+    assert job.dataset.sample_items == "most_rated" and job.dataset.limit_users == 500
+    # ctr-eval rebuilds the samples from these blocks: they must be the generation job's
+    assert ctr.dataset.model_dump() == job.dataset.model_dump()
+    assert ctr.split.model_dump() == job.split.model_dump()
+    assert len(ctr.seeds) >= 3 and ctr.reference == "greedy" and "relaxed" in ctr.knowledge

@@ -164,6 +164,24 @@ def test_item_limit_passes_users_over_instead_of_cutting_histories(caplog):
     assert "alone rated 25 items, more than limit_items=8" in caplog.text
 
 
+def test_most_rated_sample_keeps_every_drawn_user_and_the_popular_items():
+    ds = _ml_like()
+    small = limit_dataset(ds, limit_users=8, limit_items=8, seed=0, sample_items="most_rated")
+    # no user is passed over: the 8 drawn users are those the whole-history sample visits first
+    order = ds.interactions.group_by("user_id").agg(pl.len()).sort("user_id").sample(fraction=1.0, shuffle=True, seed=0)
+    assert set(small.users["user_id"]) == set(order["user_id"].head(8))
+    # the 5 popular items (rated by all 8) first, then 3 rare ones by item id; only their interactions remain
+    assert small.items["item_id"].sort().to_list()[:5] == [f"pop{i}" for i in range(5)]
+    assert small.items.height == 8 and set(small.interactions["item_id"]) == set(small.items["item_id"])
+    assert small.interactions.height == 8 * 5 + 3
+    assert small.notes["sample_dropped_interactions"] == 8 * 25 - small.interactions.height
+    assert small.notes["sample_users_without_interactions"] == 0
+    again = limit_dataset(ds, limit_users=8, limit_items=8, seed=0, sample_items="most_rated")
+    assert_frame_equal(small.interactions, again.interactions)
+    with pytest.raises(ValueError, match="sample_items"):
+        limit_dataset(ds, limit_users=8, limit_items=8, sample_items="top")
+
+
 def test_users_without_knowledge_are_counted(caplog):
     from pipelines.knowledge.accounting import NO_INTERACTIONS, skipped_entities
 
