@@ -142,6 +142,22 @@ def _dataset(path: Path | None):
         raise typer.BadParameter(f"{path}: not a dataset config: {err}") from err
 
 
+@bench_app.command("driver")
+def bench_driver(json_out: Path = typer.Option(Path("bench-driver.json"), "--json", help="JSON output (Markdown and PNG beside it)."),
+                 config: str = typer.Option("jobs/configs/demo.yaml", help="Job config whose old-knowledge requests are decoded."),
+                 model: str | None = typer.Option(None, help="Target model (default: the config's)."),
+                 workers: int = typer.Option(2, help="Actors."),
+                 threads: int = typer.Option(1, help="torch threads per actor."),
+                 slots: int = typer.Option(4, help="Requests decoding together per actor (Ray Data: the batch size)."),
+                 max_new_tokens: int = typer.Option(48, help="Generation budget per request."),
+                 repeats: int = typer.Option(2, help="Interleaved runs of each method.")) -> None:
+    """The job's driver against Ray Data's map_batches on the same worker and requests: wall time, rows lost."""
+    from pipelines.tools.bench.driver import DriverBenchSettings, run_driver_bench
+
+    run_driver_bench(json_out, DriverBenchSettings(config=config, model=model, workers=workers, threads=threads,
+                                                   slots=slots, max_new_tokens=max_new_tokens, repeats=repeats))
+
+
 @bench_app.command("recommend")
 def bench_recommend(json_out: Path = typer.Option(Path("bench-recommend.json"), "--json", help="JSON output (Markdown and PNG beside it)."),
                     model: str = typer.Option("smollm2-135m", help="Target model (bundled name, model-cache name, path or hub id), "

@@ -45,7 +45,7 @@ class Request:
     sampling: SamplingParams = GREEDY
     rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
-    state: dict[str, Any] = field(default_factory=dict)  # verifier-owned per-request state (e.g. beams)
+    state: Any = None  # typed state the drafter and the verifier share (e.g. a BeamState); None: none
     cache_len: int = 0  # committed KV entries: the prompt and accepted tokens before the root
     kept: DraftTree | None = None  # tree nodes kept in the cache after them (beam prefixes; see Outcome.keep)
     stats: DecodeStats = field(default_factory=DecodeStats)

@@ -8,7 +8,7 @@ through the ``laser.decoders`` entry-point group in the plug-in's own package me
 
 Once installed beside laser (on every Ray node, or through ``runtime_env``), ``decoder.name:
 prompt_lookup`` works in ``laser run`` with no change to laser. The test suite installs this file that
-way and runs a job with it (tests/test_decoder_plugins.py).
+way and runs a job with it (tests/unit/test_decoder_plugins.py).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class PromptLookup(Decoder):
     def __init__(self, lm: LoadedModel, max_ngram: int = 3, num_tokens: int = 8):
         if max_ngram < 1 or num_tokens < 1:
             raise ValueError(f"max_ngram and num_tokens must be >= 1, got {max_ngram}, {num_tokens}")
+        super().__init__(lm)
         self.max_ngram, self.num_tokens = max_ngram, num_tokens
-        super().__init__(lm, K=num_tokens)
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any]:
@@ -53,5 +53,5 @@ class PromptLookup(Decoder):
     def params(self) -> dict[str, Any]:
         return {"max_ngram": self.max_ngram, "num_tokens": self.num_tokens}
 
-    def drafter(self, pool, prompt_ids: list[int]) -> Drafter:
+    def drafter(self, prompt_ids: list[int], pool=None, sampling=None, state=None) -> Drafter:
         return LookupDrafter(self.max_ngram, self.num_tokens)

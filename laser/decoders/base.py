@@ -11,19 +11,25 @@ tests a decoder's name:
 - ``produces``: ``"text"`` (a generation) or ``"ranking"`` (top-K item identifiers);
 - ``engines``: the engines that can run it (``"hf"``, this package's tree-attention engine);
 - ``check_params()``: its own parameter check, run before any model is loaded.
+
+A subclass sets its fields after ``super().__init__(lm)`` and overrides two hooks: ``verifier()`` (how a
+step's tree is accepted) and ``drafter(prompt_ids, pool, sampling, state)`` (the one drafter hook: what a
+request drafts from). Decoders that draft from retrieval pools derive from :class:`RetrievalDecoder`,
+which owns the draft budget ``K`` and the retrieval knobs. A request's ``state`` is a typed object the
+drafter and the verifier share (beam decoders: their beams), never a string-keyed dict.
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, ClassVar, Literal, Sequence
 
-import torch
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
 from laser.drafting import DraftSource, Drafter, NoDrafter
-from laser.engine import DecodeStats, Request, TreeDecodingEngine
+from laser.engine import DecodeStats, Request, TreeDecodingEngine, check_tree_attention
 from laser.models import LoadedModel
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
@@ -45,14 +51,12 @@ class Generation:
 
 class Decoder:
     """Base class. Subclasses declare ``name``, ``summary``, ``pool``, and override ``verifier`` and/or
-    ``drafter``. The default verifies greedily at temperature 0 and by exact rejection sampling above it.
+    ``drafter``. The default drafts nothing and verifies greedily at temperature 0 and by exact rejection
+    sampling above it.
 
     ``generate`` decodes one request, ``generate_batch`` several, continuously batched (up to ``slots``
-    at a time). ``K`` is the draft budget in tree nodes: ``None`` or ``"auto"`` chooses it every step from
-    the measured forward cost model and the running acceptance (:class:`laser.budget.AdaptiveBudget`,
-    at most ``MAX_BUDGET``); an integer fixes it (for studies). A ``pool`` is any
-    :class:`laser.drafting.DraftSource` (e.g. ``pools.RetrievalPool``); without one every step drafts
-    nothing and decoding is autoregressive.
+    at a time). The engine is built on first use, from the subclass's ``verifier()`` and
+    ``budget_policy()``.
     """
 
     name: ClassVar[str] = ""
@@ -63,23 +67,19 @@ class Decoder:
     engines: ClassVar[tuple[str, ...]] = ("hf",)
     beam_sampling: ClassVar[bool] = False  # draws beams at temperature 1 with a width ``W``
 
-    def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
-        self.adaptive = K is None or K == "auto"
-        K = MAX_BUDGET if self.adaptive else K
-        if not isinstance(K, int) or K < 0 or n_max < 1:
-            raise ValueError(f"K must be 'auto' or an integer >= 0 and n_max an integer >= 1, got K={K!r}, n_max={n_max!r}")
-        if not 0.0 <= min_prob < 1.0:
-            raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
-        self.lm, self.K, self.n_max, self.min_prob = lm, K, n_max, min_prob
-        self.engine = TreeDecodingEngine(lm.model, self.verifier(), lm.eos_ids)  # checks the attention backend
-        self.engine.budget = self.budget_policy()
-        self.engine.token_text = TokenText(lm.tokenizer) if lm.tokenizer is not None else None  # stop strings
+    def __init__(self, lm: LoadedModel):
+        check_tree_attention(lm.model)  # a model whose attention cannot take tree masks fails here
+        self.lm = lm
+
+    @cached_property
+    def engine(self) -> TreeDecodingEngine:
+        engine = TreeDecodingEngine(self.lm.model, self.verifier(), self.lm.eos_ids, self.budget_policy())
+        engine.token_text = TokenText(self.lm.tokenizer) if self.lm.tokenizer is not None else None  # stop strings
+        return engine
 
     def budget_policy(self) -> BudgetPolicy | None:
-        """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""
-        if not self.adaptive or self.K == 0:
-            return None
-        return AdaptiveBudget(lambda: forward_cost(self.lm.model), max_budget=self.K)
+        """How many draft nodes each step may use; None: each drafter's own limit."""
+        return None
 
     @classmethod
     def check_params(cls, params: dict[str, Any], model: str | None = None) -> dict[str, Any]:
@@ -129,16 +129,13 @@ class Decoder:
 
     def params(self) -> dict[str, Any]:
         """The decoder's settings, recorded with every generated row."""
-        return {"K": "auto" if self.adaptive else self.K, "n_max": self.n_max, "min_prob": self.min_prob}
+        return {}
 
-    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
-        if pool is None or self.K == 0:
-            return NoDrafter()
-        return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)
-
-    def request_drafter(self, pool: DraftSource | None, prompt_ids: list[int], sampling: SamplingParams) -> Drafter:
-        """The drafter of one request; override when it depends on the request's sampling settings."""
-        return self.drafter(pool, prompt_ids)
+    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
+                state: Any = None) -> Drafter:
+        """The drafter of one request: from its prompt, its pool, its sampling settings (their seed) and the
+        state it shares with the verifier. The default drafts nothing."""
+        return NoDrafter()
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None,
                  sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Generation:
@@ -151,14 +148,15 @@ class Decoder:
         """Decode ``prompts`` continuously batched, at most ``slots`` at a time (default: all); ``sampling``
         is one setting for all or one per prompt; ``rules`` (repetition penalty, no-repeat n-grams, min new
         tokens, bad words) apply inside verification."""
+        if self.produces != "text":
+            raise ValueError(f"decoder {self.name!r} produces a {self.produces}, not text: use recommend_batch "
+                             "(the `laser recommend` job)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         pools = list(pools) if pools is not None else [None] * len(prompts)
         samplings = [sampling] * len(prompts) if isinstance(sampling, SamplingParams) else list(sampling)
         if not len(pools) == len(samplings) == len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(pools)} pools and {len(samplings)} sampling settings")
-        for s in set(samplings):
-            self.check_sampling(s)
         ids = [self.encode(p) for p in prompts]
         seqs = [self.request(t, max_new_tokens, pool, s, rules) for t, pool, s in zip(ids, pools, samplings)]
         self.engine.run(seqs, slots)
@@ -171,7 +169,8 @@ class Decoder:
     def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Request:
         """One engine request for prompt token ids (for callers that stream requests into ``engine``)."""
-        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.request_drafter(pool, ids, sampling),
+        self.check_sampling(sampling)
+        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), pool, sampling),
                        max_new_tokens=max_new_tokens, sampling=sampling, rules=rules)
 
     def encode(self, prompt: Prompt) -> list[int]:
@@ -195,3 +194,38 @@ class Decoder:
     def decode(self, token_ids: list[int]) -> str:
         tok = self.lm.tokenizer
         return tok.decode(token_ids, skip_special_tokens=True) if tok is not None else ""
+
+
+class RetrievalDecoder(Decoder):
+    """A decoder that drafts prefix subtrees from a retrieval pool (``pools.RetrievalPool``).
+
+    ``K`` is the draft budget in tree nodes: ``None`` or ``"auto"`` chooses it every step from the measured
+    forward cost model and the running acceptance (:class:`laser.budget.AdaptiveBudget`, at most
+    ``MAX_BUDGET``); an integer fixes it (for studies). ``n_max`` caps the branches per node and
+    ``min_prob`` drops rare continuations. Without a pool every step drafts nothing (autoregressive).
+    """
+
+    def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
+        super().__init__(lm)
+        self.adaptive = K is None or K == "auto"
+        K = MAX_BUDGET if self.adaptive else K
+        if not isinstance(K, int) or K < 0 or n_max < 1:
+            raise ValueError(f"K must be 'auto' or an integer >= 0 and n_max an integer >= 1, got K={K!r}, n_max={n_max!r}")
+        if not 0.0 <= min_prob < 1.0:
+            raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
+        self.K, self.n_max, self.min_prob = K, n_max, min_prob
+
+    def budget_policy(self) -> BudgetPolicy | None:
+        """The adaptive budget of ``K="auto"`` (the cost model is measured once per machine and cached)."""
+        if not self.adaptive or self.K == 0:
+            return None
+        return AdaptiveBudget(lambda: forward_cost(self.lm.model), max_budget=self.K)
+
+    def params(self) -> dict[str, Any]:
+        return {"K": "auto" if self.adaptive else self.K, "n_max": self.n_max, "min_prob": self.min_prob}
+
+    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
+                state: Any = None) -> Drafter:
+        if pool is None or self.K == 0:
+            return NoDrafter()
+        return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)

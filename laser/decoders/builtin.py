@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from laser.decoders.base import Decoder
+from laser.decoders.base import Decoder, RetrievalDecoder
 from laser.decoders.registry import register_decoder
-from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.models import LoadedModel
 from laser.sampling import SamplingParams
 from laser.verify import RejectionSampler, TopKVerifier, Verifier
@@ -21,36 +20,27 @@ class Autoregressive(Decoder):
     summary = "one token per target forward, on the same model-call path as the speculative decoders"
     pool = "none"
 
-    def __init__(self, lm: LoadedModel):
-        super().__init__(lm, K=0)
-
-    def params(self) -> dict[str, Any]:
-        return {}
-
-    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
-        return NoDrafter()
-
 
 @register_decoder
-class ReSD(Decoder):
+class ReSD(RetrievalDecoder):
     name = "resd"
     summary = "retrieval speculative decoding: trie drafts from one global pool, greedy (lossless) verification"
     pool = "global"
 
 
 @register_decoder
-class Laser(Decoder):
+class Laser(RetrievalDecoder):
     name = "laser"
     summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
     pool = "routed"
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
                  K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
+        super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
-        self.verification, self.k, self.p = verification, k, p
         TopKVerifier(k, p)  # validates k and p even when greedy
-        super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
+        self.verification, self.k, self.p = verification, k, p
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any]:

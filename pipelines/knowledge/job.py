@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,7 +31,7 @@ from laser.decoders import DecoderChoice
 from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import skipped_entities
 from pipelines.knowledge.decoders import check_job_decoders, new_knowledge_decoder, old_knowledge_decoder
-from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationRequest, ModelSpec, WorkerGroup
+from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
@@ -43,6 +44,7 @@ from pipelines.lock import output_lock
 from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
+from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class JobRun:
     incremental: bool
     record: RunRecord
     decoder: DecoderChoice
-    workers: WorkerGroup
+    workers: WorkerGroup | LocalGroup
     data: JobData | None = None
     routing: pl.DataFrame | None = None
     todo: list[GenerationRequest] = field(default_factory=list)
@@ -196,7 +198,7 @@ def worker_group(cfg: JobConfig) -> WorkerGroup:
     ex = cfg.execution
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
                      gpus=ex.gpus_per_worker)
-    return WorkerGroup(spec, ex.num_workers, ex.address)
+    return WorkerGroup(GenerationWorker, spec, ex.num_workers, ex.address)
 
 
 def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: object,
@@ -213,15 +215,19 @@ def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: 
 
 
 def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: object, desc: str,
-                    workers: WorkerGroup | None) -> GenerationReport:
-    """Generate ``requests`` and stream their rows into ``store``."""
+                    workers: WorkerGroup | LocalGroup | None) -> GenerationReport:
+    """Generate ``requests`` and stream their rows into ``store`` as they finish."""
+    report = GenerationReport()
     if not requests:
-        return GenerationReport()
-    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id) as writer:
-        if workers is not None:
-            return workers.run(requests, task, writer, slots=cfg.execution.batch_size, desc=desc)
-        with worker_group(cfg) as own:
-            return own.run(requests, task, writer, slots=cfg.execution.batch_size, desc=desc)
+        return report
+    start = time.perf_counter()
+    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id) as writer, \
+            (nullcontext(workers) if workers is not None else worker_group(cfg)) as group:
+        for result in group.stream(requests, task, slots=cfg.execution.batch_size, desc=desc):
+            record_result(result, writer, report)
+        writer.flush()
+    report.wall_s = time.perf_counter() - start
+    return report
 
 
 def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
@@ -230,7 +236,7 @@ def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
 
 
-def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | None = None) -> GenerationReport:
+def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None) -> GenerationReport:
     """Old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
     todo = pending(old_requests(data.dataset, data.split), paths.old_knowledge)
@@ -243,7 +249,7 @@ def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | Non
 
 
 def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
-                  workers: WorkerGroup | None = None) -> GenerationReport:
+                  workers: WorkerGroup | LocalGroup | None = None) -> GenerationReport:
     """New knowledge alone (`laser generate`) for the entities not yet written, after route and pools."""
     paths = JobPaths.of(cfg)
     decoder = new_knowledge_decoder(cfg)

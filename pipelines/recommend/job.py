@@ -7,20 +7,22 @@ from __future__ import annotations
 
 import json
 import logging
+import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import polars as pl
 
-from pipelines.knowledge.generation import GenerationRequest, ModelSpec
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import RECOMMEND_PROMPT_VERSION, item_identifiers
 from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
-from pipelines.recommend.worker import RecommendGroup, RecommendReport, RecommendTask
+from pipelines.recommend.worker import RecommendReport, RecommendTask, RecommendWorker, record
 from pipelines.knowledge.validation import JobInputError, load_inputs
+from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> Non
                             f"({len(identifiers)} in the items table)")
 
 
-def run_recommend_job(cfg: RecommendJobConfig, group: RecommendGroup | None = None) -> RecommendSummary:
+def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup | None = None) -> RecommendSummary:
     check_recommend_decoder(cfg)
     data = load_inputs(load_job_data, cfg)
     identifiers = item_identifiers(data.dataset.items, cfg.recommend.item_code_column)
@@ -78,14 +80,15 @@ def run_recommend_job(cfg: RecommendJobConfig, group: RecommendGroup | None = No
                          prompt_version=RECOMMEND_PROMPT_VERSION, run_id=run_id, identifiers=identifiers,
                          K=cfg.recommend.K, max_history=cfg.recommend.max_history)
     ex = cfg.execution
-    with RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer:
-        if group is not None:
-            report = group.recommend(todo, task, writer, batch_size=ex.batch_size)
-        else:
-            spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker,
-                             seed=cfg.dataset.seed, gpus=ex.gpus_per_worker)
-            with RecommendGroup(spec, ex.num_workers, ex.address) as own:
-                report = own.recommend(todo, task, writer, batch_size=ex.batch_size)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker,
+                     seed=cfg.dataset.seed, gpus=ex.gpus_per_worker)
+    report, start = RecommendReport(), time.perf_counter()
+    with RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer, \
+            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, ex.num_workers, ex.address)) as g:
+        for result in g.stream(todo, task, slots=ex.batch_size, desc="recommend", unit="user"):
+            record(result, writer, report)
+        writer.flush()
+    report.wall_s = time.perf_counter() - start
     recs = read_recommendations(store).filter(pl.col("run_id") == run_id)
     metrics = evaluate(recs, held_out_items(data.split.new_interactions), sorted({1, 5, cfg.recommend.K}))
     summary = RecommendSummary(run_id, str(store), report, metrics)

@@ -1,44 +1,54 @@
-"""Recommendation on the generation actors: :class:`RecommendWorker` is a
-:class:`~pipelines.knowledge.generation.GenerationWorker` (same model loading and decoder cache) with a
-``recommend`` method; :class:`RecommendGroup` drives it on Ray with the same scheduler and streams each
-user's K rows into a :class:`~pipelines.recommend.store.RecommendationWriter`."""
+"""Recommendation on the shared worker actors: :class:`RecommendWorker` ranks the catalogue for batches of
+users (the beam decoders), the one driver (:mod:`pipelines.workers.driver`) feeds it, and :func:`record`
+writes each user's K rows into a :class:`~pipelines.recommend.store.RecommendationWriter`."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterator
 
-from tqdm.auto import tqdm
-
-from pipelines.knowledge.generation import (BatchScheduler, DecodeTask, GenerationRequest, GenerationWorker, WorkerGroup,
-                                  make_batches)
-from pipelines.interrupts import ray_wait
 from pipelines.knowledge_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
+from pipelines.workers import GenerationRequest, ModelWorker, WorkResult
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RecommendTask(DecodeTask):
-    """A recommendation pass: the decoder plus the catalogue (item_id -> identifier) and K."""
+class RecommendTask:
+    """A recommendation pass: the decoder, the catalogue (item_id -> identifier) and K."""
 
+    decoder: str
+    decoder_params: dict[str, Any] = field(default_factory=dict)
+    domain: str = "movie"
+    prompt_version: str = ""
+    run_id: str = ""
     identifiers: dict[str, str] = field(default_factory=dict)
     K: int = 10
     max_history: int = 20
 
 
 @dataclass
-class RecommendResult:
-    users: list[list[dict[str, Any]]] = field(default_factory=list)  # one list of K rows per user
-    failures: list[dict[str, str]] = field(default_factory=list)
-    decode_s: float = 0.0
+class UserRanking:
+    """One user's K ranked rows (recommendation schema)."""
+
+    user_id: str
+    rows: list[dict[str, Any]]
 
 
-class RecommendWorker(GenerationWorker):
-    """A generation actor that also ranks items; builds the item trie once per catalogue."""
+class RecommendResult(WorkResult):
+    """Rankings (:class:`UserRanking`) and failures of finished users."""
+
+    @staticmethod
+    def row_key(row: UserRanking) -> tuple[str, str]:
+        return "user", row.user_id
+
+
+class RecommendWorker(ModelWorker):
+    """A worker actor that ranks items; builds the item trie once per catalogue."""
+
+    result_cls = RecommendResult
 
     def __init__(self, spec: Any) -> None:
         super().__init__(spec)
@@ -56,6 +66,12 @@ class RecommendWorker(GenerationWorker):
             self._tries = {key: ItemTrie(ids, end_token=eos[0])}
         return self._tries[key]
 
+    def serve(self, task: RecommendTask, take: Callable[[int], list[GenerationRequest]],
+              slots: int) -> Iterator[RecommendResult]:
+        """Rank ``slots`` users at a time, a result per batch."""
+        while batch := take(slots):
+            yield self.recommend(task, batch)
+
     def recommend(self, task: RecommendTask, requests: list[GenerationRequest]) -> RecommendResult:
         """K ranked rows per user; a user that fails (no history, prompt too long) becomes a failure."""
         out = RecommendResult()
@@ -66,7 +82,7 @@ class RecommendWorker(GenerationWorker):
             try:
                 ready.append((req, recommend_prompt(req.history or [], task.domain, req.entity_id, task.max_history)))
             except Exception as exc:
-                out.failures.append({"entity_type": "user", "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"})
+                out.failures.append(_failure(req, exc))
         if not ready:
             return out
         try:
@@ -78,10 +94,10 @@ class RecommendWorker(GenerationWorker):
             try:
                 rec = recs[i] if recs is not None else decoder.recommend(prompt, trie, task.K)
             except Exception as exc:
-                out.failures.append({"entity_type": "user", "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"})
+                out.failures.append(_failure(req, exc))
                 continue
-            out.users.append(self._rows(task, req, rec, params_json))
-        out.decode_s = max((u[0]["decode_s"] for u in out.users), default=0.0)
+            out.rows.append(UserRanking(req.entity_id, self._rows(task, req, rec, params_json)))
+        out.decode_s = max((u.rows[0]["decode_s"] for u in out.rows if u.rows), default=0.0)
         return out
 
     def _rows(self, task: RecommendTask, req: GenerationRequest, rec: Any, params_json: str) -> list[dict[str, Any]]:
@@ -91,6 +107,10 @@ class RecommendWorker(GenerationWorker):
                  "target_forwards": int(rec.stats.target_forwards), "beam_steps": int(rec.beam_steps),
                  "decode_s": float(rec.stats.prefill_s + rec.stats.decode_s)}
                 for r, (item, score) in enumerate(rec.items, 1)]
+
+
+def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
+    return {"entity_type": "user", "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"}
 
 
 @dataclass
@@ -103,61 +123,15 @@ class RecommendReport:
     decode_s: float = 0.0
 
 
-class RecommendGroup(WorkerGroup):
-    """Recommendation actors; ``recommend`` streams results like :meth:`WorkerGroup.run` does knowledge."""
-
-    worker_cls = RecommendWorker
-
-    def recommend(self, requests: list[GenerationRequest], task: RecommendTask, writer: RecommendationWriter, *,
-                  batch_size: int) -> RecommendReport:
-        report = RecommendReport()
-        if not requests:
-            return report
-        import ray
-        from ray.exceptions import RayActorError
-
-        start = time.perf_counter()
-        self._start(min(self.num_workers, len(requests)))
-        scheduler = BatchScheduler(make_batches(requests, batch_size))
-        task_ref = ray.put(task)  # the catalogue travels once
-        in_flight: dict[Any, tuple[int, list[GenerationRequest]]] = {}
-
-        def dispatch(actor: int) -> None:
-            batch = scheduler.next_for(actor)
-            if batch is not None:
-                in_flight[self.actors[actor].recommend.remote(task_ref, batch)] = (actor, batch)
-
-        with tqdm(total=len(requests), desc="recommend", unit="user") as bar:
-            for a in range(len(self.actors)):
-                dispatch(a)
-            while in_flight:
-                ready, _ = ray_wait(list(in_flight), num_returns=1, timeout=0.5)
-                if not ready:
-                    continue
-                actor, batch = in_flight.pop(ready[0])
-                try:
-                    result: RecommendResult = ray.get(ready[0])
-                except RayActorError as exc:
-                    result = RecommendResult(failures=[{"entity_type": "user", "entity_id": r.entity_id,
-                                                        "reason": f"worker died: {exc}"} for r in batch])
-                else:
-                    dispatch(actor)
-                record(result, writer, report)
-                bar.update(len(batch))
-                if not in_flight and scheduler:
-                    raise RuntimeError("all recommendation actors died")
-        writer.flush()
-        report.wall_s = time.perf_counter() - start
-        return report
-
-
-def record(result: RecommendResult, writer: RecommendationWriter, report: RecommendReport) -> None:
-    for rows in result.users:
-        writer.add_rows(rows)
-        report.target_forwards += rows[0]["target_forwards"]
-        report.beam_steps += rows[0]["beam_steps"]
+def record(result: WorkResult, writer: RecommendationWriter, report: RecommendReport) -> None:
+    """Write one result's rankings and failures and count them into ``report``."""
+    for ranking in result.rows:
+        writer.add_rows(ranking.rows)
+        if ranking.rows:
+            report.target_forwards += ranking.rows[0]["target_forwards"]
+            report.beam_steps += ranking.rows[0]["beam_steps"]
     for f in result.failures:
         writer.add_failure("user", f["entity_id"], f["reason"])
-    report.done += len(result.users)
+    report.done += len(result.rows)
     report.failed += len(result.failures)
     report.decode_s += result.decode_s

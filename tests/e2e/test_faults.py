@@ -15,7 +15,8 @@ import polars as pl
 import pytest
 import yaml
 
-from pipelines.knowledge.generation import DecodeTask, GenerationRequest, ModelSpec, WorkerGroup
+from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
+from pipelines.workers import GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
 from pipelines.knowledge.job import run_job
@@ -41,7 +42,7 @@ def _pid(actor) -> int:
 def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
     requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(16)]
     task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
-    group = WorkerGroup(ModelSpec(tiny_model, dtype="float32"), num_workers=2)
+    group = WorkerGroup(GenerationWorker, ModelSpec(tiny_model, dtype="float32"), num_workers=2)
     group._start(2)
     victim = _pid(group.actors[0])
     store = tmp_path / "knowledge"
@@ -57,8 +58,10 @@ def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
     try:
+        report = GenerationReport()
         with KnowledgeWriter(store, shard_rows=1, run_id="r") as writer:
-            report = group.run(requests, task, writer, slots=2)
+            for result in group.stream(requests, task, slots=2, desc="knowledge"):
+                record_result(result, writer, report)
         killer.join()
         assert killed.is_set()
         assert _pid(group.actors[0]) != victim  # restarted in a new process

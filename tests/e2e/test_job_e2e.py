@@ -20,10 +20,9 @@ import yaml
 from jobs.config import load_config
 from pipelines.knowledge import job as jobmod
 from pipelines.knowledge.inputs import load_job_data
-from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests
-from pipelines.knowledge.routing import read_routing
-from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+from pipelines.workers import GenerationRequest, ModelSpec
 from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from jobs import submit as submit_mod
 from jobs.cli import app
-from pipelines.knowledge.generation import BatchScheduler, GenerationRequest, make_batches
+from pipelines.workers import BatchScheduler, GenerationRequest, make_batches
 
 
 def test_entrypoint_quotes_overrides():

@@ -55,7 +55,7 @@ def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built)
 
 @pytest.mark.slow
 def test_local_ray_prints_no_token_notice(tmp_path):
-    code = ("from pipelines.knowledge.generation import ensure_ray; import ray; ensure_ray(None, 1); "
+    code = ("from pipelines.workers import ensure_ray; import ray; ensure_ray(None, 1); "
             "print(ray.cluster_resources()['CPU']); ray.shutdown()")
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_AUTH_MODE"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)

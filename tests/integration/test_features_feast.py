@@ -6,7 +6,6 @@ rewrites two entities, as an incremental run does. Nothing is mocked.
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 
 import numpy as np
 import polars as pl
@@ -14,7 +13,7 @@ import pytest
 
 from pipelines.ops.features.encode import encode_latest
 from pipelines.ops.features.feast_repo import PROJECT, ingest, online_features
-from pipelines.knowledge_store import KnowledgeWriter, utc_now
+from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from tests.helpers import run_row as _row
 

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines.knowledge.generation import GenerationWorker, ModelSpec, WorkerGroup
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.workers import ModelSpec, WorkerGroup
 
 
 class Probe:
@@ -21,10 +22,6 @@ class Probe:
 
         ctx = ray.get_runtime_context()
         return ctx.get_assigned_resources(), ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES")
-
-
-class ProbeGroup(WorkerGroup):
-    worker_cls = Probe
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +41,13 @@ def fake_gpu_ray():
 @pytest.mark.slow
 def test_fractional_gpus_share_one_gpu_and_more_wait(fake_gpu_ray):
     ray = fake_gpu_ray
-    group = ProbeGroup(ModelSpec("m", threads=1, gpus=0.5), num_workers=2)
+    group = WorkerGroup(Probe, ModelSpec("m", threads=1, gpus=0.5), num_workers=2)
     group._start(2)
     got = ray.get([a.resources.remote() for a in group.actors])
     assert [g[0] for g in got] == [{"CPU": 1.0, "GPU": 0.5}] * 2
     assert all(g[1] == [0] and g[2] == "0" for g in got)  # both see GPU 0
     assert ray.available_resources().get("GPU", 0.0) == 0.0
-    extra = ProbeGroup(ModelSpec("m", threads=1, gpus=0.5), num_workers=1)
+    extra = WorkerGroup(Probe, ModelSpec("m", threads=1, gpus=0.5), num_workers=1)
     extra._start(1)
     ready, _ = ray.wait([extra.actors[0].resources.remote()], timeout=3)
     assert not ready  # no GPU share left: the third actor waits for one
@@ -61,7 +58,7 @@ def test_fractional_gpus_share_one_gpu_and_more_wait(fake_gpu_ray):
 @pytest.mark.slow
 def test_cpu_actors_reserve_no_gpu_and_see_none(fake_gpu_ray):
     ray = fake_gpu_ray
-    group = ProbeGroup(ModelSpec("m", threads=1), num_workers=1)
+    group = WorkerGroup(Probe, ModelSpec("m", threads=1), num_workers=1)
     group._start(1)
     assigned, gpu_ids, visible = ray.get(group.actors[0].resources.remote())
     group.close()

@@ -10,13 +10,13 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.config import load_config
-from pipelines.knowledge.generation import ModelSpec
+from pipelines.workers import LocalGroup, ModelSpec
 from pipelines.recommend import job as recjob
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import item_identifiers
 from pipelines.recommend.metrics import user_metrics
 from pipelines.recommend.store import read_recommendations
-from pipelines.recommend.worker import RecommendReport, RecommendWorker, record
+from pipelines.recommend.worker import RecommendWorker
 from pipelines.knowledge.validation import JobInputError
 
 
@@ -34,21 +34,18 @@ output: {{path: {json.dumps(str(tmp_path / "out"))}, shard_rows: 4}}
     return str(path)
 
 
-class InProcessGroup:
-    """The actors' work in this process (no Ray): what RecommendGroup does per batch."""
+class InProcessGroup(LocalGroup):
+    """The driver's interface in this process (no Ray), one result per batch; can crash after some."""
 
     def __init__(self, model: str, fail_after: int | None = None):
-        self.worker = RecommendWorker(ModelSpec(model=model, dtype="float32"))
+        super().__init__(RecommendWorker(ModelSpec(model=model, dtype="float32")))
         self.fail_after = fail_after
 
-    def recommend(self, requests, task, writer, batch_size):
-        report = RecommendReport()
-        for n, i in enumerate(range(0, len(requests), batch_size)):
+    def stream(self, requests, task, *, slots, desc="", unit="user"):
+        for n, i in enumerate(range(0, len(requests), slots)):
             if self.fail_after is not None and n == self.fail_after:
                 raise KeyboardInterrupt("crash")
-            record(self.worker.recommend(task, requests[i:i + batch_size]), writer, report)
-        writer.flush()
-        return report
+            yield self.worker.generate(task, requests[i:i + slots], slots)
 
 
 def test_metrics_hand_computed():
@@ -136,7 +133,8 @@ def test_decoder_check_accepts_deep_truncated_drafts():
 
 @pytest.mark.parametrize("decoder,params", [("beam_sample", {"W": 2}), ("dsbd", {"gamma": 2, "W": 2, "W_S": 3})])
 def test_beam_sampling_decoders_write_knowledge(tiny_model, decoder, params):
-    from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker
+    from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+    from pipelines.workers import GenerationRequest
 
     worker = GenerationWorker(ModelSpec(model=tiny_model, dtype="float32"))
     task = DecodeTask(decoder=decoder, decoder_params=params, max_new_tokens=6, domain="movie", run_id="r")

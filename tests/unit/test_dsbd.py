@@ -13,6 +13,11 @@ P = np.array([0.4, 0.3, 0.2, 0.1])
 Q = np.array([0.1, 0.2, 0.3, 0.4])
 
 
+def seeded(n: int) -> list:
+    """One sampling setting per request, seeds 0..n-1 (beam sampling draws at temperature 1)."""
+    return [laser.SamplingParams(1.0, seed=s) for s in range(n)]
+
+
 def random_pq(seed: int, n: int = 6):
     rng = np.random.default_rng(seed)
     p, q = rng.dirichlet(np.ones(n)), rng.dirichlet(np.ones(n))
@@ -83,7 +88,7 @@ def test_dsbd_on_a_toy_model_matches_target_beam_sampling():
         dec = laser.get_decoder(name, lm, W=2, **params)
         if broken:
             dec.engine.verifier.broken_residual = True
-        gens = dec.generate_batch([prompt] * n, length, seeds=range(n))
+        gens = dec.generate_batch([prompt] * n, length, sampling=seeded(n))
         return [tuple(g.token_ids) for g in gens]
 
     target = outcomes("beam_sample")
@@ -141,7 +146,7 @@ def one_cache_runs():
 def test_one_cache_keeps_one_beam_and_accepts_every_layer_when_draft_is_target(one_cache_runs):
     lm, one, _ = one_cache_runs
     for r in one:
-        st = r.state["dsbd"]
+        st = r.state
         assert st.inputs[0] == 1 and set(st.inputs) == {1}  # one input beam, one tree, every iteration
         assert st.forest_nodes[-1] <= st.depth + 3 * 3 + 1  # the beam's path + one tree of drafts
         # draft = target and W = W_S: every drafted layer is accepted, plus the bonus layer
@@ -152,7 +157,7 @@ def test_one_cache_keeps_one_beam_and_accepts_every_layer_when_draft_is_target(o
 def test_one_cache_output_is_a_continuation_with_its_target_score(one_cache_runs):
     lm, one, _ = one_cache_runs
     for r in one:
-        seq, score = r.state["dsbd"].best()
+        seq, score = r.state.best()
         assert r.new_tokens == list(seq) and 1 <= len(seq) <= 16
         assert all(t not in lm.eos_ids for t in seq[:-1])  # nothing continues past an end token
         with torch.no_grad():
@@ -209,7 +214,7 @@ def test_one_beam_one_draft_decoder_is_exact_ancestral_sampling():
     def pvalue(broken: bool) -> float:
         dec = laser.get_decoder("dsbd", lm, draft=draft, gamma=2, W=1, W_S=1, dynamic=False)
         dec.engine.verifier.broken_residual = broken
-        got = [tuple(g.token_ids) for g in dec.generate_batch([prompt] * n, length, seeds=range(n))]
+        got = [tuple(g.token_ids) for g in dec.generate_batch([prompt] * n, length, sampling=seeded(n))]
         cats = sorted(law)
         obs, exp = np.array([got.count(c) for c in cats]), np.array([law[c] * n for c in cats])
         assert obs.sum() == n  # every output is a sequence of the law's support
@@ -227,7 +232,7 @@ def test_one_beam_one_draft_decoder_is_exact_ancestral_sampling():
 def test_layers_per_forward_and_dynamic_widths_stay_in_range(tiny_lm):
     dec = laser.get_decoder("dsbd", tiny_lm, draft="truncate:1", gamma=3, W=2, W_S=4, W_min=2, t=0.7)
     for r in run_states(dec, [[5, 6, 7], [8, 9]], 14, [0, 1]):
-        st = r.state["dsbd"]
+        st = r.state
         assert all(1 <= n <= 3 + 1 for n in st.layers_per_forward)
         assert len(st.layers_per_forward) == r.stats.target_forwards
         assert all(2 <= w <= 4 for w in st.widths)  # W_min <= W_L <= W_S (the bonus layer: W)

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import stat
 
-import pyarrow as pa
 import pytest
 
 from pipelines import knowledge_store as kn

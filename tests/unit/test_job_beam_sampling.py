@@ -9,7 +9,8 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from pipelines.knowledge import job as jobmod
-from pipelines.knowledge.generation import GenerationReport, GenerationWorker, ModelSpec
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.workers import LocalGroup, ModelSpec
 from pipelines.knowledge_store import read_knowledge
 from pipelines.knowledge.sampling import entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
@@ -57,28 +58,12 @@ def test_beam_sampling_refuses_warps(key, value):
         load_config(None, BEAM + ["generation.beam_width=0"])
 
 
-class InProcessWorkers:
-    """The WorkerGroup interface on one in-process GenerationWorker (what Ray actors run)."""
-
-    def __init__(self, worker: GenerationWorker):
-        self.worker = worker
-
-    def run(self, todo, task, writer, *, slots: int, desc: str = "") -> GenerationReport:
-        result = self.worker.generate(task, todo, slots)
-        for row in result.rows:
-            writer.add(row)
-        for f in result.failures:
-            writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
-        writer.flush()
-        return GenerationReport(done=len(result.rows), failed=len(result.failures))
-
-
 @pytest.fixture(scope="module")
-def workers(tiny_model) -> InProcessWorkers:
+def workers(tiny_model) -> LocalGroup:
     import torch
 
     torch.set_num_threads(1)
-    return InProcessWorkers(GenerationWorker(ModelSpec(tiny_model, dtype="float32")))
+    return LocalGroup(GenerationWorker(ModelSpec(tiny_model, dtype="float32")))
 
 
 def knowledge(workers, tiny_model, out, *extra: str) -> pl.DataFrame:

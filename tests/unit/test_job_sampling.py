@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines.knowledge.generation import DecodeTask, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+from pipelines.workers import GenerationRequest, ModelSpec
 from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.knowledge.sampling import entity_sampling, entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder

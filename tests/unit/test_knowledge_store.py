@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq

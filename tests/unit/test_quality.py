@@ -6,7 +6,8 @@ import pytest
 
 from laser.decoders.builtin import Autoregressive
 from pipelines import knowledge_store as kn
-from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationRequest, GenerationWorker, ModelSpec
+from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker
+from pipelines.workers import GenerationRequest, ModelSpec
 from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
 from tests.helpers import save_tiny_model
 from tests.helpers import knowledge_row as row
@@ -96,7 +97,7 @@ def test_policy_keep_flags_the_row(worker, looper):
     result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="keep"), REQS)
     assert [(r["degenerate"], r["greedy_retry"], r["decoder"]) for r in result.rows] == [(True, False, "looper")] * 2
     report = GenerationReport()
-    from pipelines.knowledge.generation import _record
+    from pipelines.knowledge.generation import record_result
 
     class Sink:
         def add(self, r):
@@ -105,7 +106,7 @@ def test_policy_keep_flags_the_row(worker, looper):
         def add_failure(self, *a):
             pass
 
-    _record(result, Sink(), report)
+    record_result(result, Sink(), report)
     assert (report.quality.n, report.quality.degenerate, report.quality.finished_eos) == (2, 2, 0)
     steps = max(r["target_forwards"] for r in result.rows)
     assert result.decode_s == report.decode_s > 0  # the engine's decoding seconds: the two rows' shared steps once

@@ -5,8 +5,8 @@
   steps is laid out with the live beams as one tree, verified in one target forward; strict top-K
   verification returns exactly ``beam``'s ranked items and scores.
 
-Both run on the engine (``laser.engine``) through its beam hook: the request's beams live in
-``request.state["beam"]``; their shared prefixes stay in the target's KV cache between steps
+Both run on the engine (``laser.engine``) through its beam hook: the request's beams live in its
+``request.state`` (a :class:`BeamState`); their shared prefixes stay in the target's KV cache between steps
 (``laser.decoders.beam.search.PrefixTree``), so a step feeds only the live beams' ends and the drafted nodes.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from laser.decoders.beam.search import BeamDrafter, BeamSearchVerifier, BeamState, ItemTrie
-from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.base import Decoder, Prompt
 from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.drafting import Drafter
@@ -42,31 +42,21 @@ class BeamDecoder(Decoder):
     pool = "none"
     produces = "ranking"
 
-    def __init__(self, lm: LoadedModel):
-        super().__init__(lm, K=0)
-
     @classmethod
     def greedy_params(cls) -> dict[str, Any] | None:
         return None  # it ranks items; it does not write text
 
-    def params(self) -> dict[str, Any]:
-        return {}
-
     def verifier(self) -> Verifier:
         return BeamSearchVerifier()
 
-    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
-        """The request's drafter; ``shared["beam"]`` is its :class:`BeamState`."""
-        return BeamDrafter(shared["beam"])
+    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
+                state: BeamState | None = None) -> Drafter:
+        """Lays the request's live beams (``state``) out as each step's tree."""
+        return BeamDrafter(state)
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
         """The request's sampling settings (its seeded generator drives sampling verifiers)."""
         return GREEDY
-
-    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
-                       rules=None) -> list[Generation]:
-        raise ValueError(f"decoder {self.name!r} ranks items by beam search; use recommend_batch "
-                         "(the `laser recommend` job), not text generation")
 
     def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int,
                         seeds: Sequence[int] | None = None) -> list[Recommendation]:
@@ -78,16 +68,14 @@ class BeamDecoder(Decoder):
         if len(seeds) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         for p, seed in zip(prompts, seeds):
-            ids = self.encode(p)
-            state = BeamState(trie, K)
-            shared = {"beam": state}  # the request's state: the verifier's, which a drafter may also write
-            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.beam_drafter(shared, ids, seed),
-                                max_new_tokens=trie.max_len + 1, sampling=self.sampling(seed), state=shared))
+            ids, state, sampling = self.encode(p), BeamState(trie, K), self.sampling(seed)
+            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(ids, None, sampling, state),
+                                max_new_tokens=trie.max_len + 1, sampling=sampling, state=state))
         self.engine.run(seqs)
         dt = time.perf_counter() - t0
         out = []
         for s in seqs:
-            st: BeamState = s.state["beam"]
+            st: BeamState = s.state
             if not st.finished:
                 raise RuntimeError(f"beam search stopped before every beam was complete ({s.stats.finish_reason})")
             out.append(Recommendation(st.ranked(), s.stats, sum(st.steps_per_forward), dt))
@@ -123,8 +111,8 @@ class AtSpeed(UsesDraftModel, BeamDecoder):
             raise ValueError(f"gamma and N must be >= 1, got gamma={gamma}, N={N}")
         if verification not in ("strict", "relaxed"):
             raise ValueError(f"verification must be 'strict' or 'relaxed', got {verification!r}")
-        self.gamma, self.N, self.verification, self.seed = gamma, N, verification, seed
         super().__init__(lm)
+        self.gamma, self.N, self.verification, self.seed = gamma, N, verification, seed
         self.draft_model, self.draft_name = load_draft(lm, draft)
 
     def params(self) -> dict[str, Any]:
@@ -140,12 +128,12 @@ class AtSpeed(UsesDraftModel, BeamDecoder):
         seed = self.seed if seed is None else seed
         return SamplingParams(temperature=1.0, seed=seed) if self.verification == "relaxed" else GREEDY
 
-    def beam_drafter(self, shared: dict[str, Any], prompt_ids: list[int], seed: int | None = None) -> Drafter:
+    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
+                state: BeamState | None = None) -> Drafter:
         from laser.decoders.beam.draft import BeamTreeDrafter, TreeDraftModel
 
-        state: BeamState = shared["beam"]
         if self.N < state.width:
             raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
-        sampled = shared if self.verification == "relaxed" else None
-        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab), self.gamma, self.N, sampled,
-                               self.seed if seed is None else seed)
+        seed = self.seed if sampling.greedy else int(sampling.seed)
+        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab), self.gamma, self.N,
+                               self.verification == "relaxed", seed)

@@ -119,11 +119,11 @@ class BeamTreeDrafter(Drafter):
     """
 
     def __init__(self, state: BeamState, draft: TreeDraftModel, gamma: int, width: int,
-                 sampled: dict | None = None, seed: int = 0):
+                 sampled: bool = False, seed: int = 0):
         if gamma < 0 or width < 1:
             raise ValueError(f"gamma must be >= 0 and N >= 1, got gamma={gamma}, N={width}")
         self.state, self.draft, self.gamma, self.width = state, draft, gamma, width
-        self.sampled = sampled  # relaxed mode: the request's state, where the drafted steps are recorded
+        self.sampled = sampled  # relaxed mode: sampled steps, recorded in ``state.drafted`` for the verifier
         self.generator = torch.Generator().manual_seed(seed + 1)
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
@@ -132,7 +132,7 @@ class BeamTreeDrafter(Drafter):
         tokens, parents = st.lay_out(context[-1])
         if self.gamma and st.live:
             rows = self.draft.sync(kept_from, tokens, parents, st.tree.nodes)
-            if self.sampled is not None:
+            if self.sampled:
                 self._draft_sampled(tokens, parents, rows)
             else:
                 self._draft(tokens, parents, rows)
@@ -155,7 +155,7 @@ class BeamTreeDrafter(Drafter):
         from laser.decoders.beam.relaxed import sample_distinct
 
         hyps, steps = list(self.state.hyps), []
-        self.sampled["drafted"] = steps
+        self.state.drafted = steps
         for j in range(self.gamma):
             seqs, scores = candidates(hyps, rows, self.state.trie)
             q = beam_probs(scores)

@@ -74,8 +74,8 @@ class RelaxedBeamVerifier(BeamVerifier):
         self.broken_residual = broken_residual
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
-        st: BeamState = request.state["beam"]
-        drafted = request.state.get("drafted", [])
+        st: BeamState = request.state
+        drafted = st.drafted
         steps = 0
         for j in range(len(drafted) + 1):
             if st.finished:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pygtrie
@@ -197,13 +197,15 @@ class PrefixTree:
 
 @dataclass
 class BeamState:
-    """A request's beam search, kept in ``request.state["beam"]``; ``tree`` lays its beams out."""
+    """A request's beam search (its ``request.state``); ``tree`` lays its beams out. ``drafted``: the draft's
+    sampled steps of the current iteration, written by a relaxed drafter for its verifier."""
 
     trie: ItemTrie
     width: int
     hyps: list[Hyp] = field(default_factory=initial_beams)
     tree: PrefixTree = field(default_factory=PrefixTree)
     steps_per_forward: list[int] = field(default_factory=list)
+    drafted: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.width < 1:
@@ -242,7 +244,7 @@ class BeamSearchVerifier(BeamVerifier):
     """Runs beam steps while every live beam's row is in the tree (strict top-K verification)."""
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
-        st: BeamState = request.state["beam"]
+        st: BeamState = request.state
         steps = 0
         while not st.finished and all(st.tree.row(h.seq) is not None for h in st.live):
             rows = {h.seq: log_probs[st.tree.row(h.seq)] for h in st.live}

@@ -22,7 +22,7 @@ from laser.decoders.draft_model.drafter import ModelDrafter, truncated_copy
 from laser.drafting import DraftSource, Drafter
 from laser.engine import check_tree_attention
 from laser.models import BUNDLED, LoadedModel, load_model
-from laser.sampling import SamplingParams
+from laser.sampling import GREEDY, SamplingParams
 from laser.decoders.draft_model.topk_imp import TopKImportanceVerifier
 from laser.verify import Verifier
 
@@ -113,19 +113,17 @@ class DraftModelDecoder(UsesDraftModel, Decoder):
     def __init__(self, lm: LoadedModel, draft: str | LoadedModel | None = None, gamma: int = 4):
         if not isinstance(gamma, int) or gamma < 1:
             raise ValueError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
+        super().__init__(lm)
         self.draft_model, self.draft = load_draft(lm, draft)
         check_tree_attention(self.draft_model)  # batched drafting passes 4D padding masks
         self.gamma = gamma
-        super().__init__(lm, K=gamma)
 
     def params(self) -> dict[str, Any]:
         return {"draft": self.draft, "gamma": self.gamma}
 
-    def request_drafter(self, pool: DraftSource | None, prompt_ids: list[int], sampling: SamplingParams) -> Drafter:
+    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
+                state: Any = None) -> Drafter:
         return ModelDrafter(self.draft_model, prompt_ids, self.gamma, sampling)
-
-    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
-        return ModelDrafter(self.draft_model, prompt_ids, self.gamma)
 
 
 @register_decoder
@@ -143,9 +141,9 @@ class TopKImp(DraftModelDecoder):
 
     def __init__(self, lm: LoadedModel, draft: str | LoadedModel | None = None, gamma: int = 4, K: int = 50,
                  mode: Literal["paper", "lossless"] = "lossless"):
-        self.topk, self.mode = K, mode
         TopKImportanceVerifier(K, mode)  # validate before loading the draft
         super().__init__(lm, draft=draft, gamma=gamma)
+        self.topk, self.mode = K, mode
 
     def verifier(self) -> Verifier:
         return TopKImportanceVerifier(self.topk, self.mode)

@@ -196,7 +196,7 @@ def next_beams(beams: Beams, chosen: Sequence[int], rows: dict[Seq, torch.Tensor
 
 @dataclass
 class BeamSampleState:
-    """A request's beam sampling, in ``request.state["dsbd"]``."""
+    """A request's beam sampling (its ``request.state``)."""
 
     width: int  # W_L: input beams per iteration
     length: int  # tokens to generate (beams stop earlier at an end token)
@@ -276,7 +276,7 @@ class BeamSampleVerifier(BeamVerifier):
         self.one_cache = one_cache
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
-        st: BeamSampleState = request.state["dsbd"]
+        st: BeamSampleState = request.state
         rows = st.tree.rows(log_probs)
         layers = 0
         for layer in range(len(st.drafted) + 1):

@@ -4,14 +4,13 @@ the highest target log-probability; the engine runs them through its beam hook (
 in the KV cache, each iteration feeds the open beams' ends and the drafted forest).
 
 Both draw at temperature 1 from the beam-level distribution; a request's generator is seeded by its
-sampling seed (``request``) or the ``seeds`` of ``generate_batch``. ``beam_sampling = True`` marks the
+sampling seed (the decoder's ``seed`` when the request's sampling is unset, i.e. greedy). ``beam_sampling = True`` marks the
 decoders that write knowledge under ``generation.strategy: beam_sample`` with width ``W``."""
 from __future__ import annotations
 
-import time
-from typing import Any, Sequence
+from typing import Any
 
-from laser.decoders.base import Decoder, Generation, Prompt
+from laser.decoders.base import Decoder
 from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.decoders.dsbd.algorithm import BeamSampleState, BeamSampleVerifier, ForestDrafter
@@ -30,10 +29,10 @@ class BeamSample(Decoder):
     beam_sampling = True
 
     def __init__(self, lm: LoadedModel, W: int = 4, seed: int = 0):
+        super().__init__(lm)
         if W < 1:
             raise ValueError(f"W must be >= 1, got {W}")
         self.W, self.seed = W, seed
-        super().__init__(lm, K=0)
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any] | None:
@@ -58,27 +57,14 @@ class BeamSample(Decoder):
         seed when ``sampling`` is greedy, i.e. unset). ``pool`` and ``rules`` are not used."""
         self.check_sampling(sampling)
         seed = self.seed if sampling.greedy else int(sampling.seed)
+        sampling = SamplingParams(temperature=1.0, seed=seed)
         st = BeamSampleState(self.W, max_new_tokens, self.lm.eos_ids)
-        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.forest_drafter(st, list(ids), seed),
-                       max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=1.0, seed=seed),
-                       state={"dsbd": st})
+        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), None, sampling, st),
+                       max_new_tokens=max_new_tokens, sampling=sampling, state=st)
 
-    def forest_drafter(self, state: BeamSampleState, prompt_ids: list[int], seed: int) -> ForestDrafter:
+    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
+                state: BeamSampleState | None = None) -> ForestDrafter:
         return ForestDrafter(state)
-
-    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, pools=None, sampling=None,
-                       rules=None, seeds: Sequence[int] | None = None) -> list[Generation]:
-        """The best of W sampled beams per prompt; ``seeds`` one per prompt (default: the decoder's seed)."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        seeds = list(seeds) if seeds is not None else [self.seed] * len(prompts)
-        reqs = [self.request(self.encode(prompt), max_new_tokens, sampling=SamplingParams(1.0, seed=seed))
-                for prompt, seed in zip(prompts, seeds)]
-        t0 = time.perf_counter()
-        self.engine.run(reqs)
-        for r in reqs:
-            r.stats.decode_s = max(r.stats.decode_s, time.perf_counter() - t0 - r.stats.prefill_s)
-        return [Generation(r.new_tokens, self.decode(r.new_tokens), r.stats) for r in reqs]
 
 
 @register_decoder
@@ -101,9 +87,9 @@ class Dsbd(UsesDraftModel, BeamSample):
             raise ValueError(f"gamma, W_S and W_min must be >= 1, got gamma={gamma}, W_S={W_S}, W_min={W_min}")
         if not 0.0 < t <= 1.0:
             raise ValueError(f"t must lie in (0, 1], got {t}")
+        super().__init__(lm, W=W, seed=seed)
         self.gamma, self.W_S, self.dynamic, self.t, self.W_min = gamma, W_S, dynamic, t, W_min
         self.one_cache = bool(one_cache)
-        super().__init__(lm, W=W, seed=seed)
         self.draft_model, self.draft_name = load_draft(lm, draft)
 
     def params(self) -> dict[str, Any]:
@@ -113,7 +99,8 @@ class Dsbd(UsesDraftModel, BeamSample):
     def verifier(self) -> Verifier:
         return BeamSampleVerifier(dynamic=self.dynamic, t=self.t, w_min=self.W_min, one_cache=self.one_cache)
 
-    def forest_drafter(self, state: BeamSampleState, prompt_ids: list[int], seed: int) -> ForestDrafter:
+    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
+                state: BeamSampleState | None = None) -> ForestDrafter:
         from laser.decoders.beam.draft import TreeDraftModel
 
-        return ForestDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, seed)
+        return ForestDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, int(sampling.seed))

@@ -41,6 +41,7 @@ class ReDrafterDecoder(Decoder):
             raise ValueError(f"sampling_rule must be 'exact' or 'paper', got {sampling_rule!r}")
         if head is None:
             raise ValueError("redrafter needs decoder.params.head: a head trained with `laser train-redrafter CONFIG`")
+        super().__init__(lm)
         self.sampling_rule = sampling_rule
         if isinstance(head, RecurrentDraftHead):
             self.head, self.head_name = head, getattr(head, "name", "in-memory head")
@@ -50,7 +51,6 @@ class ReDrafterDecoder(Decoder):
             self.head = RecurrentDraftHead.load(head_path(head), lm.model, repr(lm.name))
             self.head_name = head
         self.beam_width, self.beam_length, self.dedup = beam_width, beam_length, dedup
-        super().__init__(lm, K=1 + beam_width * (beam_length - 1))
 
     @classmethod
     def greedy_params(cls) -> dict[str, Any] | None:
@@ -63,9 +63,7 @@ class ReDrafterDecoder(Decoder):
         return {"head": self.head_name, "beam_width": self.beam_width, "beam_length": self.beam_length,
                 "dedup": self.dedup, "sampling_rule": self.sampling_rule}
 
-    def request_drafter(self, pool: DraftSource | None, prompt_ids: list[int], sampling: SamplingParams) -> Drafter:
+    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
+                state: Any = None) -> Drafter:
         return ReDrafter(self.head, self.beam_width, self.beam_length, self.dedup, sampling,
                          paper_sampling=self.sampling_rule == "paper")
-
-    def drafter(self, pool: DraftSource | None, prompt_ids: list[int]) -> Drafter:
-        return self.request_drafter(pool, prompt_ids, GREEDY)

@@ -51,7 +51,7 @@ def decode_one(dec: Any, ids: list[int], max_new_tokens: int, seed: int) -> dict
     t0 = time.perf_counter()
     dec.engine.run([req])
     wall = time.perf_counter() - t0
-    st, stats = req.state["dsbd"], req.stats
+    st, stats = req.state, req.stats
     return {"tokens": list(req.new_tokens), "wall_s": wall, "prefill_s": stats.prefill_s,
             "decode_s": max(stats.decode_s, wall - stats.prefill_s), "drafting_s": stats.retrieval_s,
             "forwards": int(stats.target_forwards), "layers": list(st.layers_per_forward), "widths": list(st.widths),

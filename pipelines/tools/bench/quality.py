@@ -30,8 +30,7 @@ import numpy as np
 
 from laser.decoders import available_decoders
 from pipelines.config import JobConfig
-from pipelines.knowledge.generation import (BatchResult, GenerationReport, GenerationRequest, GenerationWorker,
-                                            ModelSpec, _record)
+from pipelines.knowledge.generation import BatchResult, GenerationWorker
 from pipelines.knowledge.decoders import new_knowledge_decoder
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import knowledge_task, step_old_knowledge
@@ -39,8 +38,8 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.routing import step_build_pools, step_route
 from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
-from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.tools.bench.report import machine_info, versions, wide_console
+from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +61,6 @@ def methods(cfg: JobConfig) -> list[tuple[str, str, dict[str, Any]]]:
     relaxed = {"k": 2, "p": 0.1, **{k: v for k, v in cfg.decoder.params.items() if k in ("k", "p")}}
     return [("autoregressive greedy", "autoregressive", {}), (GREEDY_REF, "laser", {"verification": "greedy"}),
             (RELAXED, "laser", {"verification": "relaxed", **relaxed})]
-
-
-class LocalWorkers:
-    """The job's worker-group interface on one in-process :class:`GenerationWorker` (no Ray)."""
-
-    def __init__(self, worker: GenerationWorker) -> None:
-        self.worker = worker
-
-    def run(self, requests: list[GenerationRequest], task: Any, writer: KnowledgeWriter, *, slots: int,
-            desc: str = "knowledge") -> GenerationReport:
-        report, start = GenerationReport(), time.perf_counter()
-        _record(self.worker.generate(task, requests, slots), writer, report)
-        writer.flush()
-        report.wall_s = time.perf_counter() - start
-        return report
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -119,7 +103,7 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
     worker = GenerationWorker(ModelSpec(cfg.model.name, cfg.model.dtype, settings.threads, cfg.dataset.seed))
-    step_old_knowledge(cfg, data, LocalWorkers(worker))  # type: ignore[arg-type]
+    step_old_knowledge(cfg, data, LocalGroup(worker))
     routing = step_route(cfg, data)
     step_build_pools(cfg)
     base = new_requests(data.dataset, data.split, {})

@@ -201,7 +201,7 @@ def _write(path: Path, results: dict) -> None:
 
 def markdown(res: dict) -> str:
     s = res["settings"]
-    lines = [f"# laser bench recommend\n",
+    lines = ["# laser bench recommend\n",
              f"Target `{s['model']}`, draft `{s['draft']}` (aligned strict: `{s['aligned_strict']}`, relaxed: "
              f"`{s['aligned_relaxed']}`), gamma={s['gamma']}, N=max({s['N']}, K); {res['users']} users, "
              f"{res['items']} items; {s['threads']} torch thread(s); load average {res['load_avg_start'][0]:.1f} "
@@ -217,7 +217,7 @@ def markdown(res: dict) -> str:
                          f"{r['steps_per_forward']:.2f} | {r['recall']:.3f} | {r['ndcg']:.3f} | {same} |")
     if "dsbd" in res:
         d = res["dsbd"]["settings"]
-        lines += ["", f"## DSBD against beam sampling\n",
+        lines += ["", "## DSBD against beam sampling\n",
                   f"W={d['W']}, gamma={d['gamma']}, W_S={d['W_S']}, t={d['t']}, draft `{d['draft']}`, {d['prompts']} "
                   f"knowledge prompts x seeds {d['seeds']}, {d['max_new_tokens']} new tokens.\n",
                   "| method | wall s | speedup | decode speedup | layers/forward | mean width | log-prob/token | "

@@ -1,0 +1,175 @@
+"""Worker actors: one model loaded once, decoders built on demand, requests streamed through ``serve``.
+
+A job kind subclasses :class:`ModelWorker` and writes ``serve(task, take, slots)``: pull requests with
+``take(n)`` and yield a :class:`WorkResult` as each one (or each batch) finishes. The base class turns
+that into the two ways the actor is used: ``generate`` (in-process, a list of requests in, one result
+out: tests and tools) and ``exchange`` (the driver's streaming call: a background thread decodes while
+the driver sends more requests and collects finished ones).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator
+
+from pipelines.knowledge_store import encode_params
+
+Key = tuple[str, str]  # (entity_type, entity_id)
+
+
+@dataclass
+class GenerationRequest:
+    """One entity to work on. Users carry ``history`` ((title, rating) oldest first), items carry ``item``
+    (a row of the items table). ``pool_key`` None means no drafting pool."""
+
+    entity_type: str
+    entity_id: str
+    pool_key: str | None = None
+    pool_kind: str | None = None
+    group_id: str | None = None
+    history: list[tuple[str, float]] | None = None
+    item: dict[str, Any] | None = None
+    source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
+
+    @property
+    def key(self) -> Key:
+        return self.entity_type, self.entity_id
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What an actor loads once: the model, its dtype, the torch threads (= Ray CPUs) and the Ray GPUs
+    (a fraction shares one GPU) it uses."""
+
+    model: str
+    dtype: str = "auto"
+    threads: int = 1
+    seed: int = 0
+    gpus: float = 0.0
+
+    @property
+    def device(self) -> str:
+        """Where the model runs: the GPU Ray assigns when the actor reserves GPUs, else the CPU."""
+        return "cuda" if self.gpus > 0 else "cpu"
+
+
+def actor_options(spec: ModelSpec) -> dict[str, float]:
+    """The Ray resources one worker actor reserves."""
+    return {"num_cpus": spec.threads, "num_gpus": spec.gpus}
+
+
+@dataclass
+class WorkResult:
+    """What finished: ``rows`` (the job kind's output per entity), failures ({entity_type, entity_id,
+    reason}) and the actor's decoding seconds for them (shared steps counted once)."""
+
+    rows: list[Any] = field(default_factory=list)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    decode_s: float = 0.0
+
+    def merge(self, other: "WorkResult") -> None:
+        self.rows += other.rows
+        self.failures += other.failures
+        self.decode_s += other.decode_s
+
+    @staticmethod
+    def row_key(row: Any) -> Key:
+        """The entity a row belongs to (knowledge rows: a dict with entity_type and entity_id)."""
+        return row["entity_type"], row["entity_id"]
+
+    def keys(self) -> list[Key]:
+        """Every entity this result finishes, written or failed."""
+        return [self.row_key(r) for r in self.rows] + [(f["entity_type"], f["entity_id"]) for f in self.failures]
+
+
+class ModelWorker:
+    """Base of the worker actors: loads ``spec``'s model once; subclasses write :meth:`serve`."""
+
+    result_cls: ClassVar[type[WorkResult]] = WorkResult  # what ``serve`` yields
+
+    def __init__(self, spec: ModelSpec) -> None:
+        import torch
+
+        import laser
+
+        torch.set_num_threads(spec.threads)
+        torch.manual_seed(spec.seed)
+        if spec.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
+        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+        self._decoders: dict[str, tuple[Any, str]] = {}
+        self._lock = threading.Lock()
+        self._inbox: deque[tuple[Any, GenerationRequest]] = deque()
+        self._outbox: queue.Queue[WorkResult] = queue.Queue()
+        self._held: set[Key] = set()
+        self._worker: threading.Thread | None = None
+
+    def _decoder(self, task: Any) -> tuple[Any, str]:
+        """(decoder, its parameters as JSON) for ``task.decoder`` and ``task.decoder_params``, built once."""
+        import laser
+
+        key = f"{task.decoder}:{encode_params(task.decoder_params)}"
+        if key not in self._decoders:
+            dec = laser.get_decoder(task.decoder, self.lm, **task.decoder_params)
+            self._decoders[key] = (dec, encode_params(dec.params()))
+        return self._decoders[key]
+
+    def serve(self, task: Any, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[WorkResult]:
+        """Work on requests pulled with ``take(n)`` (at most ``slots`` at a time), yielding what finishes.
+        A request that fails becomes a failure record in a result; it never stops the stream."""
+        raise NotImplementedError
+
+    def generate(self, task: Any, requests: list[GenerationRequest], slots: int | None = None) -> WorkResult:
+        """Every request's result, worked on in this thread with ``slots`` in flight (default: all)."""
+        waiting = deque(requests)
+        out = self.result_cls()
+        for part in self.serve(task, lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))],
+                               slots or max(1, len(requests))):
+            out.merge(part)
+        return out
+
+    # ---- the driver's streaming call ------------------------------------------------------------
+
+    def exchange(self, task: Any, requests: list[GenerationRequest], slots: int,
+                 wait_s: float = 0.5) -> tuple[WorkResult, set[Key]]:
+        """Queue ``requests`` for the background thread, wait up to ``wait_s`` for finished ones, and return
+        them with the keys of every request this actor still holds (queued or in work). The driver calls
+        it once at a time per actor; a key it sent that is neither returned nor held was lost (restart)."""
+        with self._lock:
+            for req in requests:
+                self._inbox.append((task, req))
+                self._held.add(req.key)
+            if self._worker is None or not self._worker.is_alive():
+                self._worker = threading.Thread(target=self._serve_inbox, args=(slots,), daemon=True)
+                self._worker.start()
+        out = self.result_cls()
+        try:
+            out.merge(self._outbox.get(timeout=wait_s))
+            while True:
+                out.merge(self._outbox.get_nowait())
+        except queue.Empty:
+            pass
+        with self._lock:
+            self._held.difference_update(out.keys())
+            return out, set(self._held)
+
+    def _serve_inbox(self, slots: int) -> None:
+        """Background thread: serve the inbox task by task (passes never mix in one stream)."""
+        while True:
+            with self._lock:
+                if not self._inbox:
+                    self._worker = None
+                    return
+                task = self._inbox[0][0]
+
+            def take(n: int) -> list[GenerationRequest]:
+                with self._lock:
+                    got = []
+                    while self._inbox and len(got) < n and self._inbox[0][0] == task:
+                        got.append(self._inbox.popleft()[1])
+                    return got
+
+            for part in self.serve(task, take, slots):
+                self._outbox.put(part)

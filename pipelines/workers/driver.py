@@ -1,0 +1,207 @@
+"""The driver: a group of worker actors fed with pool affinity, results yielded as they finish.
+
+Each actor gets one :meth:`~pipelines.workers.actors.ModelWorker.exchange` call at a time: new requests
+in (chunks of one pool key, so an actor loads few pools; enough to keep its queue ``slots // 2`` ahead
+of its slots), finished results out. A request an actor lost (its process died and Ray restarted it)
+is sent again, up to ``ACTOR_RESTARTS`` times; an actor that stays dead hands its requests to the
+others. The caller writes each result as it comes (crash-safe stores), so a retried request is never
+written twice. Local Ray is started in-process when no address is configured.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict, deque
+from typing import Any, Iterable, Iterator
+
+from tqdm.auto import tqdm
+
+from pipelines.interrupts import ray_wait
+from pipelines.workers.actors import GenerationRequest, Key, ModelSpec, ModelWorker, WorkResult, actor_options
+
+log = logging.getLogger(__name__)
+
+ACTOR_RESTARTS = 3  # restarts of a worker actor whose process died, and re-sends of a request it lost
+
+
+def ensure_ray(address: str | None, num_cpus: int) -> None:
+    """Connect to Ray: reuse a running session, join ``address``, or start local Ray in-process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        log.info("connecting to Ray at %s", address)
+        ray.init(address=address, log_to_driver=True)
+    else:
+        log.info("starting local Ray with %d CPUs", num_cpus)
+        # Ray keeps its default (token authentication on a new local cluster) but its notice about it is
+        # noise on an in-process run: mute that one logger while the cluster starts.
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        finally:
+            notice.setLevel(level)
+    from pipelines.interrupts import reassert
+
+    reassert()  # ray.init replaced the SIGTERM handler of an interruptible job
+
+
+def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
+    """Requests grouped by pool key (keys and entities in sorted order), cut into batches."""
+    by_key: dict[str | None, list[GenerationRequest]] = defaultdict(list)
+    for req in requests:
+        by_key[req.pool_key].append(req)
+    out: dict[str | None, deque[list[GenerationRequest]]] = {}
+    for key in sorted(by_key, key=lambda k: (k is None, k or "")):
+        reqs = sorted(by_key[key], key=lambda r: r.key)
+        out[key] = deque(reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size))
+    return out
+
+
+class BatchScheduler:
+    """Hands out batches with pool affinity: an actor keeps its last pool key while that key has work;
+    otherwise it takes the key with the most batches left that no other actor is on."""
+
+    def __init__(self, batches: dict[str | None, deque[list[GenerationRequest]]]) -> None:
+        self.batches = {k: q for k, q in batches.items() if q}
+        self.last: dict[int, str | None] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.batches)
+
+    def left(self) -> int:
+        return sum(len(b) for q in self.batches.values() for b in q)
+
+    def next_for(self, actor: int) -> list[GenerationRequest] | None:
+        if not self.batches:
+            return None
+        key = self.last.get(actor, "\0none")
+        if key not in self.batches:
+            busy = {k for a, k in self.last.items() if a != actor}
+            free = [k for k in self.batches if k not in busy] or list(self.batches)
+            key = max(free, key=lambda k: len(self.batches[k]))
+        batch = self.batches[key].popleft()
+        if not self.batches[key]:
+            del self.batches[key]
+        self.last[actor] = key
+        return batch
+
+
+class WorkerGroup:
+    """``num_workers`` actors of ``worker_cls`` sharing one model spec; serves several passes, then ``close``."""
+
+    def __init__(self, worker_cls: type[ModelWorker], spec: ModelSpec, num_workers: int,
+                 address: str | None = None) -> None:
+        self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
+        self.actors: list[Any] = []
+
+    def _start(self, n: int) -> None:
+        import ray
+
+        ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
+        if len(self.actors) < n:
+            log.info("starting %d worker(s); each loads %s once (about 30 s the first time, while the bundled "
+                     "model is de-quantised and cached; a few seconds after)", n - len(self.actors), self.spec.model)
+        # a killed actor process is restarted (the model reloads) and the requests it lost are sent again
+        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec), max_restarts=ACTOR_RESTARTS,
+                                                         max_task_retries=ACTOR_RESTARTS)
+        while len(self.actors) < n:
+            self.actors.append(remote_cls.remote(self.spec))
+
+    def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str,
+               unit: str = "entity") -> Iterator[WorkResult]:
+        """Work on ``requests`` with ``slots`` in flight per actor; yield results as they finish, under a
+        progress bar. Every request ends in exactly one yielded row or failure."""
+        if not requests:
+            return
+        import ray
+        from ray.exceptions import RayActorError
+
+        self._start(min(self.num_workers, len(requests)))
+        task_ref = ray.put(task)  # large tasks (a catalogue) travel once
+        chunk = max(1, slots // 2)
+        scheduler = BatchScheduler(make_batches(requests, chunk))
+        outstanding: list[dict[Key, GenerationRequest]] = [{} for _ in self.actors]
+        retry: deque[GenerationRequest] = deque()
+        losses: Counter[Key] = Counter()
+        alive = set(range(len(self.actors)))
+        calls: dict[Any, int] = {}
+
+        def call(a: int) -> None:
+            new: list[GenerationRequest] = []
+            while retry and len(outstanding[a]) + len(new) < slots + chunk:
+                new.append(retry.popleft())
+            while scheduler and len(outstanding[a]) + len(new) < slots + chunk:
+                new += scheduler.next_for(a)
+            for req in new:
+                outstanding[a][req.key] = req
+            if outstanding[a]:
+                calls[self.actors[a].exchange.remote(task_ref, new, slots)] = a
+
+        with tqdm(total=len(requests), desc=desc, unit=unit) as bar:
+            for a in alive:
+                call(a)
+            while calls:
+                ready, _ = ray_wait(list(calls), num_returns=1, timeout=0.5)  # short: signals get handled
+                if not ready:
+                    continue
+                [ref] = ready
+                a = calls.pop(ref)
+                try:
+                    result, held = ray.get(ref)
+                except RayActorError as exc:  # dead beyond its restarts: the others take over its requests
+                    log.error("worker actor %d died (%s); %d requests go to the others", a, exc, len(outstanding[a]))
+                    result, held = WorkResult(), set()
+                    alive.discard(a)
+                for key in result.keys():
+                    outstanding[a].pop(key, None)
+                for key in [k for k in outstanding[a] if k not in held]:  # lost with a dead process
+                    req = outstanding[a].pop(key)
+                    losses[key] += 1
+                    if losses[key] > ACTOR_RESTARTS:
+                        result.failures.append({"entity_type": key[0], "entity_id": key[1],
+                                                "reason": f"worker died {losses[key]} times working on it"})
+                    else:
+                        retry.append(req)
+                yield result
+                bar.update(len(result.rows) + len(result.failures))
+                for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
+                    call(b)
+                if not calls and (scheduler or retry):
+                    raise RuntimeError(f"all worker actors died; {len(retry) + scheduler.left()} requests left")
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors.clear()
+
+    def __enter__(self) -> "WorkerGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalGroup:
+    """The driver's interface on one worker in this process (no Ray): tools and tests."""
+
+    def __init__(self, worker: ModelWorker) -> None:
+        self.worker = worker
+
+    def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "",
+               unit: str = "entity") -> Iterator[WorkResult]:
+        if requests:
+            yield self.worker.generate(task, requests, slots)
+
+    def close(self) -> None:
+        """Nothing to stop: the worker belongs to the caller."""
+
+    def __enter__(self) -> "LocalGroup":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
