@@ -151,11 +151,17 @@ class VllmEngine:
                  pool_keys: Sequence[Hashable | None] | None = None, verification: str = "greedy",
                  k: int = 2, p: float = 0.1, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
                  seed: int | None = None, stop: Sequence[str] | None = None,
-                 ignore_eos: bool = False) -> list[VllmResult]:
+                 ignore_eos: bool = False, samplings: Sequence[dict | None] | None = None,
+                 rules: dict | None = None, draft: bool = True, n_max: int = 8,
+                 min_prob: float = 0.0) -> list[VllmResult]:
         """Generate for every prompt (all handed to vLLM at once; it keeps ``max_num_seqs`` in flight).
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
         token that is the argmax, or in the target's top-``k`` with probability > ``p``; temperature 0).
+        ``samplings``: per-prompt ``temperature``/``top_p``/``top_k``/``seed`` (None: the call's).
+        ``rules``: :class:`laser.GenerationRules` keywords vLLM has (``repetition_penalty``,
+        ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: these requests
+        draft nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -169,18 +175,28 @@ class VllmEngine:
         ids = [self.encode(pr) for pr in prompts]
         tags = []
         params = []
+        rule_kw = _rule_kwargs(rules)
+        stops = list(stop or []) + list(rule_kw.pop("stop", []))
         for i in range(len(ids)):
             self._serial += 1
             tag = f"r{self._serial}"
             tags.append(tag)
-            extra = {"tag": tag}
+            extra = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob)}
+            if not draft:
+                extra["draft"] = False
             if pool_keys is not None and pool_keys[i] is not None:
                 extra["pool"] = pool_keys[i]
             if verification == "relaxed":
                 extra.update(k=int(k), p=float(p))
-            params.append(SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                         top_k=top_k if top_k > 0 else 0, seed=seed, stop=list(stop or []) or None,
-                                         ignore_eos=ignore_eos, extra_args={"laser": extra}))
+            s = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+            if samplings is not None and samplings[i] is not None:
+                s.update(samplings[i])
+            if verification == "relaxed" and s["temperature"] > 0:
+                raise ValueError("relaxed verification is deterministic: it needs temperature 0")
+            params.append(SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
+                                         top_p=float(s["top_p"]), top_k=int(s["top_k"]) if s["top_k"] else 0,
+                                         seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
+                                         ignore_eos=ignore_eos, extra_args={"laser": extra}, **rule_kw))
         t0 = time.perf_counter()
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False)
         wall = time.perf_counter() - t0
@@ -311,6 +327,25 @@ class VllmEngine:
         if prop is None:
             raise RuntimeError("vLLM did not build the laser proposer in this process")
         return prop
+
+
+def _rule_kwargs(rules: dict | None) -> dict:
+    """:class:`laser.GenerationRules` keywords as vLLM ``SamplingParams`` keywords (``stop`` separately)."""
+    rules = dict(rules or {})
+    out: dict = {}
+    penalty = rules.pop("repetition_penalty", 1.0)
+    if penalty != 1.0:
+        out["repetition_penalty"] = float(penalty)
+    if rules.get("min_new_tokens"):
+        out["min_tokens"] = int(rules.pop("min_new_tokens"))
+    rules.pop("min_new_tokens", None)
+    if rules.get("stop_strings"):
+        out["stop"] = list(rules.pop("stop_strings"))
+    rules.pop("stop_strings", None)
+    unsupported = sorted(k for k, v in rules.items() if v)
+    if unsupported:
+        raise ValueError(f"generation rule(s) {unsupported} have no vLLM form; use execution.engine: hf")
+    return out
 
 
 def _finish_seconds(out, wall: float) -> float:

@@ -12,7 +12,9 @@ Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` nam
   process (:func:`laser.vllm.pools.register_source`); no key or an unknown one drafts from the request's
   own prompt and output only (prompt lookup: the temporary branches every pool drafter keeps);
 - ``k``, ``p``: relaxed verification for this request (absent: vLLM's own rule; greedy is lossless);
-- ``tag``: the caller's id for the request's statistics (accepted drafts, steps).
+- ``tag``: the caller's id for the request's statistics (accepted drafts, steps);
+- ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
+- ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
 
 The runner is found once, when vLLM constructs the proposer (it is the caller's ``self``); that needs
 the model runner in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and one CPU/GPU worker), which
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from laser.drafting import Drafter
+from laser.drafting import Drafter, NoDrafter
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget
 from laser.vllm.relaxed import RelaxedRejectionSampler
@@ -136,8 +138,12 @@ class LaserProposer:
         state = self.runner.requests.get(rid)
         args = ((state.sampling_params.extra_args or {}).get("laser") or {}) if state else {}
         prompt = list(state.prompt_token_ids or []) if state else list(prompt_and_output)
-        source = pools.get_source(args.get("pool"))
-        drafter = source.open(prompt, RETRIEVE_NODES * self.max_len, self.n_max, 0.0)
+        if args.get("draft") is False:  # plain decoding inside a laser engine
+            drafter: Drafter = NoDrafter()
+        else:
+            source = pools.get_source(args.get("pool"))
+            drafter = source.open(prompt, RETRIEVE_NODES * self.max_len, int(args.get("n_max", self.n_max)),
+                                  float(args.get("min_prob", 0.0)))
         rule = (int(args["k"]), float(args["p"])) if args.get("k") is not None else None
         row = _Row(drafter=drafter, seen=len(prompt), tag=args.get("tag", rid), rule=rule,
                    force_cycle=args.get("force_cycle"))
