@@ -245,13 +245,15 @@ class VllmEngine:
         return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
     def measure_cost(self, remeasure: bool = False, rows: Sequence[int] = CALIBRATION_ROWS,
-                     lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 3) -> ForwardCost:
+                     lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 5) -> ForwardCost:
         """Seconds of one vLLM step against rows x tokens per row, timed on this engine.
 
         Each row count runs that many requests whose proposer drafts a fixed number of junk tokens
         (rejected, so every row stays one token per step) cycling through ``lens``; the wall time
         between successive ``propose`` calls of identical batches is one step (scheduler, forward,
-        verification, drafting). Cached as JSON for the next engine of the same model and threads.
+        verification, drafting); the median of ``repeats`` is kept. A first, untimed pass meets every
+        shape once (the first step of a new shape pays for kernel selection on CPU: 0.1-0.2 s).
+        Cached as JSON for the next engine of the same model and threads.
         """
         from laser.cost import cost_cache_dir
 
@@ -265,44 +267,59 @@ class VllmEngine:
             cost = ForwardCost.load(path)
             if cost.rows == list(rows) and cost.nodes == [L + 1 for L in lens]:
                 return cost
-        from laser.vllm.proposer import StepLog
-
         log.info("measuring the vLLM step cost model (%d row counts; cached for the next run)", len(rows))
-        saved = self.proposer.budget
-        self.proposer.budget = ChainBudget(cost=None, max_len=self.max_draft, fixed=self.max_draft)
+        self.warm_shapes(rows, lens, context)
         table, measured = [], {}
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        try:
-            for b in rows:
-                self.proposer.step_log = StepLog()
-                steps = 2 + repeats * len(lens)
-                prompts, params = [], []
-                from vllm import SamplingParams
-                from vllm.inputs import TokensPrompt
-
-                for i in range(b):
-                    ids = [(17 + 31 * (i * context + j)) % (vocab - 10) + 5 for j in range(context)]
-                    prompts.append(TokensPrompt(prompt_token_ids=ids))
-                    params.append(SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True,
-                                                 extra_args={"laser": {"force_cycle": list(lens), "tag": f"cal{b}.{i}"}}))
-                self.llm.generate(prompts, params, use_tqdm=False)
-                times = self.proposer.step_log.times
-                row = []
-                for L in lens:
-                    ts = sorted(times.get((b, L), []))
-                    sec = ts[len(ts) // 2] if ts else float("nan")
-                    measured[f"{b}x{L + 1}"] = sec
-                    row.append(sec)
-                table.append(row)
-                self.proposer.finish_all()
-        finally:
-            self.proposer.step_log = None
-            self.proposer.budget = saved
+        for b in rows:
+            times = self._calibrate(b, lens, context, repeats)
+            row = []
+            for L in lens:
+                ts = sorted(times.get((b, L), []))
+                sec = ts[len(ts) // 2] if ts else float("nan")
+                measured[f"{b}x{L + 1}"] = sec
+                row.append(sec)
+            table.append(row)
         table = _fill_nan(table)
         cost = ForwardCost(key=key, rows=list(rows), nodes=[L + 1 for L in lens], seconds=table,
                            context=context, measured=measured)
         cost.save(path)
         return cost
+
+    def warm_shapes(self, rows: Sequence[int], lens: Sequence[int] = CALIBRATION_LENS, context: int = 64) -> None:
+        """Run every (rows x draft length) step shape once, untimed: the first step of a new shape pays for
+        kernel selection, which a measurement (or a benchmark) should not count."""
+        if self.proposer is None:
+            raise ValueError("warm_shapes drafts through the laser proposer (speculation='laser')")
+        for b in rows:
+            self._calibrate(b, [L for L in lens if L <= self.max_draft], context, 1)
+
+    def _calibrate(self, b: int, lens: Sequence[int], context: int, repeats: int) -> dict:
+        """``b`` requests drafting junk of each length in ``lens`` in turn; step times by (rows, length)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from laser.vllm.proposer import StepLog
+
+        saved = self.proposer.budget
+        self.proposer.budget = ChainBudget(cost=None, max_len=self.max_draft, fixed=self.max_draft)
+        self.proposer.step_log = StepLog()
+        vocab = self.llm.llm_engine.model_config.get_vocab_size()
+        self._serial += 1
+        try:
+            steps = 2 + repeats * len(lens)
+            prompts, params = [], []
+            for i in range(b):
+                ids = [(17 + 31 * (i * context + j) + 7 * self._serial) % (vocab - 10) + 5 for j in range(context)]
+                prompts.append(TokensPrompt(prompt_token_ids=ids))
+                params.append(SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True,
+                                             extra_args={"laser": {"force_cycle": list(lens),
+                                                                   "tag": f"cal{self._serial}.{b}.{i}"}}))
+            self.llm.generate(prompts, params, use_tqdm=False)
+            return dict(self.proposer.step_log.times)
+        finally:
+            self.proposer.step_log = None
+            self.proposer.budget = saved
+            self.proposer.finish_all()
 
     def close(self) -> None:
         """Free the engine (its KV cache and model)."""

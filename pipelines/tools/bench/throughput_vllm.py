@@ -108,11 +108,11 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     hf_decoder = laser.get_decoder("laser", lm, verification="relaxed")
     _warm_up(lm, {HF_RELAXED: hf_decoder}, prompts[0])
     base = {"model": model_dir, "threads": s.threads, "max_model_len": s.max_model_len, "kv_cache_gib": s.kv_cache_gib,
-            "max_new_tokens": s.max_new_tokens, "concurrency": max(s.concurrency)}
+            "max_new_tokens": s.max_new_tokens, "concurrency": max(s.concurrency),
+            "vocab": len(lm.tokenizer) if lm.tokenizer is not None else 32000}
     log.info("measuring the vLLM step-cost model")
     cost_dict = _subprocess(base, measure=True)
     cost = ForwardCost(**cost_dict)
-    warm = [list(reversed(p))[:48] for p in prompts[-2:]]  # token salad: shares no prefix with the prompts
     report: dict[str, Any] = {"settings": asdict(s), "engine": "vllm", "machine": machine_info(), "versions": versions(),
                               "dataset": dataset.model_dump(), "cost_model": cost_dict, "levels": {},
                               "absent": {} if why_no_suffix is None else {"vllm suffix": why_no_suffix}}
@@ -141,11 +141,11 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         keys[i] = f"crp/{groups.get(e)}"
                         used[keys[i]] = pool
             spec = {**base, "method": m, "concurrency": c, "prompts": prompts[:n], "pool_keys": keys,
-                    "pools": used, "warm": warm, "cost": cost if m.get("draft_len") == "auto" else None}
+                    "pools": used, "cost": cost if m.get("draft_len") == "auto" else None}
             log.info("c=%d %s", c, name)
             r = _subprocess(spec)
             level[name] = _metrics(r["tokens"], r["wall_s"], r["prefill_s"], r["outputs"], aal=r["aal"],
-                                   start_s=r["start_s"], draft=r["mean_draft_tokens_per_step"])
+                                   start_s=r["start_s"], warm_s=r["warm_s"], draft=r["mean_draft_tokens_per_step"])
         ref = level[VLLM]
         for name, lv in level.items():
             lv["speedup_vs_vllm"] = lv["tokens_per_s"] / ref["tokens_per_s"]

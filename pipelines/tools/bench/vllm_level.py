@@ -31,6 +31,21 @@ def _engine(spec: dict[str, Any], max_num_seqs: int):
                       kv_cache_gib=spec.get("kv_cache_gib", 2))
 
 
+def _warm(eng, c: int, method: dict[str, Any], vocab: int, prompt_lens: Any = ()) -> None:
+    """Meet every step width the timed run can have, untimed, the same way for every method.
+
+    On CPU the first forward of a new token count pays 0.1-0.2 s once (kernel selection), so a fresh
+    engine's first minute would count start-up, not steady state; a long-running engine pays it once.
+    A step of c rows with up to D draft tokens each has 1..c*(1+D) tokens: one prefill of each length
+    (token salad, shared with no measured prompt, so the prefix cache stays cold for them).
+    """
+    top = c * (1 + int(method.get("max_draft", 8) if method.get("speculation") else 0))
+    for n in sorted(set(range(1, top + 1)) | set(prompt_lens)):  # and each measured prompt's prefill width
+        eng.generate([[(n * 7919 + j * 104729) % (vocab - 10) + 5 for j in range(n)]], 1)
+    if eng.proposer is not None:
+        eng.warm_shapes([r for r in (1, 2, 4, 8, 16, 32, 64) if r <= c])
+
+
 def run_level(spec: dict[str, Any]) -> dict[str, Any]:
     m, c = spec["method"], spec["concurrency"]
     t0 = time.perf_counter()
@@ -39,9 +54,9 @@ def run_level(spec: dict[str, Any]) -> dict[str, Any]:
     for key, pool in (spec.get("pools") or {}).items():
         eng.register_pool(key, pool)
     gen = dict(verification=m.get("verification", "greedy"), k=m.get("k", 2), p=m.get("p", 0.1))
-    warm = spec.get("warm") or []
-    if warm:  # first steps pay for allocation and kernel selection; prompts the timed run does not share
-        eng.generate(warm, 8, **gen)
+    warm_s = time.perf_counter()
+    _warm(eng, c, m, spec.get("vocab", 32000), [len(p) for p in spec["prompts"]])
+    warm_s = time.perf_counter() - warm_s
     prompts, keys = spec["prompts"], spec["pool_keys"]
     t0 = time.perf_counter()
     outs = eng.generate(prompts, spec["max_new_tokens"], pool_keys=keys, **gen)
@@ -55,13 +70,14 @@ def run_level(spec: dict[str, Any]) -> dict[str, Any]:
     tokens = sum(len(o.token_ids) for o in outs)
     eng.close()
     return {"tokens": tokens, "wall_s": wall, "prefill_s": prefill, "outputs": [o.token_ids for o in outs],
-            "target_forwards": forwards, "aal": tokens / max(forwards, 1), "start_s": start_s,
+            "target_forwards": forwards, "aal": tokens / max(forwards, 1), "start_s": start_s, "warm_s": warm_s,
             "mean_draft_tokens_per_step": (sum(chosen) / len(chosen)) if chosen else None}
 
 
 def measure_cost(spec: dict[str, Any]) -> dict[str, Any]:
     rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max(spec["concurrency"], 2))
     eng = _engine({**spec, "method": {"speculation": "laser", "draft_len": 8}}, max(rows))
+    _warm(eng, max(rows), {"speculation": "laser", "max_draft": 8}, spec.get("vocab", 32000))
     cost = eng.measure_cost(remeasure=True, rows=rows, lens=(0, 1, 2, 4, 8))
     eng.close()
     return asdict(cost)
