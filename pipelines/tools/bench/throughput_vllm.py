@@ -217,7 +217,7 @@ def print_vllm_throughput(report: dict[str, Any]) -> None:
         cells = []
         for lv in report["levels"].values():
             m = lv[name]
-            aal = f" aal {m['aal']:.2f}" if "aal" in m else ""
+            aal = f" aal {m['aal']:.2f}" if m.get("aal") is not None else ""
             cells.append(f"{m['tokens_per_s']:.1f}\n{m['speedup_vs_vllm']:.2f}x{aal}")
         table.add_row(name, *cells)
     console.print(table)
@@ -241,7 +241,8 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
               "| method | " + " | ".join(f"c={c}" for c in levels) + " |", "|---|" + "---:|" * len(levels)]
     for name in names:
         cells = [f"{levels[c][name]['decode_tokens_per_s']:.1f}"
-                 + (f" (aal {levels[c][name]['aal']:.2f})" if "aal" in levels[c][name] else "") for c in levels]
+                 + (f" (aal {levels[c][name]['aal']:.2f})" if levels[c][name].get("aal") is not None else "")
+                 for c in levels]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"- absent: {n}: {why}" for n, why in report["absent"].items()]

@@ -70,7 +70,9 @@ def run_level(spec: dict[str, Any]) -> dict[str, Any]:
     tokens = sum(len(o.token_ids) for o in outs)
     eng.close()
     return {"tokens": tokens, "wall_s": wall, "prefill_s": prefill, "outputs": [o.token_ids for o in outs],
-            "target_forwards": forwards, "aal": tokens / max(forwards, 1), "start_s": start_s, "warm_s": warm_s,
+            "target_forwards": forwards,
+            # forwards are counted by LASER's proposer; vLLM's own drafters (ngram, suffix) do not report them
+            "aal": tokens / max(forwards, 1) if m["speculation"] in (None, "laser") else None, "start_s": start_s, "warm_s": warm_s,
             "mean_draft_tokens_per_step": (sum(chosen) / len(chosen)) if chosen else None}
 
 
