@@ -115,14 +115,29 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                      fixed_k: str = typer.Option("8,32", "--fixed-k", help="Fixed draft budgets compared with the adaptive one."),
                      threads: int = typer.Option(2, help="torch threads."),
                      remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached one)."),
-                     seed: int = typer.Option(0, help="Seed of data, split, groups and pools.")) -> None:
+                     seed: int = typer.Option(0, help="Seed of data, split, groups and pools."),
+                     engine: str = typer.Option("hf", help="hf: our engine and generate; vllm: vLLM (plain, ngram, "
+                                                "suffix) and LASER as vLLM's drafter beside them (needs vLLM, "
+                                                "docs/engines.md)."),
+                     old_users: int = typer.Option(48, help="Earlier user profiles generated for the pools.")) -> None:
     """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K."""
     from pipelines.tools.bench.throughput import ThroughputSettings, run_throughput
 
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
+    if engine == "vllm":
+        from pipelines.tools.bench.throughput_vllm import VllmThroughputSettings, run_throughput_vllm
+
+        if json_out == Path("bench-throughput.json"):
+            json_out = Path("docs/results/throughput-vllm.json")
+        run_throughput_vllm(json_out, VllmThroughputSettings(
+            model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
+            max_new_tokens=max_new_tokens, old_users=old_users, seed=seed), _dataset(dataset_config))
+        return
+    if engine != "hf":
+        raise typer.BadParameter(f"--engine must be hf or vllm, got {engine!r}")
     settings = ThroughputSettings(model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
                                   max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
-                                  seed=seed)
+                                  old_users=old_users, seed=seed)
     run_throughput(json_out, settings, _dataset(dataset_config))
 
 

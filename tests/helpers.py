@@ -8,8 +8,11 @@ from pathlib import Path
 import torch
 
 
-def save_tiny_model(path: Path) -> Path:
-    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model."""
+def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
+    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model.
+
+    ``hidden_size=128`` gives 32-wide attention heads, the smallest vLLM's CPU attention supports.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -23,7 +26,7 @@ def save_tiny_model(path: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
     fast.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
-    lm = laser.tiny_llama(vocab_size=len(fast), seed=0, eos_token_id=1)
+    lm = laser.tiny_llama(vocab_size=len(fast), hidden_size=hidden_size, seed=0, eos_token_id=1)
     lm.model.config.max_position_embeddings = 4096
     lm.model.save_pretrained(path)
     fast.save_pretrained(path)

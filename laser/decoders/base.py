@@ -9,7 +9,8 @@ tests a decoder's name:
 - ``greedy_params()``: parameters under which it writes the target's greedy text (used for old
   knowledge, which must be lossless), or None when it cannot;
 - ``produces``: ``"text"`` (a generation) or ``"ranking"`` (top-K item identifiers);
-- ``engines``: the engines that can run it (``"hf"``, this package's tree-attention engine);
+- ``engines``: the engines that can run it (``"hf"``, this package's tree-attention engine; ``"vllm"``,
+  vLLM with LASER as its drafter, :mod:`laser.vllm`, for decoders with a vLLM form);
 - ``check_params()``: its own parameter check, run before any model is loaded.
 
 A subclass sets its fields after ``super().__init__(lm)`` and overrides two hooks: ``verifier()`` (how a

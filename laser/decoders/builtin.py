@@ -19,6 +19,7 @@ class Autoregressive(Decoder):
     name = "autoregressive"
     summary = "one token per target forward, on the same model-call path as the speculative decoders"
     pool = "none"
+    engines = ("hf", "vllm")
 
 
 @register_decoder
@@ -26,6 +27,7 @@ class ReSD(RetrievalDecoder):
     name = "resd"
     summary = "retrieval speculative decoding: trie drafts from one global pool, greedy (lossless) verification"
     pool = "global"
+    engines = ("hf", "vllm")
 
 
 @register_decoder
@@ -33,6 +35,7 @@ class Laser(RetrievalDecoder):
     name = "laser"
     summary = "LASER: trie drafts from the request's routed pool, relaxed (top-k and p) or greedy verification"
     pool = "routed"
+    engines = ("hf", "vllm")
 
     def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
                  K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):

@@ -41,8 +41,18 @@ def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
     """Every decoder the job will build, checked before any work (and before hours of old knowledge);
     returns the new-knowledge one."""
     if cfg.old_knowledge.generate_missing:
-        old_knowledge_decoder(cfg)
-    return new_knowledge_decoder(cfg)
+        check_engine(cfg, old_knowledge_decoder(cfg), "old_knowledge.decoder")
+    return check_engine(cfg, new_knowledge_decoder(cfg), "decoder.name")
+
+
+def check_engine(cfg: JobConfig, choice: DecoderChoice, key: str) -> DecoderChoice:
+    """Refuse a decoder the job's ``execution.engine`` cannot run (its class lists its ``engines``)."""
+    engine = cfg.execution.engine
+    if engine not in choice.cls.engines:
+        able = sorted(n for n, c in available_decoders().items() if engine in c.engines and c.produces == "text")
+        raise JobInputError(f"execution.engine={engine}: {key}={choice.name!r} has no {engine} form (it runs on "
+                            f"{list(choice.cls.engines)}); set {key} to one of {able} or execution.engine: hf")
+    return choice
 
 
 def resolve_job_decoder(name: str, params: dict[str, Any], key: str = "decoder", model: str | None = None,

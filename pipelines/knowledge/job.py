@@ -198,7 +198,16 @@ def worker_group(cfg: JobConfig) -> WorkerGroup:
     ex = cfg.execution
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
                      gpus=ex.gpus_per_worker)
-    return WorkerGroup(GenerationWorker, spec, ex.num_workers, ex.address)
+    return WorkerGroup(generation_worker_cls(ex.engine), spec, ex.num_workers, ex.address)
+
+
+def generation_worker_cls(engine: str) -> type[GenerationWorker]:
+    """The worker actor class of ``execution.engine`` (vLLM's is imported only when chosen)."""
+    if engine == "vllm":
+        from pipelines.knowledge.vllm_worker import VllmGenerationWorker
+
+        return VllmGenerationWorker
+    return GenerationWorker
 
 
 def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: object,

@@ -1,0 +1,9 @@
+"""vLLM as an engine of the decoding core, with LASER as vLLM's drafter (docs/engines.md).
+
+Importing this package does not import vLLM; :class:`VllmEngine` does, when built.
+"""
+from laser.vllm.engine import VllmEngine, VllmResult, vllm_env
+from laser.vllm.pools import PromptLookup, get_source, register_source, unregister_source
+
+__all__ = ["VllmEngine", "VllmResult", "vllm_env", "PromptLookup", "register_source", "unregister_source",
+           "get_source"]

@@ -1,0 +1,46 @@
+"""``execution.engine``: hf by default; under vllm only decoders with a vLLM form pass, others are a
+configuration error naming both keys. No vLLM needed (nothing here imports it)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.config import ConfigError, load_config
+from pipelines.knowledge.decoders import check_job_decoders
+from pipelines.knowledge.job import generation_worker_cls
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.knowledge.validation import JobInputError
+
+
+def test_hf_is_the_default_engine():
+    assert load_config(None).execution.engine == "hf"
+    assert generation_worker_cls("hf") is GenerationWorker
+
+
+def test_an_unknown_engine_is_named():
+    with pytest.raises(ConfigError, match=r"execution\.engine"):
+        load_config(None, ["execution.engine=trt"])
+
+
+@pytest.mark.parametrize("name", ["autoregressive", "laser", "resd"])
+def test_decoders_with_a_vllm_form_pass(name):
+    cfg = load_config(None, ["execution.engine=vllm", f"decoder.name={name}"])
+    assert check_job_decoders(cfg).name == name
+
+
+def test_a_decoder_without_a_vllm_form_is_refused_naming_both_keys():
+    cfg = load_config(None, ["execution.engine=vllm", "decoder.name=spec_sampling",
+                             "decoder.params.draft=truncate:1"])
+    with pytest.raises(JobInputError, match=r"execution\.engine=vllm: decoder\.name='spec_sampling' has no vllm form"):
+        check_job_decoders(cfg)
+
+
+def test_checking_a_vllm_config_does_not_import_vllm():
+    """CI's environment has no vLLM: checking (and refusing) engine configs must not need it."""
+    code = ("import sys; from jobs.config import load_config; from pipelines.knowledge.decoders import check_job_decoders; "
+            "check_job_decoders(load_config(None, ['execution.engine=vllm'])); "
+            "assert not any(m == 'vllm' or m.startswith(('vllm.', 'laser.vllm')) for m in sys.modules), 'imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
