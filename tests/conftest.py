@@ -78,9 +78,10 @@ def tiny_model(tmp_path_factory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def ray_session():
-    """Local Ray for the whole session (2 CPUs); yields its GCS address."""
+    """Local Ray shared by the session's tests (2 CPUs), started on first use and again after a test that
+    shut it down (the two-node cluster test does); yields its GCS address."""
     import ray
 
     if ray.is_initialized() and ray.cluster_resources().get("CPU", 0) < 2:  # a job run in-process started a smaller one
