@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -56,9 +55,8 @@ class DataWorker:
         self.worker, self.task, self.slots = GenerationWorker(spec), task, slots
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        requests = [pickle.loads(b) for b in batch["request"]]
-        result = self.worker.generate(self.task, requests, self.slots)
-        return {"result": np.array([pickle.dumps(result)], dtype=object)}
+        result = self.worker.generate(self.task, list(batch["request"]), self.slots)
+        return {"result": np.array([result], dtype=object)}
 
 
 def _driver_pass(spec: ModelSpec, task: DecodeTask, requests: list[GenerationRequest], s: DriverBenchSettings,
@@ -73,12 +71,12 @@ def _ray_data_pass(spec: ModelSpec, task: DecodeTask, requests: list[GenerationR
     import ray.data
 
     ordered = [r for batches in make_batches(requests, s.slots).values() for b in batches for r in b]  # pool order
-    ds = ray.data.from_items([{"request": pickle.dumps(r)} for r in ordered])
+    ds = ray.data.from_items([{"request": r} for r in ordered])
     ds = ds.map_batches(DataWorker, fn_constructor_kwargs={"spec": spec, "task": task, "slots": s.slots},
                         batch_size=s.slots, concurrency=s.workers, num_cpus=spec.threads,
                         max_restarts=3, max_task_retries=3)
     for row in ds.iter_rows():
-        record_result(pickle.loads(row["result"]), writer, report)
+        record_result(row["result"], writer, report)
 
 
 def _measure(method: str, spec: ModelSpec, task: DecodeTask, requests: list[GenerationRequest],

@@ -33,7 +33,7 @@ import laser
 from laser.cost import ForwardCost, forward_cost
 from laser.engine import StepRecord
 from pipelines.tools.bench.report import machine_info, versions, wide_console
-from pipelines.tools.bench.suite import SuiteSettings, TaskFixture, build_task_pools, pool_for, user_fixture
+from pipelines.tools.bench.suite import SuiteSettings, build_task_pools, pool_for, user_fixture
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 
@@ -324,9 +324,23 @@ def markdown_throughput(report: dict[str, Any]) -> str:
     ce = report["ceiling"]
     lines += ["", f"Ceiling (compute-bound, P={ce['prompt_tokens']:.0f}, G={ce['new_tokens']:.0f}): "
                   f"{ce['tokens_per_s_with_prefill']:.1f} tok/s with prefill, {ce['decode_tokens_per_s']:.1f} decode-only.", ""]
-    lines += [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})"
-              for t in report["targets"]]
+    lines += target_lines(report)
     return "\n".join(lines) + "\n"
+
+
+def target_lines(report: dict[str, Any]) -> list[str]:
+    """One Markdown line per target of the report: met or missed, with its measured value."""
+    return [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})"
+            for t in report["targets"]]
+
+
+def plot_levels(ax: Any, report: dict[str, Any], title: str) -> None:
+    """Tokens/s against concurrency, one line per method, on ``ax``."""
+    conc = [int(c) for c in report["levels"]]
+    for name in next(iter(report["levels"].values())):
+        ax.plot(conc, [report["levels"][str(c)][name]["tokens_per_s"] for c in conc], marker="o", label=name)
+    ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="tokens/s (prefill included)", title=title)
+    ax.set_xticks(conc, [str(c) for c in conc])
 
 
 def plot_throughput(report: dict[str, Any], path: Path) -> Path:
@@ -337,13 +351,8 @@ def plot_throughput(report: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax, cx) = plt.subplots(1, 2, figsize=(13, 4.8))
-    conc = [int(c) for c in report["levels"]]
-    for name in next(iter(report["levels"].values())):
-        ax.plot(conc, [report["levels"][str(c)][name]["tokens_per_s"] for c in conc], marker="o", label=name)
+    plot_levels(ax, report, "throughput vs concurrency")
     ax.axhline(report["ceiling"]["tokens_per_s_with_prefill"], color="grey", linestyle="--", label="ceiling")
-    ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="tokens/s (prefill included)",
-           title="throughput vs concurrency")
-    ax.set_xticks(conc, [str(c) for c in conc])
     ax.legend(fontsize=7)
     cost = report["cost_model"]
     for b, row in zip(cost["rows"], cost["seconds"]):

@@ -22,11 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import pickle
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,7 +35,7 @@ from pipelines.data.load import load_dataset
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 from pipelines.tools.bench.suite import build_task_pools, pool_for, user_fixture
 from pipelines.tools.bench.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
-                                              _engine_level, _generate_level, _warm_up)
+                                              _engine_level, _generate_level, _warm_up, plot_levels, target_lines)
 
 log = logging.getLogger(__name__)
 
@@ -72,17 +67,10 @@ class VllmThroughputSettings(ThroughputSettings):
 
 
 def _subprocess(spec: dict[str, Any], measure: bool = False) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        sp, out = Path(tmp) / "spec.pkl", Path(tmp) / "out.json"
-        sp.write_bytes(pickle.dumps(spec))
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
-        cmd = [sys.executable, "-m", "pipelines.tools.bench.vllm_level", str(sp), str(out)]
-        if measure:
-            cmd.append("--measure-cost")
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0 or not out.exists():
-            raise RuntimeError(f"vLLM level failed ({proc.returncode}): {proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
+    """One level (or the step-cost measurement) on a fresh vLLM engine in a spawned process."""
+    from pipelines.tools.bench.vllm_level import in_fresh_process, measure_cost, run_level
+
+    return in_fresh_process(measure_cost if measure else run_level, spec)
 
 
 def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: DatasetConfig | None = None,
@@ -246,8 +234,7 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += [f"- absent: {n}: {why}" for n, why in report["absent"].items()]
-    lines += [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})"
-              for t in report["targets"]]
+    lines += target_lines(report)
     return "\n".join(lines) + "\n"
 
 
@@ -259,12 +246,7 @@ def plot_vllm_throughput(report: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (ax, cx) = plt.subplots(1, 2, figsize=(13, 4.8))
-    conc = [int(c) for c in report["levels"]]
-    for name in next(iter(report["levels"].values())):
-        ax.plot(conc, [report["levels"][str(c)][name]["tokens_per_s"] for c in conc], marker="o", label=name)
-    ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="tokens/s (prefill included)",
-           title="throughput vs concurrency (vLLM engine)")
-    ax.set_xticks(conc, [str(c) for c in conc])
+    plot_levels(ax, report, "throughput vs concurrency (vLLM engine)")
     ax.legend(fontsize=7)
     cost = report["cost_model"]
     for b, row in zip(cost["rows"], cost["seconds"]):

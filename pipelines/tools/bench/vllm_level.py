@@ -1,23 +1,17 @@
 """One vLLM method at one concurrency, in a process of its own (a fresh engine: no prefix cache or suffix
 tree left by another level; vLLM's memory freed when the process ends). Run by
-:mod:`pipelines.tools.bench.throughput_vllm`:
+:mod:`pipelines.tools.bench.throughput_vllm` in a spawned process (:func:`in_fresh_process`).
 
-    python -m pipelines.tools.bench.vllm_level SPEC.pkl OUT.json
-
-SPEC holds the model, threads, method (speculation, verification, draft length), concurrency, the
-prompts with their pool keys, the pools by key and (for LASER ``auto``) the step-cost model. OUT gets
+The spec holds the model, threads, method (speculation, verification, draft length), concurrency, the
+prompts with their pool keys, the pools by key and (for LASER ``auto``) the step-cost model. The result holds
 tokens, wall seconds, a prefill estimate (the same prompts for one token each, prefix cache reset),
 outputs, AAL and the engine's start seconds. ``--measure-cost`` instead measures the vLLM step-cost
-model (rows up to the highest concurrency) and writes it as JSON.
+model (rows up to the highest concurrency).
 """
 from __future__ import annotations
 
-import json
-import pickle
-import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 
@@ -85,8 +79,10 @@ def measure_cost(spec: dict[str, Any]) -> dict[str, Any]:
     return asdict(cost)
 
 
-if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    spec = pickle.loads(Path(args[0]).read_bytes())
-    result = measure_cost(spec) if "--measure-cost" in sys.argv else run_level(spec)
-    Path(args[1]).write_text(json.dumps(result))
+def in_fresh_process(fn, spec: dict[str, Any]) -> dict[str, Any]:
+    """``fn(spec)`` in a newly spawned interpreter that ends afterwards."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, spec).result()
