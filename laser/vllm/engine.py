@@ -8,8 +8,9 @@
 
 The engine runs vLLM's engine core and model runner in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
 so that the proposer sees the pools registered here; in a Ray job that process is the worker actor.
-Build it under ``if __name__ == "__main__":`` in scripts. Each ``generate`` call hands vLLM all its
-requests at once and vLLM schedules them continuously (``max_num_seqs`` in flight).
+Build it under ``if __name__ == "__main__":`` in scripts. Requests are fed continuously: ``submit`` hands
+one to vLLM, ``step`` runs one engine step and returns those that finished (vLLM schedules up to
+``max_num_seqs`` together); ``generate`` is both for a list of prompts.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Hashable, Sequence
 
@@ -127,6 +128,7 @@ class VllmEngine:
         if self.proposer is not None:
             self.proposer.budget = self._budget()
         self._serial = 0
+        self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
 
     # pools ---------------------------------------------------------------------------------------
     @staticmethod
@@ -147,80 +149,106 @@ class VllmEngine:
                                                            return_dict=False))
         return list(prompt)
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
-                 pool_keys: Sequence[Hashable | None] | None = None, verification: str = "greedy",
-                 k: int = 2, p: float = 0.1, temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0,
-                 seed: int | None = None, stop: Sequence[str] | None = None,
-                 ignore_eos: bool = False, samplings: Sequence[dict | None] | None = None,
-                 rules: dict | None = None, draft: bool = True, n_max: int = 8,
-                 min_prob: float = 0.0) -> list[VllmResult]:
-        """Generate for every prompt (all handed to vLLM at once; it keeps ``max_num_seqs`` in flight).
+    def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
+               verification: str = "greedy", k: int = 2, p: float = 0.1, sampling: dict | None = None,
+               stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
+               draft: bool = True, n_max: int = 8, min_prob: float = 0.0) -> str:
+        """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
         token that is the argmax, or in the target's top-``k`` with probability > ``p``; temperature 0).
-        ``samplings``: per-prompt ``temperature``/``top_p``/``top_k``/``seed`` (None: the call's).
+        ``sampling``: ``temperature``/``top_p``/``top_k``/``seed`` (default: greedy).
         ``rules``: :class:`laser.GenerationRules` keywords vLLM has (``repetition_penalty``,
-        ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: these requests
-        draft nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
+        ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: the request drafts
+        nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
 
         if verification not in ("greedy", "relaxed"):
             raise ValueError(f"verification must be 'greedy' or 'relaxed', got {verification!r}")
-        if verification == "relaxed" and temperature > 0:
+        s = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **(sampling or {})}
+        if verification == "relaxed" and s["temperature"] > 0:
             raise ValueError("relaxed verification is deterministic: it needs temperature 0")
-        if pool_keys is not None and len(pool_keys) != len(prompts):
-            raise ValueError(f"{len(pool_keys)} pool keys for {len(prompts)} prompts")
-        ids = [self.encode(pr) for pr in prompts]
-        tags = []
-        params = []
         rule_kw = _rule_kwargs(rules)
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
-        for i in range(len(ids)):
-            self._serial += 1
-            tag = f"r{self._serial}"
-            tags.append(tag)
-            extra = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob)}
-            if not draft:
-                extra["draft"] = False
-            if pool_keys is not None and pool_keys[i] is not None:
-                extra["pool"] = pool_keys[i]
-            if verification == "relaxed":
-                extra.update(k=int(k), p=float(p))
-            s = dict(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-            if samplings is not None and samplings[i] is not None:
-                s.update(samplings[i])
-            if verification == "relaxed" and s["temperature"] > 0:
-                raise ValueError("relaxed verification is deterministic: it needs temperature 0")
-            params.append(SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
-                                         top_p=float(s["top_p"]), top_k=int(s["top_k"]) if s["top_k"] else 0,
-                                         seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
-                                         ignore_eos=ignore_eos, extra_args={"laser": extra}, **rule_kw))
-        t0 = time.perf_counter()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in ids], params, use_tqdm=False)
-        wall = time.perf_counter() - t0
-        results = []
-        for tag, x, out in zip(tags, ids, outs):
-            c = out.outputs[0]
-            tokens = list(c.token_ids)
-            steps = None
-            if self.proposer is not None:
-                st = self.proposer.take_stats(tag)
-                steps = st[0] if st else None
-            forwards = max(1, min(steps, len(tokens))) if steps else max(len(tokens), 1)
-            if c.finish_reason == "length":
-                reason = "length"
-            elif c.stop_reason is None:
-                reason = "eos"
-            else:
-                reason = "stop"
-            results.append(VllmResult(text=c.text, token_ids=tokens, finish_reason=reason, prompt_tokens=len(x),
-                                      target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
-                                      seconds=_finish_seconds(out, wall)))
-        if self.proposer is not None:
-            self.proposer.finish_all()
-        return results
+        self._serial += 1
+        tag = f"r{self._serial}"
+        extra: dict = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob)}
+        if not draft:
+            extra["draft"] = False
+        if pool_key is not None:
+            extra["pool"] = pool_key
+        if verification == "relaxed":
+            extra.update(k=int(k), p=float(p))
+        params = SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
+                                top_p=float(s["top_p"]), top_k=int(s["top_k"] or 0),
+                                seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
+                                ignore_eos=ignore_eos, extra_args={"laser": extra},
+                                output_kind=RequestOutputKind.FINAL_ONLY, **rule_kw)
+        ids = self.encode(prompt)
+        self.llm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
+        self._pending[tag] = (len(ids), time.perf_counter())
+        return tag
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted and not yet returned by :meth:`step`."""
+        return len(self._pending)
+
+    def step(self) -> list[tuple[str, VllmResult]]:
+        """One vLLM engine step; the requests it finished, as (tag, result)."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished or out.request_id not in self._pending:
+                continue
+            prompt_tokens, t0 = self._pending.pop(out.request_id)
+            done.append((out.request_id, self._result(out, prompt_tokens, time.perf_counter() - t0)))
+        return done
+
+    def abort_all(self) -> None:
+        """Drop every request in flight (after a failed step)."""
+        if self._pending:
+            self.llm.llm_engine.abort_request(list(self._pending))
+            self._pending.clear()
+
+    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
+                 pool_keys: Sequence[Hashable | None] | None = None,
+                 samplings: Sequence[dict | None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int | None = None, **kwargs) -> list[VllmResult]:
+        """Every prompt's result, in order (all submitted at once; vLLM keeps ``max_num_seqs`` in flight).
+
+        ``pool_keys`` and ``samplings`` (None entries: the call's ``temperature``/``top_p``/``top_k``/``seed``)
+        are per prompt; other keywords are :meth:`submit`'s.
+        """
+        if pool_keys is not None and len(pool_keys) != len(prompts):
+            raise ValueError(f"{len(pool_keys)} pool keys for {len(prompts)} prompts")
+        call = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
+        tags = [self.submit(pr, max_new_tokens, pool_key=pool_keys[i] if pool_keys is not None else None,
+                            sampling={**call, **((samplings[i] if samplings is not None else None) or {})},
+                            **kwargs)
+                for i, pr in enumerate(prompts)]
+        results: dict[str, VllmResult] = {}
+        while len(results) < len(tags):
+            results.update(self.step())
+        return [results[t] for t in tags]
+
+    def _result(self, out, prompt_tokens: int, seconds: float) -> VllmResult:
+        c = out.outputs[0]
+        tokens = list(c.token_ids)
+        stats = self.proposer.take_stats(out.request_id) if self.proposer is not None else None
+        steps = stats[0] if stats else None
+        forwards = max(1, min(steps, len(tokens))) if steps else max(len(tokens), 1)
+        if c.finish_reason == "length":
+            reason = "length"
+        elif c.stop_reason is None:
+            reason = "eos"
+        else:
+            reason = "stop"
+        return VllmResult(text=c.text, token_ids=tokens, finish_reason=reason, prompt_tokens=prompt_tokens,
+                          target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
+                          seconds=_finish_seconds(out, seconds))
 
     # draft length --------------------------------------------------------------------------------
     def _budget(self) -> ChainBudget:

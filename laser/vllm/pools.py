@@ -27,6 +27,11 @@ def unregister_source(key: Hashable) -> None:
         _SOURCES.pop(key, None)
 
 
+def registered_keys() -> list[Hashable]:
+    with _LOCK:
+        return list(_SOURCES)
+
+
 def get_source(key: Hashable | None) -> DraftSource:
     if key is not None:
         source = _SOURCES.get(key)

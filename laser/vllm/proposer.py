@@ -155,18 +155,22 @@ class LaserProposer:
             return
         live = set(req_ids) | set(getattr(self.runner, "requests", {}) or {})
         for rid in [r for r in self.rows if r not in live]:
-            row = self.rows.pop(rid)
-            row.drafter.close()
-            self.stats[row.tag] = (row.steps, row.accepted)
-            self.budget.forget(rid)
+            self._close(rid)
+
+    def _close(self, rid: str) -> None:
+        row = self.rows.pop(rid)
+        row.drafter.close()
+        self.stats[row.tag] = (row.steps, row.accepted)
+        self.budget.forget(rid)
 
     def take_stats(self, tag) -> tuple[int, int] | None:
-        """(steps, accepted drafts) of a request by its tag, once it left the batch (or now, if live)."""
+        """(steps, accepted drafts) of a finished request by its tag; its row is closed if still open."""
         if tag in self.stats:
             return self.stats.pop(tag)
         for rid, row in list(self.rows.items()):
             if row.tag == tag:
-                return row.steps, row.accepted
+                self._close(rid)
+                return self.stats.pop(tag)
         return None
 
     def finish_all(self) -> None:

@@ -10,8 +10,8 @@ One vLLM engine per actor, with LASER's proposer: decoders without drafting (``a
 their requests with drafting off; ``laser`` and ``resd`` draft from the request's pool (routed or
 global, as routing chose), ``laser`` with its verification rule. The draft length is the decoder's
 ``K`` (capped at ``MAX_DRAFT``) or, for ``K: auto``, follows the load through the step-cost model
-measured on this engine (cached per machine). Requests are handed to vLLM ``slots`` at a time; vLLM
-schedules them continuously. Degenerate-text retries run on the transformers model the actor also
+measured on this engine (cached per machine). Requests are fed continuously: ``slots`` stay in vLLM,
+and each one that finishes is written and replaced at once. Degenerate-text retries run on the transformers model the actor also
 holds (the parent's path).
 """
 from __future__ import annotations
@@ -67,57 +67,56 @@ class VllmGenerationWorker(GenerationWorker):
         return self.vllm
 
     def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
-        """Pull up to ``slots`` requests, generate them together on vLLM, yield each one's row; repeat."""
+        """Keep up to ``slots`` requests in vLLM, topping up with ``take`` as requests finish; yield each
+        finished request's row (vLLM schedules the requests in flight together, step by step)."""
         from laser.vllm import pools as vpools
 
         decoder, params_json = self._decoder(task)
         engine = self._engine(decoder, slots)
         relaxed = getattr(decoder, "verification", "greedy") == "relaxed"
-        drafts = getattr(decoder, "K", 0) != 0 and decoder.pool != "none"
+        opts = dict(verification="relaxed" if relaxed else "greedy", k=getattr(decoder, "k", 2),
+                    p=getattr(decoder, "p", 0.1), draft=getattr(decoder, "K", 0) != 0 and decoder.pool != "none",
+                    n_max=getattr(decoder, "n_max", 8), min_prob=getattr(decoder, "min_prob", 0.0), rules=task.rules)
+        live: dict[str, tuple[GenerationRequest, str, Any]] = {}  # tag -> (request, prompt, pool)
+        stepped = 0.0  # engine seconds not yet counted in a result (steps are shared: counted once)
         while True:
-            got = take(slots)
-            if not got:
-                return
             failed: list[dict[str, str]] = []
-            batch: list[tuple[GenerationRequest, str, Any, list[int], Any]] = []
-            for req in got:
-                try:
+            for req in take(slots - len(live)) if len(live) < slots else []:
+                try:  # one bad entity never takes down the others
                     prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
-                    sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
                     if pool is not None:
                         vpools.register_source(req.pool_key, pool)
-                    batch.append((req, prompt, pool, decoder.encode(prompt), sampling))
-                except Exception as exc:  # one bad entity never takes down the others
+                    sampling = _vllm_sampling(entity_sampling(task.sampling, req.entity_type, req.entity_id))
+                    tag = engine.submit(decoder.encode(prompt), task.max_new_tokens, sampling=sampling,
+                                        pool_key=req.pool_key if pool is not None else None, **opts)
+                    live[tag] = (req, prompt, pool)
+                except Exception as exc:
                     failed.append(_failure(req, exc))
-            t0 = time.perf_counter()
-            try:
-                results = engine.generate(
-                    [b[3] for b in batch], task.max_new_tokens,
-                    pool_keys=[b[0].pool_key if b[2] is not None else None for b in batch],
-                    verification="relaxed" if relaxed else "greedy", k=getattr(decoder, "k", 2),
-                    p=getattr(decoder, "p", 0.1), draft=drafts, n_max=getattr(decoder, "n_max", 8),
-                    min_prob=getattr(decoder, "min_prob", 0.0), rules=task.rules,
-                    samplings=[_vllm_sampling(b[4]) for b in batch]) if batch else []
-            except Exception as exc:  # the whole batch failed: each request fails with the reason
-                results = None
-                failed += [_failure(b[0], exc) for b in batch]
-            wall = time.perf_counter() - t0
-            self._forget_pools(vpools)
-            first = True
-            for b, res in zip(batch, results or []):
-                req, prompt, pool = b[0], b[1], b[2]
-                part = self._finish(task, req, prompt, pool, VllmResultView(res), params_json)
-                if first:
-                    part.decode_s += wall
-                    part.failures[:0], failed = failed, []
-                    first = False
-                yield part
             if failed:
                 yield BatchResult(failures=failed)
+            if not live:
+                return
+            t0 = time.perf_counter()
+            try:
+                finished = engine.step()
+            except Exception as exc:  # the engine failed: every request in it fails with the reason
+                finished = []
+                yield BatchResult(failures=[_failure(req, exc) for req, _, _ in live.values()])
+                live.clear()
+                engine.abort_all()
+            stepped += time.perf_counter() - t0
+            for tag, res in finished:
+                req, prompt, pool = live.pop(tag)
+                part = self._finish(task, req, prompt, pool, VllmResultView(res), params_json)
+                part.decode_s, stepped = part.decode_s + stepped, 0.0
+                yield part
+            if finished:
+                self._forget_pools(vpools, {req.pool_key for req, _, _ in live.values()})
 
-    def _forget_pools(self, vpools: Any) -> None:
-        """Registered pools that left the LRU are unregistered (the registry never outgrows the LRU)."""
-        for key in [k for k in list(vpools._SOURCES) if k not in self._pools]:
+    def _forget_pools(self, vpools: Any, in_use: set) -> None:
+        """Registered pools that left the LRU and no request in flight uses are unregistered (the registry
+        stays about the LRU's size)."""
+        for key in [k for k in vpools.registered_keys() if k not in self._pools and k not in in_use]:
             vpools.unregister_source(key)
 
 
