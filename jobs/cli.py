@@ -270,6 +270,21 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
+@bench_app.command("engines")
+def bench_engines(json_out: Path = typer.Option(Path("docs/results/engines.json"), "--json",
+                                                help="JSON output (Markdown and run logs beside it)."),
+                  config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
+                  work: Path = typer.Option(..., help="A fresh directory for the runs' outputs."),
+                  engines: str = typer.Option("hf,vllm", help="Engines, comma-separated."),
+                  repeats: int = typer.Option(1, help="Interleaved runs per engine.")) -> None:
+    """The job's entities per minute on each engine (execution.engine), each run a fresh process."""
+    from jobs.config import bundled_config
+    from pipelines.tools.bench.engines import run_engines_bench
+
+    run_engines_bench(json_out, config or bundled_config("demo"), work,
+                      tuple(e.strip() for e in engines.split(",") if e.strip()), repeats)
+
+
 @bench_app.command("quality")
 def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"), "--json",
                                                 help="JSON output (Markdown and PNG beside it)."),
