@@ -107,6 +107,14 @@ class DraftTree:
             mask[i] |= mask[self.parents[i]]
         return mask
 
+    def first_path(self) -> list[int]:
+        """Draft tokens of the first root-to-leaf path (nodes 1, 2, ... while each is its predecessor's
+        child): the best chain of a depth-first tree laid out best child first."""
+        n = 1
+        while n < len(self.parents) and self.parents[n] == n - 1:
+            n += 1
+        return self.tokens[1:n].tolist()
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""
         path = [node]

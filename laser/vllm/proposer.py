@@ -32,8 +32,6 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from laser.drafting import Drafter, NoDrafter
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget
@@ -118,7 +116,7 @@ class LaserProposer:
                 chain = [3 + (context[-1] + j) % 2 for j in range(cycle[self.steps % len(cycle)])]  # junk
             else:
                 tree = row.drafter.propose(context, RETRIEVE_NODES * self.max_len)
-                chain = _first_path(tree)[: self.max_len]
+                chain = tree.first_path()[: self.max_len]
             active.append(i)
             chains.append(chain)
         keys = [req_ids[i] for i in active]
@@ -189,16 +187,6 @@ class LaserProposer:
             if len(lens) == 1:
                 log_.times.setdefault((len(req_ids), lens.pop()), []).append(now - log_.last_t)
         log_.last_t = now
-
-
-def _first_path(tree) -> list[int]:
-    """The first root-to-leaf path of a depth-first tree: nodes 1, 2, ... while each is its predecessor's child."""
-    parents = np.asarray(tree.parents)
-    tokens = np.asarray(tree.tokens)
-    n = 1
-    while n < len(parents) and parents[n] == n - 1:
-        n += 1
-    return tokens[1:n].tolist()
 
 
 def _find_runner():

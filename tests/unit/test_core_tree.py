@@ -151,3 +151,15 @@ def test_engine_refuses_a_tree_whose_cached_nodes_were_not_kept(tiny_lm):
     engine = TreeDecodingEngine(tiny_lm.model, TopKVerifier(), eos_ids=set())
     with pytest.raises(RuntimeError, match="cached nodes are not the 0 nodes kept"):
         engine.run([Request(tokens=[3, 4, 5], prompt_len=3, drafter=Liar(), max_new_tokens=2)])
+
+
+def test_first_path_follows_the_best_child_to_a_leaf():
+    import numpy as np
+
+    from laser.tree import DraftTree
+
+    # root 9 -> 1 -> 2 -> 3 (leaf), 1 -> 4, root -> 5
+    tree = DraftTree(np.array([9, 1, 2, 3, 4, 5]), np.array([-1, 0, 1, 2, 1, 0]))
+    assert tree.first_path() == [1, 2, 3]
+    assert DraftTree.chain(9, [7, 8]).first_path() == [7, 8]
+    assert DraftTree.chain(9).first_path() == []
