@@ -53,13 +53,16 @@ class VllmResult:
         return len(self.token_ids) / max(self.target_forwards, 1)
 
 
-def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True) -> dict[str, str]:
-    """Environment vLLM reads at start-up: bounded KV memory, pinned threads, engine core in process."""
+def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True,
+             bind: bool = True) -> dict[str, str]:
+    """Environment vLLM reads at start-up: bounded KV memory, threads (pinned to cores 0.. when ``bind``;
+    several engines on one machine, such as the job's worker actors, leave placement to the OS), engine
+    core in process."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(round(kv_cache_gib))))}
     if in_process:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if threads:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = (f"0-{threads - 1}" if threads > 1 else "0") if bind else "nobind"
         env["OMP_NUM_THREADS"] = str(threads)
     return env
 
@@ -82,7 +85,9 @@ class VllmEngine:
         draft_len: ``"auto"`` (each row's length from the measured step cost and its acceptance) or
             a fixed length (default: ``"auto"``; laser only).
         kv_cache_gib: KV cache size on CPU (``VLLM_CPU_KVCACHE_SPACE``) (default: 2).
-        threads: CPU threads, bound to cores 0..threads-1 (default: vLLM's own choice).
+        threads: CPU threads (default: vLLM's own choice).
+        bind_threads: pin the threads to cores 0..threads-1 (one engine per machine, as in benchmarks);
+            False leaves placement to the OS (several engines per machine) (default: True).
         max_num_seqs: requests in flight (default: 64).
         max_model_len: prompt + output tokens per request (default: 2048).
         dtype: model dtype (default: ``"float32"``).
@@ -94,6 +99,7 @@ class VllmEngine:
 
     def __init__(self, model: str = "smollm2-135m", *, speculation: str | None = "laser", max_draft: int = 8,
                  draft_len: str | int = "auto", kv_cache_gib: float = 2, threads: int | None = None,
+                 bind_threads: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
                  enforce_eager: bool = False, cost: ForwardCost | None = None, ngram: tuple[int, int] = (2, 4),
                  **vllm_kwargs):
@@ -101,7 +107,7 @@ class VllmEngine:
             raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
             raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
-        os.environ.update(vllm_env(threads, kv_cache_gib, in_process=True))
+        os.environ.update(vllm_env(threads, kv_cache_gib, in_process=True, bind=bind_threads))
         from vllm import LLM
 
         self.path = resolve_model(model)

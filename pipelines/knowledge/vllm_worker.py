@@ -58,6 +58,7 @@ class VllmGenerationWorker(GenerationWorker):
             dtype = self.spec.dtype if self.spec.dtype != "auto" or self.spec.device == "cuda" else "float32"
             self.vllm = VllmEngine(self.spec.model, speculation="laser", max_draft=MAX_DRAFT, draft_len=MAX_DRAFT,
                                    threads=self.spec.threads if self.spec.device == "cpu" else None,
+                                   bind_threads=False,  # the node's other actors share its cores
                                    max_num_seqs=max(slots, 1), dtype=dtype, seed=self.spec.seed)
         want = "auto" if getattr(decoder, "adaptive", False) else min(int(getattr(decoder, "K", 0)), MAX_DRAFT)
         if want != self._draft_len:
