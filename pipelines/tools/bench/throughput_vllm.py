@@ -175,7 +175,10 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
             lv.pop("_outputs_ref", None)
         report["levels"][str(c)] = level
         print(f"c={c}: " + ", ".join(f"{k} {v['tokens_per_s']:.1f}" for k, v in level.items()), flush=True)
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({**report, "complete": False}, indent=2))  # the levels so far, should a later one fail
     report["targets"] = check_vllm_targets(report)
+    report["complete"] = True
     report["duration_s"] = time.perf_counter() - started
     report["machine"]["load_average_after"] = machine_info()["load_average"]
     print_vllm_throughput(report)

@@ -25,15 +25,16 @@ def _engine(spec: dict[str, Any], max_num_seqs: int):
                       kv_cache_gib=spec.get("kv_cache_gib", 2))
 
 
-def _warm(eng, c: int, method: dict[str, Any], vocab: int, prompt_lens: Any = ()) -> None:
+def _warm(eng, c: int, method: dict[str, Any], vocab: int, prompt_lens: Any = (), max_len: int = 1024) -> None:
     """Meet every step width the timed run can have, untimed, the same way for every method.
 
     On CPU the first forward of a new token count pays 0.1-0.2 s once (kernel selection), so a fresh
     engine's first minute would count start-up, not steady state; a long-running engine pays it once.
     A step of c rows with up to D draft tokens each has 1..c*(1+D) tokens: one prefill of each length
-    (token salad, shared with no measured prompt, so the prefix cache stays cold for them).
+    (token salad, shared with no measured prompt, so the prefix cache stays cold for them), up to the
+    longest prompt the engine takes (``max_len - 1``).
     """
-    top = c * (1 + int(method.get("max_draft", 8) if method.get("speculation") else 0))
+    top = min(c * (1 + int(method.get("max_draft", 8) if method.get("speculation") else 0)), max_len - 1)
     for n in sorted(set(range(1, top + 1)) | set(prompt_lens)):  # and each measured prompt's prefill width
         eng.generate([[(n * 7919 + j * 104729) % (vocab - 10) + 5 for j in range(n)]], 1)
     if eng.proposer is not None:
@@ -49,7 +50,7 @@ def run_level(spec: dict[str, Any]) -> dict[str, Any]:
         eng.register_pool(key, pool)
     gen = dict(verification=m.get("verification", "greedy"), k=m.get("k", 2), p=m.get("p", 0.1))
     warm_s = time.perf_counter()
-    _warm(eng, c, m, spec.get("vocab", 32000), [len(p) for p in spec["prompts"]])
+    _warm(eng, c, m, spec.get("vocab", 32000), [len(p) for p in spec["prompts"]], spec["max_model_len"])
     warm_s = time.perf_counter() - warm_s
     prompts, keys = spec["prompts"], spec["pool_keys"]
     t0 = time.perf_counter()
@@ -73,7 +74,8 @@ def run_level(spec: dict[str, Any]) -> dict[str, Any]:
 def measure_cost(spec: dict[str, Any]) -> dict[str, Any]:
     rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max(spec["concurrency"], 2))
     eng = _engine({**spec, "method": {"speculation": "laser", "draft_len": 8}}, max(rows))
-    _warm(eng, max(rows), {"speculation": "laser", "max_draft": 8}, spec.get("vocab", 32000))
+    _warm(eng, max(rows), {"speculation": "laser", "max_draft": 8}, spec.get("vocab", 32000), (),
+          spec["max_model_len"])
     cost = eng.measure_cost(remeasure=True, rows=rows, lens=(0, 1, 2, 4, 8))
     eng.close()
     return asdict(cost)
