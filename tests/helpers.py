@@ -67,3 +67,45 @@ def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0)
             "target_forwards": 3, "accepted_tokens": 0, "retrieval_s": 0.0, "generation_s": 0.1,
             "finish_reason": "eos", "run_id": run_id, "generated_at": utc_now() + timedelta(seconds=offset_s),
             "source_hash": f"{run_id}-{eid}"}
+
+
+def stream_killing_first_actor(group, requests, task, store: Path, slots: int = 2, after_shards: int = 2):
+    """Stream ``requests`` through a started ``WorkerGroup`` into the knowledge ``store`` (one row per shard)
+    while a thread SIGKILLs the first actor's process once ``after_shards`` shards are written, mid-run.
+    Returns (the generation report, the killed pid, whether the kill happened)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    from pipelines.knowledge.generation import GenerationReport, record_result
+    from pipelines.knowledge_store import KnowledgeWriter
+
+    victim = ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))
+    killed = threading.Event()
+
+    def kill_when_busy() -> None:
+        deadline = time.time() + 300
+        while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < after_shards:
+            time.sleep(0.01)
+        os.kill(victim, signal.SIGKILL)  # the actor is working on the rest
+        killed.set()
+
+    killer = threading.Thread(target=kill_when_busy)
+    killer.start()
+    report = GenerationReport()
+    with KnowledgeWriter(store, shard_rows=1, run_id=task.run_id) as writer:
+        for result in group.stream(requests, task, slots=slots, desc="knowledge"):
+            record_result(result, writer, report)
+    killer.join()
+    return report, victim, killed.is_set()
+
+
+def actor_pid(actor) -> int:
+    import os
+
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))

@@ -3,11 +3,9 @@ second run is refused by the lock, a write failing part-way (disk full, simulate
 from __future__ import annotations
 
 import errno
-import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import polars as pl
 import pytest
 import yaml
 
-from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
+from pipelines.knowledge.generation import DecodeTask, GenerationWorker
 from pipelines.workers import GenerationRequest, ModelSpec, WorkerGroup
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
@@ -26,6 +24,7 @@ def run_incremental(cfg):
     """One incremental run; its ledger row."""
     return run_job(cfg, incremental=True).record
 from pipelines.ops.schedule.ledger import RunLedger
+from tests.helpers import actor_pid, stream_killing_first_actor
 from test_schedule_incremental import incremental_config, write_table_data
 
 pytestmark = pytest.mark.slow
@@ -33,38 +32,15 @@ REPO = Path(__file__).resolve().parents[2]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
 
 
-def _pid(actor) -> int:
-    import ray
-
-    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
-
-
 def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
     requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(16)]
     task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
     group = WorkerGroup(GenerationWorker, ModelSpec(tiny_model, dtype="float32"), num_workers=2)
     group._start(2)
-    victim = _pid(group.actors[0])
     store = tmp_path / "knowledge"
-    killed = threading.Event()
-
-    def kill_when_busy() -> None:
-        deadline = time.time() + 120
-        while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 2:
-            time.sleep(0.01)
-        os.kill(victim, signal.SIGKILL)  # the actor is decoding its next batch
-        killed.set()
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
     try:
-        report = GenerationReport()
-        with KnowledgeWriter(store, shard_rows=1, run_id="r") as writer:
-            for result in group.stream(requests, task, slots=2, desc="knowledge"):
-                record_result(result, writer, report)
-        killer.join()
-        assert killed.is_set()
-        assert _pid(group.actors[0]) != victim  # restarted in a new process
+        report, victim, killed = stream_killing_first_actor(group, requests, task, store)
+        assert killed and actor_pid(group.actors[0]) != victim  # restarted in a new process
     finally:
         group.close()
     rows = read_knowledge(store, dedup=False)

@@ -3,10 +3,6 @@ greedy text of the vLLM target), drafting from each request's routed pool; reque
 arrive; a worker actor killed mid-run loses no row. Skipped without vLLM."""
 from __future__ import annotations
 
-import os
-import signal
-import threading
-import time
 from collections import deque
 
 import pytest
@@ -16,7 +12,7 @@ pytest.importorskip("vllm")
 from pipelines.knowledge.generation import DecodeTask  # noqa: E402
 from pipelines.knowledge.vllm_worker import VllmGenerationWorker  # noqa: E402
 from pipelines.workers import GenerationRequest, ModelSpec  # noqa: E402
-from tests.helpers import save_tiny_model  # noqa: E402
+from tests.helpers import actor_pid, save_tiny_model, stream_killing_first_actor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -79,35 +75,17 @@ def test_requests_join_while_others_are_in_flight(worker):
 def test_killed_vllm_worker_actor_loses_no_row(vllm_model, ray_session, tmp_path):
     """A Ray worker actor running vLLM is killed mid-run: Ray restarts it (a new engine), the driver
     re-sends what it held, and every entity is written once."""
-    import ray
-
-    from pipelines.knowledge.generation import GenerationReport, record_result
-    from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+    from pipelines.knowledge_store import read_knowledge
     from pipelines.workers import WorkerGroup
 
     requests = _users(10, pool=False)
     task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
     group = WorkerGroup(VllmGenerationWorker, ModelSpec(vllm_model, dtype="float32"), num_workers=1)
     group._start(1)
-    pid = lambda: ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731
-    victim, store, killed = pid(), tmp_path / "knowledge", threading.Event()
-
-    def kill_when_busy() -> None:
-        deadline = time.time() + 300
-        while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 2:
-            time.sleep(0.01)
-        os.kill(victim, signal.SIGKILL)  # the actor is decoding the rest
-        killed.set()
-
-    killer = threading.Thread(target=kill_when_busy)
-    killer.start()
+    store = tmp_path / "knowledge"
     try:
-        report = GenerationReport()
-        with KnowledgeWriter(store, shard_rows=1, run_id="r") as writer:
-            for result in group.stream(requests, task, slots=2, desc="knowledge"):
-                record_result(result, writer, report)
-        killer.join()
-        assert killed.is_set() and pid() != victim  # restarted in a new process
+        report, victim, killed = stream_killing_first_actor(group, requests, task, store)
+        assert killed and actor_pid(group.actors[0]) != victim  # restarted in a new process
     finally:
         group.close()
     rows = read_knowledge(store, dedup=False)
