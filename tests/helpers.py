@@ -69,10 +69,11 @@ def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0)
             "source_hash": f"{run_id}-{eid}"}
 
 
-def stream_killing_first_actor(group, requests, task, store: Path, slots: int = 2, after_shards: int = 2):
-    """Stream ``requests`` through a started ``WorkerGroup`` into the knowledge ``store`` (one row per shard)
-    while a thread SIGKILLs the first actor's process once ``after_shards`` shards are written, mid-run.
-    Returns (the generation report, the killed pid, whether the kill happened)."""
+def check_killed_actor_loses_no_row(worker_cls, model: str, workers: int, requests, store: Path,
+                                    after_shards: int = 2) -> None:
+    """Stream ``requests`` (autoregressive, 48 new tokens) through ``workers`` actors of ``worker_cls`` into
+    the knowledge ``store`` (one row per shard); once ``after_shards`` shards are written, SIGKILL the first
+    actor's process. Asserts that Ray restarted it and that every entity was written exactly once."""
     import os
     import signal
     import threading
@@ -80,11 +81,15 @@ def stream_killing_first_actor(group, requests, task, store: Path, slots: int = 
 
     import ray
 
-    from pipelines.knowledge.generation import GenerationReport, record_result
-    from pipelines.knowledge_store import KnowledgeWriter
+    from pipelines.knowledge.generation import DecodeTask, GenerationReport, record_result
+    from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+    from pipelines.workers import ModelSpec, WorkerGroup
 
-    victim = ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))
-    killed = threading.Event()
+    task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
+    group = WorkerGroup(worker_cls, ModelSpec(model, dtype="float32"), num_workers=workers)
+    group._start(workers)
+    pid = lambda: ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731
+    victim, killed = pid(), threading.Event()
 
     def kill_when_busy() -> None:
         deadline = time.time() + 300
@@ -96,16 +101,14 @@ def stream_killing_first_actor(group, requests, task, store: Path, slots: int = 
     killer = threading.Thread(target=kill_when_busy)
     killer.start()
     report = GenerationReport()
-    with KnowledgeWriter(store, shard_rows=1, run_id=task.run_id) as writer:
-        for result in group.stream(requests, task, slots=slots, desc="knowledge"):
-            record_result(result, writer, report)
-    killer.join()
-    return report, victim, killed.is_set()
-
-
-def actor_pid(actor) -> int:
-    import os
-
-    import ray
-
-    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+    try:
+        with KnowledgeWriter(store, shard_rows=1, run_id=task.run_id) as writer:
+            for result in group.stream(requests, task, slots=2, desc="knowledge"):
+                record_result(result, writer, report)
+        killer.join()
+        assert killed.is_set() and pid() != victim  # restarted in a new process
+    finally:
+        group.close()
+    rows = read_knowledge(store, dedup=False)
+    assert report.failed == 0 and report.done == len(requests)
+    assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice

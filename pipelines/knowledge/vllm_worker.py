@@ -82,7 +82,7 @@ class VllmGenerationWorker(GenerationWorker):
         stepped = 0.0  # engine seconds not yet counted in a result (steps are shared: counted once)
         while True:
             failed: list[dict[str, str]] = []
-            for req in take(slots - len(live)) if len(live) < slots else []:
+            for req in take(slots - len(live)):
                 try:  # one bad entity never takes down the others
                     prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
                     if pool is not None:

@@ -13,8 +13,8 @@ import polars as pl
 import pytest
 import yaml
 
-from pipelines.knowledge.generation import DecodeTask, GenerationWorker
-from pipelines.workers import GenerationRequest, ModelSpec, WorkerGroup
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.workers import GenerationRequest
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
 from pipelines.knowledge.job import run_job
@@ -24,7 +24,7 @@ def run_incremental(cfg):
     """One incremental run; its ledger row."""
     return run_job(cfg, incremental=True).record
 from pipelines.ops.schedule.ledger import RunLedger
-from tests.helpers import actor_pid, stream_killing_first_actor
+from tests.helpers import check_killed_actor_loses_no_row
 from test_schedule_incremental import incremental_config, write_table_data
 
 pytestmark = pytest.mark.slow
@@ -34,18 +34,7 @@ LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')
 
 def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
     requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(16)]
-    task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
-    group = WorkerGroup(GenerationWorker, ModelSpec(tiny_model, dtype="float32"), num_workers=2)
-    group._start(2)
-    store = tmp_path / "knowledge"
-    try:
-        report, victim, killed = stream_killing_first_actor(group, requests, task, store)
-        assert killed and actor_pid(group.actors[0]) != victim  # restarted in a new process
-    finally:
-        group.close()
-    rows = read_knowledge(store, dedup=False)
-    assert report.failed == 0 and report.done == len(requests)
-    assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice
+    check_killed_actor_loses_no_row(GenerationWorker, tiny_model, 2, requests, tmp_path / "knowledge")
 
 
 def _lock_record(out: Path) -> str:

@@ -12,7 +12,7 @@ pytest.importorskip("vllm")
 from pipelines.knowledge.generation import DecodeTask  # noqa: E402
 from pipelines.knowledge.vllm_worker import VllmGenerationWorker  # noqa: E402
 from pipelines.workers import GenerationRequest, ModelSpec  # noqa: E402
-from tests.helpers import actor_pid, save_tiny_model, stream_killing_first_actor  # noqa: E402
+from tests.helpers import check_killed_actor_loses_no_row, save_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -75,19 +75,4 @@ def test_requests_join_while_others_are_in_flight(worker):
 def test_killed_vllm_worker_actor_loses_no_row(vllm_model, ray_session, tmp_path):
     """A Ray worker actor running vLLM is killed mid-run: Ray restarts it (a new engine), the driver
     re-sends what it held, and every entity is written once."""
-    from pipelines.knowledge_store import read_knowledge
-    from pipelines.workers import WorkerGroup
-
-    requests = _users(10, pool=False)
-    task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
-    group = WorkerGroup(VllmGenerationWorker, ModelSpec(vllm_model, dtype="float32"), num_workers=1)
-    group._start(1)
-    store = tmp_path / "knowledge"
-    try:
-        report, victim, killed = stream_killing_first_actor(group, requests, task, store)
-        assert killed and actor_pid(group.actors[0]) != victim  # restarted in a new process
-    finally:
-        group.close()
-    rows = read_knowledge(store, dedup=False)
-    assert report.failed == 0 and report.done == len(requests)
-    assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice
+    check_killed_actor_loses_no_row(VllmGenerationWorker, vllm_model, 1, _users(10, pool=False), tmp_path / "knowledge")
