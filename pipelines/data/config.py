@@ -63,15 +63,14 @@ class DatasetConfig(BaseModel):
     path: str | None = None
     name: str | None = Field(None, description="dataset name in outputs; default from format and path")
     domain: Domain | None = Field(None, description="prompt variant; default movie, book for Amazon")
-    limit_users: int | None = Field(None, ge=1, description="trial sample: at most this many users, each with "
-                                    "its whole history (pipelines/data/load.py, limit_dataset)")
-    limit_items: int | None = Field(None, ge=1, description="trial sample: users whose history would take the "
-                                    "items they touched past this are passed over (histories are never cut); "
-                                    "see sample_items")
-    sample_items: Literal["whole_histories", "most_rated"] = Field(
-        "whole_histories", description="how limit_items keeps items: whole_histories (users passed over, never "
-        "cut) or most_rated (limit_users users drawn as without limit_items, then the limit_items items they "
-        "rated most; their other interactions are dropped, counted in the load report)")
+    limit_users: int | None = Field(None, ge=1, description="trial sample: this many users, drawn in a seeded order "
+                                    "among those with interactions (pipelines/data/load.py, limit_dataset)")
+    limit_items: int | None = Field(None, ge=1, description="trial sample: at most this many items; how they are "
+                                    "chosen is sample_items")
+    sample_items: Literal["most_rated", "whole_histories"] = Field(
+        "most_rated", description="most_rated: the limit_users users, then the limit_items items they rated most "
+        "(first those that give every kept user a rating), histories cut to the kept items; whole_histories: "
+        "histories never cut, users whose history would take the items past limit_items passed over")
     seed: int = 0
     min_positive_rating: float = Field(4.0, description="ratings >= this count as positive (graph, CTR labels)")
     synthetic: SyntheticParams = Field(default_factory=SyntheticParams)

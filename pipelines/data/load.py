@@ -79,82 +79,143 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
     return load_table(path, cfg)
 
 
-def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0,
-                  sample_items: str = "whole_histories") -> Dataset:
-    """Seeded sample for trial runs that keeps WHOLE histories: the users it picks with every interaction
-    they have, and the items they touched (``sample_items="most_rated"``: see :func:`_most_rated_sample`).
+SAMPLE_RULES = ("most_rated", "whole_histories")
 
-    Users with interactions are visited in a seeded random order and kept until ``limit_users`` are kept;
-    with ``limit_items``, a user whose history would take the kept items past ``limit_items`` is passed
-    over (never cut), except the first one, kept whole even when its history alone is larger (with a
-    warning). The items table holds exactly the items the kept users touched. ``ds.notes`` says how much of
-    the data the sample kept (users, items, interactions: "k of n (share)") and how many users were passed
-    over for the item limit; the same is logged.
+
+def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0,
+                  sample_items: str = "most_rated") -> Dataset:
+    """Seeded sample for trial runs that honours both limits; ``ds.notes["sample"]`` (also logged) says in
+    one line what it kept and why.
+
+    Users are drawn in one seeded order among those with interactions (the same order for every rule).
+
+    - ``most_rated`` (default): the first ``limit_users`` users are kept; then at most ``limit_items``
+      items, the ones those users rated most (ties by item id), and histories are cut to the kept items
+      (:func:`_most_rated_items`: when the most-rated items would leave a kept user without any rating,
+      the items that give every kept user one are taken first). A user is dropped only when
+      ``limit_items`` is too small to give each kept user a rating; the notes and the log say how many.
+    - ``whole_histories``: histories are never cut. Users are kept in the seeded order while the items
+      they touched, with those of the users kept before them, stay within ``limit_items``; a user whose
+      history would pass it is passed over (so fewer than ``limit_users`` users may be kept, and the log
+      says how many were passed over). No user fitting at all is an error naming the smallest history.
     """
     if limit_users is None and limit_items is None:
         return ds
-    if sample_items == "most_rated":
-        return _most_rated_sample(ds, limit_users, limit_items, seed)
-    if sample_items != "whole_histories":
-        raise ValueError(f"sample_items must be 'whole_histories' or 'most_rated', got {sample_items!r}")
+    if sample_items not in SAMPLE_RULES:
+        raise ValueError(f"sample_items must be one of {list(SAMPLE_RULES)}, got {sample_items!r}")
     inter = ds.interactions
-    per_user = inter.group_by("user_id").agg(pl.col("item_id").unique()).sort("user_id")
-    order = per_user.sample(fraction=1.0, shuffle=True, seed=seed)
+    order = user_order(inter, seed)
+    if sample_items == "whole_histories":
+        kept_users, kept_items, passed_over = _whole_histories(inter, order, limit_users, limit_items)
+        small = inter.filter(pl.col("user_id").is_in(pl.Series(kept_users, dtype=pl.Utf8).implode()))
+        before, covered = small, 0
+    else:
+        picked = order if limit_users is None else order[:limit_users]
+        before = inter.filter(pl.col("user_id").is_in(pl.Series(picked, dtype=pl.Utf8).implode()))
+        kept_items, covered = _most_rated_items(before, limit_items)
+        small = before.filter(pl.col("item_id").is_in(pl.Series(kept_items, dtype=pl.Utf8).implode()))
+        kept_users, passed_over = small["user_id"].unique().sort().to_list(), 0
+    users_kept = pl.Series(kept_users, dtype=pl.Utf8).implode()
+    items = ds.items.filter(pl.col("item_id").is_in(small["item_id"].unique().implode()))
+    users = ds.users.filter(pl.col("user_id").is_in(users_kept))
+    notes = dict(ds.notes)
+    notes.update(sample_notes(ds, small, items, users, passed_over))
+    asked_users = len(order) if limit_users is None else min(limit_users, len(order))
+    if sample_items == "most_rated":
+        notes["sample_dropped_interactions"] = before.height - small.height
+        notes["sample_users_without_interactions"] = asked_users - len(kept_users)
+    notes["sample"] = _summary(sample_items, seed, limit_users, limit_items, order, before, small, items,
+                               len(kept_users), passed_over, covered, inter.height)
+    log.info("%s", notes["sample"])
+    return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
+
+
+def user_order(inter: pl.DataFrame, seed: int) -> list[str]:
+    """Users with interactions in the seeded order every sample rule draws them in."""
+    ids = inter.select(pl.col("user_id").unique().sort())
+    return ids.sample(fraction=1.0, shuffle=True, seed=seed)["user_id"].to_list()
+
+
+def _whole_histories(inter: pl.DataFrame, order: list[str], limit_users: int | None,
+                     limit_items: int | None) -> tuple[list[str], list[str], int]:
+    """Users kept whole in ``order`` while their items stay within ``limit_items``; (users, items, passed over)."""
+    per_user = dict(inter.group_by("user_id").agg(pl.col("item_id").unique()).iter_rows())
     kept_users: list[str] = []
     kept_items: set[str] = set()
     passed_over = 0
-    for uid, its in order.iter_rows():
+    for uid in order:
         if limit_users is not None and len(kept_users) >= limit_users:
             break
-        union = kept_items | set(its)
-        if limit_items is not None and kept_users and len(union) > limit_items:
+        union = kept_items | set(per_user[uid])
+        if limit_items is not None and len(union) > limit_items:
             passed_over += 1
             continue
         kept_users.append(uid)
         kept_items = union
-    if limit_items is not None and len(kept_items) > limit_items:
-        log.warning("trial sample: user %s alone rated %d items, more than limit_items=%d; kept whole (raise "
-                    "limit_items to sample more users)", kept_users[0], len(kept_items), limit_items)
-    users_kept = pl.Series(kept_users, dtype=pl.Utf8).implode()
-    small = inter.filter(pl.col("user_id").is_in(users_kept))
-    items = ds.items.filter(pl.col("item_id").is_in(pl.Series(sorted(kept_items), dtype=pl.Utf8).implode()))
-    users = ds.users.filter(pl.col("user_id").is_in(users_kept))
-    notes = dict(ds.notes)
-    notes.update(sample_notes(ds, small, items, users, passed_over))
-    log.info("trial sample kept %s users, %s items, %s interactions (whole histories)%s",
-             notes["sample_kept_users"], notes["sample_kept_items"], notes["sample_kept_interactions"],
-             f"; {passed_over} users passed over: their history would exceed limit_items={limit_items}"
-             if passed_over else "")
-    return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
+    if not kept_users:
+        smallest = min(len(v) for v in per_user.values())
+        raise ValueError(f"dataset.sample_items: whole_histories keeps no user: the smallest history has {smallest} "
+                         f"items, more than limit_items={limit_items}; raise limit_items or use sample_items: "
+                         "most_rated (cuts histories to the most-rated items)")
+    return kept_users, sorted(kept_items), passed_over
 
 
-def _most_rated_sample(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int) -> Dataset:
-    """``sample_items="most_rated"``: ``limit_users`` users in the same seeded order as the whole-history
-    sample (none passed over), then the ``limit_items`` items they rated most (ties by item id); only
-    interactions among kept users and kept items remain. Users left without any interaction are dropped.
-    The notes count the kept users' interactions dropped and the users emptied (``sample_*``)."""
-    inter = ds.interactions
-    order = inter.group_by("user_id").agg(pl.len()).sort("user_id").sample(fraction=1.0, shuffle=True, seed=seed)
-    picked = order["user_id"].to_list()[:limit_users] if limit_users is not None else order["user_id"].to_list()
-    before = inter.filter(pl.col("user_id").is_in(pl.Series(picked, dtype=pl.Utf8).implode()))
-    if limit_items is not None:
-        counts = before.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])
-        kept_items = counts["item_id"].head(limit_items)
-        small = before.filter(pl.col("item_id").is_in(kept_items.implode()))
+def _most_rated_items(inter: pl.DataFrame, limit: int | None) -> tuple[list[str], int]:
+    """At most ``limit`` items of ``inter``: the most-rated (ties by item id) when they give every user of
+    ``inter`` at least one rating; otherwise a greedy cover first (the item rated by the most users not yet
+    covered, ties by rating count then id, until every user has one or ``limit`` items are taken), then the
+    most-rated of the rest. Returns (items, how many of them are not among the ``limit`` most-rated)."""
+    counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])
+    ranked = counts["item_id"].to_list()
+    if limit is None or len(ranked) <= limit:
+        return ranked, 0
+    top = ranked[:limit]
+    users = inter["user_id"].n_unique()
+    covered = inter.filter(pl.col("item_id").is_in(pl.Series(top, dtype=pl.Utf8).implode()))["user_id"].n_unique()
+    if covered == users:
+        return top, 0
+    popularity = counts.rename({"len": "ratings"})
+    chosen: list[str] = []
+    left = inter
+    while left.height and len(chosen) < limit:
+        best = (left.group_by("item_id").agg(pl.col("user_id").n_unique().alias("users"))
+                .join(popularity, on="item_id").sort(["users", "ratings", "item_id"], descending=[True, True, False]))
+        item = best["item_id"][0]
+        chosen.append(item)
+        now = left.filter(pl.col("item_id") == item)["user_id"].unique().implode()
+        left = left.filter(~pl.col("user_id").is_in(now))
+    taken = set(chosen)
+    chosen += [i for i in ranked if i not in taken][:limit - len(chosen)]
+    return chosen, len(set(chosen) - set(top))
+
+
+def _summary(rule: str, seed: int, limit_users: int | None, limit_items: int | None, order: list[str],
+             before: pl.DataFrame, small: pl.DataFrame, items: pl.DataFrame, n_users: int, passed_over: int,
+             covered: int, total_interactions: int) -> str:
+    """The one line that says what a trial sample kept and why."""
+    asked_u = f"{limit_users} asked" if limit_users is not None else "no limit_users"
+    asked_i = f"{limit_items} asked" if limit_items is not None else "no limit_items"
+    head = f"trial sample (sample_items={rule}, seed {seed}): users {n_users} kept of {asked_u} " \
+           f"({len(order)} with ratings)"
+    if rule == "whole_histories":
+        why = f"; {passed_over} passed over: their whole history would take the items past limit_items={limit_items}" \
+            if passed_over else ""
+        return (f"{head}{why}; items {items.height} kept of {asked_i}: every item the kept users rated (histories "
+                f"are never cut); interactions {small.height} kept of {total_interactions}")
+    pool = before["item_id"].n_unique()
+    if limit_items is None or pool <= limit_items:
+        item_why = f"every item the kept users rated ({pool})"
     else:
-        small = before
-    kept_users = pl.Series(sorted(set(small["user_id"].to_list())), dtype=pl.Utf8)
-    items = ds.items.filter(pl.col("item_id").is_in(small["item_id"].unique().implode()))
-    users = ds.users.filter(pl.col("user_id").is_in(kept_users.implode()))
-    notes = dict(ds.notes)
-    notes.update(sample_notes(ds, small, items, users, 0))
-    notes["sample_dropped_interactions"] = before.height - small.height
-    notes["sample_users_without_interactions"] = len(picked) - kept_users.len()
-    log.info("trial sample (most-rated items) kept %s users, %s items, %s interactions; dropped %d of the kept "
-             "users' %d interactions (items outside the sample); %d users left without interactions",
-             notes["sample_kept_users"], notes["sample_kept_items"], notes["sample_kept_interactions"],
-             notes["sample_dropped_interactions"], before.height, notes["sample_users_without_interactions"])
-    return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
+        item_why = f"the most-rated of the {pool} items the kept users rated"
+        if covered:
+            item_why += (f" ({covered} of them in place of more-rated ones, so that every kept user keeps a "
+                         "rating)")
+    asked = len(order) if limit_users is None else min(limit_users, len(order))
+    dropped = asked - n_users
+    drop = (f"; {dropped} drawn users dropped: none of their ratings is among the kept items (limit_items="
+            f"{limit_items} is too few to give each of the {asked} users one)") if dropped else ""
+    return (f"{head}; items {items.height} kept of {asked_i}: {item_why}; interactions {small.height} kept of the "
+            f"kept users' {before.height} (histories cut to the kept items; {total_interactions} in the data){drop}")
 
 
 def _share(kept: int, total: int) -> str:

@@ -5,7 +5,7 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from pipelines.data import Dataset, DatasetConfig, SyntheticParams, limit_dataset, load_dataset, split_old_new
+from pipelines.data import Dataset, DatasetConfig, SyntheticParams, load_dataset, split_old_new
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
 from pipelines.data.split import split_histories
 from pipelines.data.synthetic import generate, synthetic_dataset
@@ -115,71 +115,7 @@ def test_item_split_per_category_deterministic():
     assert split_old_new(ds, new_item_fraction=0.0).new_items.is_empty()
 
 
-def test_limit_dataset_seeded_and_keeps_whole_histories():
-    ds = synthetic_dataset(SMALL, seed=0)
-    small = limit_dataset(ds, limit_users=20, limit_items=60, seed=7)
-    again = limit_dataset(ds, limit_users=20, limit_items=60, seed=7)
-    assert_frame_equal(small.interactions, again.interactions)
-    assert small.items.height <= 60 and 1 <= small.users.height <= 20
-    # every kept user keeps every interaction it has, and the items table is exactly the items they touched
-    expected = ds.interactions.filter(pl.col("user_id").is_in(small.users["user_id"].implode()))
-    assert_frame_equal(small.interactions, expected)
-    assert set(small.items["item_id"]) == set(small.interactions["item_id"])
-    users_only = load_dataset(DatasetConfig(limit_users=10, synthetic=SMALL))
-    assert users_only.users.height == 10
-    assert set(users_only.items["item_id"]) == set(users_only.interactions["item_id"])
-    full_histories = ds.interactions.filter(pl.col("user_id").is_in(users_only.users["user_id"].implode()))
-    assert users_only.interactions.height == full_histories.height
-
-
-def _ml_like() -> Dataset:
-    """Like ml-latest-small: every user has >= 20 ratings; a few popular items and many rare ones."""
-    rows = [(f"u{u}", f"pop{i}", 4.0, 100 + i) for u in range(10) for i in range(5)]
-    rows += [(f"u{u}", f"rare{u}-{j}", 3.0, 200 + j) for u in range(10) for j in range(20)]
-    inter = pl.DataFrame(rows, schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64,
-                                       "timestamp": pl.Int64}, orient="row")
-    items = pl.DataFrame({"item_id": sorted(set(inter["item_id"]))}).with_columns(title=pl.col("item_id"))
-    users = pl.DataFrame({"user_id": [f"u{u}" for u in range(12)]})  # two users never rated anything
-    return Dataset("ml-like", "movie", inter, items, users)
-
-
-def test_trial_sample_says_how_much_it_kept(caplog):
-    ds = _ml_like()
-    with caplog.at_level("INFO"):
-        small = limit_dataset(ds, limit_users=3, limit_items=80, seed=0)
-    per_user = small.interactions.group_by("user_id").len()
-    assert per_user.height == 3 and set(per_user["len"]) == {25}  # whole histories: 5 popular + 20 rare each
-    assert small.items.height == 5 + 3 * 20
-    assert small.notes == {"sample_kept_users": "3 of 12 (25.0%)", "sample_kept_items": "65 of 205 (31.7%)",
-                           "sample_kept_interactions": "75 of 250 (30.0%)"}
-    assert "trial sample kept 3 of 12 (25.0%) users" in caplog.text
-
-
-def test_item_limit_passes_users_over_instead_of_cutting_histories(caplog):
-    ds = _ml_like()
-    with caplog.at_level("INFO"):
-        small = limit_dataset(ds, limit_users=8, limit_items=8, seed=0)  # the issue's 8 x 8 on a 20-rating dataset
-    assert small.users.height == 1 and small.interactions.height == 25  # one whole history, not 34 scraps
-    assert small.notes["sample_users_passed_over_for_limit_items"] == 9
-    assert "alone rated 25 items, more than limit_items=8" in caplog.text
-
-
-def test_most_rated_sample_keeps_every_drawn_user_and_the_popular_items():
-    ds = _ml_like()
-    small = limit_dataset(ds, limit_users=8, limit_items=8, seed=0, sample_items="most_rated")
-    # no user is passed over: the 8 drawn users are those the whole-history sample visits first
-    order = ds.interactions.group_by("user_id").agg(pl.len()).sort("user_id").sample(fraction=1.0, shuffle=True, seed=0)
-    assert set(small.users["user_id"]) == set(order["user_id"].head(8))
-    # the 5 popular items (rated by all 8) first, then 3 rare ones by item id; only their interactions remain
-    assert small.items["item_id"].sort().to_list()[:5] == [f"pop{i}" for i in range(5)]
-    assert small.items.height == 8 and set(small.interactions["item_id"]) == set(small.items["item_id"])
-    assert small.interactions.height == 8 * 5 + 3
-    assert small.notes["sample_dropped_interactions"] == 8 * 25 - small.interactions.height
-    assert small.notes["sample_users_without_interactions"] == 0
-    again = limit_dataset(ds, limit_users=8, limit_items=8, seed=0, sample_items="most_rated")
-    assert_frame_equal(small.interactions, again.interactions)
-    with pytest.raises(ValueError, match="sample_items"):
-        limit_dataset(ds, limit_users=8, limit_items=8, sample_items="top")
+# trial samples (limit_dataset): tests/unit/test_data_trial_sample.py
 
 
 def test_users_without_knowledge_are_counted(caplog):
