@@ -61,6 +61,23 @@ class ForwardCost:
         scale = max(rows / self.rows[-1], 1.0) * max(nodes / self.nodes[-1], 1.0)
         return float(t * scale)
 
+    def times(self, rows, nodes) -> np.ndarray:
+        """:meth:`time` over arrays (broadcast): one evaluation for many shapes, same numbers."""
+        rows = np.maximum(np.asarray(rows, dtype=float), 1.0)
+        nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
+        rows, nodes = np.broadcast_arrays(rows, nodes)
+        r, n = np.log2(rows), np.log2(nodes)
+        gr, gn = np.log2(self.rows), np.log2(self.nodes)
+        table = np.asarray(self.seconds, dtype=float)
+        i = np.clip(np.searchsorted(gr, r) - 1, 0, len(gr) - 2)
+        j = np.clip(np.searchsorted(gn, n) - 1, 0, len(gn) - 2)
+        tr = np.clip((r - gr[i]) / (gr[i + 1] - gr[i]), 0, 1)
+        tn = np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1)
+        t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
+             + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
+        scale = np.maximum(rows / self.rows[-1], 1.0) * np.maximum(nodes / self.nodes[-1], 1.0)
+        return t * scale
+
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")  # processes measuring at once never share a temp file

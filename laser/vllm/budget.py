@@ -7,16 +7,33 @@ depth d once verification reached d - 1 (shrunk towards the engine-wide rate, as
 tokens, and g falls with d. So for a total of T draft tokens the best split takes the T largest
 gains, and the policy picks the T that maximises
 
-    (rows + sum of the T largest gains) / step_seconds(rows, 1 + T / rows)
+    (rows + sum of the T largest gains) / (step_seconds(rows, T) + drafting_seconds(rows, T > 0))
 
-from a cost model measured on the vLLM step (:func:`laser.vllm.engine.VllmEngine.measure_cost`; the
-same :class:`laser.cost.ForwardCost` table as our engine, nodes = tokens per row). When the step is
-compute-bound extra tokens cost in proportion and T falls to 0: speculation switches itself off.
-While it is off, one step in ``PROBE_EVERY`` drafts a little so the estimates follow the data.
+All of it is array arithmetic: one sort of the stacked gains, one cost evaluation over every candidate T.
+
+The step cost (:class:`StepCost`) starts from a table of step seconds against rows x tokens per row
+(the same :class:`laser.cost.ForwardCost` as our engine, nodes = 1 + draft tokens per row): the one
+measured on this machine (:meth:`laser.vllm.engine.VllmEngine.measure_cost`, cached) or else the
+shipped prior (``cost_prior.json``, SmolLM2-135M on a 2-core CPU, scaled to the model and threads by
+:func:`prior_cost`). It then learns from the steps the engine runs (:meth:`ChainBudget.observe_step`):
+a forgetting least-squares fit of ``seconds = scale * table(rows, tokens) + per_token * drafts`` (so
+both the level and the price of a draft token follow the machine as it is now) plus the proposer's
+own seconds per row, kept apart for steps that draft and steps that do not. A draft token pays only
+when its expected tokens beat what it costs, proposer included.
+
+When the step is compute-bound extra tokens cost in proportion and T falls to 0: speculation switches
+itself off. Switching is damped (hysteresis): it switches off after ``OFF_AFTER`` steps in a row whose
+best T is 0 and back on after ``ON_AFTER`` steps in a row where drafting beats not drafting by
+``ON_MARGIN``. While it is off, one step in ``PROBE_EVERY`` drafts ``PROBE_LEN`` tokens on at most
+``PROBE_ROWS`` rows (the rows probed longest ago first), so the acceptance estimates follow the data
+without a whole-batch wider step.
 """
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -24,88 +41,259 @@ import numpy as np
 from laser.cost import ForwardCost
 
 OPTIMISM = 0.8  # engine-wide acceptance assumed before any evidence
-PROBE_EVERY = 32
-PROBE_LEN = 2
+PROBE_EVERY = 8  # while drafting is off, one step in this many probes
+PROBE_ROWS = 2  # rows a probe step drafts on
+PROBE_LEN = 2  # draft tokens a probed row gets
+OFF_AFTER = 3  # steps in a row whose best total is 0 before drafting switches off
+ON_AFTER = 2  # steps in a row where drafting wins by ON_MARGIN before it switches back on
+ON_MARGIN = 0.02
+PRIOR_FILE = Path(__file__).with_name("cost_prior.json")
+
+
+# ---- the step-cost model ----------------------------------------------------------------------------
+def matmul_params(config: dict) -> float:
+    """Weights one token multiplies through (attention, MLP, LM head): a rough step-cost scale."""
+    h = float(config.get("hidden_size") or 0)
+    layers = float(config.get("num_hidden_layers") or 0)
+    heads = float(config.get("num_attention_heads") or 1)
+    kv = float(config.get("num_key_value_heads") or heads)
+    inter = float(config.get("intermediate_size") or 4 * h)
+    head_dim = float(config.get("head_dim") or h / heads)
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    return layers * (attn + 3 * h * inter) + float(config.get("vocab_size") or 0) * h
+
+
+def prior_cost(config: dict, threads: int | None, key: str = "prior", path: Path = PRIOR_FILE) -> ForwardCost:
+    """The shipped step-cost table scaled to a model (``config``: its config.json) and thread count.
+
+    The scale is rough on purpose: the table was timed on one model and machine; seconds grow with the
+    weights a token passes through and fall with threads (to the power 0.8: two cores do not halve a
+    step). Only the ratio of tokens to time matters to the budget, and :class:`StepCost` corrects the
+    level and the price of a token from the first steps the engine runs.
+    """
+    prior = json.loads(path.read_text())
+    ratio = matmul_params(config) / matmul_params(prior["config"])
+    threads = threads or os.cpu_count() or 1
+    factor = max(ratio, 0.05) * (prior["threads"] / threads) ** 0.8
+    seconds = [[t * factor for t in row] for row in prior["seconds"]]
+    return ForwardCost(key=key, rows=list(prior["rows"]), nodes=list(prior["nodes"]), seconds=seconds,
+                       context=prior.get("context", 256), measured={})
 
 
 @dataclass
-class _Depths:
-    reached: np.ndarray
-    accepted: np.ndarray
+class StepCost:
+    """Seconds of one vLLM step: a table (measured or prior) corrected online from the steps the engine ran.
 
-    @classmethod
-    def zeros(cls, n: int) -> "_Depths":
-        return cls(np.zeros(n + 1), np.zeros(n + 1))
+    ``seconds(rows, drafts) = max(scale * table(rows, 1 + drafts / rows) + per_token * drafts,
+    scale * table(rows, 1))`` (a draft never makes a step cheaper), with ``scale`` and ``per_token``
+    fitted by least squares on relative error, old steps forgotten at ``memory`` per step, and a prior
+    of ``prior_steps`` steps pulling towards the table as it is (scale 1, per_token 0). Proposer
+    seconds per row are running means of their own (``propose_s``), for drafting and non-drafting steps.
 
-    def add(self, drafted: int, accepted: int) -> None:
-        top = min(drafted, accepted + 1)
-        self.reached[1:top + 1] += 1
-        self.accepted[1:min(accepted, top) + 1] += 1
+    Args:
+        table: step seconds against rows x tokens per row.
+        memory: weight kept by earlier steps at each new one (0.98: about the last 50 steps count).
+        prior_steps: how many steps' worth of evidence the table itself is worth.
+    """
+
+    table: ForwardCost
+    memory: float = 0.98
+    prior_steps: float = 4.0
+    scale: float = 1.0
+    per_token: float = 0.0  # seconds per draft token beyond the table's own price
+    steps: int = 0  # steps learned from
+    propose_s: dict = field(default_factory=lambda: {True: 0.0, False: 0.0})  # drafting? -> seconds per row
+
+    def __post_init__(self) -> None:
+        self._unit = float(self.table.time(1, 1)) or 1e-3  # makes per_token dimensionless in the fit
+        self._a = np.zeros((2, 2))
+        self._b = np.zeros(2)
+        self._propose_n = {True: 0.0, False: 0.0}
+
+    def seconds(self, rows: int, drafts) -> np.ndarray:
+        """Predicted seconds of steps of ``rows`` rows with ``drafts`` (an array) draft tokens in all,
+        proposer excluded (see :meth:`drafting`)."""
+        drafts = np.asarray(drafts, dtype=float)
+        rows = max(int(rows), 1)
+        base = self.table.times(rows, 1.0 + drafts / rows)
+        flat = self.scale * float(self.table.time(rows, 1))
+        return np.maximum(self.scale * base + self.per_token * drafts, flat)
+
+    def drafting(self, rows: int, on: bool) -> float:
+        """Proposer seconds of a step of ``rows`` rows that drafts (``on``) or does not."""
+        return self.propose_s[bool(on)] * rows
+
+    def observe(self, rows: int, drafts: int, seconds: float, propose_s: float = 0.0,
+                drafting: bool | None = None) -> None:
+        """Learn from one step that ran: ``seconds`` without the proposer, ``propose_s`` the proposer's."""
+        if rows <= 0 or not np.isfinite(seconds) or seconds <= 0:
+            return
+        on = drafts > 0 if drafting is None else bool(drafting)
+        if propose_s >= 0 and np.isfinite(propose_s):
+            n = self._propose_n[on] = min(self._propose_n[on] + 1, 1 / (1 - self.memory))
+            self.propose_s[on] += (propose_s / rows - self.propose_s[on]) / n
+        base = float(self.table.time(rows, 1 + drafts / rows))
+        predicted = float(self.seconds(rows, drafts))
+        y = min(max(seconds, predicted / 4), predicted * 4) / base  # one stalled step does not swing the fit
+        x = np.array([1.0, drafts * self._unit / base])
+        self._a = self.memory * self._a + np.outer(x, x)
+        self._b = self.memory * self._b + x * y
+        theta = np.linalg.solve(self._a + self.prior_steps * np.eye(2), self._b + self.prior_steps * np.array([1.0, 0.0]))
+        self.scale = float(max(theta[0], 0.05))
+        self.per_token = float(theta[1] * self._unit)
+        self.steps += 1
 
 
+# ---- acceptance by depth and the choice of lengths -------------------------------------------------
 @dataclass
 class ChainBudget:
     """Per-row draft lengths for one step (``fixed`` set: always that length, capped by what is available).
 
     Args:
-        cost: seconds of one vLLM step against rows x tokens per row (None: only ``fixed`` works).
+        cost: seconds of one vLLM step against rows x tokens per row, measured or the prior (None: only
+            ``fixed`` works); corrected online by :meth:`observe_step` unless ``learn`` is False.
         max_len: the longest chain (vLLM's ``num_speculative_tokens``).
         fixed: a fixed length for studies, or None for lengths that follow the load.
         prior: weight, in steps, of the engine-wide acceptance in each row's estimate.
+        learn: correct the step cost from the steps the engine runs.
     """
 
     cost: ForwardCost | None
     max_len: int
     fixed: int | None = None
     prior: float = 4.0
-    rows: dict = field(default_factory=dict)
-    idle_steps: int = 0
+    learn: bool = True
     chosen: list = field(default_factory=list)  # total draft tokens of each step, for reports
+    on: bool = True  # drafting on (lengths from the model) or off (probes only)
 
     def __post_init__(self) -> None:
-        self.all = _Depths.zeros(self.max_len)
         if self.fixed is None and self.cost is None:
             raise ValueError("draft length 'auto' needs a cost model; pass one or a fixed length")
+        self.step_cost = StepCost(self.cost) if self.cost is not None else None
+        n = self.max_len + 1
+        self._all = np.zeros((2, n))  # engine-wide [reached, accepted] by depth
+        self._reached = np.zeros((8, n))  # slot 0: a row never observed (all zeros)
+        self._accepted = np.zeros((8, n))
+        self._slot: dict[Hashable, int] = {}
+        self._free: list[int] = list(range(7, 0, -1))
+        self._streak = 0  # steps in a row pointing at the other state
+        self._off_steps = 0
+        self._probed: dict[Hashable, int] = {}  # row -> step it was last probed
+        self._steps = 0
+        self._last_on = True
+
+    # acceptance ---------------------------------------------------------------------------------
+    def _gains(self, slots: np.ndarray) -> np.ndarray:
+        base = (self._all[1, 1:] + 2 * OPTIMISM) / (self._all[0, 1:] + 2)
+        alpha = (self._accepted[slots, 1:] + self.prior * base) / (self._reached[slots, 1:] + self.prior)
+        return np.cumprod(alpha, axis=-1)
 
     def gains(self, key: Hashable) -> np.ndarray:
         """``[max_len]`` expected tokens added by a row's 1st, 2nd, ... draft token."""
-        row = self.rows.get(key) or _Depths.zeros(self.max_len)
-        base = (self.all.accepted[1:] + 2 * OPTIMISM) / (self.all.reached[1:] + 2)
-        alpha = (row.accepted[1:] + self.prior * base) / (row.reached[1:] + self.prior)
-        return np.cumprod(alpha)
+        return self._gains(np.array([self._slot.get(key, 0)]))[0]
 
+    def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
+        """Row ``key`` drafted ``drafted`` tokens last step and ``accepted`` of them were accepted."""
+        if drafted <= 0:
+            return
+        slot = self._slot.get(key)
+        if slot is None:
+            if not self._free:
+                grow = len(self._reached)
+                self._reached = np.vstack([self._reached, np.zeros_like(self._reached)])
+                self._accepted = np.vstack([self._accepted, np.zeros_like(self._accepted)])
+                self._free = list(range(2 * grow - 1, grow - 1, -1))
+            slot = self._slot[key] = self._free.pop()
+        top = min(drafted, accepted + 1, self.max_len)
+        hit = min(accepted, top)
+        for arr in (self._reached[slot], self._all[0]):
+            arr[1:top + 1] += 1
+        for arr in (self._accepted[slot], self._all[1]):
+            arr[1:hit + 1] += 1
+
+    def forget(self, key: Hashable) -> None:
+        """Row ``key`` left the batch."""
+        self._probed.pop(key, None)
+        slot = self._slot.pop(key, None)
+        if slot is not None:
+            self._reached[slot] = 0
+            self._accepted[slot] = 0
+            self._free.append(slot)
+
+    # cost -----------------------------------------------------------------------------------------
+    def observe_step(self, rows: int, tokens: int, seconds: float, propose_s: float = 0.0) -> None:
+        """Learn the step cost from a step that ran.
+
+        Args:
+            rows: rows (requests) of the step that decoded, i.e. got a token.
+            tokens: tokens those rows put through the forward: ``rows`` + the draft tokens they verified.
+            seconds: wall seconds of the step without the proposer: from the return of the ``propose``
+                call that drafted it to the start of the next ``propose`` call (scheduler, forward,
+                verification, sampling).
+            propose_s: seconds of that ``propose`` call (retrieval, tree to chain, this budget).
+
+        Steps with a prefill in them, or more tokens than ``rows * (1 + max_len)``, teach nothing about
+        decoding and are skipped.
+        """
+        if self.step_cost is None or not self.learn or rows <= 0:
+            return
+        drafts = int(tokens) - int(rows)
+        if drafts < 0 or drafts > rows * self.max_len:
+            return
+        self.step_cost.observe(int(rows), drafts, float(seconds), float(propose_s), drafting=self._last_on)
+
+    def rates(self, n: int, expected: np.ndarray) -> np.ndarray:
+        """Expected tokens per second of a step of ``n`` rows for each total T (``expected[T]``: the
+        expected accepted drafts of the T best draft tokens)."""
+        totals = np.arange(len(expected))
+        seconds = self.step_cost.seconds(n, totals)
+        seconds = seconds + np.where(totals > 0, self.step_cost.drafting(n, True), self.step_cost.drafting(n, False))
+        return (n + expected) / seconds
+
+    # lengths ---------------------------------------------------------------------------------------
     def lengths(self, keys: Sequence[Hashable], available: Sequence[int]) -> list[int]:
         """Draft length of each row this step; row i never gets more than ``available[i]``."""
-        avail = np.minimum(np.asarray(available, dtype=int), self.max_len)
+        avail = np.minimum(np.asarray(available, dtype=int).reshape(-1), self.max_len)
         if self.fixed is not None:
             return np.minimum(avail, self.fixed).tolist()
         n = len(keys)
-        if n == 0 or not avail.any():
-            return [0] * n
-        g = np.stack([self.gains(k) for k in keys])  # [rows, max_len]
+        self._steps += 1
+        if n == 0:
+            return []
+        slot = self._slot
+        g = self._gains(np.fromiter((slot.get(k, 0) for k in keys), dtype=int, count=n))  # [rows, max_len]
         g[np.arange(self.max_len)[None, :] >= avail[:, None]] = -1.0  # beyond what the drafter has
         order = np.argsort(-g, axis=None, kind="stable")
         flat = g.reshape(-1)[order]
-        flat = flat[flat >= 0]
-        totals = np.arange(len(flat) + 1)
-        expected = np.concatenate([[0.0], np.cumsum(flat)])
-        seconds = np.array([self.cost.time(n, 1 + t / n) for t in totals])
-        rate = (n + expected) / seconds
+        usable = int(np.count_nonzero(flat >= 0))
+        rate = self.rates(n, np.concatenate([[0.0], np.cumsum(flat[:usable])]))
         best = int(np.argmax(rate))
-        self.idle_steps = self.idle_steps + 1 if best == 0 else 0
-        if self.idle_steps >= PROBE_EVERY:
-            self.idle_steps = 0
-            return np.minimum(avail, PROBE_LEN).tolist()
-        taken = np.zeros(g.size, dtype=int)
-        taken[order[:best]] = 1
-        self.chosen.append(best)
-        return taken.reshape(g.shape).sum(1).tolist()
+        self._switch(best, float(rate[best] / rate[0]))
+        out = np.zeros(n, dtype=int)
+        if self.on:
+            np.add.at(out, order[:best] // self.max_len, 1)
+        elif self._off_steps % PROBE_EVERY == 0:
+            out = self._probe(keys, avail)
+        self._last_on = self.on
+        self.chosen.append(int(out.sum()))
+        return out.tolist()
 
-    def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
-        if drafted <= 0:
-            return
-        self.rows.setdefault(key, _Depths.zeros(self.max_len)).add(drafted, accepted)
-        self.all.add(drafted, accepted)
+    def _switch(self, best: int, gain: float) -> None:
+        """Hysteresis: drafting switches off after OFF_AFTER steps whose best is 0, and back on after
+        ON_AFTER steps that each beat not drafting by ON_MARGIN."""
+        against = best == 0 if self.on else gain >= 1 + ON_MARGIN
+        self._streak = self._streak + 1 if against else 0
+        if self._streak >= (OFF_AFTER if self.on else ON_AFTER):
+            self.on, self._streak, self._off_steps = not self.on, 0, 0
+        if not self.on:
+            self._off_steps += 1
 
-    def forget(self, key: Hashable) -> None:
-        self.rows.pop(key, None)
+    def _probe(self, keys: Sequence[Hashable], avail: np.ndarray) -> np.ndarray:
+        """PROBE_LEN drafts on the PROBE_ROWS rows (with drafts to give) probed longest ago."""
+        out = np.zeros(len(keys), dtype=int)
+        cand = [i for i in np.flatnonzero(avail > 0)]
+        cand.sort(key=lambda i: self._probed.get(keys[i], -1))
+        for i in cand[:PROBE_ROWS]:
+            out[i] = min(int(avail[i]), PROBE_LEN)
+            self._probed[keys[i]] = self._steps
+        return out
