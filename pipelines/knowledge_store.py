@@ -77,11 +77,12 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("asked_words", pa.int32()),  # the prompt's "at most N words"
         pa.field("facts_mentioned", pa.int32()),  # titles, genres, ratings (users); genres, years (items)
         pa.field("grounding", pa.float64()),  # share of the mentioned facts the input supports; null: none
+        pa.field("engine", pa.string()),  # what decoded the row: "hf" | "vllm" (execution.engine); null in old shards
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null
 OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s", "ended",
-                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding")
+                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding", "engine")
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 

@@ -87,7 +87,8 @@ def check_killed_actor_loses_no_row(worker_cls, model: str, workers: int, reques
 
     task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
     group = WorkerGroup(worker_cls, ModelSpec(model, dtype="float32"), num_workers=workers)
-    group._start(workers)
+    group.start(slots=2)
+    group._wait_ready()
     pid = lambda: ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731
     victim, killed = pid(), threading.Event()
 

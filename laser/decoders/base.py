@@ -132,6 +132,16 @@ class Decoder:
         """The decoder's settings, recorded with every generated row."""
         return {}
 
+    @classmethod
+    def settings(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """What :meth:`params` of a decoder built with ``params`` would be, without a model: the
+        constructor's defaults with ``params`` over them (an engine that runs the decoder in its own form,
+        such as vLLM, reads them here)."""
+        sig = inspect.signature(cls.__init__)
+        defaults = {n: p.default for n, p in sig.parameters.items()
+                    if n not in ("self", "lm") and p.default is not inspect.Parameter.empty}
+        return {**defaults, **params}
+
     def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
                 state: Any = None) -> Drafter:
         """The drafter of one request: from its prompt, its pool, its sampling settings (their seed) and the
@@ -224,6 +234,13 @@ class RetrievalDecoder(Decoder):
 
     def params(self) -> dict[str, Any]:
         return {"K": "auto" if self.adaptive else self.K, "n_max": self.n_max, "min_prob": self.min_prob}
+
+    @classmethod
+    def settings(cls, params: dict[str, Any]) -> dict[str, Any]:
+        out = super().settings(params)
+        if out.get("K") is None:
+            out["K"] = "auto"
+        return out
 
     def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
                 state: Any = None) -> Drafter:

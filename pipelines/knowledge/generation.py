@@ -10,15 +10,16 @@ decoder error) becomes a failure record; it never takes down the others.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeWriter, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.quality import (GREEDY_RETRY_DECODER, QualitySummary, entity_quality, quality_columns,
-                               row_quality, text_quality)
-from pipelines.knowledge.retry import retry_once, task_rules
+from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality
+from pipelines.knowledge.retry import DegenerateTextError, retry_plan, task_rules, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkResult
 
@@ -48,41 +49,123 @@ class BatchResult(WorkResult):
     """Knowledge rows (knowledge schema) and failures of finished requests."""
 
 
-class GenerationWorker(ModelWorker):
-    """A worker actor that writes knowledge: pools from an LRU, the continuous engine, the degenerate-text
-    policy. The same actor serves every pass of a job (old and new knowledge), so the model loads once."""
+@dataclass(eq=False)  # attempts are told apart by identity
+class Attempt:
+    """One decoding of one entity: its first, or a retry of a flawed first row (``first`` set)."""
 
-    result_cls = BatchResult
+    req: GenerationRequest
+    prompt: str
+    decoder: str
+    params: dict[str, Any]
+    pool_key: str | None  # a pool the store holds, else None (no drafting)
+    sampling: Any  # laser.SamplingParams
+    rules: dict[str, Any] | None
+    first: dict[str, Any] | None = None  # the first row, when this is its retry
+    compare: bool = True  # a retry replaces the first row only when it does not read worse
 
-    def __init__(self, spec: ModelSpec) -> None:
-        super().__init__(spec)
-        self._pools: OrderedDict[str, Any] = OrderedDict()
-        self._store: Any = None
-        self.pool_loads = 0
 
-    def _pool(self, task: DecodeTask, key: str | None) -> Any:
-        """The pool for ``key`` from the LRU, loaded from the task's pool store on a miss (None: no pool)."""
-        if key is None:
+class EngineAdapter:
+    """What the serve skeleton asks of an engine (one per worker actor; module docstring).
+
+    ``start`` readies the engine for a pass; ``make`` hands it one attempt (raising for a bad one, which
+    then fails alone); ``stream`` runs the engine while ``admit(n)`` (which calls ``make``) gives it work,
+    yielding ``(attempt, generation)`` as each finishes; ``alone`` decodes one attempt by itself;
+    ``abort`` drops what a failed engine held; ``seconds`` is the engine time spent so far;
+    ``joins`` says whether an attempt can share the pass's engine (else it is decoded alone);
+    ``params_json`` is the decoder parameters a row records.
+    """
+
+    name: str = ""  # the ``engine`` column of the rows it decodes
+    seconds: float = 0.0
+
+    def ready(self, slots: int) -> dict[str, Any]:
+        """Build what the engine needs before its first request (nothing, unless the engine says so)."""
+        return {}
+
+    def start(self, task: DecodeTask, slots: int) -> None:
+        raise NotImplementedError
+
+    def joins(self, attempt: Attempt) -> bool:
+        raise NotImplementedError
+
+    def make(self, attempt: Attempt) -> Any:
+        raise NotImplementedError
+
+    def stream(self, admit: Callable[[int], list[Any]], slots: int) -> Iterator[tuple[Attempt, Any]]:
+        raise NotImplementedError
+
+    def alone(self, attempt: Attempt) -> Any:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def in_flight(self) -> int:
+        """Attempts handed to the engine and not yet finished."""
+        raise NotImplementedError
+
+    def params_json(self, decoder: str, params: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+
+class PoolCache:
+    """Pools of one pool store by key, an LRU of ``size`` loaded pools (the store is reopened when a task
+    names another)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.store: Any = None
+        self.pools: OrderedDict[str, Any] = OrderedDict()
+        self.loads = 0
+
+    def has(self, task: DecodeTask, key: str | None) -> bool:
+        """Whether the task's store holds pool ``key`` (a group without old knowledge has none)."""
+        return key is not None and key in self._store(task, key)
+
+    def get(self, task: DecodeTask, key: str | None) -> Any:
+        """Pool ``key`` (None: no pool), loaded on a miss; the least recently used one leaves past the size."""
+        if not self.has(task, key):
             return None
-        if self._store is None or str(self._store.directory) != str(task.pool_store):
+        if key in self.pools:
+            self.pools.move_to_end(key)
+            return self.pools[key]
+        pool = self.pools[key] = self.store.get(key)
+        self.loads += 1
+        while len(self.pools) > task.pool_cache_size:
+            evicted, _ = self.pools.popitem(last=False)
+            self.store.release(evicted)
+        return pool
+
+    def _store(self, task: DecodeTask, key: str) -> Any:
+        if self.store is None or str(self.store.directory) != str(task.pool_store):
             if task.pool_store is None:
                 raise ValueError(f"request needs pool {key!r} but the task has no pool store")
             from pools.store import PoolStore
 
-            self._store = PoolStore.open(task.pool_store, tokenizer=self.lm.tokenizer)
-            self._pools.clear()
-        if key in self._pools:
-            self._pools.move_to_end(key)
-            return self._pools[key]
-        if key not in self._store:  # a group without old knowledge has no pool: decode without drafts
-            return None
-        pool = self._store.get(key)
-        self.pool_loads += 1
-        self._pools[key] = pool
-        while len(self._pools) > task.pool_cache_size:
-            evicted, _ = self._pools.popitem(last=False)
-            self._store.release(evicted)
-        return pool
+            self.store = PoolStore.open(task.pool_store, tokenizer=self.tokenizer)
+            self.pools.clear()
+        return self.store
+
+
+class GenerationWorker(ModelWorker):
+    """A worker actor that writes knowledge: the serve skeleton (admission, the degenerate-text policy and
+    its retries, failure handling, accounting) over one engine adapter (``adapter_cls``). The same actor
+    serves every pass of a job (old knowledge, new knowledge, retries), so its engine starts once."""
+
+    result_cls = BatchResult
+    adapter_cls: type[EngineAdapter]  # set below: the hf engine's adapter
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        self.pools = PoolCache(self.lm.tokenizer)
+        self.adapter = self.adapter_cls(self)
+
+    def ready(self, slots: int) -> dict[str, Any]:
+        """Start the engine now (it would start on the first pass): what the start did, for the log."""
+        t0 = time.perf_counter()
+        info = self.adapter.ready(slots)
+        return {"model": self.spec.model, **info, "ready_s": round(time.perf_counter() - t0, 1)}
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
         """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
@@ -94,116 +177,176 @@ class GenerationWorker(ModelWorker):
             return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
         raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
-    def _row(self, task: DecodeTask, req: GenerationRequest, pool: Any, res: Any, params_json: str,
-             sampling: Any = None) -> dict[str, Any]:
-        st = res.stats
-        sampling = sampling or entity_sampling(task.sampling, req.entity_type, req.entity_id)
-        q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
-                           words_for_budget(task.max_new_tokens))
-        return {
-            "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
-            "model": self.lm.name, "decoder": task.decoder, "decoder_params": params_json,
-            "prompt_version": task.prompt_version, "pool_kind": req.pool_kind if pool is not None else None,
-            "group_id": req.group_id if pool is not None else None, "n_tokens": len(res.token_ids),
-            "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
-            "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
-            "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
-            **quality_columns(q), "greedy_retry": False, "prefill_s": float(st.prefill_s), "decode_s": float(st.decode_s),
-            "source_hash": req.source_hash, "sampling": encode_sampling(sampling),
-        }
-
-    def _apply_policy(self, task: DecodeTask, req: GenerationRequest, prompt: str,
-                      row: dict[str, Any]) -> dict[str, Any]:
-        """Apply ``task.degenerate`` to a degenerate row: keep it flagged, regenerate it greedily (kept,
-        flagged, when still degenerate), or raise so that it becomes a failure."""
-        if task.degenerate == "retry":
-            return retry_once(self, task, req, prompt, row)
-        if not row["degenerate"] or task.degenerate == "keep":
-            return row
-        reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
-        if task.degenerate == "fail":
-            raise DegenerateTextError(reason)
-        log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
-        greedy = DecodeTask(**{**task.__dict__, "decoder": GREEDY_RETRY_DECODER, "decoder_params": {}, "sampling": None})
-        decoder, params_json = self._decoder(greedy)
-        res = decoder.generate(prompt, task.max_new_tokens, None, rules=task_rules(task.rules))
-        return {**self._row(greedy, req, None, res, params_json), "greedy_retry": True}
+    def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
+        return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,
+                       req.pool_key if self.pools.has(task, req.pool_key) else None,
+                       entity_sampling(task.sampling, req.entity_type, req.entity_id), task.rules)
 
     def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
         """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
 
-        A request whose prompt or pool cannot be made fails alone. If the engine fails mid-stream, the
-        requests it held are decoded one by one (so a bad entity fails by itself) and the stream goes on.
+        Retries of flawed rows join the engine as ordinary requests (first in line). A request whose prompt
+        or pool cannot be made fails alone. If the engine fails mid-stream, the attempts it held are decoded
+        one by one (so a bad entity fails by itself) and the stream goes on.
         """
-        from laser.engine import TREE_ROOM
-
-        decoder, params_json = self._decoder(task)
-        held: dict[int, tuple[GenerationRequest, str, Any]] = {}  # engine request id -> what made it
+        self.task = task
+        self.adapter.start(task, slots)
+        self.retries: deque[Attempt] = deque()
+        held: dict[int, Attempt] = {}
         failed: list[dict[str, str]] = []
-        capacity = (task.max_prompt_tokens or self.lm.context_length) + task.max_new_tokens + TREE_ROOM
+        spent = self.adapter.seconds
 
         def admit(n: int) -> list[Any]:
             made: list[Any] = []
             while len(made) < n:
-                got = take(n - len(made))
-                if not got:
+                todo: list[Any] = [self.retries.popleft() for _ in range(min(n - len(made), len(self.retries)))]
+                todo = todo or take(n - len(made))
+                if not todo:
                     break
-                for req in got:
-                    try:
-                        prompt, pool = self.prompt(task, req), self._pool(task, req.pool_key)
-                        r = decoder.request(decoder.encode(prompt), task.max_new_tokens, pool,
-                                            sampling=entity_sampling(task.sampling, req.entity_type, req.entity_id),
-                                            rules=task_rules(task.rules))
-                    except Exception as exc:  # one bad entity never takes down the others
-                        failed.append(_failure(req, exc))
-                        continue
-                    held[id(r)] = (req, prompt, pool)
-                    made.append(r)
+                for item in todo:
+                    try:  # one bad entity never takes down the others
+                        attempt = item if isinstance(item, Attempt) else self.first_attempt(task, item)
+                        made.append(self.adapter.make(attempt))
+                        held[id(attempt)] = attempt
+                    except Exception as exc:
+                        failed.append(_failure(getattr(item, "req", item), exc))
             return made
 
-        spent = decoder.engine.log.decode_s
+        def settle(part: BatchResult) -> BatchResult:
+            nonlocal spent
+            part.decode_s += self.adapter.seconds - spent  # shared steps once, retries decoded alone too
+            spent = self.adapter.seconds
+            part.failures[:0], failed[:] = failed, []
+            return part
+
         while True:
             try:
-                for r in decoder.engine.stream(admit, slots, capacity):
-                    req, prompt, pool = held.pop(id(r))
-                    part = self._finish(task, req, prompt, pool, decoder.result(r), params_json)
-                    part.decode_s += decoder.engine.log.decode_s - spent  # shared steps once, plus any retry
-                    spent = decoder.engine.log.decode_s
-                    part.failures[:0], failed[:] = failed, []
-                    yield part
+                for attempt, gen in self.adapter.stream(admit, slots):
+                    held.pop(id(attempt), None)
+                    part = self._finish(attempt, gen)
+                    if part is not None or failed:
+                        yield settle(part or BatchResult())
                 break
             except Exception as exc:
                 log.warning("decoding %d requests together failed (%s); decoding them one by one", len(held), exc)
-                stranded, spent = list(held.values()), decoder.engine.log.decode_s
+                self.adapter.abort()
+                stranded = list(held.values())
                 held.clear()
-                for req, prompt, pool in stranded:
-                    yield self._alone(task, decoder, params_json, req, prompt, pool)
-        if failed:
-            yield BatchResult(failures=failed)
+                for attempt in stranded:
+                    yield settle(self._alone(attempt))
+        if failed or self.retries:
+            part = BatchResult()
+            while self.retries:  # only when the engine failed after queueing them
+                part.merge(self._alone(self.retries.popleft()))
+            yield settle(part)
 
-    def _alone(self, task: DecodeTask, decoder: Any, params_json: str, req: GenerationRequest, prompt: str,
-               pool: Any) -> BatchResult:
-        sampling = entity_sampling(task.sampling, req.entity_type, req.entity_id)
+    def _alone(self, attempt: Attempt) -> BatchResult:
         try:
-            res = decoder.generate(prompt, task.max_new_tokens, pool, sampling, rules=task_rules(task.rules))
+            gen = self.adapter.alone(attempt)
         except Exception as exc:
-            return BatchResult(failures=[_failure(req, exc)])
-        out = self._finish(task, req, prompt, pool, res, params_json)
-        out.decode_s += res.stats.decode_s
-        return out
+            return BatchResult(failures=[_failure(attempt.req, exc)])
+        return self._finish(attempt, gen, alone=True) or BatchResult()
 
-    def _finish(self, task: DecodeTask, req: GenerationRequest, prompt: str, pool: Any, res: Any,
-                params_json: str) -> BatchResult:
-        """The row of one finished generation, after the degenerate-text policy (or its failure)."""
+    def _finish(self, attempt: Attempt, gen: Any, alone: bool = False) -> BatchResult | None:
+        """The row of one finished attempt after the degenerate-text policy, its failure, or None when
+        its retry was queued (the row comes when the retry finishes)."""
         try:
-            row = self._apply_policy(task, req, prompt, self._row(task, req, pool, res, params_json))
+            row = self._row(attempt, gen)
+            if attempt.first is not None:  # a retry finished: the better of the two
+                first = attempt.first
+                return BatchResult(rows=[first if attempt.compare and worse(row, first) else row])
+            plan = retry_plan(self.task, attempt.req, row, self.lm.tokenizer)
         except Exception as exc:
-            return BatchResult(failures=[_failure(req, exc)])
-        return BatchResult(rows=[row], decode_s=row["decode_s"] if row["greedy_retry"] else 0.0)
+            return BatchResult(failures=[_failure(attempt.req, exc)])
+        if plan is None:
+            return BatchResult(rows=[row])
+        retry = Attempt(attempt.req, attempt.prompt, plan.decoder, plan.params,
+                        attempt.pool_key if plan.keep_pool else None, GREEDY, plan.rules, first=row,
+                        compare=plan.compare)
+        if alone or not self.adapter.joins(retry):
+            return self._alone(retry)
+        self.retries.append(retry)
+        return None
+
+    def _row(self, a: Attempt, res: Any) -> dict[str, Any]:
+        st, req, task = res.stats, a.req, self.task
+        q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
+                           words_for_budget(task.max_new_tokens))
+        pooled = a.pool_key is not None
+        return {
+            "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
+            "model": self.lm.name, "decoder": a.decoder, "decoder_params": self.adapter.params_json(a.decoder, a.params),
+            "prompt_version": task.prompt_version, "pool_kind": req.pool_kind if pooled else None,
+            "group_id": req.group_id if pooled else None, "n_tokens": len(res.token_ids),
+            "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
+            "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
+            "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
+            **quality_columns(q), "greedy_retry": a.first is not None, "prefill_s": float(st.prefill_s),
+            "decode_s": float(st.decode_s), "source_hash": req.source_hash, "sampling": encode_sampling(a.sampling),
+            "engine": self.adapter.name,
+        }
 
 
-class DegenerateTextError(ValueError):
-    """A generated text is degenerate and the policy sends it to failures."""
+class HfAdapter(EngineAdapter):
+    """This package's tree-attention engine (``execution.engine: hf``): decoders built on the actor's
+    transformers model, one engine per decoder; an attempt under another decoder (a greedy retry of a
+    relaxed pass) is decoded alone."""
+
+    name = "hf"
+
+    def __init__(self, worker: GenerationWorker) -> None:
+        self.worker = worker
+        self.held: dict[int, Attempt] = {}
+
+    @property
+    def seconds(self) -> float:
+        return sum(dec.engine.log.decode_s for dec, _ in self.worker._decoders.values() if "engine" in dec.__dict__)
+
+    def decoder(self, name: str, params: dict[str, Any]) -> tuple[Any, str]:
+        return self.worker.decoder(name, params)
+
+    def start(self, task: DecodeTask, slots: int) -> None:
+        from laser.engine import TREE_ROOM
+
+        self.task, self.pass_decoder = task, self.decoder(task.decoder, task.decoder_params)[0]
+        self.capacity = (task.max_prompt_tokens or self.worker.lm.context_length) + task.max_new_tokens + TREE_ROOM
+
+    def joins(self, attempt: Attempt) -> bool:
+        return self.decoder(attempt.decoder, attempt.params)[0] is self.pass_decoder
+
+    def _request(self, dec: Any, attempt: Attempt) -> Any:
+        pool = self.worker.pools.get(self.task, attempt.pool_key)
+        return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
+                           rules=task_rules(attempt.rules))
+
+    def make(self, attempt: Attempt) -> Any:
+        r = self._request(self.pass_decoder, attempt)
+        self.held[id(r)] = attempt
+        return r
+
+    def stream(self, admit: Callable[[int], list[Any]], slots: int) -> Iterator[tuple[Attempt, Any]]:
+        dec = self.pass_decoder
+        for r in dec.engine.stream(admit, slots, self.capacity):
+            yield self.held.pop(id(r)), dec.result(r)
+
+    def alone(self, attempt: Attempt) -> Any:
+        dec = self.decoder(attempt.decoder, attempt.params)[0]
+        r = self._request(dec, attempt)
+        dec.engine.run([r])
+        return dec.result(r)
+
+    def abort(self) -> None:
+        self.held.clear()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.held)
+
+    def params_json(self, decoder: str, params: dict[str, Any]) -> str:
+        return self.decoder(decoder, params)[1]
+
+
+GenerationWorker.adapter_cls = HfAdapter
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:

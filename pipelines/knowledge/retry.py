@@ -1,4 +1,4 @@
-"""The ``retry`` policy for flawed knowledge rows, and the generation rules of a decode task.
+"""The degenerate-text policies (``retry`` for flawed knowledge rows), and the generation rules of a decode task.
 
 A row that is degenerate, cut at the token limit or a fragment, or that names a genre its input does not
 have (pipelines/quality.py), is regenerated once: greedily (the task's decoder with its
@@ -10,12 +10,12 @@ still-flawed row stays visible.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from laser.rules import NO_RULES, GenerationRules
-from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms
+from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms, text_quality
 
 log = logging.getLogger(__name__)
 
@@ -62,21 +62,47 @@ def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, 
     return decoder, {**params, **greedy}
 
 
-def retry_once(worker: Any, task: Any, req: Any, prompt: str, row: dict[str, Any]) -> dict[str, Any]:
-    """``row``, or when it is flawed or ungrounded the row of one greedy retry (module docstring)."""
-    if not (flawed(row) or ungrounded(row)):
-        return row
-    wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
-    genres = wrong.unsupported_genres if wrong is not None else []
-    name, params = retry_decoder(task.decoder, task.decoder_params)
-    rules = dict(task.retry_rules or task.rules or {})
-    if genres:
-        rules["bad_words_ids"] = banned_words(worker.lm.tokenizer, genres)
-    retry = dataclasses.replace(task, decoder=name, decoder_params=params, sampling=None, rules=rules)
-    decoder, params_json = worker._decoder(retry)
-    pool = worker._pool(retry, req.pool_key) if name == task.decoder else None
-    log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
-             req.entity_type, req.entity_id, name, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres)
-    res = decoder.generate(prompt, task.max_new_tokens, pool, rules=task_rules(rules))
-    second = {**worker._row(retry, req, pool, res, params_json), "greedy_retry": True}
-    return row if worse(second, row) else second
+class DegenerateTextError(ValueError):
+    """A generated text is degenerate and the policy sends it to failures."""
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """How a flawed row is decoded again: ``decoder`` with ``params`` under ``rules``, from the same pool
+    when ``keep_pool``; ``compare``: the retry replaces the first row only when it does not read worse."""
+
+    decoder: str
+    params: dict[str, Any]
+    rules: dict[str, Any] | None
+    keep_pool: bool
+    compare: bool
+
+
+def retry_plan(task: Any, req: Any, row: dict[str, Any], tokenizer: Any) -> RetryPlan | None:
+    """What ``task.degenerate`` does with ``row``: nothing (None), a retry, or (``fail``) raise
+    :class:`DegenerateTextError` for a degenerate row.
+
+    - ``retry``: a flawed or ungrounded row is decoded again greedily (module docstring), kept unless worse;
+    - ``retry_greedy``: a degenerate row is decoded again by the autoregressive decoder, without a pool,
+      under the task's rules, and kept (flagged, when still degenerate);
+    - ``keep``: the row stays, flagged.
+    """
+    if task.degenerate == "retry":
+        if not (flawed(row) or ungrounded(row)):
+            return None
+        wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
+        genres = wrong.unsupported_genres if wrong is not None else []
+        name, params = retry_decoder(task.decoder, task.decoder_params)
+        rules = dict(task.retry_rules or task.rules or {})
+        if genres:
+            rules["bad_words_ids"] = banned_words(tokenizer, genres)
+        log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
+                 req.entity_type, req.entity_id, name, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres)
+        return RetryPlan(name, params, rules, keep_pool=name == task.decoder, compare=True)
+    if not row["degenerate"] or task.degenerate == "keep":
+        return None
+    reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
+    if task.degenerate == "fail":
+        raise DegenerateTextError(reason)
+    log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)
+    return RetryPlan(GREEDY_RETRY_DECODER, {}, task.rules, keep_pool=False, compare=False)

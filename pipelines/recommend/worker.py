@@ -75,7 +75,7 @@ class RecommendWorker(ModelWorker):
     def recommend(self, task: RecommendTask, requests: list[GenerationRequest]) -> RecommendResult:
         """K ranked rows per user; a user that fails (no history, prompt too long) becomes a failure."""
         out = RecommendResult()
-        decoder, params_json = self._decoder(task)
+        decoder, params_json = self.decoder(task.decoder, task.decoder_params)
         trie = self.trie(task)
         ready = []
         for req in requests:

@@ -92,13 +92,12 @@ class ModelWorker:
     def __init__(self, spec: ModelSpec) -> None:
         import torch
 
-        import laser
-
         torch.set_num_threads(spec.threads)
         torch.manual_seed(spec.seed)
         if spec.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
-        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+        self.spec = spec
+        self.lm = self.load(spec)
         self._decoders: dict[str, tuple[Any, str]] = {}
         self._lock = threading.Lock()
         self._inbox: deque[tuple[Any, GenerationRequest]] = deque()
@@ -106,15 +105,27 @@ class ModelWorker:
         self._held: set[Key] = set()
         self._worker: threading.Thread | None = None
 
-    def _decoder(self, task: Any) -> tuple[Any, str]:
-        """(decoder, its parameters as JSON) for ``task.decoder`` and ``task.decoder_params``, built once."""
+    def load(self, spec: ModelSpec) -> Any:
+        """The model the actor holds (a :class:`laser.LoadedModel`); a worker whose engine loads the weights
+        itself (vLLM) holds the tokenizer only."""
         import laser
 
-        key = f"{task.decoder}:{encode_params(task.decoder_params)}"
+        return laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+
+    def decoder(self, name: str, params: dict[str, Any]) -> tuple[Any, str]:
+        """(decoder, its parameters as JSON) for decoder ``name`` with ``params`` on the actor's model, built once."""
+        import laser
+
+        key = f"{name}:{encode_params(params)}"
         if key not in self._decoders:
-            dec = laser.get_decoder(task.decoder, self.lm, **task.decoder_params)
+            dec = laser.get_decoder(name, self.lm, **params)
             self._decoders[key] = (dec, encode_params(dec.params()))
         return self._decoders[key]
+
+    def ready(self, slots: int) -> dict[str, Any]:
+        """Ready the engine for ``slots`` requests in flight (the driver calls it once, right after the actor
+        starts); returns what the start did, for the log."""
+        return {"model": self.spec.model}
 
     def serve(self, task: Any, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[WorkResult]:
         """Work on requests pulled with ``take(n)`` (at most ``slots`` at a time), yielding what finishes.

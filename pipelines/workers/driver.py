@@ -96,19 +96,42 @@ class WorkerGroup:
                  address: str | None = None) -> None:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.actors: list[Any] = []
+        self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
 
-    def _start(self, n: int) -> None:
+    def start(self, slots: int, n: int | None = None) -> None:
+        """Start the actors (up to ``n``) and have each ready its engine for ``slots`` requests in flight
+        (model load, compile) without waiting: the driver goes on with its own work meanwhile."""
         import ray
 
+        n = self.num_workers if n is None else min(n, self.num_workers)
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
         if len(self.actors) < n:
-            log.info("starting %d worker(s); each loads %s once (about 30 s the first time, while the bundled "
-                     "model is de-quantised and cached; a few seconds after)", n - len(self.actors), self.spec.model)
+            log.info("starting %d worker(s) for %s: each loads the model and readies its engine once for the job",
+                     n - len(self.actors), self.spec.model)
         # a killed actor process is restarted (the model reloads) and the requests it lost are sent again
         remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec), max_restarts=ACTOR_RESTARTS,
                                                          max_task_retries=ACTOR_RESTARTS)
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
+            self.starting[self.actors[-1].ready.remote(slots)] = len(self.actors) - 1
+
+    def _wait_ready(self) -> None:
+        """Wait for the actors still starting, under a progress bar that names what they do."""
+        import ray
+
+        if not self.starting:
+            return
+        with tqdm(total=len(self.starting), desc="workers: load model, start engine", unit="worker") as bar:
+            while self.starting:
+                ready, _ = ray_wait(list(self.starting), num_returns=1, timeout=0.5)
+                for ref in ready:
+                    a = self.starting.pop(ref)
+                    try:
+                        info = ray.get(ref)
+                        log.info("worker %d ready: %s", a, info)
+                    except Exception as exc:  # noqa: BLE001 - the stream's own error handling reports it
+                        log.error("worker %d failed to start: %s", a, exc)
+                    bar.update(1)
 
     def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str,
                unit: str = "entity") -> Iterator[WorkResult]:
@@ -119,7 +142,8 @@ class WorkerGroup:
         import ray
         from ray.exceptions import RayActorError
 
-        self._start(min(self.num_workers, len(requests)))
+        self.start(slots, len(requests))
+        self._wait_ready()
         task_ref = ray.put(task)  # large tasks (a catalogue) travel once
         chunk = max(1, slots // 2)
         scheduler = BatchScheduler(make_batches(requests, chunk))

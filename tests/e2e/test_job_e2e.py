@@ -155,8 +155,8 @@ def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
                               history=[("Heat", 4.0)]) for i, k in enumerate(keys)]
     result = worker.generate(task, reqs)
     assert not result.failures
-    assert worker.pool_loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
-    assert list(worker._pools) == ["user/attribute/c", "user/attribute/a"]  # b was least recently used
+    assert worker.pools.loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
+    assert list(worker.pools.pools) == ["user/attribute/c", "user/attribute/a"]  # b was least recently used
     assert [r["group_id"] for r in result.rows] == ["a", "b", "a", "c", "a", None]  # no pool: recorded as none
 
 

@@ -17,6 +17,9 @@ class Probe:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
 
+    def ready(self, slots: int) -> dict:
+        return {}
+
     def resources(self) -> tuple[dict, list, str | None]:
         import ray
 
@@ -42,13 +45,13 @@ def fake_gpu_ray():
 def test_fractional_gpus_share_one_gpu_and_more_wait(fake_gpu_ray):
     ray = fake_gpu_ray
     group = WorkerGroup(Probe, ModelSpec("m", threads=1, gpus=0.5), num_workers=2)
-    group._start(2)
+    group.start(slots=1, n=2)
     got = ray.get([a.resources.remote() for a in group.actors])
     assert [g[0] for g in got] == [{"CPU": 1.0, "GPU": 0.5}] * 2
     assert all(g[1] == [0] and g[2] == "0" for g in got)  # both see GPU 0
     assert ray.available_resources().get("GPU", 0.0) == 0.0
     extra = WorkerGroup(Probe, ModelSpec("m", threads=1, gpus=0.5), num_workers=1)
-    extra._start(1)
+    extra.start(slots=1, n=1)
     ready, _ = ray.wait([extra.actors[0].resources.remote()], timeout=3)
     assert not ready  # no GPU share left: the third actor waits for one
     extra.close()
@@ -59,7 +62,7 @@ def test_fractional_gpus_share_one_gpu_and_more_wait(fake_gpu_ray):
 def test_cpu_actors_reserve_no_gpu_and_see_none(fake_gpu_ray):
     ray = fake_gpu_ray
     group = WorkerGroup(Probe, ModelSpec("m", threads=1), num_workers=1)
-    group._start(1)
+    group.start(slots=1, n=1)
     assigned, gpu_ids, visible = ray.get(group.actors[0].resources.remote())
     group.close()
     assert assigned == {"CPU": 1.0} and gpu_ids == []  # no GPU share: Ray gives it no device

@@ -165,7 +165,7 @@ def test_policy_retry_regenerates_a_cut_row_greedily_with_the_retry_rules(worker
     first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, degenerate="keep"), REQS).rows
     assert all(r["cut"] or r["fragment"] for r in first)  # random tiny model: nothing ends at a sentence
     rows = worker.generate(task, REQS).rows
-    decoder = worker._decoder(task)[0]
+    decoder = worker.decoder(task.decoder, task.decoder_params)[0]
     expected = [decoder.generate(worker.prompt(task, req), 8, rules=GenerationRules(**rules)).text for req in REQS]
     assert [r["knowledge"] for r in rows] == expected != [r["knowledge"] for r in first]
     assert all(r["greedy_retry"] for r in rows)
@@ -188,7 +188,7 @@ def test_task_rules_reach_the_decoder(worker):
     rules = {"no_repeat_ngram_size": 1, "min_new_tokens": 6}
     task = DecodeTask("autoregressive", max_new_tokens=12, degenerate="keep", rules=rules)
     rows = worker.generate(task, REQS).rows
-    decoder = worker._decoder(task)[0]
+    decoder = worker.decoder(task.decoder, task.decoder_params)[0]
     assert [r["knowledge"] for r in rows] == [
         decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS]
 
