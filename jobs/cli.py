@@ -272,17 +272,25 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
 
 @bench_app.command("engines")
 def bench_engines(json_out: Path = typer.Option(Path("docs/results/engines.json"), "--json",
-                                                help="JSON output (Markdown and run logs beside it)."),
-                  config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
-                  work: Path = typer.Option(..., help="A fresh directory for the runs' outputs."),
-                  engines: str = typer.Option("hf,vllm", help="Engines, comma-separated."),
-                  repeats: int = typer.Option(1, help="Interleaved runs per engine.")) -> None:
-    """The job's entities per minute on each engine (execution.engine), each run a fresh process."""
+                                                help="JSON output (Markdown, PNG and run logs beside it)."),
+                  config: Path | None = typer.Option(None, help="Job config (default: the demo job); its dataset "
+                                                     "block is the data of every row."),
+                  work: Path = typer.Option(..., help="A fresh directory for the runs' outputs and caches."),
+                  engines: str = typer.Option("hf,vllm,ray-data-llm", help=(
+                      "Rows, comma-separated: hf, vllm (the job), ray-data-llm (the same work on Ray Data LLM, "
+                      "plain vLLM), ray-data-llm-ngram, ray-data-llm-suffix (with vLLM's speculation).")),
+                  repeats: int = typer.Option(1, help="Warm runs per row, interleaved."),
+                  cold: bool = typer.Option(True, "--cold/--no-cold", help=(
+                      "First run each row once on empty compile and cost-model caches (cold), then warm runs on "
+                      "the caches it filled; --no-cold: every run on the machine's own caches.")),
+                  overrides: list[str] = typer.Option([], "--set", help=(
+                      "Config override KEY=VALUE for every row (repeatable), e.g. dataset.path=/data/ml-1m."))) -> None:
+    """The job's entities per minute on each engine and on Ray Data LLM, each run a fresh process."""
     from jobs.config import bundled_config
     from pipelines.tools.bench.engines import run_engines_bench
 
     run_engines_bench(json_out, config or bundled_config("demo"), work,
-                      tuple(e.strip() for e in engines.split(",") if e.strip()), repeats)
+                      tuple(e.strip() for e in engines.split(",") if e.strip()), repeats, overrides, cold)
 
 
 @bench_app.command("quality")

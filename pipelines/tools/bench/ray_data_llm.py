@@ -1,0 +1,268 @@
+"""The job's knowledge work as the pipeline users would write instead: Ray Data LLM over plain vLLM.
+
+``laser bench engines`` runs this module in a fresh process (``python -m pipelines.tools.bench.ray_data_llm
+CONFIG --out DIR [--set k=v ...] [--speculation none|ngram|suffix]``), timed from process start to its last
+row like the job's own rows. Same work as the job, built with the job's own code:
+
+- the same entities: the job's dataset and seeded old/new split (``load_job_data``), the old-knowledge
+  requests (``old_requests``: users with an old history, existing items) and the new-knowledge requests
+  (``new_requests``: users with new history, new items) that a fresh run of the job generates;
+- the same prompts and tokens: each request's chat message made as the job's worker makes it
+  (``pipelines/knowledge/prompts.py``: history cut to ``generation.max_prompt_tokens`` with the model's
+  tokenizer, word count from the token budget), chat-templated as the decoders' ``encode`` does; the
+  token ids go to vLLM as they are (``tokenized_prompt``: Ray Data's chat-template and tokenize stages
+  are off, so nothing can differ; tests/integration/test_bench_ray_data_llm.py checks the ids against the
+  worker's own);
+- the same model folder (``laser.vllm.engine.resolve_model(model.name)``), dtype, token budgets (old
+  pass: ``old_knowledge.max_new_tokens``; new pass: ``generation.max_new_tokens``), greedy decoding and
+  the generation rules vLLM has (repetition penalty, min tokens, stop strings);
+- the same resources: ``execution.num_workers`` vLLM engines (Ray Data's ``concurrency``), each holding
+  ``threads_per_worker`` CPUs and OMP threads, ``execution.batch_size`` requests in flight per engine
+  (``max_num_seqs`` and Ray Data's ``batch_size``), local Ray with ``num_workers x threads`` CPUs, vLLM's
+  KV cache, context length and prefix caching as the job's vLLM workers set them.
+
+On a CPU, Ray Data LLM needs three non-default settings (``/work/shared/notes/vllm_engine.md``):
+``placement_group_config`` with CPU bundles (else its vLLM stage waits for a GPU forever),
+``log_engine_metrics=False`` (else the engine actor dies in its constructor) and ``detokenize_stage=False``
+(vLLM detokenizes itself).
+
+The two passes run one after the other, as in the job (old knowledge first, then new); each is its own
+Ray Data execution, so each starts its own engines (Ray Data keeps no actor between datasets, where the
+job's actors serve both passes). Per pass the summary holds: entities, wall seconds (engine start
+included), tokens, and the **engines' running rate** (:func:`pass_figures`: the rows after each engine's
+first batch over the seconds after it; comparable with the job's new pass, whose actors are up already).
+Rows are written as Parquet (entity, knowledge, tokens, error) under ``--out``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPECULATION = ("none", "ngram", "suffix")
+DRAFT_TOKENS = 8  # num_speculative_tokens of the ngram / suffix rows: the job's vLLM drafter's MAX_DRAFT
+KV_CACHE_GIB = 2  # as the job's vLLM workers (laser.vllm.VllmEngine's default)
+MAX_MODEL_LEN = 2048  # as the job's vLLM workers
+SUMMARY = "summary.json"
+
+
+def speculative_config(speculation: str) -> dict[str, Any] | None:
+    """vLLM's ``speculative_config`` for a row: none, prompt lookup (n 2-4) or Arctic Inference's suffix."""
+    if speculation == "none":
+        return None
+    if speculation == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": DRAFT_TOKENS, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 4}
+    if speculation == "suffix":
+        return {"method": "suffix", "num_speculative_tokens": DRAFT_TOKENS}
+    raise ValueError(f"speculation must be one of {list(SPECULATION)}, got {speculation!r}")
+
+
+def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
+    """The job's two passes as rows: {"old": [...], "new": [...]}, each row with entity_type, entity_id,
+    tokenized_prompt (the ids the job's workers would feed the model) and max_tokens.
+
+    A request whose prompt cannot be made (too long, no title) is left out and listed under "failed"."""
+    from pipelines.knowledge.decoders import new_knowledge_decoder, old_knowledge_decoder
+    from pipelines.knowledge.inputs import load_job_data
+    from pipelines.knowledge.job import knowledge_task
+    from pipelines.knowledge.requests import new_requests, old_requests
+
+    data = load_job_data(cfg)
+    domain = data.dataset.domain
+    tasks = {"old": knowledge_task(cfg, old_knowledge_decoder(cfg), "ray-data-llm-old", domain, None, greedy=True),
+             "new": knowledge_task(cfg, new_knowledge_decoder(cfg), "ray-data-llm", domain, None)}
+    requests = {"old": old_requests(data.dataset, data.split) if cfg.old_knowledge.generate_missing else [],
+                "new": new_requests(data.dataset, data.split, {})}  # routes only name pools; prompts are the same
+    out: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "failed": []}
+    for name in ("old", "new"):
+        task = tasks[name]
+        for req in requests[name]:
+            try:
+                ids = chat_ids(tokenizer, request_prompt(tokenizer, task, req))
+            except Exception as exc:  # as in the job: one bad entity never takes down the others
+                out["failed"].append({"pass": name, "entity_type": req.entity_type, "entity_id": req.entity_id,
+                                      "reason": f"{type(exc).__name__}: {exc}"})
+                continue
+            out[name].append({"entity_type": req.entity_type, "entity_id": req.entity_id, "tokenized_prompt": ids,
+                              "max_tokens": task.max_new_tokens})
+    return out
+
+
+def request_prompt(tokenizer: Any, task: Any, req: Any) -> str:
+    """The chat message of one request, as the job's worker makes it (``GenerationWorker.prompt``): a user's
+    history cut to ``max_prompt_tokens``, the word count asked from the token budget."""
+    from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
+
+    words = words_for_budget(task.max_new_tokens)
+    if req.entity_type == "user":
+        return user_prompt(req.history or [], task.domain, user_id=req.entity_id, tokenizer=tokenizer,
+                           max_prompt_tokens=task.max_prompt_tokens, max_words=words)
+    if req.entity_type == "item":
+        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
+    raise ValueError(f"unknown entity_type {req.entity_type!r}")
+
+
+def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
+    """Token ids of one user chat message with the generation prompt (as the decoders' ``encode``)."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+
+def sampling_params(cfg: Any, max_tokens: int) -> dict[str, Any]:
+    """Greedy, the row's token budget and the job's generation rules in their vLLM form."""
+    try:
+        from laser.vllm.forms import rule_params
+    except ImportError:  # before the rule forms had their own module
+        from laser.vllm.engine import _rule_kwargs as rule_params
+
+    return {"max_tokens": int(max_tokens), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "detokenize": True,
+            **rule_params(cfg.generation.rules())}
+
+
+def engine_env(threads: int) -> dict[str, str]:
+    """What every vLLM engine of the row reads at start: threads (placement left to the OS, as the job's
+    vLLM workers), KV cache size; compile caches are inherited from this process's environment."""
+    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+           "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
+    for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "LASER_CACHE_DIR", "HF_HUB_OFFLINE"):
+        if os.environ.get(key):
+            env[key] = os.environ[key]
+    return env
+
+
+def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
+    """The ``vLLMEngineProcessorConfig`` of the row (module docstring: resources and the CPU settings)."""
+    from ray.data.llm import vLLMEngineProcessorConfig
+
+    ex = cfg.execution
+    slots = max(int(ex.batch_size), 1)
+    spec = speculative_config(speculation)
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "float32"
+    engine_kwargs = {"dtype": dtype, "seed": cfg.dataset.seed, "enable_prefix_caching": True, "max_num_seqs": slots,
+                     "max_model_len": MAX_MODEL_LEN,
+                     "max_num_batched_tokens": max(2048, slots * ((DRAFT_TOKENS if spec else 0) + 1))}
+    if spec:
+        engine_kwargs["speculative_config"] = spec
+    return vLLMEngineProcessorConfig(
+        model_source=model_path, engine_kwargs=engine_kwargs, batch_size=slots, concurrency=int(ex.num_workers),
+        placement_group_config={"bundles": [{"CPU": int(ex.threads_per_worker)}]},
+        log_engine_metrics=False, chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
+        runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))})
+
+
+def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One Ray Data execution over ``rows``; returns the generated rows and the pass's figures."""
+    import ray
+
+    start = time.perf_counter()
+    if not rows:
+        return [], pass_figures([], [], 0.0, 1)
+    items = [{"entity_type": r["entity_type"], "entity_id": r["entity_id"], "tokenized_prompt": r["tokenized_prompt"],
+              "sampling_params": sampling_params(cfg, r["max_tokens"])} for r in rows]
+    ds = processor(ray.data.from_items(items))
+    got, arrivals = [], []
+    for row in ds.iter_rows():
+        arrivals.append((time.perf_counter() - start, str(row.get("batch_uuid") or len(got))))
+        got.append({"entity_type": row["entity_type"], "entity_id": row["entity_id"],
+                    "knowledge": row.get("generated_text") or "", "n_tokens": int(row.get("num_generated_tokens") or 0),
+                    "error": row.get("__inference_error__") or ""})
+    return got, pass_figures(got, arrivals, time.perf_counter() - start, int(cfg.execution.num_workers))
+
+
+def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], wall: float,
+                 engines: int) -> dict[str, Any]:
+    """Entities, wall seconds, tokens and rates of one pass. ``arrivals``: (seconds since the pass began, vLLM
+    batch) per row in arrival order. ``running_entities_per_min``: the rows of every batch after each engine's
+    first (the first ``engines`` batches to arrive, which paid the engines' start) over the seconds from the
+    last of those first batches to the last row; None when no batch came after them."""
+    failed = sum(1 for g in got if g["error"])
+    done = len(got) - failed
+    tokens = sum(g["n_tokens"] for g in got)
+    first_seen: dict[str, float] = {}
+    for t, batch in arrivals:
+        first_seen.setdefault(batch, t)
+    order = sorted(first_seen, key=first_seen.get)
+    running = None
+    if len(order) > engines:
+        startup = set(order[:engines])
+        after = sum(1 for _, b in arrivals if b not in startup)
+        span = arrivals[-1][0] - first_seen[order[engines - 1]]
+        running = 60 * after / span if span > 0 else None
+    return {"entities": done, "failed": failed, "wall_s": wall, "tokens": tokens,
+            "entities_per_min": 60 * done / wall if wall else 0.0, "tokens_per_s": tokens / wall if wall else 0.0,
+            "first_row_s": arrivals[0][0] if arrivals else None, "batches": len(order),
+            "running_entities_per_min": running, "aal": None}
+
+
+def run(config: Path, out: Path, overrides: list[str], speculation: str = "none") -> dict[str, Any]:
+    """The whole Ray Data LLM pipeline for the job config; writes ``out/summary.json`` and the rows."""
+    from jobs.config import load_config
+    from laser.vllm.engine import resolve_model
+
+    t0 = time.perf_counter()
+    cfg = load_config(config, overrides)
+    ex = cfg.execution
+    if cfg.generation.sampling().get("temperature", 0) not in (0, 0.0, None):
+        log.warning("the job samples (generation.temperature > 0); this row decodes greedily")
+    model_path = resolve_model(cfg.model.name)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = job_prompts(cfg, tokenizer)
+    t_prompts = time.perf_counter() - t0
+    os.environ.update(engine_env(int(ex.threads_per_worker)))
+    import ray
+    from ray.data.llm import build_processor
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ray.init(num_cpus=int(ex.num_workers) * int(ex.threads_per_worker), include_dashboard=False,
+             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))})
+    processor = build_processor(processor_config(cfg, model_path, speculation),
+                                preprocess_map_kwargs={"num_cpus": 0}, postprocess_map_kwargs={"num_cpus": 0})
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"speculation": speculation, "model": model_path, "prompts_s": t_prompts,
+                               "prompt_failures": prompts["failed"]}
+    for name in ("old", "new"):
+        log.info("ray data llm: %s pass, %d entities", name, len(prompts[name]))
+        rows, figures = run_pass(processor, cfg, prompts[name])
+        figures["failed"] += sum(1 for f in prompts["failed"] if f["pass"] == name)
+        summary[name] = figures
+        _write_rows(out / f"{name}_knowledge.parquet", rows)
+    summary["wall_s_in_process"] = time.perf_counter() - t0
+    (out / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
+    ray.shutdown()
+    return summary
+
+
+def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+    import polars as pl
+
+    schema = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "knowledge": pl.Utf8, "n_tokens": pl.Int64, "error": pl.Utf8}
+    pl.DataFrame(rows, schema=schema).write_parquet(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("config", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--speculation", choices=SPECULATION, default="none")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    summary = run(args.config, args.out, args.overrides, args.speculation)
+    print(json.dumps({k: summary[k] for k in ("old", "new")}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
