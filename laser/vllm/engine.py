@@ -21,12 +21,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 from laser.cost import ForwardCost
 from laser.drafting import DraftSource
 from laser.vllm import pools
-from laser.vllm.budget import ChainBudget
+from laser.vllm.budget import ChainBudget, prior_cost
 
 log = logging.getLogger(__name__)
 
@@ -37,15 +37,29 @@ CALIBRATION_LENS = (0, 1, 2, 4, 8, 16)
 
 @dataclass
 class VllmResult:
-    """One request's generation: what the knowledge Parquet needs from an engine."""
+    """One request's generation: what the knowledge Parquet needs from an engine.
+
+    Every field is measured, never filled in: where vLLM or the proposer did not measure a value it is
+    None. Times are wall seconds of steps the request shared with every other request in flight.
+    """
 
     text: str
     token_ids: list[int]
     finish_reason: str  # "eos", "length" or "stop" (a stop string/token)
     prompt_tokens: int
     target_forwards: int  # target forwards that produced this request's tokens (one per step it took part in)
-    accepted_tokens: int  # draft tokens accepted
-    seconds: float  # wall seconds from the generate call to this request's last token (the call's, if unknown)
+    accepted_tokens: int  # draft tokens among the request's tokens (its tokens minus its forwards)
+    seconds: float  # wall seconds from submit to the step that returned the request finished
+    # vLLM's own per-request timestamps (RequestOutput.metrics, engine-core monotonic clock):
+    prefill_s: float | None = None  # first scheduled -> the step that gave its first token (prompt prefill,
+    #                                 chunked or not, plus that step's share of the batch)
+    decode_s: float | None = None  # first token -> last token (every later step the request was in)
+    queued_s: float | None = None  # waiting in vLLM's queue before it was first scheduled
+    # LASER's proposer: accepted draft tokens at each step it drafted for the request, in order (the
+    # last step's may include drafts vLLM then cut at max_tokens or a stop); None where no laser
+    # proposer counted (speculation other than "laser", or the proposer kept no per-step counts)
+    accepted_per_step: list[int] | None = None
+    drafted_tokens: int | None = None  # draft tokens the proposer gave the request in all (None: not counted)
 
     @property
     def aal(self) -> float:
@@ -93,8 +107,15 @@ class VllmEngine:
         dtype: model dtype (default: ``"float32"``).
         seed: vLLM's seed (default: 0).
         enforce_eager: skip torch.compile (faster start, slower steps) (default: False).
-        cost: a measured step-cost model (default: measured on first use and cached on disk).
+        cost: a step-cost table to start the ``auto`` draft length from (default: the one measured on this
+            machine by :meth:`measure_cost` if cached, else the shipped prior; corrected online either way).
+        on_start: called with a line of progress at each start-up stage (loading and compiling, ready in
+            N s); the same lines go to this module's logger at INFO.
         vllm_kwargs: passed to ``vllm.LLM``.
+
+    vLLM keeps per-request statistics (``disable_log_stats=False``: the queue, first-token and last-token
+    timestamps behind :class:`VllmResult`'s ``prefill_s``/``decode_s``) but its stat loggers (periodic log
+    lines, Prometheus) are dropped; pass ``disable_log_stats=True`` to turn both off.
     """
 
     def __init__(self, model: str = "smollm2-135m", *, speculation: str | None = "laser", max_draft: int = 8,
@@ -102,7 +123,7 @@ class VllmEngine:
                  bind_threads: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
                  enforce_eager: bool = False, cost: ForwardCost | None = None, ngram: tuple[int, int] = (2, 4),
-                 **vllm_kwargs):
+                 on_start: Callable[[str], None] | None = None, **vllm_kwargs):
         if speculation not in SPECULATION:
             raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
@@ -122,12 +143,24 @@ class VllmEngine:
                     "prompt_lookup_min": ngram[0], "prompt_lookup_max": ngram[1]}
         elif speculation == "suffix":
             spec = {"method": "suffix", "num_speculative_tokens": max_draft}
-        t0 = time.perf_counter()
+        t0, wall_t0 = time.perf_counter(), time.time()
+        _say(on_start, f"vLLM engine: loading {Path(self.path).name} ({dtype}, threads={threads or 'auto'}, "
+                       f"speculation={speculation})" + ("" if enforce_eager else
+                       "; torch.compile (a minute the first time; later starts load it from vLLM's compile cache)"))
+        keep_stat_loggers = "disable_log_stats" in vllm_kwargs
+        vllm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
         self.llm = LLM(model=self.path, dtype=dtype, seed=seed, enable_prefix_caching=True,
                        max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                        max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
                        speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
+        if not keep_stat_loggers:
+            self.llm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
         self.start_seconds = time.perf_counter() - t0
+        self.compile_cache_dir, self.compile_cache_reused = _compile_cache(self.llm, wall_t0)
+        _say(on_start, f"vLLM engine: ready in {self.start_seconds:.1f} s" + (
+            "" if self.compile_cache_dir is None else
+            f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
+            f"{self.compile_cache_dir})"))
         self.tokenizer = self.llm.get_tokenizer()
         self.proposer = self._find_proposer() if speculation == "laser" else None
         self._cost = cost
@@ -244,17 +277,25 @@ class VllmEngine:
         c = out.outputs[0]
         tokens = list(c.token_ids)
         stats = self.proposer.take_stats(out.request_id) if self.proposer is not None else None
-        steps = stats[0] if stats else None
-        forwards = max(1, min(steps, len(tokens))) if steps else max(len(tokens), 1)
+        steps, per_step, drafted = _row_stats(stats)
+        if steps:  # the proposer saw every step that gave the request tokens (the prefill's first token included)
+            forwards = max(1, min(steps, len(tokens)))
+        elif self.speculation is None:  # no drafts: one token per forward
+            forwards, per_step, drafted = max(len(tokens), 1), [0] * len(tokens), 0
+        else:  # vLLM's own drafters count nothing per request: tokens are an upper bound on forwards
+            forwards = max(len(tokens), 1)
         if c.finish_reason == "length":
             reason = "length"
         elif c.stop_reason is None:
             reason = "eos"
         else:
             reason = "stop"
+        timing = _timings(out)
         return VllmResult(text=c.text, token_ids=tokens, finish_reason=reason, prompt_tokens=prompt_tokens,
                           target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
-                          seconds=_finish_seconds(out, seconds))
+                          seconds=seconds, prefill_s=timing.get("prefill_s"),
+                          decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),
+                          accepted_per_step=per_step, drafted_tokens=drafted)
 
     # draft length --------------------------------------------------------------------------------
     def _budget(self) -> ChainBudget:
@@ -264,19 +305,50 @@ class VllmEngine:
 
     @property
     def cost(self) -> ForwardCost:
-        """The measured step-cost model (measured on first use, cached under the laser cache)."""
+        """The step-cost table the draft-length budget starts from, at once: the one measured on this
+        machine (:meth:`measure_cost`, cached under the laser cache) when there is one, else the shipped
+        prior scaled to this model and thread count (:func:`laser.vllm.budget.prior_cost`). Nothing is
+        measured here; the budget corrects the table from the steps the engine runs
+        (:meth:`laser.vllm.budget.ChainBudget.observe_step`)."""
         if self._cost is None:
-            self._cost = self.measure_cost()
+            self._cost = self.cached_cost()
+            if self._cost is None:
+                cfg = json.loads((Path(self.path) / "config.json").read_text())
+                self._cost = prior_cost(cfg, self.threads, key=f"prior:{self.cost_key()}")
+                log.info("step cost: the shipped prior scaled to this model (no measured table for key %s); "
+                         "it is corrected online", self.cost_key())
         return self._cost
 
+    def cached_cost(self) -> ForwardCost | None:
+        """The step-cost table measured earlier for this engine's key, or None."""
+        from laser.cost import cost_cache_dir
+
+        path = cost_cache_dir() / f"{self.cost_key()}.json"
+        if not path.exists():
+            return None
+        try:
+            return ForwardCost.load(path)
+        except (ValueError, TypeError, KeyError) as exc:
+            log.warning("step-cost table %s unreadable (%s); using the prior", path, exc)
+            return None
+
     def cost_key(self) -> str:
+        """What a measured step-cost table depends on: model shape, dtype, device (``cpu`` or the CUDA
+        device's name), threads, cores, vLLM version and the longest chain."""
         import vllm
 
         cfg = json.loads((Path(self.path) / "config.json").read_text())
         parts = [cfg.get("architectures"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
                  cfg.get("vocab_size"), self.dtype, self.threads, os.cpu_count(), vllm.__version__,
-                 self.max_draft, "vllm-step"]
+                 self.max_draft, "vllm-step", self.device_name()]
         return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+
+    @staticmethod
+    def device_name() -> str:
+        """``cpu`` or the name of the CUDA device vLLM runs on."""
+        import torch
+
+        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
     def measure_cost(self, remeasure: bool = False, rows: Sequence[int] = CALIBRATION_ROWS,
                      lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 5) -> ForwardCost:
@@ -399,13 +471,55 @@ def _rule_kwargs(rules: dict | None) -> dict:
     return out
 
 
-def _finish_seconds(out, wall: float) -> float:
+def _compile_cache(llm, since: float) -> tuple[str | None, bool | None]:
+    """vLLM's torch.compile cache folder for this engine (``VLLM_CACHE_ROOT/torch_compile_cache/...``;
+    on CPU the AOT-compiled model under ``torch_aot_compile/<hash>``) and whether this start loaded the
+    compiled model from it (its file predates the start) rather than compiling it; None where unknown."""
+    comp = llm.llm_engine.vllm_config.compilation_config
+    folder = getattr(comp, "local_cache_dir", None) or getattr(comp, "cache_dir", None) or None
+    if not folder:
+        return None, None
+    models = list(Path(folder).glob("rank_*/model"))
+    if not models:
+        return str(folder), None
+    return str(folder), all(m.stat().st_mtime < since for m in models)
+
+
+def _say(on_start: Callable[[str], None] | None, line: str) -> None:
+    log.info("%s", line)
+    if on_start is not None:
+        on_start(line)
+
+
+def _row_stats(stats) -> tuple[int | None, list[int] | None, int | None]:
+    """(steps, accepted per step, drafted) from the proposer's ``take_stats``: a ``RowStats``-like object
+    (``steps``, ``accepted_per_step``, ``drafted``) or the older ``(steps, accepted)`` tuple (no per-step
+    counts then)."""
+    if stats is None:
+        return None, None, None
+    if isinstance(stats, tuple):
+        return int(stats[0]), None, None
+    per = getattr(stats, "accepted_per_step", None)
+    drafted = getattr(stats, "drafted", None)
+    return (int(stats.steps), [int(a) for a in per] if per is not None else None,
+            int(drafted) if drafted is not None else None)
+
+
+def _timings(out) -> dict[str, float]:
+    """Per-request seconds from vLLM's ``RequestOutput.metrics`` (a ``RequestStateStats``, kept when the
+    engine logs stats): engine-core monotonic timestamps of queueing, first scheduling, first and last
+    token. Missing or unset timestamps give no entry."""
     m = getattr(out, "metrics", None)
-    for a, b in (("first_scheduled_time", "last_token_time"), ("arrival_time", "last_token_time")):
-        t0, t1 = getattr(m, a, None), getattr(m, b, None)
-        if t0 and t1 and t1 >= t0:
-            return float(t1 - t0)
-    return wall
+    queued, sched = getattr(m, "queued_ts", 0.0) or 0.0, getattr(m, "scheduled_ts", 0.0) or 0.0
+    first, last = getattr(m, "first_token_ts", 0.0) or 0.0, getattr(m, "last_token_ts", 0.0) or 0.0
+    got: dict[str, float] = {}
+    if sched and first >= sched:
+        got["prefill_s"] = float(first - sched)
+    if first and last >= first:
+        got["decode_s"] = float(last - first)
+    if queued and sched >= queued:
+        got["queued_s"] = float(sched - queued)
+    return got
 
 
 def _fill_nan(table: list[list[float]]) -> list[list[float]]:
