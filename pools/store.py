@@ -235,3 +235,9 @@ class PoolStore:
     def release(self, key: str) -> None:
         """Forget a cached pool (a worker that stops serving a group)."""
         self._pools.pop(key, None)
+
+
+def open_store(directory: str | Path, tokenizer: Any = None) -> PoolStore:
+    """Open the pool store at ``directory`` (the ``laser.pool_stores`` entry point: how the vLLM engine
+    process opens pools by the path a request carries, without ``laser`` importing ``pools``)."""
+    return PoolStore.open(directory, tokenizer=tokenizer)

@@ -120,7 +120,7 @@ class VllmEngine:
 
     def __init__(self, model: str = "smollm2-135m", *, speculation: str | None = "laser", max_draft: int = 8,
                  draft_len: str | int = "auto", kv_cache_gib: float = 2, threads: int | None = None,
-                 bind_threads: bool = True,
+                 bind_threads: bool = True, in_process: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
                  enforce_eager: bool = False, cost: ForwardCost | None = None, ngram: tuple[int, int] = (2, 4),
                  on_start: Callable[[str], None] | None = None, **vllm_kwargs):
@@ -128,7 +128,8 @@ class VllmEngine:
             raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
             raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
-        os.environ.update(vllm_env(threads, kv_cache_gib, in_process=True, bind=bind_threads))
+        os.environ.update({**vllm_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads),
+                           "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"})
         from vllm import LLM
 
         self.path = resolve_model(model)
@@ -170,13 +171,16 @@ class VllmEngine:
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
 
     # pools ---------------------------------------------------------------------------------------
-    @staticmethod
-    def register_pool(key: Hashable, source: DraftSource) -> None:
-        """Requests whose pool key is ``key`` draft from ``source`` (this process)."""
+    def register_pool(self, key: Hashable, source: DraftSource) -> None:
+        """Requests whose pool key is ``key`` (and no ``pool_store``) draft from ``source``, registered in this
+        process: it needs vLLM's engine core here (``in_process=True``). With the engine core in another
+        process, requests name their pool store instead (``submit(..., pool_key=, pool_store=)``)."""
+        if self.speculation == "laser" and self.proposer is None:
+            raise RuntimeError("register_pool: vLLM's engine core runs in another process (in_process=False) "
+                               "and cannot see pools registered here; pass pool_store= to submit/generate")
         pools.register_source(key, source)
 
-    @staticmethod
-    def unregister_pool(key: Hashable) -> None:
+    def unregister_pool(self, key: Hashable) -> None:
         pools.unregister_source(key)
 
     # generation ----------------------------------------------------------------------------------
@@ -191,7 +195,8 @@ class VllmEngine:
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
                verification: str = "greedy", k: int = 2, p: float = 0.1, sampling: dict | None = None,
                stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
-               draft: bool = True, n_max: int = 8, min_prob: float = 0.0) -> str:
+               draft: bool = True, n_max: int = 8, min_prob: float = 0.0,
+               pool_store: str | os.PathLike | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
@@ -219,6 +224,10 @@ class VllmEngine:
             extra["draft"] = False
         if pool_key is not None:
             extra["pool"] = pool_key
+        if pool_store is not None:  # the engine process opens the pool from this store (any process layout)
+            if pool_key is None:
+                raise ValueError("pool_store needs a pool_key (the pool's key in the store)")
+            extra["pool_store"] = os.fspath(pool_store)
         if verification == "relaxed":
             extra.update(k=int(k), p=float(p))
         params = SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
@@ -276,7 +285,12 @@ class VllmEngine:
     def _result(self, out, prompt_tokens: int, seconds: float) -> VllmResult:
         c = out.outputs[0]
         tokens = list(c.token_ids)
-        stats = self.proposer.take_stats(out.request_id) if self.proposer is not None else None
+        if self.proposer is not None:
+            stats = self.proposer.take_stats(out.request_id)
+        else:  # engine core in another process: vLLM's per-request metrics, if it was asked to keep them
+            from laser.vllm.proposer import RowStats
+
+            stats = RowStats.from_spec_metrics(getattr(c, "spec_decode_metrics", None), len(tokens))
         steps, per_step, drafted = _row_stats(stats)
         if steps:  # the proposer saw every step that gave the request tokens (the prefill's first token included)
             forwards = max(1, min(steps, len(tokens)))
@@ -441,14 +455,17 @@ class VllmEngine:
         gc.collect()
 
     def _find_proposer(self):
-        from laser.vllm.proposer import LIVE
+        """This engine's laser proposer (its model runner's drafter, through vLLM's ``collective_rpc``), or None
+        when vLLM runs its engine core in another process (the proposer lives there: per-request stats
+        then come from vLLM's ``spec_decode_metrics``, see :meth:`laser.vllm.proposer.RowStats.from_spec_metrics`)."""
+        from vllm.v1.engine.core_client import InprocClient
 
-        cfg = self.llm.llm_engine.vllm_config
-        prop = LIVE.get(id(cfg))
-        if prop is None and LIVE:
-            prop = list(LIVE.values())[-1]
-        if prop is None:
-            raise RuntimeError("vLLM did not build the laser proposer in this process")
+        if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+            return None
+        found = self.llm.collective_rpc(lambda worker: getattr(worker.model_runner, "drafter", None))
+        prop = found[0] if found else None
+        if prop is None or type(prop).__name__ != "LaserProposer":
+            raise RuntimeError(f"vLLM built no laser proposer (its drafter is {type(prop).__name__})")
         return prop
 
 

@@ -1,23 +1,41 @@
-"""Draft sources by key, in this process: how a request's pool key (``extra_args["laser"]["pool"]``)
-reaches its pool inside vLLM's model runner.
+"""Where a request's pool comes from inside vLLM's engine process.
 
-A key names a :class:`laser.drafting.DraftSource` (e.g. a ``pools.RetrievalPool``); an unknown or
-missing key drafts from the request's own prompt and output only (:class:`PromptLookup`).
+A request names its pool in ``extra_args["laser"]``:
+
+- ``pool`` and ``pool_store``: the key of its routed pool in the pool store at that directory. The
+  engine process opens each store once (through the opener of the ``laser.pool_stores`` entry-point
+  group: ``laser`` never imports ``pools``) with the model's tokenizer, and keeps the pools it loaded in
+  an LRU (:class:`StorePools`). This works wherever vLLM runs its engine core (in process or not).
+- ``pool`` alone: a :class:`laser.drafting.DraftSource` registered in *this* process
+  (:func:`register_source`): tests and benchmarks, with the engine core in process.
+- neither: the request drafts from its own prompt and output (:class:`PromptLookup`), unless it says
+  ``draft: False``.
+
+A key found in neither place is not a silent fallback: the proposer counts it
+(``LaserProposer.unknown_pools``), logs a warning once per key, and the request decodes without drafts.
 """
 from __future__ import annotations
 
+import logging
 import threading
-from typing import Hashable, Sequence
+from collections import OrderedDict
+from typing import Any, Callable, Hashable, Sequence
 
 from laser.drafting import DraftSource, Drafter
 from laser.tree import DraftTree
+
+log = logging.getLogger(__name__)
+
+STORE_GROUP = "laser.pool_stores"  # entry points: name -> callable(directory, tokenizer=...) -> a pool store
+STORE_OPENER = "pools"  # the entry point used when several are installed
+POOL_CACHE = 64  # pools kept loaded per proposer (LRU by store and key)
 
 _SOURCES: dict[Hashable, DraftSource] = {}
 _LOCK = threading.Lock()
 
 
 def register_source(key: Hashable, source: DraftSource) -> None:
-    """Make ``source`` the pool of requests whose key is ``key`` (replaces an earlier one)."""
+    """Make ``source`` the pool of requests whose key is ``key`` in this process (replaces an earlier one)."""
     with _LOCK:
         _SOURCES[key] = source
 
@@ -32,19 +50,85 @@ def registered_keys() -> list[Hashable]:
         return list(_SOURCES)
 
 
-def get_source(key: Hashable | None) -> DraftSource:
-    if key is not None:
-        source = _SOURCES.get(key)
-        if source is not None:
-            return source
-    return PromptLookup()
+def get_source(key: Hashable) -> DraftSource | None:
+    """The source registered in this process under ``key``, or None."""
+    with _LOCK:
+        return _SOURCES.get(key)
+
+
+def store_opener() -> Callable[..., Any]:
+    """The pool-store opener installed under the ``laser.pool_stores`` entry-point group.
+
+    It is called as ``opener(directory, tokenizer=tokenizer)`` and returns a store with ``key in store``,
+    ``store.get(key)`` (a :class:`laser.drafting.DraftSource`) and ``store.release(key)``.
+    """
+    from importlib.metadata import entry_points
+
+    found = {ep.name: ep for ep in entry_points(group=STORE_GROUP)}
+    if not found:
+        raise RuntimeError(f"no pool-store opener is installed (entry-point group {STORE_GROUP!r} is empty): "
+                           "install the project (pip install -e .) to open pool stores in vLLM's engine process")
+    if len(found) > 1 and STORE_OPENER not in found:
+        raise RuntimeError(f"several pool-store openers are installed ({sorted(found)}) and none is named "
+                           f"{STORE_OPENER!r}")
+    return (found.get(STORE_OPENER) or next(iter(found.values()))).load()
+
+
+class StorePools:
+    """Pool stores opened by directory (once each) and their pools loaded by key (an LRU of ``capacity``).
+
+    Args:
+        tokenizer: returns the model's tokenizer (called once, at the first store opened); the store
+            checks its pools were built with the same one.
+        capacity: pools kept loaded; the least recently used is released beyond it.
+    """
+
+    def __init__(self, tokenizer: Callable[[], Any], capacity: int = POOL_CACHE):
+        self._tokenizer_fn, self._tokenizer = tokenizer, None
+        self.capacity = capacity
+        self.stores: dict[str, Any] = {}
+        self.pools: OrderedDict[tuple[str, Hashable], Any] = OrderedDict()
+        self.loads = 0  # pools loaded from a store (misses of the LRU)
+        self._opener: Callable[..., Any] | None = None
+
+    def store(self, directory: str) -> Any:
+        store = self.stores.get(directory)
+        if store is None:
+            if self._opener is None:
+                self._opener = store_opener()
+            if self._tokenizer is None:
+                self._tokenizer = self._tokenizer_fn()
+            store = self._opener(directory, tokenizer=self._tokenizer)
+            self.stores[directory] = store
+            log.info("opened pool store %s", directory)
+        return store
+
+    def get(self, directory: str, key: Hashable) -> DraftSource | None:
+        """Pool ``key`` of the store at ``directory``, or None if the store has no such pool."""
+        directory = str(directory)
+        pool = self.pools.get((directory, key))
+        if pool is not None:
+            self.pools.move_to_end((directory, key))
+            return pool
+        store = self.store(directory)
+        if key not in store:
+            return None
+        pool = store.get(key)
+        self.loads += 1
+        self.pools[(directory, key)] = pool
+        while len(self.pools) > self.capacity:
+            (old_dir, old_key), _ = self.pools.popitem(last=False)
+            release = getattr(self.stores[old_dir], "release", None)
+            if release is not None:
+                release(old_key)
+        return pool
 
 
 class PromptLookup:
     """A draft source with no earlier knowledge: n-gram matches in the request's own prompt and output.
 
     Drafts the continuation of the latest earlier occurrence of the longest suffix (``n_max`` down to
-    1 token) of the context.
+    1 token) of the context. Used for requests that name no pool (and do not say ``draft: False``).
     """
 
     def open(self, prompt_ids: Sequence[int], max_nodes: int, n_max: int, min_prob: float) -> Drafter:
@@ -56,7 +140,7 @@ class _LookupDrafter(Drafter):
         self.context, self.n_max = context, n_max
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
-        ctx = list(context)
+        ctx = context if isinstance(context, list) else list(context)
         want = 8 if budget is None else budget
         for n in range(min(self.n_max, len(ctx) - 1), 0, -1):
             suffix = ctx[-n:]

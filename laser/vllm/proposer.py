@@ -1,58 +1,97 @@
 """LASER as vLLM's drafter: a ``custom_class`` proposer (vLLM's proposer hook; no vLLM file is forked).
 
-vLLM builds the class as ``LaserProposer(vllm_config)`` inside its model runner and calls, after every
-step, ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``: row i of the batch has context
-``token_ids_cpu[i, :num_tokens_no_spec[i]]`` and just received ``sampled_token_ids[i]`` (the accepted
-drafts of the last step, then the target's own token). It returns each row's draft chain.
+vLLM builds the class as ``LaserProposer(vllm_config)`` inside its model runner; LASER's vLLM plug-in
+(:mod:`laser.vllm.plugin`, entry point ``vllm.general_plugins``) then attaches the runner to it
+(:meth:`LaserProposer.attach`) and gives the runner the rejection sampler with the relaxed rule. After
+every step vLLM calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)``: row i of the
+batch has context ``token_ids_cpu[i, :num_tokens_no_spec[i]]`` and just received ``sampled_token_ids[i]``
+(the accepted drafts of the last step, then the target's own token). It returns each row's draft chain.
 
 Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` names it and
 ``runner.requests[req_id].sampling_params.extra_args["laser"]`` carries what the request asked for:
 
-- ``pool``: the key of its routed pool, a :class:`laser.drafting.DraftSource` registered in this
-  process (:func:`laser.vllm.pools.register_source`); no key or an unknown one drafts from the request's
-  own prompt and output only (prompt lookup: the temporary branches every pool drafter keeps);
+- ``pool``: the key of its routed pool; with ``pool_store`` (a directory) the pool is opened from that
+  pool store in this process (:class:`laser.vllm.pools.StorePools`; works with vLLM's engine core in
+  another process), without it the key names a source registered in this process
+  (:func:`laser.vllm.pools.register_source`). A key found nowhere is counted (``unknown_pools``) and
+  logged once, and the request decodes without drafts. No ``pool``: the request drafts from its own
+  prompt and output (prompt lookup);
 - ``k``, ``p``: relaxed verification for this request (absent: vLLM's own rule; greedy is lossless);
-- ``tag``: the caller's id for the request's statistics (accepted drafts, steps);
+- ``tag``: the caller's id for the request's statistics (:class:`RowStats`);
 - ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
 - ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
 
-The runner is found once, when vLLM constructs the proposer (it is the caller's ``self``); that needs
-the model runner in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and one CPU/GPU worker), which
-is how :class:`laser.vllm.VllmEngine` runs vLLM. Each request opens one drafter from its pool, fed the
-new tokens every step and closed when the request leaves the batch. Drafters propose trees; vLLM
-verifies chains, so the row drafts the tree's first root-to-leaf path (the most frequent child at each
-depth; temporary branches first). Lengths come from :class:`laser.vllm.budget.ChainBudget`.
+Each step first chooses every row's draft length (:class:`laser.vllm.budget.ChainBudget`), then
+retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
+tree's first root-to-leaf path). Drafters are fed only the tokens that are new since the last step.
+The step's wall seconds and the proposer's own seconds go to the budget's ``observe_step`` when it has
+one.
 """
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from laser.drafting import Drafter, NoDrafter
+from laser.drafting import Drafter
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget
-from laser.vllm.relaxed import RelaxedRejectionSampler
 
 log = logging.getLogger(__name__)
 
-LIVE: "weakref.WeakValueDictionary[int, LaserProposer]" = weakref.WeakValueDictionary()  # by vllm_config id
 RETRIEVE_NODES = 2  # tree nodes asked of the drafter per chain token wanted (room for siblings)
 
 
 @dataclass
+class RowStats:
+    """One finished request's drafting statistics.
+
+    Attributes:
+        steps: target forwards that produced tokens for the request (one per engine step it decoded in,
+            the prefill's first token included).
+        accepted_per_step: draft tokens accepted at each step that verified drafts for the request, in
+            order (steps where it drafted nothing are left out; the last entry may count drafts vLLM then
+            cut at max_tokens or a stop). The same from vLLM's per-request metrics (engine core in another
+            process, :meth:`from_spec_metrics`).
+        drafted: draft tokens verified for the request in all (drafts of its last step, which vLLM drops
+            when the request finishes, are not counted).
+    """
+
+    steps: int
+    accepted_per_step: list[int] = field(default_factory=list)
+    drafted: int = 0
+
+    @property
+    def accepted(self) -> int:
+        return sum(self.accepted_per_step)
+
+    @classmethod
+    def from_spec_metrics(cls, metrics: Any, n_tokens: int) -> "RowStats | None":
+        """From vLLM's per-request speculative-decoding metrics (``CompletionOutput.spec_decode_metrics``,
+        present when the engine was started with ``per_request_spec_decode_metrics="detailed"``);
+        ``steps`` is the request's tokens minus its accepted drafts. None without metrics."""
+        if metrics is None:
+            return None
+        per_step = list(getattr(metrics, "per_step_accepted", None) or [])
+        if not per_step:  # "summary" level: the histogram of accepted drafts per verifying step
+            per_step = [j for j, count in enumerate(metrics.histogram) for _ in range(count)]
+        accepted = sum(per_step)
+        return cls(steps=max(int(n_tokens) - accepted, 1), accepted_per_step=per_step,
+                   drafted=int(metrics.num_draft_tokens))
+
+
+@dataclass
 class _Row:
-    drafter: Drafter
-    seen: int  # context tokens the drafter has been told about
+    drafter: Drafter | None  # None: the request drafts nothing
+    context: list[int]  # prompt + output the drafter has been told about
     tag: Any
     rule: tuple[int, float] | None
     force_cycle: list[int] | None = None  # calibration: junk drafts of these lengths, one per step in turn
     drafted: int = 0  # drafts proposed last step
     steps: int = 0
-    accepted: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    drafted_total: int = 0
 
 
 @dataclass
@@ -68,85 +107,170 @@ class LaserProposer:
     """vLLM ``custom_class`` proposer drafting from routed LASER pools (see the module docstring)."""
 
     def __init__(self, vllm_config):
+        from laser.vllm import plugin
+
+        if plugin.PROBLEM is not None:
+            raise RuntimeError(plugin.PROBLEM)
         self.vllm_config = vllm_config
         spec = vllm_config.speculative_config
         self.max_len = int(spec.num_speculative_tokens)
-        self.runner = _find_runner()
+        self.runner = None  # attached by the plug-in once vLLM built the runner
         self.rows: dict[str, _Row] = {}
-        self.stats: dict[Any, tuple[int, int]] = {}  # tag -> (steps, accepted drafts) of finished rows
+        self.stats: dict[Any, RowStats] = {}  # tag -> stats of finished rows
         self.budget = ChainBudget(cost=None, max_len=self.max_len, fixed=self.max_len)
         self.n_max = 8
         self.steps = 0
         self.step_log: StepLog | None = None
-        LIVE[id(vllm_config)] = self
+        self.unknown_pools = 0  # requests whose pool key was found nowhere (they decode without drafts)
+        self._warned_keys: set = set()
+        self.store_pools = pools.StorePools(self._tokenizer)
+        self._relaxed_open = 0
+        self._last: tuple[float, float] | None = None  # end time and seconds of the last propose call
 
     # vLLM hooks ---------------------------------------------------------------------------------
+    def attach(self, runner) -> None:
+        """Called by the plug-in right after vLLM built ``runner`` with this proposer as its drafter: the
+        proposer reads the batch from it, and its rejection sampler gets the relaxed rule."""
+        from laser.vllm.relaxed import build_sampler
+
+        self.runner = runner
+        runner.rejection_sampler = build_sampler(runner, self._rules)
+
     def load_model(self, *args, **kwargs) -> None:
-        """No weights; wraps the runner's rejection sampler so relaxed requests get their rule."""
-        sampler = getattr(self.runner, "rejection_sampler", None)
-        if sampler is not None and not isinstance(sampler, RelaxedRejectionSampler):
-            self.runner.rejection_sampler = RelaxedRejectionSampler(sampler, self._rules)
+        """No weights; checks the plug-in attached the runner (else ONE line says why not)."""
+        self._check_attached()
 
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
                 **kwargs) -> list[list[int]]:
         now = time.perf_counter()
+        self._check_attached()
         req_ids = list(self.runner.input_batch.req_ids)
         self._log_step(now, req_ids)
         self._drop_finished(req_ids)
         self.steps += 1
         n = len(req_ids)
-        active, chains = [], []
+        out: list[list[int]] = [[] for _ in range(n)]
+        rows_decoded, verified, prefill = 0, 0, False
+        drafting: list[tuple[int, str, _Row]] = []
         for i, rid in enumerate(req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             if not sampled:  # a prefill chunk, or a row that produced nothing this step
+                prefill = True
                 continue
             length = int(num_tokens_no_spec[i])
-            row = self.rows.get(rid) or self._open(rid, token_ids_cpu[i, :length])
+            row = self.rows.get(rid)
+            if row is None:
+                row = self._open(rid, token_ids_cpu[i, :length])
+                prefill = True
+            got = len(sampled) - 1 if row.drafted else 0
             if row.drafted:
-                got = len(sampled) - 1
-                row.accepted += got
                 self.budget.observe(rid, row.drafted, got)
+            rows_decoded += 1
+            verified += row.drafted
+            if row.drafted:
+                row.accepted_per_step.append(got)
+                row.drafted_total += row.drafted
             row.steps += 1
-            context = token_ids_cpu[i, :length].tolist()
-            if length > row.seen:
-                row.drafter.commit(context[row.seen:])
-                row.seen = length
+            row.drafted = 0
+            seen = len(row.context)
+            if length > seen:
+                new = token_ids_cpu[i, seen:length].tolist()
+                row.context.extend(new)
+                if row.drafter is not None:
+                    row.drafter.commit(new)
+            if row.drafter is not None:
+                drafting.append((i, rid, row))
+        self._observe_step(now, rows_decoded, verified, prefill)
+        budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
+        lengths = self.budget.lengths([rid for _, rid, _ in budgeted], [self.max_len] * len(budgeted)) \
+            if budgeted else []
+        for (i, rid, row), L in zip(budgeted, lengths):
+            if L > 0:
+                tree = row.drafter.propose(row.context, RETRIEVE_NODES * int(L))
+                out[i] = tree.first_path()[: int(L)]
+        for i, rid, row in drafting:
             if row.force_cycle:
                 cycle = row.force_cycle
-                chain = [3 + (context[-1] + j) % 2 for j in range(cycle[self.steps % len(cycle)])]  # junk
-            else:
-                tree = row.drafter.propose(context, RETRIEVE_NODES * self.max_len)
-                chain = tree.first_path()[: self.max_len]
-            active.append(i)
-            chains.append(chain)
-        keys = [req_ids[i] for i in active]
-        forced = [bool(self.rows[k].force_cycle) for k in keys]
-        lengths = self.budget.lengths(keys, [len(c) for c in chains])
-        out: list[list[int]] = [[] for _ in range(n)]
-        for i, key, chain, L, f in zip(active, keys, chains, lengths, forced):
-            take = chain if f else chain[:L]
-            out[i] = take
-            self.rows[key].drafted = len(take)
+                out[i] = [3 + (row.context[-1] + j) % 2 for j in range(cycle[self.steps % len(cycle)])]  # junk
+            row.drafted = len(out[i])
         if self.step_log is not None:
             self.step_log.last_shape = (tuple(req_ids), tuple(len(o) for o in out))
+        end = time.perf_counter()
+        self._last = (end, end - now)
         return out
 
     # helpers ------------------------------------------------------------------------------------
+    def _check_attached(self) -> None:
+        if self.runner is None:
+            from laser.vllm import plugin
+
+            raise RuntimeError(plugin.not_attached_message())
+
+    def _observe_step(self, now: float, rows: int, tokens_drafted: int, prefill: bool) -> None:
+        """The step that just ran (drafted by the previous call) to the budget's ``observe_step``."""
+        last, self._last = self._last, None
+        observe = getattr(self.budget, "observe_step", None)
+        if observe is None or last is None or prefill or rows == 0:
+            return
+        end, propose_s = last
+        observe(rows, rows + tokens_drafted, now - end, propose_s)
+
     def _open(self, rid: str, prompt_and_output) -> _Row:
         state = self.runner.requests.get(rid)
-        args = ((state.sampling_params.extra_args or {}).get("laser") or {}) if state else {}
-        prompt = list(state.prompt_token_ids or []) if state else list(prompt_and_output)
-        if args.get("draft") is False:  # plain decoding inside a laser engine
-            drafter: Drafter = NoDrafter()
+        params = state.sampling_params if state is not None else None
+        args = ((params.extra_args or {}).get("laser") or {}) if params is not None else {}
+        if state is not None and state.prompt_token_ids is not None:
+            prompt = list(state.prompt_token_ids)
         else:
-            source = pools.get_source(args.get("pool"))
-            drafter = source.open(prompt, RETRIEVE_NODES * self.max_len, int(args.get("n_max", self.n_max)),
-                                  float(args.get("min_prob", 0.0)))
+            prompt = prompt_and_output.tolist()
         rule = (int(args["k"]), float(args["p"])) if args.get("k") is not None else None
-        row = _Row(drafter=drafter, seen=len(prompt), tag=args.get("tag", rid), rule=rule,
+        if rule is not None:
+            self._check_relaxed(rid, params)
+        row = _Row(drafter=self._drafter(args, prompt), context=prompt, tag=args.get("tag", rid), rule=rule,
                    force_cycle=args.get("force_cycle"))
         self.rows[rid] = row
+        self._relaxed_open += rule is not None
         return row
+
+    def _check_relaxed(self, rid: str, params) -> None:
+        from laser.vllm.relaxed import RelaxedRule
+
+        if not isinstance(getattr(self.runner, "rejection_sampler", None), RelaxedRule):
+            raise RuntimeError(f"request {rid} asks for relaxed verification but the runner's rejection sampler "
+                               f"is {type(self.runner.rejection_sampler).__name__}, not laser's: refusing to "
+                               "verify it greedily")
+        if params is not None and params.temperature > 0:
+            raise ValueError(f"request {rid}: relaxed verification is deterministic and needs temperature 0, "
+                             f"got {params.temperature}")
+
+    def _drafter(self, args: dict, prompt: list[int]) -> Drafter | None:
+        if args.get("draft") is False:  # plain decoding inside a laser engine
+            return None
+        key, store = args.get("pool"), args.get("pool_store")
+        if key is None:
+            source = pools.PromptLookup()
+        elif store is not None:
+            source = self.store_pools.get(str(store), key)
+        else:
+            source = pools.get_source(key)
+        if source is None:
+            self.unknown_pools += 1
+            if key not in self._warned_keys:
+                self._warned_keys.add(key)
+                where = f"pool store {store}" if store is not None else "the pools registered in this process"
+                log.warning("pool %r is not in %s: its requests decode without drafts (counted in "
+                            "LaserProposer.unknown_pools)", key, where)
+            return None
+        return source.open(prompt, RETRIEVE_NODES * self.max_len, int(args.get("n_max", self.n_max)),
+                           float(args.get("min_prob", 0.0)))
+
+    def _tokenizer(self):
+        """The model's tokenizer (pool stores check their pools were built with it)."""
+        from transformers import AutoTokenizer
+
+        mc = self.vllm_config.model_config
+        return AutoTokenizer.from_pretrained(mc.tokenizer, revision=getattr(mc, "tokenizer_revision", None),
+                                             trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
 
     def _drop_finished(self, req_ids: list[str]) -> None:
         if len(self.rows) <= len(req_ids) and all(r in self.rows for r in req_ids):
@@ -157,12 +281,15 @@ class LaserProposer:
 
     def _close(self, rid: str) -> None:
         row = self.rows.pop(rid)
-        row.drafter.close()
-        self.stats[row.tag] = (row.steps, row.accepted)
+        if row.drafter is not None:
+            row.drafter.close()
+        self._relaxed_open -= row.rule is not None
+        self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
+                                       drafted=row.drafted_total)
         self.budget.forget(rid)
 
-    def take_stats(self, tag) -> tuple[int, int] | None:
-        """(steps, accepted drafts) of a finished request by its tag; its row is closed if still open."""
+    def take_stats(self, tag) -> RowStats | None:
+        """The :class:`RowStats` of a finished request by its tag; its row is closed if still open."""
         if tag in self.stats:
             return self.stats.pop(tag)
         for rid, row in list(self.rows.items()):
@@ -175,8 +302,13 @@ class LaserProposer:
         """Close the drafters of requests that left vLLM (called after a ``generate``)."""
         self._drop_finished([])
 
-    def _rules(self) -> list[tuple[int, float] | None]:
-        return [(self.rows[r].rule if r in self.rows else None) for r in self.runner.input_batch.req_ids]
+    def _rules(self) -> list[tuple[int, float] | None] | None:
+        """For the rejection sampler: None when no open request asked for the relaxed rule, else each batch
+        row's ``(k, p)`` or None."""
+        if not self._relaxed_open:
+            return None
+        rows = self.rows
+        return [(rows[r].rule if r in rows else None) for r in self.runner.input_batch.req_ids]
 
     def _log_step(self, now: float, req_ids: list[str]) -> None:
         log_ = self.step_log
@@ -187,13 +319,3 @@ class LaserProposer:
             if len(lens) == 1:
                 log_.times.setdefault((len(req_ids), lens.pop()), []).append(now - log_.last_t)
         log_.last_t = now
-
-
-def _find_runner():
-    """The vLLM model runner constructing this proposer (the ``self`` of a calling frame)."""
-    for frame_info in inspect.stack()[1:40]:
-        obj = frame_info.frame.f_locals.get("self")
-        if obj is not None and any(c.__name__ == "GPUModelRunner" for c in type(obj).__mro__):
-            return obj
-    raise RuntimeError("LaserProposer must be built by vLLM's model runner (speculative_config method "
-                       "'custom_class'), in this process: set VLLM_ENABLE_V1_MULTIPROCESSING=0")

@@ -10,10 +10,17 @@ where p_j is the target distribution after the accepted prefix. The first reject
 target's argmax there (the *recovered* token); a fully accepted chain gets the argmax after it (the
 *bonus* token). The rule is deterministic: requests that ask for it run at temperature 0.
 
-:class:`RelaxedRejectionSampler` wraps vLLM's own sampler: it runs vLLM's sampler for the whole
-batch (so greedy and sampled requests stay vLLM's own), then rewrites the rows of requests that asked
-for the relaxed rule. Nothing of vLLM is forked or patched; the model runner's ``rejection_sampler``
-attribute is replaced by this wrapper (see :mod:`laser.vllm.proposer`).
+Where it acts: :class:`RelaxedRule` is a mixin over vLLM's own ``RejectionSampler`` class (the plug-in,
+:mod:`laser.vllm.plugin`, builds the runner's sampler as ``LaserRejectionSampler(RelaxedRule,
+RejectionSampler)`` with vLLM's arguments). It overrides one step, ``apply_logits_processors``: vLLM
+applies penalties, allowed tokens, bad words, min_tokens and the thinking budget to the target logits
+of the draft positions, then the rule judges the relaxed rows' drafts on those *processed* logits, on
+their device, in one batched computation, and makes each accepted draft token the argmax of its
+position (its logit is raised just above the row's maximum; nothing else changes). vLLM's own greedy
+kernel then emits exactly the relaxed chain: the accepted drafts, then at the first rejection the
+processed argmax, or after a fully accepted chain vLLM's bonus token (sampled from the processed bonus
+logits). Greedy and sampled rows are untouched. A request asking for processed logprobs together with
+the relaxed rule is refused (the raised logits would show in them).
 
 Worked example (k=2, p=0.1): target probabilities at the three draft positions
 ``[{7: .6, 3: .3}, {5: .5, 9: .45}, {2: .9}]``, draft ``[3, 9, 4]``: 3 is in the top-2 with .3 > .1
@@ -24,12 +31,16 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: "no token here"
 
+Rules = Callable[[], "list[tuple[int, float] | None] | None"]
 
-def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+
+def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
+                   kmax: int | None = None) -> torch.Tensor:
     """Which draft tokens the relaxed rule accepts, each judged on its own position.
 
     Args:
@@ -37,24 +48,30 @@ def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p
         draft: ``[N]`` draft token ids.
         k: ``[N]`` top-k of each position's request (k=1 is greedy).
         p: ``[N]`` probability threshold of each position's request.
+        kmax: ``k.max()`` when the caller knows it (saves a device sync).
     Returns:
-        ``[N]`` bool.
+        ``[N]`` bool, on the logits' device.
     """
     logits = logits.float()
-    draft_logit = logits.gather(1, draft[:, None].long())[:, 0]  # [N]
+    draft = draft.long()
+    draft_logit = logits.gather(1, draft[:, None])[:, 0]  # [N]
     ok = draft == logits.argmax(-1)
-    kmax = int(k.max()) if k.numel() else 1
+    if kmax is None:
+        kmax = int(k.max()) if k.numel() else 1
     if kmax > 1:
         top = logits.topk(kmax, dim=-1).values  # [N, kmax]
-        kth = top.gather(1, (k.long() - 1).clamp(min=0)[:, None])[:, 0]  # [N] each row's k-th value
+        kth = top.gather(1, (k.long() - 1).clamp(min=0, max=kmax - 1)[:, None])[:, 0]  # each row's k-th value
         prob = (draft_logit - torch.logsumexp(logits, dim=-1)).exp()
-        ok |= (k > 1) & (draft_logit >= kth) & (prob > p)
+        ok |= (k > 1) & (draft_logit >= kth) & (prob > p.to(prob.dtype))
     return ok
 
 
 def chain_output(accept: torch.Tensor, draft: torch.Tensor, argmax: torch.Tensor, bonus: torch.Tensor,
                  num_draft: Sequence[int], width: int) -> torch.Tensor:
     """Output tokens per row: accepted drafts, then the argmax at the first rejection, or the bonus.
+
+    (What vLLM's greedy kernel emits once :class:`RelaxedRule` made the accepted drafts the argmax; the
+    reference form of the rule, batched without a loop over rows.)
 
     Args:
         accept: ``[N]`` bool per draft token (rows' drafts concatenated).
@@ -64,61 +81,89 @@ def chain_output(accept: torch.Tensor, draft: torch.Tensor, argmax: torch.Tensor
         num_draft: drafts per row (sum N).
         width: columns of the output (vLLM's ``max_spec_len + 1``).
     Returns:
-        ``[B, width]`` token ids, ``PLACEHOLDER`` after each row's last token.
+        ``[B, width]`` int32 token ids, ``PLACEHOLDER`` after each row's last token.
     """
-    out = torch.full((len(num_draft), width), PLACEHOLDER, dtype=torch.int32)
-    start = 0
-    acc, dr, am = accept.tolist(), draft.tolist(), argmax.tolist()
-    for i, n in enumerate(num_draft):
-        a = 0
-        while a < n and acc[start + a]:
-            a += 1
-        out[i, :a] = torch.tensor(dr[start:start + a], dtype=torch.int32)
-        out[i, a] = am[start + a] if a < n else int(bonus[i])
-        start += n
+    device = draft.device
+    B = len(num_draft)
+    n = torch.as_tensor(list(num_draft), dtype=torch.long, device=device)  # [B]
+    start = torch.cumsum(n, 0) - n  # [B]
+    col = torch.arange(max(width - 1, 1), device=device)  # [W-1]
+    valid = col[None, :] < n[:, None]  # [B, W-1]
+    flat = (start[:, None] + col[None, :]).clamp(max=max(draft.numel() - 1, 0))  # [B, W-1]
+    acc = accept.bool()[flat] & valid if draft.numel() else valid
+    n_acc = torch.cumprod(acc.int(), dim=1).sum(1)  # [B] accepted prefix length
+    drafts = draft.long()[flat] if draft.numel() else torch.zeros_like(flat)
+    out = torch.full((B, width), PLACEHOLDER, dtype=torch.int32, device=device)
+    keep = col[None, :] < n_acc[:, None]
+    out[:, : width - 1] = torch.where(keep, drafts, torch.full_like(drafts, PLACEHOLDER)).to(torch.int32)
+    at = (start + n_acc).clamp(max=max(argmax.numel() - 1, 0))
+    recovered = argmax.long()[at] if argmax.numel() else torch.zeros_like(n_acc)
+    nxt = torch.where(n_acc < n, recovered, bonus.reshape(-1).long().to(device))
+    out.scatter_(1, n_acc[:, None], nxt[:, None].to(torch.int32))
     return out
 
 
-class RelaxedRejectionSampler(torch.nn.Module):
-    """vLLM's rejection sampler, with the relaxed rule for the rows that ask for it.
+class RelaxedRule:
+    """Mixin over vLLM's ``RejectionSampler``: the relaxed rule for the rows that ask for it, on the
+    processed logits (see the module docstring). Built by :func:`build_sampler`.
 
-    Args:
-        inner: vLLM's ``RejectionSampler`` of the model runner.
-        rules: returns, for the batch being verified, one ``(k, p)`` per row, or None for rows that
-            keep vLLM's own rule.
+    ``laser_rules()`` returns None when no request of the batch asked for the rule, else one ``(k, p)``
+    or None per row of the batch (in the input batch's order, as vLLM's ``num_draft_tokens``).
     """
 
-    def __init__(self, inner: torch.nn.Module, rules: Callable[[], list[tuple[int, float] | None]]):
-        super().__init__()
-        self.inner = inner
-        self.rules = rules
-        self.relaxed_rows = 0  # rows verified with the relaxed rule, for tests and reports
+    laser_rules: Rules
+    relaxed_rows: int
+    relaxed_positions: int
 
-    def __getattr__(self, name):  # anything else vLLM reads from its sampler
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            return getattr(self.inner, name)
+    def apply_logits_processors(self, logits, sampling_metadata, metadata):
+        logits = super().apply_logits_processors(logits, sampling_metadata, metadata)
+        rules = self.laser_rules()
+        if rules is not None and logits.shape[0]:
+            self._relax(logits, sampling_metadata, metadata, rules)
+        return logits
 
-    def forward(self, metadata, draft_probs, logits, sampling_metadata):
-        rules = self.rules()
-        relaxed = [i for i, r in enumerate(rules) if r is not None]
-        if relaxed and metadata.draft_token_ids.numel():
-            # read the raw logits before vLLM's sampler may modify them in place
-            num_draft = list(metadata.num_draft_tokens)
-            target = logits[metadata.target_logits_indices]  # [N, V]
-            bonus = logits[metadata.bonus_logits_indices].argmax(-1).cpu()  # [B]
-            row_of = torch.repeat_interleave(torch.arange(len(num_draft)), torch.tensor(num_draft))
-            k = torch.tensor([(rules[i] or (1, 0.0))[0] for i in range(len(num_draft))])[row_of]
-            p = torch.tensor([(rules[i] or (1, 0.0))[1] for i in range(len(num_draft))])[row_of]
-            draft = metadata.draft_token_ids.cpu()
-            accept = relaxed_accept(target.cpu(), draft, k, p)
-            mine = chain_output(accept, draft, target.argmax(-1).cpu(), bonus, num_draft,
-                                metadata.max_spec_len + 1)
-        out = self.inner(metadata, draft_probs, logits, sampling_metadata)
-        if relaxed and metadata.draft_token_ids.numel():
-            ids = out.sampled_token_ids
-            rows = torch.tensor(relaxed)
-            ids[rows.to(ids.device)] = mine[rows].to(ids.device, ids.dtype)
-            self.relaxed_rows += len(relaxed)
-        return out
+    def _relax(self, logits: torch.Tensor, sampling_metadata, metadata, rules) -> None:
+        counts = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
+        if len(rules) != len(counts):
+            raise RuntimeError(f"laser relaxed rule: {len(rules)} rules for a batch of {len(counts)} rows "
+                               "(the proposer's batch and the sampler's are out of step)")
+        k_row = np.array([r[0] if r is not None else 0 for r in rules], dtype=np.int64)
+        if not (k_row > 0).any():
+            return
+        p_row = np.array([r[1] if r is not None else 0.0 for r in rules], dtype=np.float32)
+        k_tok, p_tok = np.repeat(k_row, counts), np.repeat(p_row, counts)
+        pos = np.nonzero(k_tok > 0)[0]
+        if not len(pos):
+            return
+        if getattr(self, "is_processed_logprobs_mode", False) and sampling_metadata.max_num_logprobs is not None:
+            raise ValueError("relaxed verification cannot return processed logprobs (logprobs_mode "
+                             "processed_*): ask for raw logprobs or greedy verification")
+        dev = logits.device
+        idx = torch.from_numpy(pos).to(dev, non_blocking=True)
+        sub = logits.index_select(0, idx)  # [M, V] processed logits of the relaxed draft positions
+        draft = metadata.draft_token_ids.index_select(0, idx).long()
+        acc = relaxed_accept(sub, draft, torch.from_numpy(k_tok[pos]).to(dev),
+                             torch.from_numpy(p_tok[pos]).to(dev), kmax=int(k_tok[pos].max()))
+        top = sub.max(-1).values
+        cur = sub.gather(1, draft[:, None])[:, 0]
+        raised = top + top.abs().clamp(min=1.0) * 1e-2  # strictly the row's maximum, in any float precision
+        logits.index_put_((idx, draft), torch.where(acc, raised.to(logits.dtype), cur.to(logits.dtype)))
+        self.relaxed_rows += int(((k_row > 0) & (counts > 0)).sum())
+        self.relaxed_positions += len(pos)
+
+
+_SAMPLER_CLASS = None
+
+
+def build_sampler(runner, rules: Rules):
+    """vLLM's rejection sampler for ``runner`` (built as vLLM builds it) with :class:`RelaxedRule` mixed in."""
+    global _SAMPLER_CLASS
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    if _SAMPLER_CLASS is None:
+        _SAMPLER_CLASS = type("LaserRejectionSampler", (RelaxedRule, RejectionSampler), {})
+    sampler = _SAMPLER_CLASS(runner.sampler, runner.speculative_config, runner.device)
+    sampler.laser_rules = rules
+    sampler.relaxed_rows = 0
+    sampler.relaxed_positions = 0
+    return sampler

@@ -1,0 +1,129 @@
+"""LASER's vLLM plug-in without an engine: the relaxed rule's batched chain output, the version/attribute
+check, the proposer's refusal to run unattached, stats from vLLM's per-request metrics, pool-store pools."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from laser.vllm import relaxed as relaxed_mod
+from laser.vllm.proposer import RowStats
+
+
+def _loop_chain_output(accept, draft, argmax, bonus, num_draft, width):
+    """The rule's output written row by row (the reference for the batched form)."""
+    out = torch.full((len(num_draft), width), relaxed_mod.PLACEHOLDER, dtype=torch.int32)
+    start = 0
+    for i, n in enumerate(num_draft):
+        a = 0
+        while a < n and bool(accept[start + a]):
+            a += 1
+        out[i, :a] = draft[start:start + a].to(torch.int32)
+        out[i, a] = int(argmax[start + a]) if a < n else int(bonus[i])
+        start += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_chain_output_matches_the_row_by_row_rule(seed):
+    g = torch.Generator().manual_seed(seed)
+    width = 6
+    num_draft = torch.randint(0, width, (7,), generator=g).tolist()
+    n = sum(num_draft)
+    accept = torch.rand(n, generator=g) < 0.7
+    draft, argmax = torch.randint(2, 50, (n,), generator=g), torch.randint(2, 50, (n,), generator=g)
+    bonus = torch.randint(2, 50, (7,), generator=g)
+    got = relaxed_mod.chain_output(accept, draft, argmax, bonus, num_draft, width)
+    assert torch.equal(got, _loop_chain_output(accept, draft, argmax, bonus, num_draft, width))
+
+
+def test_chain_output_with_no_drafts_gives_the_bonus():
+    empty = torch.zeros(0, dtype=torch.long)
+    out = relaxed_mod.chain_output(empty.bool(), empty, empty, torch.tensor([4, 5]), [0, 0], 3)
+    assert out.tolist() == [[4, -1, -1], [5, -1, -1]]
+
+
+def test_relaxed_accept_with_known_kmax_is_the_same():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(20, 30, generator=g) * 3
+    draft = torch.randint(0, 30, (20,), generator=g)
+    k = torch.randint(1, 4, (20,), generator=g)
+    p = torch.rand(20, generator=g) * 0.2
+    assert torch.equal(relaxed_mod.relaxed_accept(logits, draft, k, p),
+                       relaxed_mod.relaxed_accept(logits, draft, k, p, kmax=int(k.max())))
+
+
+def test_row_stats_from_vllm_metrics():
+    detailed = SimpleNamespace(per_step_accepted=[2, 0, 3], histogram=[1, 0, 1, 1], num_draft_tokens=12)
+    stats = RowStats.from_spec_metrics(detailed, n_tokens=20)
+    assert (stats.steps, stats.accepted_per_step, stats.drafted, stats.accepted) == (15, [2, 0, 3], 12, 5)
+    summary = SimpleNamespace(per_step_accepted=[], histogram=[1, 0, 1, 1], num_draft_tokens=12)
+    assert RowStats.from_spec_metrics(summary, 20).accepted == 5
+    assert RowStats.from_spec_metrics(None, 20) is None
+
+
+def test_store_pools_open_each_store_once_and_keep_an_lru(tmp_path):
+    from laser.vllm.pools import StorePools
+    from pools.store import TokenizerFingerprint, write_store
+
+    write_store(tmp_path / "s", {"a": [[1, 2, 3, 4]], "b": [[5, 6, 7]], "c": [[8, 9]]},
+                TokenizerFingerprint("t", "0" * 64))
+    calls = []
+
+    def tokenizer():
+        calls.append(1)
+        return TokenizerFingerprint("t", "0" * 64)
+
+    sp = StorePools(tokenizer, capacity=2)
+    assert sp.get(tmp_path / "s", "a") is sp.get(str(tmp_path / "s"), "a")
+    assert sp.get(tmp_path / "s", "missing") is None
+    sp.get(tmp_path / "s", "b")
+    sp.get(tmp_path / "s", "c")  # evicts "a"
+    assert [k for _, k in sp.pools] == ["b", "c"] and sp.loads == 3 and len(sp.stores) == 1 and calls == [1]
+    drafter = sp.get(tmp_path / "s", "b").open([4, 5], 8, 4, 0.0)
+    assert drafter.propose([4, 5], 4).first_path() == [6, 7]
+
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+@needs_vllm
+def test_plugin_checks_the_vllm_version(monkeypatch):
+    import vllm
+
+    from laser.vllm import plugin
+
+    assert plugin.check_vllm() is None
+    monkeypatch.setattr(vllm, "__version__", "0.40.1")
+    line = plugin.check_vllm()
+    assert "0.40.1" in line and "0.32." in line and "\n" not in line
+
+
+@needs_vllm
+def test_plugin_names_a_missing_vllm_attribute(monkeypatch):
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+
+    from laser.vllm import plugin
+
+    monkeypatch.delattr(RejectionSampler, "apply_logits_processors")
+    line = plugin.check_vllm()
+    assert "RejectionSampler.apply_logits_processors" in line and "\n" not in line
+
+
+@needs_vllm
+def test_an_unattached_proposer_refuses_to_run(monkeypatch):
+    from laser.vllm import plugin
+    from laser.vllm.proposer import LaserProposer
+
+    cfg = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4))
+    prop = LaserProposer(cfg)
+    monkeypatch.setattr(plugin, "_installed", False)
+    with pytest.raises(RuntimeError, match="vllm.general_plugins"):
+        prop.load_model(None)
+    with pytest.raises(RuntimeError, match="not loaded"):
+        prop.propose([[1]], [3], torch.zeros(1, 8, dtype=torch.int32))
+    monkeypatch.setattr(plugin, "PROBLEM", "laser's vLLM plug-in was written for vLLM 0.32.x, this is 9")
+    with pytest.raises(RuntimeError, match="this is 9"):
+        LaserProposer(cfg)
