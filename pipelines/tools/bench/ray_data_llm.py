@@ -16,7 +16,8 @@ row like the job's own rows. Same work as the job, built with the job's own code
 - the same model folder (``laser.vllm.engine.resolve_model(model.name)``), dtype, token budgets (old
   pass: ``old_knowledge.max_new_tokens``; new pass: ``generation.max_new_tokens``), greedy decoding and
   the generation rules vLLM has (repetition penalty, min tokens, stop strings);
-- the same resources: ``execution.num_workers`` vLLM engines (Ray Data's ``concurrency``), each holding
+- the same resources: ``execution.num_workers`` vLLM engines (Ray Data's ``concurrency``, as a fixed pool
+  ``(n, n)``: a plain ``n`` would autoscale from one engine), each holding
   ``threads_per_worker`` CPUs and OMP threads, ``execution.batch_size`` requests in flight per engine
   (``max_num_seqs`` and Ray Data's ``batch_size``), local Ray with ``num_workers x threads`` CPUs, vLLM's
   KV cache, context length and prefix caching as the job's vLLM workers set them.
@@ -153,7 +154,8 @@ def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
     if spec:
         engine_kwargs["speculative_config"] = spec
     return vLLMEngineProcessorConfig(
-        model_source=model_path, engine_kwargs=engine_kwargs, batch_size=slots, concurrency=int(ex.num_workers),
+        model_source=model_path, engine_kwargs=engine_kwargs, batch_size=slots,
+        concurrency=(int(ex.num_workers), int(ex.num_workers)),  # a fixed pool, as the job's (an int autoscales from 1)
         placement_group_config={"bundles": [{"CPU": int(ex.threads_per_worker)}]},
         log_engine_metrics=False, chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
         runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))})
