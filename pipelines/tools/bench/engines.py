@@ -200,10 +200,11 @@ def markdown(result: dict[str, Any]) -> str:
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
     m = result["machine"]
-    lines += ["", f"cold: each row's first run, on empty compile and cost-model caches; warm: median of "
-              f"{result['repeats']} interleaved run(s) per row on the caches the cold run filled. Each run is a fresh "
-              "process on an empty output. Whole-run figures include imports, Ray start, engine start and model "
-              "load, (job rows) routing and pools, and writing. The job's actors serve both passes (its old pass "
+    phases = (f"cold: each row's first run, on empty compile and cost-model caches; warm: median of {result['repeats']} "
+              "interleaved run(s) per row on the caches the cold run filled." if result.get("cold", True) else
+              f"warm: median of {result['repeats']} interleaved run(s) per row on the machine's own caches (--no-cold).")
+    lines += ["", f"{phases} Each run is a fresh process on an empty output. Whole-run figures include imports, "
+              "Ray start, engine start and model load, (job rows) routing and pools, and writing. The job's actors serve both passes (its old pass "
               "pays their start); Ray Data LLM starts its engines for each pass, so its new pass pays a start too. "
               "'engines running': the job's new pass; Ray Data LLM's rows after each engine's first batch, over the "
               "seconds after it.",
