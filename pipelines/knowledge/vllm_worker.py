@@ -9,7 +9,8 @@ Every attempt is an ordinary vLLM request: the first decoding of an entity and t
 row alike (greedy, with the retry's rules in vLLM's form, :mod:`laser.vllm.forms`; a retry's
 ``no_repeat_ngram_size`` has none in vLLM 0.32 with speculation on and is left out), so a retry never
 stalls the requests in flight. Requests are fed continuously: ``slots`` stay in vLLM, and each one that
-finishes is replaced at once. A request drafts from its pool when it has one and drafts nothing
+finishes is replaced at once. A request drafts from its pool when it has one (vLLM's engine process
+opens it from the pool store by the key and store path the request carries) and drafts nothing
 otherwise, as on the ``hf`` engine.
 """
 from __future__ import annotations
@@ -34,8 +35,13 @@ class VllmGeneration:
     def __init__(self, res: Any):
         self.text, self.token_ids = res.text, res.token_ids
         self.stats = DecodeStats(target_forwards=int(res.target_forwards), new_tokens=len(res.token_ids),
-                                 accepted_per_step=list(res.accepted_per_step), finish_reason=res.finish_reason,
-                                 prefill_s=float(res.prefill_s), decode_s=float(res.decode_s))
+                                 accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
+                                 prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s))
+
+
+def _measured(seconds: float | None) -> float:
+    """A time vLLM measured; NaN (never a made-up 0) where it did not."""
+    return float("nan") if seconds is None else float(seconds)
 
 
 class VllmAdapter(EngineAdapter):
@@ -86,13 +92,12 @@ class VllmAdapter(EngineAdapter):
 
         cls, settings = self._settings(attempt.decoder, attempt.params)
         opts = decoder_options(cls, settings, pooled=attempt.pool_key is not None)
-        if opts["draft"]:
-            self.engine.register_pool(attempt.pool_key, self.worker.pools.get(self.task, attempt.pool_key))
         rules = attempt.rules
         if attempt.first is not None:  # a retry's stronger rules: those with no vLLM form are left out
             rules = with_vllm_form(rules)
         tag = self.engine.submit(attempt.prompt, self.task.max_new_tokens, sampling=_sampling(attempt.sampling),
-                                 pool_key=attempt.pool_key if opts["draft"] else None, rules=rules, **opts)
+                                 pool_key=attempt.pool_key if opts["draft"] else None,
+                                 pool_store=self.task.pool_store if opts["draft"] else None, rules=rules, **opts)
         self.live[tag] = attempt
         return tag
 
@@ -108,11 +113,8 @@ class VllmAdapter(EngineAdapter):
             admit(slots - len(self.live))
             if not self.live:
                 return
-            finished = self._step()
-            for tag, res in finished:
+            for tag, res in self._step():
                 yield self.live.pop(tag), VllmGeneration(res)
-            if finished:
-                self._forget_pools()
 
     def alone(self, attempt: Attempt) -> Any:
         tag = self.make(attempt)
@@ -137,14 +139,6 @@ class VllmAdapter(EngineAdapter):
 
     def params_json(self, decoder: str, params: dict[str, Any]) -> str:
         return encode_params(self._settings(decoder, params)[1])
-
-    def _forget_pools(self) -> None:
-        """Registered pools that left the pool LRU and no request in flight uses are unregistered."""
-        from laser.vllm import pools as vpools
-
-        in_use = {a.pool_key for a in self.live.values()} | set(self.worker.pools.pools)
-        for key in [k for k in vpools.registered_keys() if k not in in_use]:
-            vpools.unregister_source(key)
 
 
 class VllmGenerationWorker(GenerationWorker):

@@ -97,6 +97,7 @@ class WorkerGroup:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.actors: list[Any] = []
         self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
+        self.resent = 0  # requests a dead actor lost and the driver sent again
 
     def start(self, slots: int, n: int | None = None) -> None:
         """Start the actors (up to ``n``) and have each ready its engine for ``slots`` requests in flight
@@ -189,6 +190,7 @@ class WorkerGroup:
                                                 "reason": f"worker died {losses[key]} times working on it"})
                     else:
                         retry.append(req)
+                        self.resent += 1
                 yield result
                 bar.update(len(result.rows) + len(result.failures))
                 for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
