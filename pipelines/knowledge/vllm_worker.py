@@ -30,10 +30,12 @@ log = logging.getLogger(__name__)
 
 class VllmGeneration:
     """A :class:`laser.vllm.VllmResult` shaped like a decoder's generation (``text``, ``token_ids``,
-    ``stats``) for the skeleton's row builder."""
+    ``stats``) for the skeleton's row builder. The text is decoded from the tokens as on the ``hf``
+    engine (vLLM's incremental detokenizer holds back a trailing partial character)."""
 
-    def __init__(self, res: Any):
-        self.text, self.token_ids = res.text, res.token_ids
+    def __init__(self, res: Any, tokenizer: Any):
+        self.token_ids = res.token_ids
+        self.text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
         self.stats = DecodeStats(target_forwards=int(res.target_forwards), new_tokens=len(res.token_ids),
                                  accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
                                  prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s))
@@ -114,7 +116,7 @@ class VllmAdapter(EngineAdapter):
             if not self.live:
                 return
             for tag, res in self._step():
-                yield self.live.pop(tag), VllmGeneration(res)
+                yield self.live.pop(tag), VllmGeneration(res, self.worker.lm.tokenizer)
 
     def alone(self, attempt: Attempt) -> Any:
         tag = self.make(attempt)
@@ -123,7 +125,7 @@ class VllmAdapter(EngineAdapter):
                 for done, res in self._step():  # nothing else is in flight (after abort)
                     self.live.pop(done, None)
                     if done == tag:
-                        return VllmGeneration(res)
+                        return VllmGeneration(res, self.worker.lm.tokenizer)
         except Exception:
             self.abort()
             raise
