@@ -1,0 +1,96 @@
+"""The vLLM step-cost model: the shipped prior, its scaling, and what the budget learns from steps that ran
+(laser.vllm.budget; plain numpy, no vLLM needed)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from laser.cost import ForwardCost
+from laser.vllm.budget import PRIOR_FILE, ChainBudget, StepCost, matmul_params, prior_cost
+
+ROWS, NODES = [1, 2, 4, 8, 16], [1, 2, 3, 5, 9]
+
+
+def _cost(extra_token_share: float) -> ForwardCost:
+    return ForwardCost("t", ROWS, NODES, [[0.01 * (1 + extra_token_share * r * (n - 1)) for n in NODES] for r in ROWS])
+
+
+def test_vectorised_times_match_the_scalar_model():
+    c = ForwardCost("t", ROWS, NODES, [[0.01 * r ** 0.5 * n ** 0.7 for n in NODES] for r in ROWS])
+    rows = np.array([1, 3, 16, 40, 2, 7])
+    nodes = np.array([1.0, 2.5, 9, 20, 1.3, 4])
+    assert np.allclose(c.times(rows, nodes), [c.time(r, n) for r, n in zip(rows, nodes)])
+
+
+def _feed(b: ChainBudget, rows: int, price: float, steps: int = 30) -> None:
+    """Steps of ``rows`` rows at 10 ms plus ``price`` seconds per draft token, at several draft totals."""
+    for s in range(steps):
+        drafts = [0, rows, 2 * rows, 4 * rows][s % 4]
+        b.observe_step(rows, rows + drafts, 0.01 + price * drafts, 0.0)
+
+
+def test_steps_whose_cost_grows_steeply_with_tokens_turn_drafting_off():
+    b = ChainBudget(cost=_cost(0.0), max_len=8)  # the table says tokens are free
+    for _ in range(10):
+        b.observe("a", 8, 8)
+        b.observe("b", 8, 8)
+    assert b.lengths(["a", "b"], [8, 8]) == [8, 8]
+    _feed(b, 2, 0.01)  # each draft token costs as much as a whole step
+    assert b.step_cost.per_token > 0.005
+    assert b.lengths(["a", "b"], [8, 8]) == [0, 0]
+
+
+def test_steps_that_cost_the_same_whatever_the_tokens_make_drafts_grow():
+    b = ChainBudget(cost=_cost(1.0), max_len=8)  # the table says tokens are dear
+    for _ in range(10):
+        b.observe("a", 8, 6)
+        b.observe("b", 8, 6)
+    assert b.lengths(["a", "b"], [8, 8]) == [0, 0]
+    _feed(b, 2, 0.0)  # they are free on this machine
+    assert sum(b.lengths(["a", "b"], [8, 8])) > 4
+
+
+def test_the_proposers_time_counts_against_drafting():
+    b = ChainBudget(cost=_cost(0.0), max_len=8)
+    for _ in range(10):
+        b.observe("a", 8, 1)  # about one extra token a step from drafting
+    assert b.lengths(["a"], [8])[0] > 0
+    for _ in range(30):
+        b.observe_step(1, 1 + 8, 0.01, 0.05)  # drafting: the proposer takes 5 steps' time
+    assert b.step_cost.drafting(1, True) == pytest.approx(0.05, rel=0.05)
+    for _ in range(3):
+        got = b.lengths(["a"], [8])
+    assert got == [0]
+
+
+def test_one_stalled_step_does_not_swing_the_model():
+    c = StepCost(_cost(0.1))
+    for _ in range(20):
+        c.observe(4, 4, float(c.seconds(4, 4)))
+    before = float(c.seconds(4, 8))
+    c.observe(4, 4, 50.0)
+    assert float(c.seconds(4, 8)) < 2 * before
+
+
+def test_prefill_steps_teach_nothing():
+    b = ChainBudget(cost=_cost(0.0), max_len=8)
+    b.observe_step(2, 900, 3.0, 0.0)
+    assert b.step_cost.steps == 0
+
+
+def test_shipped_prior_is_readable_and_scales_with_model_and_threads():
+    prior = json.loads(PRIOR_FILE.read_text())
+    for k in ("model", "device", "threads", "rows", "nodes", "seconds", "config", "load_average"):
+        assert k in prior
+    cfg = prior["config"]
+    same = prior_cost(cfg, prior["threads"])
+    assert np.allclose(same.seconds, prior["seconds"])
+    big = {**cfg, "hidden_size": cfg["hidden_size"] * 2, "intermediate_size": cfg["intermediate_size"] * 2}
+    assert matmul_params(big) > 3 * matmul_params(cfg)
+    assert prior_cost(big, prior["threads"]).time(4, 2) > 3 * same.time(4, 2)
+    assert prior_cost(cfg, prior["threads"] * 2).time(4, 2) < same.time(4, 2)
+    # monotone in tokens per row: more tokens never cost less
+    t = np.asarray(same.seconds)
+    assert (np.diff(t, axis=1) > -0.2 * t[:, 1:]).all()
