@@ -109,35 +109,64 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                          "YAML with a DatasetConfig (a `dataset:` block of a job config, or its keys at the top); "
                          "default: the synthetic demo data.")),
                      model: str = typer.Option("smollm2-135m", help="Target model (bundled name, path or hub id)."),
-                     concurrency: str = typer.Option("1,4,8,16,32,64", help="Requests in flight, comma-separated."),
+                     concurrency: str | None = typer.Option(None, help="Requests in flight, comma-separated "
+                                                            "(default: 1,4,8,16,32,64 on hf, 1,4,16,64,128 on vllm)."),
                      max_new_tokens: int = typer.Option(96, help="Generation budget per request."),
-                     min_prompts: int = typer.Option(8, help="Prompts measured at a concurrency below this."),
+                     min_prompts: int | None = typer.Option(None, help="Prompts measured at a concurrency below this "
+                                                            "(default: 8 on hf, 16 on vllm)."),
                      fixed_k: str = typer.Option("8,32", "--fixed-k", help="Fixed draft budgets compared with the adaptive one."),
                      threads: int = typer.Option(2, help="torch threads."),
-                     remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached one)."),
+                     remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached "
+                                                         "one; on vllm: the vLLM step-cost model)."),
                      seed: int = typer.Option(0, help="Seed of data, split, groups and pools."),
                      engine: str = typer.Option("hf", help="hf: our engine and generate; vllm: vLLM (plain, ngram, "
                                                 "suffix) and LASER as vLLM's drafter beside them (needs vLLM, "
                                                 "docs/engines.md)."),
-                     old_users: int = typer.Option(48, help="Earlier user profiles generated for the pools.")) -> None:
-    """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K."""
+                     old_users: int = typer.Option(48, help="Earlier user profiles generated for the pools."),
+                     repeats: int = typer.Option(3, help="vllm: interleaved runs of every method at each concurrency "
+                                                 "(median and min-max reported)."),
+                     methods: str | None = typer.Option(None, help=(
+                         "vllm: rows to run, comma-separated (default all): 'transformers generate', "
+                         "'laser relaxed (auto)', 'laser relaxed (auto), chains', vllm, 'vllm ngram', 'vllm suffix', "
+                         "'laser-vllm greedy', 'laser-vllm relaxed'; the first three are slow at high concurrency.")),
+                     warm_tokens: int = typer.Option(8, help="vllm: new tokens per prompt of each engine's untimed "
+                                                     "warm-up pass over the level's prompts."),
+                     kv_cache_gib: float = typer.Option(0, help="vllm: KV cache per engine, GiB (0: sized per level "
+                                                        "for every request in flight)."),
+                     max_model_len: int = typer.Option(1024, help="vllm: tokens per request (prompt, output, drafts)."),
+                     fresh_engines: bool = typer.Option(False, help="vllm: a fresh engine per repeat for every row "
+                                                        "(default: one engine per row and concurrency for all repeats "
+                                                        "when they fit in memory; suffix always fresh).")) -> None:
+    """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K;
+    with --engine vllm, vLLM with and without LASER as its drafter."""
     from pipelines.tools.bench.throughput import ThroughputSettings, run_throughput
 
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
     if engine == "vllm":
-        from pipelines.tools.bench.throughput_vllm import VllmThroughputSettings, run_throughput_vllm
+        from pipelines.tools.bench.throughput_vllm import VllmThroughputSettings, run_throughput_vllm, select_methods
 
         if json_out == Path("bench-throughput.json"):
             json_out = Path("docs/results/throughput-vllm.json")
+        names = tuple(x.strip() for x in methods.split(",") if x.strip()) if methods else ()
+        try:
+            select_methods(names)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint="--methods") from err
+        defaults = VllmThroughputSettings()
         run_throughput_vllm(json_out, VllmThroughputSettings(
-            model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
-            max_new_tokens=max_new_tokens, old_users=old_users, seed=seed), _dataset(dataset_config))
+            model=model, threads=threads, concurrency=ints(concurrency) if concurrency else defaults.concurrency,
+            min_prompts=defaults.min_prompts if min_prompts is None else min_prompts,
+            max_new_tokens=max_new_tokens, old_users=old_users, seed=seed, repeats=repeats, methods=names,
+            warm_tokens=warm_tokens, kv_cache_gib=kv_cache_gib, max_model_len=max_model_len,
+            remeasure_cost=remeasure_cost, reuse_engines="never" if fresh_engines else "auto"),
+            _dataset(dataset_config))
         return
     if engine != "hf":
         raise typer.BadParameter(f"--engine must be hf or vllm, got {engine!r}")
-    settings = ThroughputSettings(model=model, threads=threads, concurrency=ints(concurrency), min_prompts=min_prompts,
+    settings = ThroughputSettings(model=model, threads=threads, min_prompts=8 if min_prompts is None else min_prompts,
                                   max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
-                                  old_users=old_users, seed=seed)
+                                  old_users=old_users, seed=seed,
+                                  **({"concurrency": ints(concurrency)} if concurrency else {}))
     run_throughput(json_out, settings, _dataset(dataset_config))
 
 
