@@ -27,6 +27,7 @@ from laser.cost import ForwardCost
 from laser.drafting import DraftSource
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget, prior_cost
+from laser.vllm.forms import rule_params
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class VllmResult:
     # proposer counted (speculation other than "laser", or the proposer kept no per-step counts)
     accepted_per_step: list[int] | None = None
     drafted_tokens: int | None = None  # draft tokens the proposer gave the request in all (None: not counted)
+    draft_s: float | None = None  # the proposer's seconds on the request's drafter (None: not measured)
 
     @property
     def aal(self) -> float:
@@ -230,7 +232,7 @@ class VllmEngine:
         s = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **(sampling or {})}
         if verification == "relaxed" and s["temperature"] > 0:
             raise ValueError("relaxed verification is deterministic: it needs temperature 0")
-        rule_kw = _rule_kwargs(rules)
+        rule_kw = rule_params(rules, self.tokenizer)
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
         self._serial += 1
         tag = f"r{self._serial}"
@@ -306,7 +308,9 @@ class VllmEngine:
             from laser.vllm.proposer import RowStats
 
             stats = RowStats.from_spec_metrics(getattr(c, "spec_decode_metrics", None), len(tokens))
-        steps, per_step, drafted = _row_stats(stats)
+        steps = stats.steps if stats is not None else None
+        per_step = list(stats.accepted_per_step) if stats is not None else None
+        drafted = stats.drafted if stats is not None else None
         if steps:  # the proposer saw every step that gave the request tokens (the prefill's first token included)
             forwards = max(1, min(steps, len(tokens)))
         elif self.speculation is None:  # no drafts: one token per forward
@@ -324,9 +328,18 @@ class VllmEngine:
                           target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
                           seconds=seconds, prefill_s=timing.get("prefill_s"),
                           decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),
-                          accepted_per_step=per_step, drafted_tokens=drafted)
+                          accepted_per_step=per_step, drafted_tokens=drafted,
+                          draft_s=stats.draft_s if stats is not None else None)
 
     # draft length --------------------------------------------------------------------------------
+    def set_draft_len(self, draft_len: str | int) -> None:
+        """Draft ``"auto"`` (lengths follow the load) or a fixed chain length from now on."""
+        if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
+            raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
+        self.draft_len = draft_len
+        if self.proposer is not None:
+            self.proposer.budget = self._budget()
+
     def _budget(self) -> ChainBudget:
         if self.draft_len != "auto":
             return ChainBudget(cost=None, max_len=self.max_draft, fixed=int(self.draft_len))
@@ -484,25 +497,6 @@ class VllmEngine:
         return prop
 
 
-def _rule_kwargs(rules: dict | None) -> dict:
-    """:class:`laser.GenerationRules` keywords as vLLM ``SamplingParams`` keywords (``stop`` separately)."""
-    rules = dict(rules or {})
-    out: dict = {}
-    penalty = rules.pop("repetition_penalty", 1.0)
-    if penalty != 1.0:
-        out["repetition_penalty"] = float(penalty)
-    if rules.get("min_new_tokens"):
-        out["min_tokens"] = int(rules.pop("min_new_tokens"))
-    rules.pop("min_new_tokens", None)
-    if rules.get("stop_strings"):
-        out["stop"] = list(rules.pop("stop_strings"))
-    rules.pop("stop_strings", None)
-    unsupported = sorted(k for k, v in rules.items() if v)
-    if unsupported:
-        raise ValueError(f"generation rule(s) {unsupported} have no vLLM form; use execution.engine: hf")
-    return out
-
-
 def _inductor_cache_counts() -> tuple[int, int]:
     """Inductor FX-graph cache (hits, misses) so far in this process."""
     try:
@@ -534,20 +528,6 @@ def _say(on_start: Callable[[str], None] | None, line: str) -> None:
     log.info("%s", line)
     if on_start is not None:
         on_start(line)
-
-
-def _row_stats(stats) -> tuple[int | None, list[int] | None, int | None]:
-    """(steps, accepted per step, drafted) from the proposer's ``take_stats``: a ``RowStats``-like object
-    (``steps``, ``accepted_per_step``, ``drafted``) or the older ``(steps, accepted)`` tuple (no per-step
-    counts then)."""
-    if stats is None:
-        return None, None, None
-    if isinstance(stats, tuple):
-        return int(stats[0]), None, None
-    per = getattr(stats, "accepted_per_step", None)
-    drafted = getattr(stats, "drafted", None)
-    return (int(stats.steps), [int(a) for a in per] if per is not None else None,
-            int(drafted) if drafted is not None else None)
 
 
 def _timings(out) -> dict[str, float]:

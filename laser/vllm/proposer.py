@@ -56,11 +56,14 @@ class RowStats:
             process, :meth:`from_spec_metrics`).
         drafted: draft tokens verified for the request in all (drafts of its last step, which vLLM drops
             when the request finishes, are not counted).
+        draft_s: seconds the proposer spent on the request's drafter (feeding it tokens, retrieving
+            drafts); None where not measured (stats from vLLM's metrics).
     """
 
     steps: int
     accepted_per_step: list[int] = field(default_factory=list)
     drafted: int = 0
+    draft_s: float | None = None
 
     @property
     def accepted(self) -> int:
@@ -92,6 +95,7 @@ class _Row:
     steps: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
     drafted_total: int = 0
+    draft_s: float = 0.0  # seconds spent feeding and asking the drafter
 
 
 @dataclass
@@ -177,7 +181,9 @@ class LaserProposer:
                 new = token_ids_cpu[i, seen:length].tolist()
                 row.context.extend(new)
                 if row.drafter is not None:
+                    t0 = time.perf_counter()
                     row.drafter.commit(new)
+                    row.draft_s += time.perf_counter() - t0
             if row.drafter is not None:
                 drafting.append((i, rid, row))
         self._observe_step(now, rows_decoded, verified, prefill)
@@ -186,8 +192,10 @@ class LaserProposer:
             if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
             if L > 0:
+                t0 = time.perf_counter()
                 tree = row.drafter.propose(row.context, RETRIEVE_NODES * int(L))
                 out[i] = tree.first_path()[: int(L)]
+                row.draft_s += time.perf_counter() - t0
         for i, rid, row in drafting:
             if row.force_cycle:
                 cycle = row.force_cycle
@@ -285,7 +293,7 @@ class LaserProposer:
             row.drafter.close()
         self._relaxed_open -= row.rule is not None
         self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
-                                       drafted=row.drafted_total)
+                                       drafted=row.drafted_total, draft_s=row.draft_s)
         self.budget.forget(rid)
 
     def take_stats(self, tag) -> RowStats | None:

@@ -38,7 +38,8 @@ class VllmGeneration:
         self.text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
         self.stats = DecodeStats(target_forwards=int(res.target_forwards), new_tokens=len(res.token_ids),
                                  accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
-                                 prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s))
+                                 prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s),
+                                 retrieval_s=_measured(res.draft_s))
 
 
 def _measured(seconds: float | None) -> float:

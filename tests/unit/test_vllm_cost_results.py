@@ -3,19 +3,12 @@ timestamps and per-step counts from LASER's proposer, never filled in. No vLLM n
 output and the proposer are stand-ins with the fields vLLM 0.32 and the proposer give."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
 
-from laser.vllm.engine import VllmEngine, _row_stats, _timings
-
-
-@dataclass
-class RowStats:
-    steps: int
-    accepted_per_step: list
-    drafted: int
+from laser.vllm.engine import VllmEngine, _timings
+from laser.vllm.proposer import RowStats
 
 
 def _out(tokens, metrics=None, finish="length", stop=None, rid="r1"):
@@ -42,25 +35,19 @@ def test_no_timestamps_no_timings():
     assert _timings(_out([1], unset)) == {}
 
 
-def test_proposer_stats_old_tuple_and_rowstats():
-    assert _row_stats(None) == (None, None, None)
-    assert _row_stats((5, 7)) == (5, None, None)  # the older (steps, accepted): no per-step counts
-    assert _row_stats(RowStats(3, [2, 0, 1], 9)) == (3, [2, 0, 1], 9)
-
-
 def test_laser_result_carries_the_proposers_counts_and_vllms_times():
     m = SimpleNamespace(queued_ts=1.0, scheduled_ts=1.0, first_token_ts=1.5, last_token_ts=3.0)
-    eng = _engine("laser", RowStats(4, [0, 3, 2, 1], 12))
+    eng = _engine("laser", RowStats(4, [0, 3, 2, 1], 12, draft_s=0.25))
     res = eng._result(_out(list(range(10)), m), prompt_tokens=7, seconds=2.5)
     assert res.target_forwards == 4 and res.accepted_tokens == 6
-    assert res.accepted_per_step == [0, 3, 2, 1] and res.drafted_tokens == 12
+    assert res.accepted_per_step == [0, 3, 2, 1] and res.drafted_tokens == 12 and res.draft_s == 0.25
     assert res.prefill_s == pytest.approx(0.5) and res.decode_s == pytest.approx(1.5) and res.queued_s == 0.0
     assert res.seconds == 2.5 and res.aal == pytest.approx(2.5)
 
 
 def test_unmeasured_fields_are_none_not_zero():
-    res = _engine("laser", (4, 6))._result(_out(list(range(10))), prompt_tokens=7, seconds=2.0)
-    assert res.target_forwards == 4 and res.accepted_per_step is None and res.drafted_tokens is None
+    res = _engine("laser", None)._result(_out(list(range(10))), prompt_tokens=7, seconds=2.0)
+    assert res.accepted_per_step is None and res.drafted_tokens is None and res.draft_s is None
     assert res.prefill_s is None and res.decode_s is None
     ngram = _engine("ngram", None)._result(_out(list(range(10))), prompt_tokens=7, seconds=2.0)
     assert ngram.accepted_per_step is None and ngram.drafted_tokens is None
