@@ -1,22 +1,27 @@
 """`laser bench throughput --engine vllm`: vLLM with and without LASER as its drafter, beside our engine.
 
 Same prompts and pools as `laser bench throughput` (new user histories; pools of earlier profiles routed
-by collaborative group). At each concurrency c every method decodes the first ``max(c, min_prompts)``
-prompts with at most c in flight:
+by collaborative group). At each concurrency c (default 1, 4, 16, 64, 128) every selected method
+(``--methods``) decodes the first ``max(c, min_prompts)`` prompts with at most c in flight, ``repeats``
+times, interleaved (repeat 1 of every method, then repeat 2, ...):
 
-- ``transformers generate`` (static batches of c) and ``laser relaxed (auto)`` (our engine, c slots),
-  in this process;
+- ``transformers generate`` (static batches of c), ``laser relaxed (auto)`` (our engine, c slots) and its
+  chain-only twin, in this process;
 - ``vllm`` (no speculation), ``vllm ngram`` (prompt lookup, 8 tokens, n 2-4), ``vllm suffix`` (Arctic
   Inference's suffix decoding; only where ``arctic_inference`` imports), ``laser-vllm greedy`` and
   ``laser-vllm relaxed`` (LASER as vLLM's drafter, routed pools, draft length ``auto`` from the vLLM
-  step-cost model measured first): each in a fresh process with a fresh engine (``max_num_seqs`` = c),
-  so no level inherits another's prefix cache or suffix tree (docs/engines.md: the measurement trap).
+  step-cost model): each in a level process of its own (:mod:`pipelines.tools.bench.vllm_level`: which
+  engine state is reused between repeats, and why that is safe), ``max_num_seqs`` = c, the KV cache
+  sized for every request in flight.
 
-JSON: ``levels[c][method].tokens_per_s`` (prefill included, wall), ``decode_tokens_per_s`` (wall minus a
-prefill estimate: the same prompts for one token, prefix cache reset), ``aal``,
-``speedup_vs_vllm``, ``identical_to_vllm`` (prompts whose tokens equal vLLM greedy's); ``targets``
-(the engine issue's), ``cost_model`` (the vLLM step cost), load averages before and after. Markdown and a
-PNG (tokens/s against concurrency; the measured step-cost curve) beside the JSON.
+JSON: ``levels[c][method]``: ``tokens_per_s`` (the median of the repeats, prefill included, wall),
+``tokens_per_s_runs``, ``tokens_per_s_min``, ``tokens_per_s_max``, ``decode_tokens_per_s`` (wall minus
+a prefill estimate), ``aal``, ``speedup_vs_vllm`` (median over median), ``vs_vllm`` (tie / faster /
+slower: a tie needs overlapping spreads and a ratio >= 0.98), ``identical_to_vllm`` (prompts whose
+tokens equal vLLM greedy's), ``proposer_ms_per_step`` and ``mean_draft_len`` (LASER rows);
+``engine_reuse`` per level, ``targets`` (the engine issue's), ``cost_model`` (the vLLM step cost), load
+averages before and after. Markdown and a PNG (tokens/s against concurrency with the repeats' spread; the
+measured step-cost curve) beside the JSON.
 """
 from __future__ import annotations
 
