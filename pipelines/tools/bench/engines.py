@@ -64,7 +64,7 @@ def command(config: Path, engine: str, out: Path, overrides: Sequence[str] = ())
     if engine in JOB_ENGINES:
         return [sys.executable, "-m", "jobs", "run", str(config), *sets, "--set", f"execution.engine={engine}",
                 "--set", f"output.path={out}"]
-    return [sys.executable, "-m", "pipelines.tools.bench.ray_data_llm", str(config), "--out", str(out),
+    return [sys.executable, "-m", "jobs.bench_rows", "ray-data-llm", str(config), "--out", str(out),
             "--speculation", RAY_DATA_ROWS[engine], *sets]
 
 

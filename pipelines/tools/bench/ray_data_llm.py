@@ -1,8 +1,8 @@
 """The job's knowledge work as the pipeline users would write instead: Ray Data LLM over plain vLLM.
 
-``laser bench engines`` runs this module in a fresh process (``python -m pipelines.tools.bench.ray_data_llm
-CONFIG --out DIR [--set k=v ...] [--speculation none|ngram|suffix]``), timed from process start to its last
-row like the job's own rows. Same work as the job, built with the job's own code:
+``laser bench engines`` runs it in a fresh process (``python -m jobs.bench_rows ray-data-llm CONFIG --out DIR
+[--set k=v ...] [--speculation none|ngram|suffix]``, which loads the config and calls :func:`run`), timed
+from process start to its last row like the job's own rows. Same work as the job, built with the job's own code:
 
 - the same entities: the job's dataset and seeded old/new split (``load_job_data``), the old-knowledge
   requests (``old_requests``: users with an old history, existing items) and the new-knowledge requests
@@ -22,7 +22,7 @@ row like the job's own rows. Same work as the job, built with the job's own code
   (``max_num_seqs`` and Ray Data's ``batch_size``), local Ray with ``num_workers x threads`` CPUs, vLLM's
   KV cache, context length and prefix caching as the job's vLLM workers set them.
 
-On a CPU, Ray Data LLM needs three non-default settings (``/work/shared/notes/vllm_engine.md``):
+On a CPU, Ray Data LLM needs three non-default settings (``docs/engines.md``):
 ``placement_group_config`` with CPU bundles (else its vLLM stage waits for a GPU forever),
 ``log_engine_metrics=False`` (else the engine actor dies in its constructor) and ``detokenize_stage=False``
 (vLLM detokenizes itself).
@@ -36,11 +36,9 @@ Rows are written as Parquet (entity, knowledge, tokens, error) under ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -205,13 +203,12 @@ def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], w
             "running_entities_per_min": running, "aal": None}
 
 
-def run(config: Path, out: Path, overrides: list[str], speculation: str = "none") -> dict[str, Any]:
-    """The whole Ray Data LLM pipeline for the job config; writes ``out/summary.json`` and the rows."""
-    from jobs.config import load_config
+def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None) -> dict[str, Any]:
+    """The whole Ray Data LLM pipeline for the job config ``cfg`` (a ``JobConfig``); writes
+    ``out/summary.json`` and the rows. ``t0``: when the process started (its config load counts)."""
     from laser.vllm.engine import resolve_model
 
-    t0 = time.perf_counter()
-    cfg = load_config(config, overrides)
+    t0 = time.perf_counter() if t0 is None else t0
     ex = cfg.execution
     if cfg.generation.sampling().get("temperature", 0) not in (0, 0.0, None):
         log.warning("the job samples (generation.temperature > 0); this row decodes greedily")
@@ -251,20 +248,3 @@ def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
 
     schema = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "knowledge": pl.Utf8, "n_tokens": pl.Int64, "error": pl.Utf8}
     pl.DataFrame(rows, schema=schema).write_parquet(path)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("config", type=Path)
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--speculation", choices=SPECULATION, default="none")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = run(args.config, args.out, args.overrides, args.speculation)
-    print(json.dumps({k: summary[k] for k in ("old", "new")}, default=str))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
