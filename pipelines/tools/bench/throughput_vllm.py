@@ -165,7 +165,7 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     cost_dict, cost = None, None
     if any(VLLM_METHODS[m].get("draft_len") == "auto" for m in vllm_methods):
         log.info("the vLLM step-cost model (measured unless cached for this machine)")
-        top = max(s.concurrency)
+        top = min(max(s.concurrency), 64)
         cost_dict = in_fresh_process({**base, "task": "measure_cost", "concurrency": top,
                                       "remeasure": s.remeasure_cost,
                                       "kv_cache_gib": s.kv_cache_gib or kv_cache_gib(model_dir, [256 + 64] * top)})
@@ -229,15 +229,20 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                             live[name] = lp
                         else:
                             lp.close()
+                    last = runs[name][-1]
+                    extra = "".join(f", {k} {last[k]:.1f} s" for k in ("start_s", "warm_s")
+                                    if last.get("fresh_engine") and last.get(k) is not None)
+                    log.info("c=%d repeat %d/%d: %s: %.1f tok/s (%d tokens in %.1f s%s)", c, r + 1, s.repeats, name,
+                             last["tokens"] / last["wall_s"], last["tokens"], last["wall_s"], extra)
+                # the repeats so far, should the bench stop before the level ends
+                report["levels"][str(c)] = aggregate_level({k: v for k, v in runs.items() if v}, prefill_by)
+                _write(json_out, {**report, "complete": False})
         finally:
             for lp in live.values():
                 lp.close()
-        level = aggregate_level(runs, prefill_by)
-        report["levels"][str(c)] = level
+        level = report["levels"][str(c)]
         print(f"c={c}: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} [{v['tokens_per_s_min']:.1f}-"
                                      f"{v['tokens_per_s_max']:.1f}]" for k, v in level.items()), flush=True)
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({**report, "complete": False}, indent=2))  # the levels so far, should a later one fail
     report["targets"] = check_vllm_targets(report)
     report["complete"] = True
     report["duration_s"] = time.perf_counter() - started
@@ -248,6 +253,13 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     json_out.write_text(json.dumps(report, indent=2))
     json_out.with_suffix(".md").write_text(markdown_vllm_throughput(report))
     return report
+
+
+def _write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    tmp.replace(path)
 
 
 def _hf_run(level: Any, **extra: Any) -> dict[str, Any]:

@@ -164,8 +164,10 @@ class _Level:
 
 
 def measure_cost(spec: dict[str, Any]) -> dict[str, Any]:
-    """The vLLM step-cost model (rows up to the highest concurrency), cached per machine unless ``remeasure``."""
-    rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64, 128) if r <= max(spec["concurrency"], 2))
+    """The vLLM step-cost model (rows up to the highest concurrency, at most 64), cached per machine unless ``remeasure``."""
+    # rows up to 64 (the cached table of earlier runs); beyond it the table scales in proportion to rows and the
+    # budget corrects it online from the steps it runs
+    rows = tuple(r for r in (1, 2, 4, 8, 16, 32, 64) if r <= max(spec["concurrency"], 2))
     eng = _engine({**spec, "method": {"speculation": "laser", "draft_len": 8}}, max(rows))
     cost = eng.measure_cost(remeasure=bool(spec.get("remeasure")), rows=rows, lens=(0, 1, 2, 4, 8))
     eng.close()
