@@ -234,11 +234,8 @@ class GenerationWorker(ModelWorker):
                 held.clear()
                 for attempt in stranded:
                     yield settle(self._alone(attempt))
-        if failed or self.retries:
-            part = BatchResult()
-            while self.retries:  # only when the engine failed after queueing them
-                part.merge(self._alone(self.retries.popleft()))
-            yield settle(part)
+        if failed:  # retries never remain: each stream admits the queued ones first and runs until none is left
+            yield settle(BatchResult())
 
     def _alone(self, attempt: Attempt) -> BatchResult:
         try:

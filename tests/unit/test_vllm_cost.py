@@ -31,11 +31,16 @@ def _feed(b: ChainBudget, rows: int, price: float, steps: int = 30) -> None:
         b.observe_step(rows, rows + drafts, 0.01 + price * drafts, 0.0)
 
 
+def _accepting(b: ChainBudget, accepted: int) -> None:
+    """Rows "a" and "b" have accepted ``accepted`` of 8 drafts, ten steps each."""
+    for _ in range(10):
+        b.observe("a", 8, accepted)
+        b.observe("b", 8, accepted)
+
+
 def test_steps_whose_cost_grows_steeply_with_tokens_turn_drafting_off():
     b = ChainBudget(cost=_cost(0.0), max_len=8)  # the table says tokens are free
-    for _ in range(10):
-        b.observe("a", 8, 8)
-        b.observe("b", 8, 8)
+    _accepting(b, 8)
     assert b.lengths(["a", "b"], [8, 8]) == [8, 8]
     _feed(b, 2, 0.01)  # each draft token costs as much as a whole step
     assert b.step_cost.per_token > 0.005
@@ -44,9 +49,7 @@ def test_steps_whose_cost_grows_steeply_with_tokens_turn_drafting_off():
 
 def test_steps_that_cost_the_same_whatever_the_tokens_make_drafts_grow():
     b = ChainBudget(cost=_cost(1.0), max_len=8)  # the table says tokens are dear
-    for _ in range(10):
-        b.observe("a", 8, 6)
-        b.observe("b", 8, 6)
+    _accepting(b, 6)
     assert b.lengths(["a", "b"], [8, 8]) == [0, 0]
     _feed(b, 2, 0.0)  # they are free on this machine
     assert sum(b.lengths(["a", "b"], [8, 8])) > 4
