@@ -33,7 +33,7 @@ LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')
 
 
 def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
-    requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(16)]
+    requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(48)]
     check_killed_actor_loses_no_row(GenerationWorker, tiny_model, 2, requests, tmp_path / "knowledge")
 
 

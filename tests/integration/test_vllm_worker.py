@@ -59,4 +59,4 @@ def test_requests_join_while_others_are_in_flight(worker):
 def test_killed_vllm_worker_actor_loses_no_row(vllm_model, ray_session, tmp_path):
     """A Ray worker actor running vLLM is killed mid-run: Ray restarts it (a new engine), the driver
     re-sends what it held, and every entity is written once."""
-    check_killed_actor_loses_no_row(VllmGenerationWorker, vllm_model, 1, _users(10, pool=False), tmp_path / "knowledge")
+    check_killed_actor_loses_no_row(VllmGenerationWorker, vllm_model, 1, _users(24, pool=False), tmp_path / "knowledge")
