@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
 
 from pipelines.data.config import DatasetConfig
 
@@ -124,11 +124,24 @@ class RoutingConfig(_Strict):
     seed: int = 0
 
 
+def _auto_or_count(value: Any) -> int | str:
+    """``auto`` or a whole number >= 1 (one message for both, naming what was given)."""
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"must be auto or a whole number greater than or equal to 1, got {value!r}")
+
+
+AutoOrCount = Annotated[int | Literal["auto"], PlainValidator(_auto_or_count)]
+
+
 class ExecutionConfig(_Strict):
     """Where and how wide the generation runs."""
 
-    num_workers: int = Field(2, ge=1, description="generation actors")
-    threads_per_worker: int = Field(1, ge=1, description="torch threads and Ray CPUs per actor")
+    num_workers: AutoOrCount = Field("auto", description=(
+        "generation actors; auto: one per node on CPU, one per gpus_per_worker share of the GPUs "
+        "(measured: pipelines/workers/layout.py)"))
+    threads_per_worker: AutoOrCount = Field("auto", description=(
+        "torch threads and Ray CPUs per actor; auto: the node's CPUs shared by the actors it holds"))
     gpus_per_worker: float = Field(0.0, ge=0.0, description="Ray GPUs per actor (fractions share a GPU); > 0: the "
                                    "model loads on the GPU (dtype auto = bfloat16), 0: on the CPU")
     address: str | None = Field(None, description="Ray address; null = local Ray started in-process")

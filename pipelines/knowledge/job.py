@@ -45,6 +45,7 @@ from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
+from pipelines.workers.layout import job_layout
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +196,12 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
 
 def worker_group(cfg: JobConfig) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job)."""
-    ex = cfg.execution
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker, seed=cfg.dataset.seed,
+    ex, layout = cfg.execution, job_layout(cfg.execution)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
                      gpus=ex.gpus_per_worker)
     engine = job_engine(cfg)
     log.info("engine: %s (execution.engine: %s)", engine, ex.engine)
-    return WorkerGroup(generation_worker_cls(engine), spec, ex.num_workers, ex.address)
+    return WorkerGroup(generation_worker_cls(engine), spec, layout.num_workers, ex.address)
 
 
 def generation_worker_cls(engine: str) -> type[GenerationWorker]:

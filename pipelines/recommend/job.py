@@ -23,6 +23,7 @@ from pipelines.recommend.store import RecommendationWriter, done_users, read_rec
 from pipelines.recommend.worker import RecommendReport, RecommendTask, RecommendWorker, record
 from pipelines.knowledge.validation import JobInputError, load_inputs
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
+from pipelines.workers.layout import job_layout
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +80,12 @@ def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup |
     task = RecommendTask(decoder=cfg.decoder.name, decoder_params=dict(cfg.decoder.params), domain=data.dataset.domain,
                          prompt_version=RECOMMEND_PROMPT_VERSION, run_id=run_id, identifiers=identifiers,
                          K=cfg.recommend.K, max_history=cfg.recommend.max_history)
-    ex = cfg.execution
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=ex.threads_per_worker,
+    ex, layout = cfg.execution, job_layout(cfg.execution)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads,
                      seed=cfg.dataset.seed, gpus=ex.gpus_per_worker)
     report, start = RecommendReport(), time.perf_counter()
     with RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer, \
-            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, ex.num_workers, ex.address)) as g:
+            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, layout.num_workers, ex.address)) as g:
         for result in g.stream(todo, task, slots=ex.batch_size, desc="recommend", unit="user"):
             record(result, writer, report)
         writer.flush()

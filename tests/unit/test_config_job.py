@@ -24,7 +24,7 @@ def test_demo_values():
 def test_defaults_without_file():
     cfg = load_config(None)
     assert (cfg.model.name, cfg.decoder.name, cfg.execution.num_workers, cfg.execution.address) == (
-        "smollm2-135m", "laser", 2, None)
+        "smollm2-135m", "laser", "auto", None)
 
 
 def test_unknown_key_is_named(tmp_path):

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipelines.workers.layout import with_layout
+
 log = logging.getLogger(__name__)
 
 SPECULATION = ("none", "ngram", "suffix")
@@ -209,6 +211,7 @@ def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None)
     from laser.vllm.engine import resolve_model
 
     t0 = time.perf_counter() if t0 is None else t0
+    cfg = with_layout(cfg)  # the job's actor layout, so both rows run the same engines
     ex = cfg.execution
     if cfg.generation.sampling().get("temperature", 0) not in (0, 0.0, None):
         log.warning("the job samples (generation.temperature > 0); this row decodes greedily")
