@@ -379,8 +379,9 @@ class GenerationReport:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Decode-only throughput: generated tokens / actor decoding seconds (a batch counts its longest row's
-        decoding time; prefill, model and pool loads excluded). Actors run in parallel, so wall throughput
+        """Decode throughput: generated tokens / actor decoding seconds (a batch counts its longest row's
+        decoding time; model and pool loads excluded; prefill excluded on hf, included on vLLM, whose steps
+        prefill joining requests beside the others' decoding). Actors run in parallel, so wall throughput
         can exceed it when prefill is small."""
         return self.n_tokens / self.decode_s if self.decode_s else 0.0
 

@@ -73,7 +73,8 @@ def print_summary(summary: JobSummary) -> None:
     console.print(speed)
     console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
                   "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
-                  "decoding seconds (each batch once; prefill excluded; actors run in parallel).")
+                  "decoding seconds (each batch once; actors run in parallel; prefill excluded on hf, while a "
+                  "vLLM step also prefills the requests that join it, so on vLLM it counts their prefill).")
     console.print(quality)
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))

@@ -25,7 +25,7 @@ machine), then ``repeats`` times, interleaved, on the caches its cold run filled
 
 Prints a table and writes JSON, Markdown (the cold run and the median warm run of each row) and a PNG
 (``<stem>.png``), and stamps each run's output with the seconds since its start
-(``engines-<row>-<phase><i>.log`` beside the JSON).
+(``<json stem>-<row>-<phase><i>.log`` beside the JSON).
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
     for phase, i, engine in plan:
         env = cache_env(work, engine) if cold else None
         run = timed_job(config, engine, work / f"{engine}-{phase}{i}",
-                        json_out.parent / f"engines-{engine}-{phase}{i}.log", overrides, env)
+                        json_out.parent / f"{json_out.stem}-{engine}-{phase}{i}.log", overrides, env)
         runs.append({**run, "phase": phase})
         _save(json_out, config, overrides, repeats, cold, runs, engines, load_before)
     result = _save(json_out, config, overrides, repeats, cold, runs, engines, load_before)
