@@ -70,7 +70,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     elif isinstance(dtype, str):
         dtype = getattr(torch, dtype)
-    path = _resolve(name_or_path)
+    path = model_dir(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -83,7 +83,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     """The tokenizer of a model (bundled name, local path or hub id) without loading its weights."""
     try:
-        return AutoTokenizer.from_pretrained(_resolve(name_or_path))
+        return AutoTokenizer.from_pretrained(model_dir(name_or_path))
     except OSError as err:
         raise ValueError(f"cannot load the tokenizer of {name_or_path!r}: {err}") from err
 
@@ -93,7 +93,7 @@ def cached_model_dir(name: str) -> Path:
     return cache_dir() / "models" / name
 
 
-def _resolve(name_or_path: str) -> str:
+def model_dir(name_or_path: str) -> str:
     """A bundled name (de-quantised once), a name saved in the model cache (e.g. a draft written by
     ``laser train-draft``), else the path or hub id as given."""
     if name_or_path in BUNDLED:
@@ -102,6 +102,11 @@ def _resolve(name_or_path: str) -> str:
     if not os.path.exists(name_or_path) and (saved / "config.json").is_file():
         return str(saved)
     return name_or_path
+
+
+def bundled_unpacked(name: str) -> bool:
+    """False only for a bundled model whose de-quantised copy is not in the cache yet (its first use)."""
+    return name not in BUNDLED or (cached_model_dir(name) / "config.json").exists()
 
 
 def _materialise_bundled(name: str) -> Path:

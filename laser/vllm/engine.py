@@ -100,9 +100,9 @@ def _has_cuda() -> bool:
 
 def resolve_model(name_or_path: str) -> str:
     """A bundled model name (de-quantised once into the cache), a saved name, or a path, as a folder."""
-    from laser.models import _resolve
+    from laser.models import model_dir
 
-    return _resolve(name_or_path)
+    return model_dir(name_or_path)
 
 
 class VllmEngine:

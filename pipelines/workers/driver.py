@@ -48,6 +48,17 @@ def ensure_ray(address: str | None, num_cpus: int) -> None:
     reassert()  # ray.init replaced the SIGTERM handler of an interruptible job
 
 
+def unpack_bundled(model: str) -> None:
+    """A bundled model's first use on this machine: de-quantise it here, under a bar of its own, before
+    the local actors start (they then load the cached copy, and their start-up bar shows only theirs)."""
+    from laser.models import bundled_unpacked, model_dir
+
+    if not bundled_unpacked(model):
+        with tqdm(total=1, desc=f"model: de-quantise bundled {model} (once per machine)", unit="model") as bar:
+            model_dir(model)
+            bar.update(1)
+
+
 def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
     """Requests grouped by pool key (keys and entities in sorted order), cut into batches."""
     by_key: dict[str | None, list[GenerationRequest]] = defaultdict(list)
@@ -105,6 +116,8 @@ class WorkerGroup:
         import ray
 
         n = self.num_workers if n is None else min(n, self.num_workers)
+        if not self.address:
+            unpack_bundled(self.spec.model)
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
         if len(self.actors) < n:
             log.info("starting %d worker(s) for %s: each loads the model and readies its engine once for the job",

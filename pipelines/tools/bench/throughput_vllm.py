@@ -149,7 +149,7 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     if longest > s.max_model_len:
         raise ValueError(f"max_model_len {s.max_model_len} is below the longest request ({longest} tokens: prompt, "
                          f"{s.max_new_tokens} new and {MAX_DRAFT} draft tokens); raise it or lower max_prompt_tokens")
-    model_dir = laser.models._resolve(s.model)
+    model_dir = laser.models.model_dir(s.model)
     why_no_suffix = suffix_available()
     absent = {} if why_no_suffix is None or "vllm suffix" not in wanted else {"vllm suffix": why_no_suffix}
     methods = [m for m in wanted if m not in absent]
