@@ -25,6 +25,7 @@ from typing import Callable, Hashable, Sequence
 
 from laser.cost import ForwardCost
 from laser.drafting import DraftSource
+from laser.models import model_dir
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget, prior_cost
 from laser.vllm.forms import rule_params
@@ -98,13 +99,6 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def resolve_model(name_or_path: str) -> str:
-    """A bundled model name (de-quantised once into the cache), a saved name, or a path, as a folder."""
-    from laser.models import model_dir
-
-    return model_dir(name_or_path)
-
-
 class VllmEngine:
     """A vLLM ``LLM`` with prefix caching, bounded KV memory and optional LASER drafting.
 
@@ -149,7 +143,7 @@ class VllmEngine:
                            "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"})
         from vllm import LLM
 
-        self.path = resolve_model(model)
+        self.path = model_dir(model)  # a bundled name de-quantised once, a saved name, or a path
         self.speculation, self.max_draft, self.draft_len = speculation, max_draft, draft_len
         self.threads, self.dtype, self.max_num_seqs = threads, dtype, max_num_seqs
         spec = None

@@ -42,7 +42,7 @@ class Machine:
 
     @classmethod
     def local(cls) -> "Machine":
-        """This machine: the CPUs this process may run on (cgroup and affinity aware), its CUDA GPUs."""
+        """This machine: the CPUs this process may run on (its CPU affinity), its CUDA GPUs."""
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return cls((cpus,), (float(_cuda_devices()),))
 

@@ -13,7 +13,7 @@ from process start to its last row like the job's own rows. Same work as the job
   token ids go to vLLM as they are (``tokenized_prompt``: Ray Data's chat-template and tokenize stages
   are off, so nothing can differ; tests/integration/test_bench_ray_data_llm.py checks the ids against the
   worker's own);
-- the same model folder (``laser.vllm.engine.resolve_model(model.name)``), dtype, token budgets (old
+- the same model folder (``laser.models.model_dir(model.name)``), dtype, token budgets (old
   pass: ``old_knowledge.max_new_tokens``; new pass: ``generation.max_new_tokens``), greedy decoding and
   the generation rules vLLM has (repetition penalty, min tokens, stop strings);
 - the same resources: ``execution.num_workers`` vLLM engines (Ray Data's ``concurrency``, as a fixed pool
@@ -208,14 +208,14 @@ def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], w
 def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None) -> dict[str, Any]:
     """The whole Ray Data LLM pipeline for the job config ``cfg`` (a ``JobConfig``); writes
     ``out/summary.json`` and the rows. ``t0``: when the process started (its config load counts)."""
-    from laser.vllm.engine import resolve_model
+    from laser.models import model_dir
 
     t0 = time.perf_counter() if t0 is None else t0
     cfg = with_layout(cfg)  # the job's actor layout, so both rows run the same engines
     ex = cfg.execution
     if cfg.generation.sampling().get("temperature", 0) not in (0, 0.0, None):
         log.warning("the job samples (generation.temperature > 0); this row decodes greedily")
-    model_path = resolve_model(cfg.model.name)
+    model_path = model_dir(cfg.model.name)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
