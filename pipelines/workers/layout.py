@@ -67,15 +67,13 @@ def _cuda_devices() -> int:
 def plan_layout(machine: Machine, num_workers: int | str, threads: int | str, gpus_per_worker: float) -> Layout:
     """The layout for the configured values (ints kept, ``"auto"`` filled) on ``machine``."""
     node_cpus = max(1, min(machine.cpus))
-    if gpus_per_worker > 0:
+    if gpus_per_worker > 0:  # actors per node: its GPU shares
         per_node = [int(g // gpus_per_worker) for g in machine.gpus]
-        auto_n = max(1, sum(per_node))
-        fits = max(1, max(per_node))
         why = f"one actor per {gpus_per_worker:g} GPU ({sum(machine.gpus):g} GPUs)"
-    else:
-        per_node, fits = [1] * len(machine.cpus), 1
-        auto_n = len(machine.cpus)
+    else:  # one actor per node
+        per_node = [1] * len(machine.cpus)
         why = f"one actor per node ({len(machine.cpus)} node(s), {node_cpus} CPUs each)"
+    auto_n, fits = max(1, sum(per_node)), max(1, max(per_node))
     if num_workers == "auto" and threads == "auto":
         return Layout(auto_n, max(1, node_cpus // fits), why)
     if num_workers == "auto":  # threads given: as many actors as the nodes' CPUs hold
