@@ -44,8 +44,8 @@ from pipelines.lock import output_lock
 from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
-from pipelines.workers.layout import job_layout
+from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
+from pipelines.workers.layout import job_actors
 
 log = logging.getLogger(__name__)
 
@@ -196,12 +196,10 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
 
 def worker_group(cfg: JobConfig) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job)."""
-    ex, layout = cfg.execution, job_layout(cfg.execution)
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
-                     gpus=ex.gpus_per_worker)
+    spec, num_workers = job_actors(cfg)
     engine = job_engine(cfg)
-    log.info("engine: %s (execution.engine: %s)", engine, ex.engine)
-    return WorkerGroup(generation_worker_cls(engine), spec, layout.num_workers, ex.address)
+    log.info("engine: %s (execution.engine: %s)", engine, cfg.execution.engine)
+    return WorkerGroup(generation_worker_cls(engine), spec, num_workers, cfg.execution.address)
 
 
 def generation_worker_cls(engine: str) -> type[GenerationWorker]:

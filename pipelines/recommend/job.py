@@ -22,8 +22,8 @@ from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
 from pipelines.recommend.worker import RecommendReport, RecommendTask, RecommendWorker, record
 from pipelines.knowledge.validation import JobInputError, load_inputs
-from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec, WorkerGroup
-from pipelines.workers.layout import job_layout
+from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
+from pipelines.workers.layout import job_actors
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,11 @@ def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup |
     task = RecommendTask(decoder=cfg.decoder.name, decoder_params=dict(cfg.decoder.params), domain=data.dataset.domain,
                          prompt_version=RECOMMEND_PROMPT_VERSION, run_id=run_id, identifiers=identifiers,
                          K=cfg.recommend.K, max_history=cfg.recommend.max_history)
-    ex, layout = cfg.execution, job_layout(cfg.execution)
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads,
-                     seed=cfg.dataset.seed, gpus=ex.gpus_per_worker)
+    spec, num_workers = job_actors(cfg)
     report, start = RecommendReport(), time.perf_counter()
     with RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer, \
-            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, layout.num_workers, ex.address)) as g:
-        for result in g.stream(todo, task, slots=ex.batch_size, desc="recommend", unit="user"):
+            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, num_workers, cfg.execution.address)) as g:
+        for result in g.stream(todo, task, slots=cfg.execution.batch_size, desc="recommend", unit="user"):
             record(result, writer, report)
         writer.flush()
     report.wall_s = time.perf_counter() - start

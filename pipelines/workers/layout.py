@@ -109,3 +109,13 @@ def with_layout(cfg: Any) -> Any:
     layout = job_layout(cfg.execution)
     return cfg.model_copy(update={"execution": cfg.execution.model_copy(
         update={"num_workers": layout.num_workers, "threads_per_worker": layout.threads})})
+
+
+def job_actors(cfg: Any) -> tuple[Any, int]:
+    """The ``ModelSpec`` every actor of the job config ``cfg`` loads, and how many actors."""
+    from pipelines.workers.actors import ModelSpec
+
+    ex, layout = cfg.execution, job_layout(cfg.execution)
+    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
+                     gpus=ex.gpus_per_worker)
+    return spec, layout.num_workers
