@@ -136,12 +136,24 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                      max_model_len: int = typer.Option(1024, help="vllm: tokens per request (prompt, output, drafts)."),
                      fresh_engines: bool = typer.Option(False, help="vllm: a fresh engine per repeat for every row "
                                                         "(default: one engine per row and concurrency for all repeats "
-                                                        "when they fit in memory; suffix always fresh).")) -> None:
+                                                        "when they fit in memory; suffix always fresh)."),
+                     render: Path | None = typer.Option(None, metavar="<path>", help=(
+                         "vllm: render an earlier run's JSON (one stopped before its last level included) into "
+                         "the table, Markdown and PNG, with its targets checked, and measure nothing."))) -> None:
     """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K;
     with --engine vllm, vLLM with and without LASER as its drafter."""
     from pipelines.tools.bench.throughput import ThroughputSettings, run_throughput
 
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
+    if render is not None:
+        import json
+
+        from pipelines.tools.bench.throughput_vllm import finish_vllm_report
+
+        if not render.is_file():
+            raise typer.BadParameter(f"{render} is not a file", param_hint="--render")
+        finish_vllm_report(json.loads(render.read_text()), render)
+        return
     if engine == "vllm":
         from pipelines.tools.bench.throughput_vllm import VllmThroughputSettings, run_throughput_vllm, select_methods
 

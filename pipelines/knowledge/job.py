@@ -155,7 +155,8 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
                 open_store(store)
         ledger = RunLedger(paths.root)
         record = _open_record(cfg, ledger, incremental, decoder.name)
-        with worker_group(cfg) as workers:
+        entities = None if data is None else data.dataset.users.height + data.dataset.items.height
+        with worker_group(cfg, entities) as workers:
             job = JobRun(cfg, paths, incremental, record, decoder, workers, data=data)
             try:
                 for step in STEPS:
@@ -194,9 +195,10 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
 
 # ---- steps alone (`laser generate`, tools) and their parts ------------------------------------------
 
-def worker_group(cfg: JobConfig) -> WorkerGroup:
-    """The job's generation actors (one model load each, shared by every pass of the job)."""
-    spec, num_workers = job_actors(cfg)
+def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
+    """The job's generation actors (one model load each, shared by every pass of the job); ``entities``: the
+    run's users and items, when known."""
+    spec, num_workers = job_actors(cfg, entities)
     engine = job_engine(cfg)
     log.info("engine: %s (execution.engine: %s)", engine, cfg.execution.engine)
     return WorkerGroup(generation_worker_cls(engine), spec, num_workers, cfg.execution.address)

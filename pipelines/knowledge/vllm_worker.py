@@ -69,7 +69,8 @@ class VllmAdapter(EngineAdapter):
             self.engine = VllmEngine(spec.model, speculation="laser", max_draft=MAX_DRAFT, draft_len=MAX_DRAFT,
                                      threads=spec.threads if spec.device == "cpu" else None,
                                      bind_threads=False,  # the node's other actors share its cores
-                                     max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed)
+                                     max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed,
+                                     enforce_eager=not spec.compile)
         return {"engine": "vllm", "engine_start_s": round(self.engine.start_seconds, 1)}
 
     def start(self, task: DecodeTask, slots: int) -> None:

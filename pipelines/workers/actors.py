@@ -48,6 +48,7 @@ class ModelSpec:
     threads: int = 1
     seed: int = 0
     gpus: float = 0.0
+    compile: bool = True  # engines that compile the model (vLLM) do; pipelines/workers/layout.compile_model
 
     @property
     def device(self) -> str:

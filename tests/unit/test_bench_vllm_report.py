@@ -102,6 +102,8 @@ def test_markdown_has_spread_and_drafting_columns():
     md = markdown_vllm_throughput(report)
     assert "150.0 [100.0-200.0]" in md and "120.0 [120.0-120.0] (0.80x slower)" in md
     assert "1.2 ms/step, draft 2.50/row" in md and "one engine for all repeats: vllm" in md
+    # prompts per minute: vllm's one prompt in 1.0 s and 0.5 s (median 90), greedy's in 1.0 s twice
+    assert "90.0 [60.0-120.0] (1.00x)" in md and "60.0 [60.0-60.0] (0.67x)" in md
 
 
 def test_propose_timer_counts_decoding_rows_and_their_drafts():

@@ -1,7 +1,7 @@
 """The actor layout when ``execution.num_workers`` / ``threads_per_worker`` are ``auto``."""
 from types import SimpleNamespace
 
-from pipelines.workers.layout import Machine, job_layout, plan_layout
+from pipelines.workers.layout import COMPILE_FROM_ENTITIES, Machine, compile_model, job_layout, plan_layout
 
 
 def test_cpu_one_actor_per_node_with_all_its_cores():
@@ -24,3 +24,10 @@ def test_job_layout_reads_this_machine():
     ex = SimpleNamespace(num_workers="auto", threads_per_worker="auto", gpus_per_worker=0.0, address=None)
     local = Machine.local()
     assert job_layout(ex)[:2] == (1, local.cpus[0])
+
+
+def test_compile_auto_follows_the_run_size_and_a_setting_wins():
+    auto, on, off = (SimpleNamespace(compile=c) for c in ("auto", "on", "off"))
+    assert not compile_model(auto, COMPILE_FROM_ENTITIES - 1) and compile_model(auto, COMPILE_FROM_ENTITIES)
+    assert compile_model(auto, None)  # size unknown (incremental runs): compile
+    assert compile_model(on, 1) and not compile_model(off, 10_000)

@@ -243,10 +243,16 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
         level = report["levels"][str(c)]
         print(f"c={c}: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} [{v['tokens_per_s_min']:.1f}-"
                                      f"{v['tokens_per_s_max']:.1f}]" for k, v in level.items()), flush=True)
-    report["targets"] = check_vllm_targets(report)
     report["complete"] = True
     report["duration_s"] = time.perf_counter() - started
     report["machine"]["load_average_after"] = machine_info()["load_average"]
+    return finish_vllm_report(report, json_out)
+
+
+def finish_vllm_report(report: dict[str, Any], json_out: Path) -> dict[str, Any]:
+    """Check the targets on the levels measured, print the table and write the JSON, Markdown and PNG. Also
+    renders the JSON of a run stopped before its last level (``complete`` false: its levels so far)."""
+    report["targets"] = check_vllm_targets(report)
     print_vllm_throughput(report)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_vllm_throughput(report, json_out.with_suffix(".png")))
@@ -407,6 +413,16 @@ def _tps(m: dict[str, Any]) -> str:
     return f"{m['tokens_per_s']:.1f}"
 
 
+def _ppm(m: dict[str, Any], ref: dict[str, Any] | None) -> str:
+    """A cell's prompts per minute, median [min-max] over its repeats, and its median over ``ref``'s."""
+    def rates(cell: dict[str, Any]) -> list[float]:
+        return [cell["prompts"] * 60 / w for w in cell["wall_s_runs"]]
+
+    mine = rates(m)
+    versus = f" ({statistics.median(mine) / statistics.median(rates(ref)):.2f}x)" if ref else ""
+    return f"{statistics.median(mine):.1f} [{min(mine):.1f}-{max(mine):.1f}]{versus}"
+
+
 def _versus(m: dict[str, Any]) -> str:
     if "speedup_vs_vllm" not in m:
         return ""
@@ -475,6 +491,11 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
              "Tokens/s with prefill, median [min-max] of the repeats (median x vLLM's median at the same "
              f"concurrency; tie: the spreads overlap and the ratio is >= {TIE_RATIO}):", "", *head]
     lines += [row(n, lambda x: f"{_tps(x)} ({_versus(x) or '-'})") for n in names]
+    lines += ["", "Prompts finished per minute, median [min-max] of the repeats (x vLLM's median). Every row "
+                  "decodes the same prompts; relaxed verification changes the texts (often shorter), so "
+                  "tokens/s alone understates it:", "", *head]
+    lines += [f"| {n} | " + " | ".join(_ppm(levels[c][n], levels[c].get(VLLM)) if n in levels[c] else "-"
+                                       for c in levels) + " |" for n in names]
     lines += ["", "Decode-only tokens/s (a prefill estimate subtracted) and AAL:", "", *head]
     lines += [row(n, lambda x: (f"{x['decode_tokens_per_s']:.1f}" if x.get("decode_tokens_per_s") is not None else "-")
                   + (f" (aal {x['aal']:.2f})" if x.get("aal") is not None else "")) for n in names]
