@@ -152,9 +152,9 @@ class ExecutionConfig(_Strict):
         "autoregressive, laser, resd), hf (this package's tree-attention engine over transformers; every decoder) "
         "or auto: vllm where vLLM is installed for the actors' device and every decoder of the job has a vLLM "
         "form, else hf (the LASER_ENGINE environment variable, hf or vllm, overrides auto). docs/engines.md"))
-    compile: Literal["auto", "on", "off"] = Field("auto", description=(
-        "vLLM only: torch.compile of the model at engine start (on: faster steps, a start of about 3 minutes "
-        "the first time on a machine and 40 s later; off: a 12 s start); auto: on for runs of at least "
+    compile: bool | Literal["auto"] = Field("auto", description=(
+        "vLLM only: torch.compile of the model at engine start (true: faster steps, a start of about 3 minutes "
+        "the first time on a machine and 40 s later; false: a 12 s start); auto: true for runs of at least "
         "500 users and items, and for incremental runs (pipelines/workers/layout.py)"))
 
     @field_validator("gpus_per_worker")

@@ -122,7 +122,7 @@ def compile_model(execution: Any, entities: int | None) -> bool:
     """Whether the actors' vLLM engines compile the model: ``execution.compile``, where ``auto`` compiles
     for a run of ``entities`` >= :data:`COMPILE_FROM_ENTITIES` or of unknown size (None)."""
     if execution.compile != "auto":
-        return execution.compile == "on"
+        return bool(execution.compile)
     return entities is None or entities >= COMPILE_FROM_ENTITIES
 
 

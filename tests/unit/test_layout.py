@@ -27,7 +27,7 @@ def test_job_layout_reads_this_machine():
 
 
 def test_compile_auto_follows_the_run_size_and_a_setting_wins():
-    auto, on, off = (SimpleNamespace(compile=c) for c in ("auto", "on", "off"))
+    auto, on, off = (SimpleNamespace(compile=c) for c in ("auto", True, False))
     assert not compile_model(auto, COMPILE_FROM_ENTITIES - 1) and compile_model(auto, COMPILE_FROM_ENTITIES)
     assert compile_model(auto, None)  # size unknown (incremental runs): compile
     assert compile_model(on, 1) and not compile_model(off, 10_000)
