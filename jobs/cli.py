@@ -342,6 +342,9 @@ def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"
                       "Job directory for old knowledge and pools (kept: a second run reuses them).")),
                   entities: int = typer.Option(24, help="New-knowledge entities measured (half users, half items)."),
                   threads: int = typer.Option(1, help="torch threads."),
+                  engines: str = typer.Option("hf", help=(
+                      "Engines, comma-separated (hf, vllm): every method on each, and each engine after the first "
+                      "compared with it.")),
                   overrides: list[str] = typer.Option([], "--set", help="Config override KEY=VALUE (repeatable).")) -> None:
     """Quality of new knowledge: autoregressive greedy, laser greedy and laser relaxed on the same entities."""
     from jobs.config import bundled_config, load_config
@@ -349,7 +352,10 @@ def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"
 
     path = config or bundled_config("demo")
     cfg = load_config(path, [*overrides, f"output.path={work}"])
-    run_quality_bench(json_out, cfg, QualityBenchSettings(entities=entities, threads=threads), path.name)
+    chosen = tuple(e.strip() for e in engines.split(",") if e.strip())
+    if not chosen or any(e not in ("hf", "vllm") for e in chosen):
+        raise typer.BadParameter(f"--engines takes hf and/or vllm, got {engines!r}")
+    run_quality_bench(json_out, cfg, QualityBenchSettings(entities=entities, threads=threads, engines=chosen), path.name)
 
 
 if __name__ == "__main__":

@@ -42,14 +42,36 @@ def test_report_markdown_and_png(tmp_path):
                         [("user", "u1"), ("user", "u2")], "demo.yaml")
     m = report["methods"][bq.RELAXED]
     assert (m["ended"], m["cut"], m["degenerate"], m["retried"], m["flag_contradictions"]) == (2, 0, 1, 1, 0)
-    assert report["laser_greedy_identical_to_autoregressive"] == "2/2"
-    assert report["relaxed_minus_greedy"]["degenerate"]["diff"] == 0.5
-    assert report["relaxed_minus_greedy"]["grounding"]["diff"] == -0.5  # 1 of 2 facts against 2 of 2
+    assert report["laser_greedy_identical_to_autoregressive"] == {"hf": "2/2"}
+    diffs = report["differences"]["laser relaxed - laser greedy"]
+    assert diffs["degenerate"]["diff"] == 0.5
+    assert diffs["grounding"]["diff"] == -0.5  # 1 of 2 facts against 2 of 2
     bq._write(tmp_path / "q.json", report)
     assert json.loads((tmp_path / "q.json").read_text())["entities"] == 2
     md = (tmp_path / "q.md").read_text()
     assert "| laser relaxed | 2 | 100.0%" in md and "| degenerate | +0.500 |" in md
     assert (tmp_path / "q.png").stat().st_size > 1000
+
+
+def test_two_engines_are_compared_method_by_method():
+    from pipelines.config import JobConfig
+
+    ok = [_row(f"u{i}", "This user enjoys crime films.", "eos") for i in range(8)]
+    cut = [_row(f"u{i}", "This user enjoys action and", "length") for i in range(8)]
+    engines = ("hf", "vllm")
+    settings = bq.QualityBenchSettings(bootstrap=200, engines=engines)
+    chosen = [("user", f"u{i}") for i in range(8)]
+
+    def report(vllm_rows):
+        rows = {bq.label(e, m, engines): (vllm_rows if e == "vllm" else ok) for e in engines
+                for m, _, _ in bq.methods(JobConfig())}
+        return bq._report(rows, {k: 1.0 for k in rows}, settings, JobConfig(), chosen, "demo.yaml")
+
+    same = report(ok)["differences"]["vllm: laser relaxed - hf: laser relaxed"]
+    assert same["equal"] and same["same_texts"] == "8/8"
+    worse = report(cut)["differences"]["vllm: laser greedy - hf: laser greedy"]
+    assert not worse["equal"] and worse["cut"]["diff"] == 1.0 and worse["same_texts"] == "0/8"
+    assert "hf: laser relaxed - hf: laser greedy" in report(ok)["differences"]
 
 
 def test_flag_contradiction_check():

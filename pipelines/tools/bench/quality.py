@@ -9,10 +9,15 @@ and items, sorted by type and id), decoded by each method with the job's generat
 - ``laser greedy``: routed pools, greedy verification (lossless: the same text as the previous one);
 - ``laser relaxed``: routed pools, relaxed verification with the config's k and p (default k=2, p=0.1).
 
+With ``engines`` ("hf", "vllm" or both) every method runs on each engine (labels ``engine: method``
+when there are several), on the same entities, prompts and pools (old knowledge and pools come from the
+first engine).
+
 Per method (pipelines/quality.py): ended (EOS or sentence end), cut at the token limit,
 degenerate, fragment, retried, mean words / asked words, grounding (matched / mentioned facts) with 95%
-Wilson intervals, and tokens/s. The relaxed-minus-greedy difference of each share comes with a paired
-bootstrap 95% interval over the entities. Output: a table, JSON, Markdown and a PNG beside the JSON.
+Wilson intervals, and tokens/s. Differences come with a paired bootstrap 95% interval over the entities:
+relaxed minus greedy LASER on each engine, and, with two engines, the second minus the first for each
+method, called equal when every interval holds 0. Output: a table, JSON, Markdown and a PNG beside the JSON.
 """
 from __future__ import annotations
 
@@ -33,13 +38,14 @@ from pipelines.config import JobConfig
 from pipelines.knowledge.generation import BatchResult, GenerationWorker
 from pipelines.knowledge.decoders import new_knowledge_decoder
 from pipelines.knowledge.inputs import load_job_data
-from pipelines.knowledge.job import knowledge_task, step_old_knowledge
+from pipelines.knowledge.job import generation_worker_cls, knowledge_task, step_old_knowledge
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.routing import step_build_pools, step_route
 from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
+from pipelines.workers.layout import compile_model
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,12 @@ class QualityBenchSettings:
     threads: int = 1
     bootstrap: int = 2000
     seed: int = 0
+    engines: tuple[str, ...] = ("hf",)  # every method runs on each, in this order
+
+
+def label(engine: str, method: str, engines: tuple[str, ...]) -> str:
+    """A row label: the method alone with one engine, ``engine: method`` with several."""
+    return method if len(engines) == 1 else f"{engine}: {method}"
 
 
 def methods(cfg: JobConfig) -> list[tuple[str, str, dict[str, Any]]]:
@@ -102,8 +114,8 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
-    worker = GenerationWorker(ModelSpec(cfg.model.name, cfg.model.dtype, settings.threads, cfg.dataset.seed))
-    step_old_knowledge(cfg, data, LocalGroup(worker))
+    workers = {e: _worker(cfg, e, settings) for e in settings.engines}
+    step_old_knowledge(cfg, data, LocalGroup(workers[settings.engines[0]]))
     routing = step_route(cfg, data)
     step_build_pools(cfg)
     base = new_requests(data.dataset, data.split, {})
@@ -112,22 +124,31 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
     items = [k for k in ids if k[0] == "item"][: settings.entities - len(users)]
     chosen = users + items + [k for k in ids if k not in users + items][: settings.entities - len(users) - len(items)]
     base_task = knowledge_task(cfg, new_knowledge_decoder(cfg), "bench-quality", data.dataset.domain, paths.pools)
+    order = {k: i for i, k in enumerate(chosen)}
     rows: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
-    for label, decoder, params in methods(cfg):
-        task = dataclasses.replace(base_task, decoder=decoder, decoder_params=params, sampling=None)
-        reqs = _select(new_requests(data.dataset, data.split, pool_routes(available_decoders()[decoder].pool, routing)),
-                       chosen)
-        t0 = time.perf_counter()
-        result: BatchResult = worker.generate(task, reqs, cfg.execution.batch_size)
-        seconds[label] = time.perf_counter() - t0
-        order = {k: i for i, k in enumerate(chosen)}
-        rows[label] = sorted(result.rows, key=lambda r: order[(r["entity_type"], r["entity_id"])])
-        log.info("%s: %d rows, %d failures in %.1fs", label, len(result.rows), len(result.failures), seconds[label])
+    for engine, worker in workers.items():
+        for method, decoder, params in methods(cfg):
+            name = label(engine, method, settings.engines)
+            task = dataclasses.replace(base_task, decoder=decoder, decoder_params=params, sampling=None)
+            reqs = _select(new_requests(data.dataset, data.split,
+                                        pool_routes(available_decoders()[decoder].pool, routing)), chosen)
+            t0 = time.perf_counter()
+            result: BatchResult = worker.generate(task, reqs, cfg.execution.batch_size)
+            seconds[name] = time.perf_counter() - t0
+            rows[name] = sorted(result.rows, key=lambda r: order[(r["entity_type"], r["entity_id"])])
+            log.info("%s: %d rows, %d failures in %.1fs", name, len(result.rows), len(result.failures), seconds[name])
     report = _report(rows, seconds, settings, cfg, chosen, config_name)
     _write(json_out, report)
     print_table(report)
     return report
+
+
+def _worker(cfg: JobConfig, engine: str, settings: QualityBenchSettings) -> GenerationWorker:
+    """An in-process worker of ``engine`` (vLLM compiles as the job would for this many entities)."""
+    spec = ModelSpec(cfg.model.name, cfg.model.dtype, settings.threads, cfg.dataset.seed,
+                     compile=compile_model(cfg.execution, settings.entities))
+    return generation_worker_cls(engine)(spec)
 
 
 def _summary(rows: list[dict[str, Any]]) -> QualitySummary:
@@ -153,7 +174,7 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
                            "entities": len(chosen), "users": sum(k[0] == "user" for k in chosen),
                            "max_new_tokens": cfg.generation.max_new_tokens,
                            "generation": cfg.generation.model_dump(), "machine": machine_info(), "versions": versions()}
-    for label, rs in rows.items():
+    for name, rs in rows.items():
         s = _summary(rs).as_dict()
         n = len(rs)
         s["intervals"] = {f: wilson(int(_flags(rs, f).sum()), n) for f in SHARES}
@@ -161,31 +182,43 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
         s["retried"] = sum(bool(r["greedy_retry"]) for r in rs)
         s["flag_contradictions"] = sum(flag_contradicts(r) for r in rs)
         s["tokens"] = sum(r["n_tokens"] for r in rs)
-        s["seconds"] = round(seconds[label], 2)
-        s["tokens_per_s"] = round(s["tokens"] / seconds[label], 2) if seconds[label] else None
-        out["methods"][label] = s
-    ref = rows.get("autoregressive greedy")
-    if ref is not None and GREEDY_REF in rows:
-        same = [a["knowledge"] == b["knowledge"] for a, b in zip(ref, rows[GREEDY_REF])]
-        out["laser_greedy_identical_to_autoregressive"] = f"{sum(same)}/{len(same)}"
-    if GREEDY_REF in rows and RELAXED in rows:
-        out["relaxed_minus_greedy"] = _differences(rows[RELAXED], rows[GREEDY_REF], settings)
-    out["samples"] = {label: [{"entity": f"{r['entity_type']}:{r['entity_id']}", "text": r["knowledge"]}
-                              for r in rs[:4]] for label, rs in rows.items()}
+        s["seconds"] = round(seconds[name], 2)
+        s["tokens_per_s"] = round(s["tokens"] / seconds[name], 2) if seconds[name] else None
+        out["methods"][name] = s
+    out["differences"] = {}
+    for engine in settings.engines:
+        ref, greedy, relaxed = (label(engine, m, settings.engines) for m in ("autoregressive greedy", GREEDY_REF, RELAXED))
+        if ref in rows and greedy in rows:
+            same = [a["knowledge"] == b["knowledge"] for a, b in zip(rows[ref], rows[greedy])]
+            out.setdefault("laser_greedy_identical_to_autoregressive", {})[engine] = f"{sum(same)}/{len(same)}"
+        if greedy in rows and relaxed in rows:
+            out["differences"][f"{relaxed} - {greedy}"] = _differences(rows[relaxed], rows[greedy], settings)
+    first, *others = settings.engines
+    for engine in others:  # each further engine against the first, method by method
+        for method, _, _ in methods(cfg):
+            a, b = label(engine, method, settings.engines), label(first, method, settings.engines)
+            if a in rows and b in rows:
+                d = _differences(rows[a], rows[b], settings)
+                d["equal"] = all(m["lo"] <= 0.0 <= m["hi"] for m in d.values())
+                d["same_texts"] = f"{sum(x['knowledge'] == y['knowledge'] for x, y in zip(rows[a], rows[b]))}/{len(rows[a])}"
+                out["differences"][f"{a} - {b}"] = d
+    out["samples"] = {name: [{"entity": f"{r['entity_type']}:{r['entity_id']}", "text": r["knowledge"]}
+                              for r in rs[:4]] for name, rs in rows.items()}
     return out
 
 
-def _differences(relaxed: list[dict[str, Any]], greedy: list[dict[str, Any]],
-                 settings: QualityBenchSettings) -> dict[str, dict[str, float]]:
-    """Paired bootstrap of relaxed - greedy for each share and for grounding (matched / mentioned)."""
-    diffs = {f: paired_bootstrap(_flags(relaxed, f), _flags(greedy, f), n=settings.bootstrap, seed=settings.seed)
-             for f in SHARES}
+def _differences(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]],
+                 settings: QualityBenchSettings) -> dict[str, Any]:
+    """Paired bootstrap of a - b (same entities, same order) for each share and for grounding (matched /
+    mentioned facts)."""
+    diffs: dict[str, Any] = {f: paired_bootstrap(_flags(a_rows, f), _flags(b_rows, f), n=settings.bootstrap,
+                                                 seed=settings.seed) for f in SHARES}
 
     def facts(rs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
         mentioned = np.array([r["facts_mentioned"] or 0 for r in rs], dtype=float)
         return np.array([(r["grounding"] or 0.0) for r in rs]) * mentioned, mentioned
 
-    (ma, na), (mb, nb) = facts(relaxed), facts(greedy)
+    (ma, na), (mb, nb) = facts(a_rows), facts(b_rows)
     diffs["grounding"] = paired_bootstrap(ma, mb, na, nb, n=settings.bootstrap, seed=settings.seed)
     return diffs
 
@@ -220,8 +253,15 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_row(*row)
     console = wide_console()
     console.print(table)
-    for f, d in report.get("relaxed_minus_greedy", {}).items():
-        console.print(f"relaxed - greedy {f}: {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]")
+    for name, diffs in report.get("differences", {}).items():
+        verdict = "" if "equal" not in diffs else f" ({'equal' if diffs['equal'] else 'NOT equal'} within 95% intervals; same texts {diffs['same_texts']})"
+        console.print(f"{name}{verdict}: " + ", ".join(f"{f} {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
+                                                       for f, d in _measures(diffs)))
+
+
+def _measures(diffs: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
+    """The (measure, difference) pairs of one comparison (its verdict keys left out)."""
+    return [(f, d) for f, d in diffs.items() if isinstance(d, dict)]
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -234,13 +274,14 @@ def markdown(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(report)]
     lines += ["", "Rows whose degenerate flag contradicts their stored repeat share: " +
               ", ".join(f"{k} {m['flag_contradictions']}" for k, m in report["methods"].items()) + "."]
-    if "laser_greedy_identical_to_autoregressive" in report:
-        lines += ["", f"laser greedy identical to autoregressive greedy: {report['laser_greedy_identical_to_autoregressive']} rows."]
-    if report.get("relaxed_minus_greedy"):
-        lines += ["", "Relaxed minus greedy LASER (paired bootstrap over entities, 95% interval):", "",
+    for engine, same in report.get("laser_greedy_identical_to_autoregressive", {}).items():
+        lines += ["", f"laser greedy identical to autoregressive greedy on {engine}: {same} rows."]
+    for name, diffs in report.get("differences", {}).items():
+        verdict = "" if "equal" not in diffs else (f" {'Equal' if diffs['equal'] else 'Not equal'} within the 95% "
+                                                   f"intervals; identical texts {diffs['same_texts']}.")
+        lines += ["", f"{name} (paired bootstrap over entities, 95% interval).{verdict}", "",
                   "| measure | difference | interval |", "|---|---|---|"]
-        lines += [f"| {f} | {d['diff']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] |"
-                  for f, d in report["relaxed_minus_greedy"].items()]
+        lines += [f"| {f} | {d['diff']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] |" for f, d in _measures(diffs)]
     lines += ["", "Samples (first rows per method):", ""]
     for label, samples in report["samples"].items():
         for s in samples:
