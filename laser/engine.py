@@ -169,6 +169,7 @@ class TreeDecodingEngine:
                     active[row] = None
                     s.drafter.close()
                     s.stats.new_tokens = len(s.new_tokens)
+                    s.stats.prompt_tokens, s.stats.cached_prompt_tokens = s.prompt_len, 0  # no prefix cache here
                     if self.budget is not None:
                         self.budget.forget(s)
             yield from finished

@@ -20,6 +20,8 @@ class DecodeStats:
     accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted per forward
     drafted_per_step: list[int] = field(default_factory=list)  # draft tokens proposed per forward
     new_tokens: int = 0
+    prompt_tokens: int | None = None  # the prompt's tokens (None: the engine did not count them)
+    cached_prompt_tokens: int | None = None  # of them, served from a prefix cache, not prefilled (None: not counted)
     finish_reason: str = ""  # "eos" | "length" | "stop" (a stop string) | "verifier"
     prefill_s: float = 0.0
     decode_s: float = 0.0

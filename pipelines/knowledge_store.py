@@ -78,11 +78,14 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("facts_mentioned", pa.int32()),  # titles, genres, ratings (users); genres, years (items)
         pa.field("grounding", pa.float64()),  # share of the mentioned facts the input supports; null: none
         pa.field("engine", pa.string()),  # what decoded the row: "hf" | "vllm" (execution.engine); null in old shards
+        pa.field("prompt_tokens", pa.int32()),  # the prompt's tokens; null where the engine did not count them
+        pa.field("cached_prompt_tokens", pa.int32()),  # of them, served from the prefix cache (hf: 0, it has none)
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null
 OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s", "ended",
-                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding", "engine")
+                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding", "engine",
+                    "prompt_tokens", "cached_prompt_tokens")
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 

@@ -280,7 +280,8 @@ class GenerationWorker(ModelWorker):
             "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
             **quality_columns(q), "greedy_retry": a.first is not None, "prefill_s": float(st.prefill_s),
             "decode_s": float(st.decode_s), "source_hash": req.source_hash, "sampling": encode_sampling(a.sampling),
-            "engine": self.adapter.name,
+            "engine": self.adapter.name, "prompt_tokens": st.prompt_tokens,
+            "cached_prompt_tokens": st.cached_prompt_tokens,
         }
 
 
@@ -362,6 +363,8 @@ class GenerationReport:
     accepted_tokens: int = 0
     wall_s: float = 0.0
     prefill_s: float = 0.0  # summed over rows
+    prompt_tokens: int = 0  # summed over the rows that counted them
+    cached_prompt_tokens: int = 0  # of them, served from the engine's prefix cache
     decode_s: float = 0.0  # actors' decoding seconds, summed over batches (a batch's shared steps once)
     greedy_retries: int = 0
     quality: QualitySummary = field(default_factory=QualitySummary)
@@ -394,6 +397,8 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.target_forwards += row["target_forwards"]
         report.accepted_tokens += row["accepted_tokens"]
         report.prefill_s += row.get("prefill_s") or 0.0
+        report.prompt_tokens += row.get("prompt_tokens") or 0
+        report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
         report.greedy_retries += bool(row.get("greedy_retry"))
         report.quality.add(row_quality(row))
     report.decode_s += result.decode_s

@@ -39,7 +39,8 @@ class VllmGeneration:
         self.stats = DecodeStats(target_forwards=int(res.target_forwards), new_tokens=len(res.token_ids),
                                  accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
                                  prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s),
-                                 retrieval_s=_measured(res.draft_s))
+                                 retrieval_s=_measured(res.draft_s), prompt_tokens=res.prompt_tokens,
+                                 cached_prompt_tokens=res.cached_tokens)
 
 
 def _measured(seconds: float | None) -> float:

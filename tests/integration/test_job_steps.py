@@ -111,7 +111,7 @@ def test_summary_numbers(capsys):
     from pipelines.quality import text_quality
 
     new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
-                           decode_s=2.0)
+                           decode_s=2.0, prompt_tokens=400, cached_prompt_tokens=100)
     for text, reason in (("A calm drama fan.", "eos"), ("a dark b a dark b a dark b a dark b", "length"),
                          ("Likes westerns and old musicals.", "eos")):
         new.quality.add(text_quality(text, reason))
@@ -123,7 +123,7 @@ def test_summary_numbers(capsys):
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "new knowledge" in line)
     assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40", "10.0", "20.0", "3.00",
-                                                               "20 (50%)"]
+                                                               "20 (50%)", "400 (25%)"]
     quality_row = [line for line in text.splitlines() if "new knowledge" in line][1]
     assert [c.strip() for c in quality_row.strip("│ ").split("│")] == ["new knowledge", "3", "2 (67%)", "22.2%", "1", "0"]
     flat = " ".join(text.split())

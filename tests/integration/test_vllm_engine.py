@@ -65,6 +65,18 @@ def test_greedy_identical_to_vllm(engines, n):
     assert all(o.finish_reason in ("eos", "length") for o in got)
 
 
+def test_prompt_tokens_and_prefix_cache_hits_are_reported(engines):
+    """A prompt whose opening an earlier request already prefilled is served from vLLM's prefix cache,
+    whole KV blocks of it, and the result says how many of its tokens."""
+    _, plain = engines
+    opening = [0] + [2 + (7 * i) % 240 for i in range(68)]  # 69 tokens: two whole 32-token blocks and a part
+    first, second = opening + [5, 6, 7], opening + [9, 8]
+    plain.generate([first], 4)
+    out = plain.generate([second], 4)[0]
+    assert out.prompt_tokens == len(second)
+    assert out.cached_tokens is not None and 64 <= out.cached_tokens < len(second)
+
+
 def test_pool_key_reaches_its_pool(engines):
     """Two groups' pools draft different text; a request drafts from the one its key names."""
     laser_eng, plain = engines

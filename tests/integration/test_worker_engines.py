@@ -45,6 +45,9 @@ def test_rows_name_the_engine_that_decoded_them(worker):
     rows = worker.generate(DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000), _users(2)).rows
     assert {r["engine"] for r in rows} == {worker.adapter.name}
     assert all(r["prefill_s"] > 0 and r["decode_s"] >= 0 and r["target_forwards"] >= 1 for r in rows)
+    assert all(r["prompt_tokens"] > 20 and 0 <= r["cached_prompt_tokens"] < r["prompt_tokens"] for r in rows)
+    if worker.adapter.name == "hf":  # no prefix cache: every prompt token prefilled
+        assert all(r["cached_prompt_tokens"] == 0 for r in rows)
 
 
 def test_sampled_rows_follow_their_entity_seed_whatever_the_batch(worker):
