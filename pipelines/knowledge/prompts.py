@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import polars as pl
 
-PROMPT_VERSION = "kar-v6"  # v6: the task before the facts (a shared opening for the prefix cache); v5: facts as fields
+PROMPT_VERSION = "kar-v5"  # v5: facts as fields (title, year, genres, rating apart), short answers with headroom
 MAX_WORDS = 120
 TOKENS_PER_WORD = 1.6  # measured 1.56 on SmolLM2 profile-like prose with quoted titles (101 words, 158 tokens)
 HEADROOM = 0.6  # ask for this share of what the budget holds: small models overshoot a requested length
@@ -39,32 +39,28 @@ class PromptTooLongError(ValueError):
     """Raised when a prompt cannot fit ``max_prompt_tokens`` even with one history entry."""
 
 
-# The task comes first and the facts after it, so every prompt of a domain opens with the same tokens
-# (chat template, task, constraints) and vLLM's prefix cache serves them instead of prefilling them again;
-# only the entity's facts and a short closing cue differ. Facts go in as fields, one entity per line, so a
-# small model does not mix titles, genres and ratings up; the answer is asked short (HEADROOM) and bounded
-# to the listed facts, so it ends within the budget. The closing cue keeps SmolLM2-135M-Instruct from
-# copying the list back instead of profiling it.
-_USER_ASK = {
-    "movie": ("In 2 or 3 short sentences (at most {w} words in all), describe the movie taste of the user whose "
-              "ratings are listed below: the genres and eras they like and the ones they dislike. Use only the "
-              "listed facts."),
-    "book": ("In 2 or 3 short sentences (at most {w} words in all), describe the reading taste of the user whose "
-             "ratings are listed below: the genres and eras they like and the ones they dislike. Use only the "
-             "listed facts."),
-}
 _USER_INTRO = {
-    "movie": "The user's movie ratings, oldest first (rating 1 = disliked, 5 = loved):",
-    "book": "The user's book ratings, oldest first (rating 1 = disliked, 5 = loved):",
+    "movie": "A user's movie ratings, oldest first (rating 1 = disliked, 5 = loved):",
+    "book": "A user's book ratings, oldest first (rating 1 = disliked, 5 = loved):",
 }
-_USER_CUE = 'Begin with "This user enjoys".'
+# Facts go in as fields, one entity per line, so a small model does not mix titles, genres and ratings up;
+# the answer is asked short (HEADROOM) and bounded to the listed facts, so it ends within the budget.
+# The fixed opening keeps SmolLM2-135M-Instruct from copying the list back instead of profiling it.
+_USER_ASK = {
+    "movie": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's movie taste: the "
+              "genres and eras they like and the ones they dislike. Use only the facts listed above. "
+              'Begin with "This user enjoys".'),
+    "book": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's reading taste: the "
+             "genres and eras they like and the ones they dislike. Use only the facts listed above. "
+             'Begin with "This user enjoys".'),
+}
+_ITEM_INTRO = {"movie": "A movie:", "book": "A book:"}
 _ITEM_ASK = {
-    "movie": ("In 1 or 2 sentences (at most {w} words in all), say what kind of movie the one below is and who "
-              "would enjoy it, using only its genres and year."),
-    "book": ("In 1 or 2 sentences (at most {w} words in all), say what kind of book the one below is and who "
-             "would enjoy it, using only its genres and year."),
+    "movie": ("In 1 or 2 sentences (at most {w} words in all), say what kind of movie this is and who would "
+              "enjoy it, using only its genres and year above."),
+    "book": ("In 1 or 2 sentences (at most {w} words in all), say what kind of book this is and who would "
+             "enjoy it, using only its genres and year above."),
 }
-_ITEM_INTRO = {"movie": "The movie:", "book": "The book:"}
 _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
 
 
@@ -107,7 +103,7 @@ def history_line(k: int, e: HistoryEntry) -> str:
 
 def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = MAX_WORDS) -> str:
     lines = [history_line(k, e) for k, e in enumerate(entries, 1)]
-    return "\n".join([_USER_ASK[domain].format(w=max_words), "", _USER_INTRO[domain], *lines, "", _USER_CUE])
+    return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=max_words)])
 
 
 def count_prompt_tokens(tokenizer: Any, text: str) -> int:
@@ -176,8 +172,8 @@ def item_prompt(item: Mapping[str, Any], domain: str = "movie", max_words: int =
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
-    return "\n".join([_ITEM_ASK[domain].format(w=max_words), "", _ITEM_INTRO[domain], f"Title: {title}",
-                      *_attributes(item)])
+    return "\n".join([_ITEM_INTRO[domain], f"Title: {title}", *_attributes(item), "",
+                      _ITEM_ASK[domain].format(w=max_words)])
 
 
 def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:
