@@ -98,6 +98,11 @@ def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bo
     return env
 
 
+def default_block_size() -> int | None:
+    """The KV block size engines here use: :data:`CPU_BLOCK` on CPU, vLLM's own default (None) on a GPU."""
+    return None if _has_cuda() else CPU_BLOCK
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -167,8 +172,7 @@ class VllmEngine:
                        f"speculation={speculation})" + ("" if enforce_eager else
                        "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
         keep_stat_loggers = "disable_log_stats" in vllm_kwargs
-        if block_size is None and not _has_cuda():
-            block_size = CPU_BLOCK
+        block_size = block_size or default_block_size()
         if block_size is not None:
             vllm_kwargs["block_size"] = block_size
         vllm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)

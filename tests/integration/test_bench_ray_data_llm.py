@@ -84,3 +84,12 @@ def _tokenizer(path: str):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def test_engines_get_the_jobs_kv_block_size(tiny, tmp_path):
+    """Prefix caching as the job's engines have it: the same KV block size (32 tokens on CPU)."""
+    from laser.vllm.engine import default_block_size
+
+    cfg = load_config(_config(tmp_path, tiny), [])
+    kwargs = ray_data_llm.processor_config(cfg, tiny, "none").engine_kwargs
+    assert kwargs["enable_prefix_caching"] and kwargs.get("block_size") == default_block_size()

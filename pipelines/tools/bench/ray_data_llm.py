@@ -20,7 +20,9 @@ from process start to its last row like the job's own rows. Same work as the job
   ``(n, n)``: a plain ``n`` would autoscale from one engine), each holding
   ``threads_per_worker`` CPUs and OMP threads, ``execution.batch_size`` requests in flight per engine
   (``max_num_seqs`` and Ray Data's ``batch_size``), local Ray with ``num_workers x threads`` CPUs, vLLM's
-  KV cache, context length and prefix caching as the job's vLLM workers set them.
+  KV cache, context length, prefix caching and KV block size (``laser.vllm.engine.default_block_size``:
+  32 tokens on CPU, so the prompts' shared opening is served from the cache as in the job) as the job's
+  vLLM workers set them.
 
 On a CPU, Ray Data LLM needs three non-default settings (``docs/engines.md``):
 ``placement_group_config`` with CPU bundles (else its vLLM stage waits for a GPU forever),
@@ -144,6 +146,8 @@ def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
     """The ``vLLMEngineProcessorConfig`` of the row (module docstring: resources and the CPU settings)."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
+    from laser.vllm.engine import default_block_size
+
     ex = cfg.execution
     slots = max(int(ex.batch_size), 1)
     spec = speculative_config(speculation)
@@ -153,6 +157,8 @@ def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
                      "max_num_batched_tokens": max(2048, slots * ((DRAFT_TOKENS if spec else 0) + 1))}
     if spec:
         engine_kwargs["speculative_config"] = spec
+    if (block := default_block_size()) is not None:
+        engine_kwargs["block_size"] = block
     return vLLMEngineProcessorConfig(
         model_source=model_path, engine_kwargs=engine_kwargs, batch_size=slots,
         concurrency=(int(ex.num_workers), int(ex.num_workers)),  # a fixed pool, as the job's (an int autoscales from 1)
