@@ -46,7 +46,8 @@ def _report_json(rep: GenerationReport) -> dict[str, Any]:
 
 
 def _prompt_cell(rep: GenerationReport) -> str:
-    """Prompt tokens of the pass and the share the engine's prefix cache served (``-`` if none counted)."""
+    """Prompt tokens of the attempts that wrote the pass's rows and the share the engine's prefix cache
+    served (``-`` if none counted)."""
     if not rep.prompt_tokens:
         return "-"
     return f"{rep.prompt_tokens} ({rep.cached_prompt_tokens / rep.prompt_tokens:.0%})"
@@ -84,8 +85,8 @@ def print_summary(summary: JobSummary) -> None:
                   "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
                   "decoding seconds (each batch once; actors run in parallel; prefill excluded on hf, while a "
                   "vLLM step also prefills the requests that join it, so on vLLM it counts their prefill); "
-                  "prompt tokens (cached) = tokens of the pass's prompts and the share vLLM's prefix cache "
-                  "served instead of prefilling (hf has no prefix cache).")
+                  "prompt tokens (cached) = prompt tokens of the attempts that wrote the rows (a retried row: "
+                  "its retry's) and the share vLLM's prefix cache served instead of prefilling (hf has none).")
     console.print(quality)
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
