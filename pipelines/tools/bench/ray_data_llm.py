@@ -132,10 +132,13 @@ def sampling_params(cfg: Any, max_tokens: int) -> dict[str, Any]:
 
 
 def engine_env(threads: int) -> dict[str, str]:
-    """What every vLLM engine of the row reads at start: threads (placement left to the OS, as the job's
-    vLLM workers), KV cache size; compile caches are inherited from this process's environment."""
-    env = {"OMP_NUM_THREADS": str(threads), "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-           "VLLM_CPU_KVCACHE_SPACE": str(KV_CACHE_GIB)}
+    """What every vLLM engine of the row reads at start, as the job's vLLM workers have it
+    (:func:`laser.vllm.engine.vllm_env`: threads with placement left to the OS, KV cache size, and on CPU
+    the compiled model reused from torch inductor's cache instead of compiled at every start); compile
+    caches are inherited from this process's environment. vLLM's engine core keeps its own process."""
+    from laser.vllm.engine import vllm_env
+
+    env = vllm_env(threads, KV_CACHE_GIB, in_process=False, bind=False)
     for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "LASER_CACHE_DIR", "HF_HUB_OFFLINE"):
         if os.environ.get(key):
             env[key] = os.environ[key]
