@@ -86,13 +86,14 @@ def _tokenizer(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-def test_engines_get_the_jobs_kv_blocks_and_start_up_settings(tiny, tmp_path):
+def test_engines_get_the_jobs_kv_blocks_and_start_up_settings(tiny, tmp_path, monkeypatch):
     """Prefix caching as the job's engines have it: the same KV block size (32 tokens on CPU)."""
     from laser.vllm.engine import default_block_size
 
     cfg = load_config(_config(tmp_path, tiny), [])
     kwargs = ray_data_llm.processor_config(cfg, tiny, "none").engine_kwargs
     assert kwargs["enable_prefix_caching"] and kwargs.get("block_size") == default_block_size()
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)  # an earlier engine in this process may have set it
     env = ray_data_llm.engine_env(2)
     assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert env.get("VLLM_USE_AOT_COMPILE") == ("0" if default_block_size() else None)  # CPU: the compile cache
