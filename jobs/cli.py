@@ -159,7 +159,7 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
 
         if json_out == Path("bench-throughput.json"):
             json_out = Path("docs/results/throughput-vllm.json")
-        names = tuple(x.strip() for x in methods.split(",") if x.strip()) if methods else ()
+        names = _names(methods)
         try:
             select_methods(names)
         except ValueError as err:
@@ -180,6 +180,11 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                                   old_users=old_users, seed=seed,
                                   **({"concurrency": ints(concurrency)} if concurrency else {}))
     run_throughput(json_out, settings, _dataset(dataset_config))
+
+
+def _names(text: str | None) -> tuple[str, ...]:
+    """The names of a comma-separated option, blanks dropped."""
+    return tuple(x.strip() for x in (text or "").split(",") if x.strip())
 
 
 def _dataset(path: Path | None):
@@ -273,7 +278,7 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
     the redrafter study with --redrafter-head."""
     from pipelines.tools.bench.suite import SuiteSettings, run_suite
 
-    studies = tuple(s.strip() for s in only.split(",") if s.strip())
+    studies = _names(only)
     if not studies or set(studies) - {"laser", "draft"}:
         raise typer.BadParameter(f"--only {only!r}: choose among laser, draft")
     if study not in (None, "redrafter"):
@@ -331,7 +336,7 @@ def bench_engines(json_out: Path = typer.Option(Path("docs/results/engines.json"
     from pipelines.tools.bench.engines import run_engines_bench
 
     run_engines_bench(json_out, config or bundled_config("demo"), work,
-                      tuple(e.strip() for e in engines.split(",") if e.strip()), repeats, overrides, cold)
+                      _names(engines), repeats, overrides, cold)
 
 
 @bench_app.command("quality")
@@ -352,10 +357,11 @@ def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"
 
     path = config or bundled_config("demo")
     cfg = load_config(path, [*overrides, f"output.path={work}"])
-    chosen = tuple(e.strip() for e in engines.split(",") if e.strip())
-    if not chosen or any(e not in ("hf", "vllm") for e in chosen):
-        raise typer.BadParameter(f"--engines takes hf and/or vllm, got {engines!r}")
-    run_quality_bench(json_out, cfg, QualityBenchSettings(entities=entities, threads=threads, engines=chosen), path.name)
+    try:
+        settings = QualityBenchSettings(entities=entities, threads=threads, engines=_names(engines))
+    except ValueError as err:
+        raise typer.BadParameter(f"--engines: {err}") from err
+    run_quality_bench(json_out, cfg, settings, path.name)
 
 
 if __name__ == "__main__":

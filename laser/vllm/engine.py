@@ -67,7 +67,7 @@ class VllmResult:
     accepted_per_step: list[int] | None = None
     drafted_tokens: int | None = None  # draft tokens the proposer gave the request in all (None: not counted)
     draft_s: float | None = None  # the proposer's seconds on the request's drafter (None: not measured)
-    cached_tokens: int | None = None  # prompt tokens vLLM served from its prefix cache (None: not reported)
+    cached_prompt_tokens: int | None = None  # prompt tokens vLLM served from its prefix cache (None: not reported)
 
     @property
     def aal(self) -> float:
@@ -339,7 +339,7 @@ class VllmEngine:
                           decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),
                           accepted_per_step=per_step, drafted_tokens=drafted,
                           draft_s=stats.draft_s if stats is not None else None,
-                          cached_tokens=getattr(out, "num_cached_tokens", None))
+                          cached_prompt_tokens=getattr(out, "num_cached_tokens", None))
 
     # draft length --------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: str | int) -> None:

@@ -52,6 +52,9 @@ def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
     return check_engine(engine, new_knowledge_decoder(cfg), "decoder.name")
 
 
+ENGINES = ("hf", "vllm")  # what execution.engine names besides auto
+
+
 def job_engine(cfg: JobConfig) -> str:
     """The engine the job's actors run: ``execution.engine``, with ``auto`` resolved.
 
@@ -64,7 +67,7 @@ def job_engine(cfg: JobConfig) -> str:
         return engine
     forced = os.environ.get(ENGINE_ENV, "")
     if forced:
-        if forced not in ("hf", "vllm"):
+        if forced not in ENGINES:
             raise JobInputError(f"{ENGINE_ENV}={forced!r}: must be hf or vllm (it overrides execution.engine: auto)")
         return forced
     decoders = [new_knowledge_decoder(cfg)] + ([old_knowledge_decoder(cfg)] if cfg.old_knowledge.generate_missing else [])

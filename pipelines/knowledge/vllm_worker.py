@@ -40,7 +40,7 @@ class VllmGeneration:
                                  accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
                                  prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s),
                                  retrieval_s=_measured(res.draft_s), prompt_tokens=res.prompt_tokens,
-                                 cached_prompt_tokens=res.cached_tokens)
+                                 cached_prompt_tokens=res.cached_prompt_tokens)
 
 
 def _measured(seconds: float | None) -> float:

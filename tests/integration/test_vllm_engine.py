@@ -74,7 +74,7 @@ def test_prompt_tokens_and_prefix_cache_hits_are_reported(engines):
     plain.generate([first], 4)
     out = plain.generate([second], 4)[0]
     assert out.prompt_tokens == len(second)
-    assert out.cached_tokens is not None and 64 <= out.cached_tokens < len(second)
+    assert out.cached_prompt_tokens is not None and 64 <= out.cached_prompt_tokens < len(second)
 
 
 def test_pool_key_reaches_its_pool(engines):

@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-JOB_ENGINES = ("hf", "vllm")
+from pipelines.knowledge.decoders import ENGINES as JOB_ENGINES
+
 RAY_DATA_ROWS = {"ray-data-llm": "none", "ray-data-llm-ngram": "ngram", "ray-data-llm-suffix": "suffix"}
-ENGINES = ("hf", "vllm", "ray-data-llm")
+ENGINES = (*JOB_ENGINES, "ray-data-llm")  # the default rows
 KNOWN = JOB_ENGINES + tuple(RAY_DATA_ROWS)
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from laser.decoders import available_decoders
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import BatchResult, GenerationWorker
-from pipelines.knowledge.decoders import new_knowledge_decoder
+from pipelines.knowledge.decoders import ENGINES, new_knowledge_decoder
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import generation_worker_cls, knowledge_task, step_old_knowledge
 from pipelines.knowledge.paths import JobPaths
@@ -61,6 +61,10 @@ class QualityBenchSettings:
     bootstrap: int = 2000
     seed: int = 0
     engines: tuple[str, ...] = ("hf",)  # every method runs on each, in this order
+
+    def __post_init__(self) -> None:
+        if not self.engines or set(self.engines) - set(ENGINES):
+            raise ValueError(f"engines {self.engines!r}: choose among {', '.join(ENGINES)}")
 
 
 def label(engine: str, method: str, engines: tuple[str, ...]) -> str:
