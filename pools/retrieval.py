@@ -1,8 +1,9 @@
 """Retrieval pools: prefix-subtree drafting from a token trie of earlier knowledge.
 
 A :class:`RetrievalPool` holds the *permanent* branches (earlier knowledge of a group). Each request
-opens a :class:`PoolDrafter` whose own trie holds the *temporary* branches (the prompt and the text
-generated so far); it is dropped whole when the request ends, so nothing temporary outlives it.
+opens a :class:`PoolDrafter` whose :class:`pools.own_text.OwnText` holds the *temporary* branches (the
+prompt and the text generated so far); it is dropped whole when the request ends, so nothing temporary
+outlives it.
 
 Retrieval (LASER section 3.3, "dynamic n"): the prefix is the last n context tokens, n from ``n_max``
 down to 1. A prefix whose subtree gives fewer than ``min_nodes`` drafts is shortened; the first one
@@ -16,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from laser import DraftTree, Drafter
+from laser.own_text import OwnText
 from pools.trie import TokenTrie, paused_gc
 
 
@@ -67,7 +69,7 @@ class RetrievalPool:
         return PoolDrafter(self, prompt_ids, max_nodes, n_max, min_prob)
 
     def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
-                 temporary: TokenTrie | None = None, min_prob: float = 0.0) -> DraftTree:
+                 temporary: OwnText | None = None, min_prob: float = 0.0) -> DraftTree:
         """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie.
 
         ``min_prob`` > 0 keeps only nodes that followed the prefix at least that often (see
@@ -95,9 +97,7 @@ class PoolDrafter(Drafter):
         if max_nodes < 0 or n_max < 1 or not 0.0 <= min_prob < 1.0:
             raise ValueError(f"need max_nodes >= 0, n_max >= 1, 0 <= min_prob < 1; got {max_nodes}, {n_max}, {min_prob}")
         self.pool, self.max_nodes, self.n_max, self.min_prob = pool, max_nodes, n_max, min_prob
-        self.context = list(prompt_ids)
-        self.temporary: TokenTrie | None = TokenTrie(pool.trie.window)
-        self.temporary.extend(self.context)
+        self.temporary: OwnText | None = OwnText(pool.trie.window, prompt_ids, longest=n_max)
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         nodes = self.max_nodes if budget is None else min(budget, self.max_nodes)
@@ -106,9 +106,7 @@ class PoolDrafter(Drafter):
         return self.pool.retrieve(context, nodes, self.n_max, self.temporary, self.min_prob)
 
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
-        old_len = len(self.context)
-        self.context.extend(new_tokens)
-        self.temporary.extend(self.context, old_len)
+        self.temporary.extend(new_tokens)
 
     def close(self) -> None:
         self.temporary = None

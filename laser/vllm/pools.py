@@ -22,6 +22,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
 
 from laser.drafting import DraftSource, Drafter
+from laser.own_text import OwnText
 from laser.tree import DraftTree
 
 log = logging.getLogger(__name__)
@@ -136,17 +137,11 @@ class PromptLookup:
 
 
 class _LookupDrafter(Drafter):
-    def __init__(self, context: list[int], n_max: int):
-        self.context, self.n_max = context, n_max
+    def __init__(self, prompt: list[int], n_max: int):
+        self.text, self.n_max = OwnText(max(2, n_max), prompt), n_max
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
-        ctx = context if isinstance(context, list) else list(context)
-        want = 8 if budget is None else budget
-        for n in range(min(self.n_max, len(ctx) - 1), 0, -1):
-            suffix = ctx[-n:]
-            for start in range(len(ctx) - n - 1, -1, -1):
-                if ctx[start:start + n] == suffix:
-                    follow = ctx[start + n:start + n + want]
-                    if follow:
-                        return DraftTree.chain(ctx[-1], follow)
-        return DraftTree.chain(ctx[-1])
+        return DraftTree.chain(context[-1], self.text.latest_follow(self.n_max, 8 if budget is None else budget))
+
+    def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
+        self.text.extend(new_tokens)
