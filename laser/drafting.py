@@ -36,6 +36,11 @@ class Drafter:
     def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """Tokens appended by the last step; ``hidden`` only for drafters that set ``needs_hidden``."""
 
+    def match_length(self, context: Sequence[int]) -> int | None:
+        """How many tokens at the end of ``context`` the drafter matched (0: it has nothing to draft), for
+        budgets that weigh a draft by its match; None when the drafter has no such notion."""
+        return None
+
     def close(self) -> None:
         """The request ended: drop its per-request state."""
 

@@ -61,6 +61,18 @@ class OwnText:
         """Occurrences of ``key`` in the text."""
         return len(self.ends(key))
 
+    def follows(self, key: Sequence[int]) -> bool:
+        """Whether some token followed an occurrence of ``key``."""
+        ends = self.ends(key)
+        return bool(ends) and ends[0] < len(self.tokens) and len(key) < self.window
+
+    def match_length(self, n_max: int) -> int:
+        """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier with a token after it."""
+        text, n = self.tokens, 0
+        while n < min(n_max, len(text) - 1) and len(self.ends(text[-n - 1:])) > 1:
+            n += 1
+        return n
+
     def latest_follow(self, n_max: int, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the text's longest suffix
         (``n_max`` tokens down to 1) that occurred before: prompt lookup."""

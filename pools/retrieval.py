@@ -108,6 +108,14 @@ class PoolDrafter(Drafter):
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         self.temporary.extend(new_tokens)
 
+    def match_length(self, context: Sequence[int]) -> int:
+        """The longest suffix of ``context`` (up to ``n_max`` tokens) that something followed, in this
+        request's text or the pool: retrieval drafts nothing when it is 0."""
+        n, top = 0, min(self.n_max, len(context))
+        while n < top and (self.temporary.follows(context[-n - 1:]) or self.pool.trie.follows(context[-n - 1:])):
+            n += 1
+        return n
+
     def close(self) -> None:
         self.temporary = None
 

@@ -33,6 +33,10 @@ class TokenTrie:
     def count(self, key: Sequence[int]) -> int:
         return self._trie.get(tuple(key), 0)
 
+    def follows(self, key: Sequence[int]) -> bool:
+        """Whether some token followed ``key`` (the node has children)."""
+        return self._trie.has_subtrie(tuple(key))
+
     def extend(self, tokens: Sequence[int], old_len: int = 0) -> None:
         """Count the windows of ``tokens`` that end past ``old_len`` (tokens before it were counted earlier).
 

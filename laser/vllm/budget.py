@@ -2,9 +2,15 @@
 
 vLLM flattens a step's rows into one ragged batch: the forward costs ``rows + sum_i L_i`` tokens, not a
 padded width, so every row gets its own draft length L_i. With ``alpha_{i,d}`` row i's rate of accepting
-depth d once verification reached d - 1 (shrunk towards the engine-wide rate, as in
-:mod:`laser.budget`), the d-th draft token of row i adds ``g_{i,d} = prod_{j<=d} alpha_{i,j}`` expected
-tokens, and g falls with d. So for a total of T draft tokens the best split takes the T largest
+depth d once verification reached d - 1, the d-th draft token of row i adds
+``g_{i,d} = prod_{j<=d} alpha_{i,j}`` expected tokens, and g falls with d.
+
+Acceptance depends most on how long a suffix of the row's text the drafter matched this step (its
+``match_length``: a draft that continues a long match is accepted far more often than one that
+continues a single token). So the rates are kept by *match bucket* (1, 2, ..., ``BUCKETS - 1`` or more
+tokens; bucket 0 for drafters that do not say): ``alpha_{i,d}`` is row i's own rate in its current
+bucket shrunk towards the engine-wide rate of that bucket (as in :mod:`laser.budget`). A row whose
+drafter matched nothing gets no draft. So for a total of T draft tokens the best split takes the T largest
 gains, and the policy picks the T that maximises
 
     (rows + sum of the T largest gains) / (step_seconds(rows, T) + drafting_seconds(rows, T > 0))
@@ -47,6 +53,7 @@ PROBE_LEN = 2  # draft tokens a probed row gets
 OFF_AFTER = 3  # steps in a row whose best total is 0 before drafting switches off
 ON_AFTER = 2  # steps in a row where drafting wins by ON_MARGIN before it switches back on
 ON_MARGIN = 0.02
+BUCKETS = 5  # match buckets: 0 (not said), 1, 2, 3, 4 or more tokens
 PRIOR_FILE = Path(__file__).with_name("cost_prior.json")
 
 
@@ -144,7 +151,12 @@ class StepCost:
         self.steps += 1
 
 
-# ---- acceptance by depth and the choice of lengths -------------------------------------------------
+# ---- acceptance by match and depth, and the choice of lengths --------------------------------------
+def bucket(match: int | None) -> int:
+    """The match bucket of a drafter's match length (None: not said)."""
+    return 0 if match is None else min(max(int(match), 1), BUCKETS - 1)
+
+
 @dataclass
 class ChainBudget:
     """Per-row draft lengths for one step (``fixed`` set: always that length, capped by what is available).
@@ -171,10 +183,11 @@ class ChainBudget:
             raise ValueError("draft length 'auto' needs a cost model; pass one or a fixed length")
         self.step_cost = StepCost(self.cost) if self.cost is not None else None
         n = self.max_len + 1
-        self._all = np.zeros((2, n))  # engine-wide [reached, accepted] by depth
-        self._reached = np.zeros((8, n))  # slot 0: a row never observed (all zeros)
-        self._accepted = np.zeros((8, n))
+        self._all = np.zeros((2, BUCKETS, n))  # engine-wide [reached, accepted] by match bucket and depth
+        self._reached = np.zeros((8, BUCKETS, n))  # slot 0: a row never observed (all zeros)
+        self._accepted = np.zeros((8, BUCKETS, n))
         self._slot: dict[Hashable, int] = {}
+        self._bucket: dict[Hashable, int] = {}  # row -> match bucket of its last draft
         self._free: list[int] = list(range(7, 0, -1))
         self._streak = 0  # steps in a row pointing at the other state
         self._off_steps = 0
@@ -183,19 +196,22 @@ class ChainBudget:
         self._last_on = True
 
     # acceptance ---------------------------------------------------------------------------------
-    def _gains(self, slots: np.ndarray) -> np.ndarray:
-        base = (self._all[1, 1:] + 2 * OPTIMISM) / (self._all[0, 1:] + 2)
-        alpha = (self._accepted[slots, 1:] + self.prior * base) / (self._reached[slots, 1:] + self.prior)
+    def _gains(self, slots: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+        base = (self._all[1, buckets, 1:] + 2 * OPTIMISM) / (self._all[0, buckets, 1:] + 2)
+        alpha = (self._accepted[slots, buckets, 1:] + self.prior * base) / (self._reached[slots, buckets, 1:] + self.prior)
         return np.cumprod(alpha, axis=-1)
 
-    def gains(self, key: Hashable) -> np.ndarray:
-        """``[max_len]`` expected tokens added by a row's 1st, 2nd, ... draft token."""
-        return self._gains(np.array([self._slot.get(key, 0)]))[0]
+    def gains(self, key: Hashable, match: int | None = None) -> np.ndarray:
+        """``[max_len]`` expected tokens added by a row's 1st, 2nd, ... draft token at a match of ``match``
+        tokens (None: not said)."""
+        return self._gains(np.array([self._slot.get(key, 0)]), np.array([bucket(match)]))[0]
 
     def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
-        """Row ``key`` drafted ``drafted`` tokens last step and ``accepted`` of them were accepted."""
+        """Row ``key`` drafted ``drafted`` tokens last step (at the match :meth:`lengths` was told) and
+        ``accepted`` of them were accepted."""
         if drafted <= 0:
             return
+        b = self._bucket.get(key, 0)
         slot = self._slot.get(key)
         if slot is None:
             if not self._free:
@@ -206,14 +222,15 @@ class ChainBudget:
             slot = self._slot[key] = self._free.pop()
         top = min(drafted, accepted + 1, self.max_len)
         hit = min(accepted, top)
-        for arr in (self._reached[slot], self._all[0]):
+        for arr in (self._reached[slot, b], self._all[0, b]):
             arr[1:top + 1] += 1
-        for arr in (self._accepted[slot], self._all[1]):
+        for arr in (self._accepted[slot, b], self._all[1, b]):
             arr[1:hit + 1] += 1
 
     def forget(self, key: Hashable) -> None:
         """Row ``key`` left the batch."""
         self._probed.pop(key, None)
+        self._bucket.pop(key, None)
         slot = self._slot.pop(key, None)
         if slot is not None:
             self._reached[slot] = 0
@@ -251,17 +268,26 @@ class ChainBudget:
         return (n + expected) / seconds
 
     # lengths ---------------------------------------------------------------------------------------
-    def lengths(self, keys: Sequence[Hashable], available: Sequence[int]) -> list[int]:
-        """Draft length of each row this step; row i never gets more than ``available[i]``."""
+    def lengths(self, keys: Sequence[Hashable], available: Sequence[int],
+                matches: Sequence[int | None] | None = None) -> list[int]:
+        """Draft length of each row this step; row i never gets more than ``available[i]``.
+
+        ``matches[i]``: how many tokens of row i's text its drafter matched (0: it has nothing to draft;
+        None, or no ``matches``: not said)."""
         avail = np.minimum(np.asarray(available, dtype=int).reshape(-1), self.max_len)
+        n = len(keys)
+        buckets = np.zeros(n, dtype=int)
+        if matches is not None:
+            buckets = np.fromiter((bucket(m) for m in matches), dtype=int, count=n)
+            avail = np.where(np.array([m == 0 for m in matches], dtype=bool), 0, avail)
+            self._bucket.update(zip(keys, buckets.tolist()))
         if self.fixed is not None:
             return np.minimum(avail, self.fixed).tolist()
-        n = len(keys)
         self._steps += 1
         if n == 0:
             return []
         slot = self._slot
-        g = self._gains(np.fromiter((slot.get(k, 0) for k in keys), dtype=int, count=n))  # [rows, max_len]
+        g = self._gains(np.fromiter((slot.get(k, 0) for k in keys), dtype=int, count=n), buckets)  # [rows, max_len]
         g[np.arange(self.max_len)[None, :] >= avail[:, None]] = -1.0  # beyond what the drafter has
         order = np.argsort(-g, axis=None, kind="stable")
         flat = g.reshape(-1)[order]

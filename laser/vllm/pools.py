@@ -145,3 +145,6 @@ class _LookupDrafter(Drafter):
 
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         self.text.extend(new_tokens)
+
+    def match_length(self, context: Sequence[int]) -> int:
+        return self.text.match_length(self.n_max)

@@ -21,8 +21,9 @@ Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` nam
 - ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
 - ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
 
-Each step first chooses every row's draft length (:class:`laser.vllm.budget.ChainBudget`), then
-retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
+Each step first asks every row's drafter how much of the row's text it matches (a cheap lookup), then
+chooses every row's draft length from that and the row's acceptance (:class:`laser.vllm.budget.ChainBudget`),
+then retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
 tree's first root-to-leaf path). Drafters are fed only the tokens that are new since the last step.
 The step's wall seconds and the proposer's own seconds go to the budget's ``observe_step`` when it has
 one.
@@ -188,8 +189,7 @@ class LaserProposer:
                 drafting.append((i, rid, row))
         self._observe_step(now, rows_decoded, verified, prefill)
         budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
-        lengths = self.budget.lengths([rid for _, rid, _ in budgeted], [self.max_len] * len(budgeted)) \
-            if budgeted else []
+        lengths = self._lengths(budgeted) if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
             if L > 0:
                 t0 = time.perf_counter()
@@ -208,6 +208,15 @@ class LaserProposer:
         return out
 
     # helpers ------------------------------------------------------------------------------------
+    def _lengths(self, rows: list[tuple[int, str, _Row]]) -> list[int]:
+        """Each row's draft length from the budget, told how much of its text each drafter matched."""
+        t0 = time.perf_counter()
+        matches = [row.drafter.match_length(row.context) for _, _, row in rows]
+        share = (time.perf_counter() - t0) / len(rows)
+        for _, _, row in rows:
+            row.draft_s += share
+        return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches)
+
     def _check_attached(self) -> None:
         if self.runner is None:
             from laser.vllm import plugin

@@ -38,12 +38,13 @@ def test_ties_go_to_the_continuation_seen_first():
 
 
 def _scan(tokens, n_max, limit):
-    """Prompt lookup by brute force: what followed the latest earlier occurrence of the longest suffix."""
+    """Prompt lookup by brute force: the suffix length matched and what followed its latest earlier
+    occurrence."""
     for n in range(min(n_max, len(tokens) - 1), 0, -1):
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == tokens[-n:]:
-                return tokens[start + n:start + n + limit]
-    return []
+                return n, tokens[start + n:start + n + limit]
+    return 0, []
 
 
 @pytest.mark.parametrize("seed", range(2))
@@ -53,4 +54,4 @@ def test_latest_follow_is_prompt_lookup(seed):
         tokens = [rng.randrange(rng.choice([2, 3, 6])) for _ in range(rng.randrange(1, 60))]
         n_max, limit = rng.randrange(1, 6), rng.randrange(1, 6)
         index = OwnText(max(2, n_max), tokens, longest=rng.randrange(1, n_max + 1))
-        assert index.latest_follow(n_max, limit) == _scan(tokens, n_max, limit)
+        assert (index.match_length(n_max), index.latest_follow(n_max, limit)) == _scan(tokens, n_max, limit)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pickle
+import random
 
 from pools import RetrievalPool, TokenTrie
 
@@ -82,3 +83,21 @@ def test_min_prob_keeps_only_likely_continuations():
     likely = pool.retrieve([1], max_nodes=16, n_max=1, min_prob=0.2)  # 2/9 and 6/9 pass, 1/9 does not
     assert likely.tokens.tolist() == [1, 2, 5, 3, 6]
     assert pool.retrieve([1], max_nodes=16, n_max=1, min_prob=0.5).tokens.tolist() == [1, 2, 5]
+
+
+def test_match_length_is_the_longest_suffix_retrieval_can_continue():
+    """A drafter's match length is the longest suffix (up to n_max) that something followed in the pool or
+    the request's own text, and retrieval drafts nothing exactly when it is 0."""
+    rng = random.Random(0)
+    for _ in range(200):
+        pool = RetrievalPool.from_token_ids([[rng.randrange(6) for _ in range(12)] for _ in range(3)], window=5)
+        prompt = [rng.randrange(9) for _ in range(rng.randrange(1, 10))]
+        drafter = pool.open(prompt, max_nodes=8, n_max=3)
+        generated = [rng.randrange(9) for _ in range(rng.randrange(0, 4))]
+        drafter.commit(generated)
+        context = prompt + generated
+        match = drafter.match_length(context)
+        continued = [n for n in range(1, min(3, len(context)) + 1)
+                     if pool.trie.top_subtree(context[-n:], 1, 1) or drafter.temporary.top_subtree(context[-n:], 1, 1)]
+        assert match == max(continued, default=0)
+        assert (match == 0) == (len(drafter.propose(context)) == 1)

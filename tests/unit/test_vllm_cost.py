@@ -97,3 +97,21 @@ def test_shipped_prior_is_readable_and_scales_with_model_and_threads():
     # monotone in tokens per row: more tokens never cost less
     t = np.asarray(same.seconds)
     assert (np.diff(t, axis=1) > -0.2 * t[:, 1:]).all()
+
+
+def test_drafts_go_where_the_drafter_matched_more():
+    """Long matches are accepted, short ones are not: on the same rows, a step drafts on the rows whose
+    drafter matched a long suffix and not on those that matched one token; a row that matched nothing
+    gets no draft, even at a fixed length."""
+    b = ChainBudget(cost=_cost(0.05), max_len=4)
+    rows = [f"r{i}" for i in range(8)]
+    for step in range(40):  # rows alternate between long and short matches, as text goes along
+        long_rows = rows[step % 2::2]
+        b.lengths(rows, [4] * 8, [4 if r in long_rows else 1 for r in rows])
+        for r in rows:
+            b.observe(r, 4, 4 if r in long_rows else 0)
+    got = b.lengths(rows, [4] * 8, [5, 1, 6, 1, 4, 1, 9, 1])
+    assert all(n > 0 for n in got[0::2]) and all(n == 0 for n in got[1::2]), got
+    assert b.gains("r0", 4)[0] > 0.8 > 0.2 > b.gains("r0", 1)[0]
+    fixed = ChainBudget(cost=None, max_len=4, fixed=3)
+    assert fixed.lengths(["a", "b", "c"], [4, 4, 2], [2, 0, None]) == [3, 0, 2]
