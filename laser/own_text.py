@@ -67,7 +67,8 @@ class OwnText:
         return bool(ends) and ends[0] < len(self.tokens) and len(key) < self.window
 
     def match_length(self, n_max: int) -> int:
-        """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier with a token after it."""
+        """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier, with a token after it
+        (a suffix that occurred earlier makes every shorter one occur earlier too)."""
         text, n = self.tokens, 0
         while n < min(n_max, len(text) - 1) and len(self.ends(text[-n - 1:])) > 1:
             n += 1
@@ -76,12 +77,11 @@ class OwnText:
     def latest_follow(self, n_max: int, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the text's longest suffix
         (``n_max`` tokens down to 1) that occurred before: prompt lookup."""
-        text = self.tokens
-        for n in range(min(n_max, len(text) - 1), 0, -1):
-            ends = self.ends(text[-n:])
-            if len(ends) > 1:  # the last occurrence is the suffix itself
-                return text[ends[-2]:ends[-2] + limit]
-        return []
+        n = self.match_length(n_max)
+        if n == 0:
+            return []
+        start = self.ends(self.tokens[-n:])[-2]  # the last occurrence is the suffix itself
+        return self.tokens[start:start + limit]
 
     def top_subtree(self, prefix: Sequence[int], limit: int, max_depth: int,
                     min_prob: float = 0.0) -> list[tuple[tuple[int, ...], int]]:

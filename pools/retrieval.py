@@ -1,7 +1,7 @@
 """Retrieval pools: prefix-subtree drafting from a token trie of earlier knowledge.
 
 A :class:`RetrievalPool` holds the *permanent* branches (earlier knowledge of a group). Each request
-opens a :class:`PoolDrafter` whose :class:`pools.own_text.OwnText` holds the *temporary* branches (the
+opens a :class:`PoolDrafter` whose :class:`laser.own_text.OwnText` holds the *temporary* branches (the
 prompt and the text generated so far); it is dropped whole when the request ends, so nothing temporary
 outlives it.
 

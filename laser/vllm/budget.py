@@ -10,8 +10,10 @@ Acceptance depends most on how long a suffix of the row's text the drafter match
 continues a single token). So the rates are kept by *match bucket* (1, 2, ..., ``BUCKETS - 1`` or more
 tokens; bucket 0 for drafters that do not say): ``alpha_{i,d}`` is row i's own rate in its current
 bucket shrunk towards the engine-wide rate of that bucket (as in :mod:`laser.budget`). A row whose
-drafter matched nothing gets no draft. So for a total of T draft tokens the best split takes the T largest
-gains, and the policy picks the T that maximises
+drafter matched nothing gets no draft.
+
+For a total of T draft tokens the best split takes the T largest gains, and the policy picks the T that
+maximises
 
     (rows + sum of the T largest gains) / (step_seconds(rows, T) + drafting_seconds(rows, T > 0))
 
