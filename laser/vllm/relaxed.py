@@ -40,8 +40,12 @@ Rules = Callable[[], "list[tuple[int, float] | None] | None"]
 
 
 def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                   kmax: int | None = None) -> torch.Tensor:
+                   kmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Which draft tokens the relaxed rule accepts, each judged on its own position.
+
+    One top-k pass over the vocabulary judges every position; the softmax normaliser is computed only at
+    the positions whose draft is in the top-k but not the argmax (the only ones where the threshold
+    decides), and ``argmax`` only where the maximum is tied (it is the first tied index, as vLLM's).
 
     Args:
         logits: ``[N, V]`` target logits at the N draft positions (the row that predicts the draft).
@@ -50,20 +54,27 @@ def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p
         p: ``[N]`` probability threshold of each position's request.
         kmax: ``k.max()`` when the caller knows it (saves a device sync).
     Returns:
-        ``[N]`` bool, on the logits' device.
+        ``([N] bool accepted, [N] each position's maximum logit)``, on the logits' device.
     """
-    logits = logits.float()
     draft = draft.long()
-    draft_logit = logits.gather(1, draft[:, None])[:, 0]  # [N]
-    ok = draft == logits.argmax(-1)
     if kmax is None:
         kmax = int(k.max()) if k.numel() else 1
+    width = min(max(kmax, 2), logits.shape[-1])
+    top = logits.topk(width, dim=-1).values  # [N, width], best first
+    draft_logit = logits.gather(1, draft[:, None])[:, 0]  # [N]
+    ok = draft_logit >= top[:, 0]  # the draft attains the maximum ...
+    if width > 1:
+        tied = (ok & (top[:, 1] >= top[:, 0])).nonzero()[:, 0]
+        if tied.numel():  # ... and is the argmax only if it is the first of the tied tokens
+            ok[tied] = logits.index_select(0, tied).argmax(-1) == draft[tied]
     if kmax > 1:
-        top = logits.topk(kmax, dim=-1).values  # [N, kmax]
-        kth = top.gather(1, (k.long() - 1).clamp(min=0, max=kmax - 1)[:, None])[:, 0]  # each row's k-th value
-        prob = (draft_logit - torch.logsumexp(logits, dim=-1)).exp()
-        ok |= (k > 1) & (draft_logit >= kth) & (prob > p.to(prob.dtype))
-    return ok
+        kth = top.gather(1, (k.long() - 1).clamp(min=0, max=width - 1)[:, None])[:, 0]  # each row's k-th value
+        near = ((k > 1) & ~ok & (draft_logit >= kth)).nonzero()[:, 0]
+        if near.numel():  # in the top-k, not the argmax: the probability threshold decides
+            lse = torch.logsumexp(logits.index_select(0, near).float(), dim=-1)
+            prob = (draft_logit[near].float() - lse).exp()
+            ok[near] = prob > p[near].to(prob.dtype)
+    return ok, top[:, 0]
 
 
 def chain_output(accept: torch.Tensor, draft: torch.Tensor, argmax: torch.Tensor, bonus: torch.Tensor,
@@ -140,11 +151,12 @@ class RelaxedRule:
                              "processed_*): ask for raw logprobs or greedy verification")
         dev = logits.device
         idx = torch.from_numpy(pos).to(dev, non_blocking=True)
-        sub = logits.index_select(0, idx)  # [M, V] processed logits of the relaxed draft positions
-        draft = metadata.draft_token_ids.index_select(0, idx).long()
-        acc = relaxed_accept(sub, draft, torch.from_numpy(k_tok[pos]).to(dev),
-                             torch.from_numpy(p_tok[pos]).to(dev), kmax=int(k_tok[pos].max()))
-        top = sub.max(-1).values
+        if len(pos) == logits.shape[0]:  # every position is relaxed: no copy
+            sub, draft = logits, metadata.draft_token_ids.long()
+        else:  # [M, V] processed logits of the relaxed draft positions
+            sub, draft = logits.index_select(0, idx), metadata.draft_token_ids.index_select(0, idx).long()
+        acc, top = relaxed_accept(sub, draft, torch.from_numpy(k_tok[pos]).to(dev),
+                                  torch.from_numpy(p_tok[pos]).to(dev), kmax=int(k_tok[pos].max()))
         cur = sub.gather(1, draft[:, None])[:, 0]
         raised = top + top.abs().clamp(min=1.0) * 1e-2  # strictly the row's maximum, in any float precision
         logits.index_put_((idx, draft), torch.where(acc, raised.to(logits.dtype), cur.to(logits.dtype)))

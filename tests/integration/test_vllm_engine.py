@@ -138,21 +138,22 @@ def test_relaxed_rule_on_a_toy_distribution():
 
     logits = torch.stack([row({7: .6, 3: .3}), row({5: .5, 9: .45}), row({2: .9})]).log()
     draft = torch.tensor([3, 9, 4])
-    acc = relaxed_mod.relaxed_accept(logits, draft, torch.tensor([2, 2, 2]), torch.tensor([.1, .1, .1]))
+    acc, top = relaxed_mod.relaxed_accept(logits, draft, torch.tensor([2, 2, 2]), torch.tensor([.1, .1, .1]))
     assert acc.tolist() == [True, True, False]
+    assert torch.equal(top, logits.max(-1).values)
     out = relaxed_mod.chain_output(acc, draft, logits.argmax(-1), torch.tensor([0]), [3], 5)
     assert out[0].tolist() == [3, 9, 2, -1, -1]
     # a draft under p is refused; k=1 is greedy (the argmax alone)
-    acc = relaxed_mod.relaxed_accept(logits, torch.tensor([3, 9, 2]), torch.tensor([2, 2, 1]),
-                                     torch.tensor([.31, .44, .95]))
+    acc, _ = relaxed_mod.relaxed_accept(logits, torch.tensor([3, 9, 2]), torch.tensor([2, 2, 1]),
+                                        torch.tensor([.31, .44, .95]))
     assert acc.tolist() == [False, True, True]
     # not in the top-k, however likely
-    acc = relaxed_mod.relaxed_accept(logits[1:2], torch.tensor([9]), torch.tensor([1]), torch.tensor([0.]))
+    acc, _ = relaxed_mod.relaxed_accept(logits[1:2], torch.tensor([9]), torch.tensor([1]), torch.tensor([0.]))
     assert acc.tolist() == [False]
 
 
 def _broken_accept_all(logits, draft, k, p, kmax=None):
-    return torch.ones_like(draft, dtype=torch.bool)
+    return torch.ones_like(draft, dtype=torch.bool), logits.max(-1).values
 
 
 _REAL_ACCEPT = relaxed_mod.relaxed_accept

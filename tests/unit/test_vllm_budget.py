@@ -108,7 +108,7 @@ def test_rows_that_keep_rejecting_get_shorter_drafts():
 
 def test_relaxed_rule_toy_distribution():
     probs = torch.tensor([[.6, .3, .05, .05], [.5, .45, .03, .02]])
-    acc = relaxed_accept(probs.log(), torch.tensor([1, 2]), torch.tensor([2, 2]), torch.tensor([.1, .1]))
+    acc, _ = relaxed_accept(probs.log(), torch.tensor([1, 2]), torch.tensor([2, 2]), torch.tensor([.1, .1]))
     assert acc.tolist() == [True, False]  # 1: top-2 and .3 > .1; 2: not in the top-2
     out = chain_output(acc, torch.tensor([1, 2]), probs.argmax(-1), torch.tensor([3]), [2], 4)
     assert out[0].tolist() == [1, 0, -1, -1]  # accepted draft, then the argmax where the chain broke

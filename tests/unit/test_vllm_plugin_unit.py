@@ -45,14 +45,34 @@ def test_chain_output_with_no_drafts_gives_the_bonus():
     assert out.tolist() == [[4, -1, -1], [5, -1, -1]]
 
 
-def test_relaxed_accept_with_known_kmax_is_the_same():
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(20, 30, generator=g) * 3
-    draft = torch.randint(0, 30, (20,), generator=g)
-    k = torch.randint(1, 4, (20,), generator=g)
-    p = torch.rand(20, generator=g) * 0.2
-    assert torch.equal(relaxed_mod.relaxed_accept(logits, draft, k, p),
-                       relaxed_mod.relaxed_accept(logits, draft, k, p, kmax=int(k.max())))
+def _reference_accept(logits, draft, k, p):
+    """The relaxed rule written out over the whole vocabulary at every position (paper Eq. 8)."""
+    probs = logits.float().softmax(-1)
+    out = []
+    for i in range(len(draft)):
+        x, row = int(draft[i]), logits[i]
+        in_top = int((row > row[x]).sum()) < int(k[i])  # fewer than k tokens strictly above x
+        out.append(x == int(row.argmax()) or (int(k[i]) > 1 and in_top and float(probs[i, x]) > float(p[i])))
+    return torch.tensor(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_relaxed_accept_is_the_rule_at_every_position(seed):
+    """The one-pass form (top-k once, the normaliser only where the threshold decides, argmax only at
+    ties) equals the rule written out, ties included; knowing kmax changes nothing."""
+    g = torch.Generator().manual_seed(seed)
+    n, v = 40, 30
+    logits = (torch.randn(n, v, generator=g) * 3).round()  # rounded: many tied maxima and k-th values
+    draft = torch.where(torch.rand(n, generator=g) < 0.5, logits.argmax(-1), torch.randint(0, v, (n,), generator=g))
+    k = torch.randint(1, 4, (n,), generator=g)
+    logits[:8, 5] = logits[:8, 9] = logits[:8].max(-1).values + 1  # a tied maximum; the draft is not its first
+    draft[:8], k[:4] = 9, 1
+    p = torch.rand(n, generator=g) * 0.3
+    want = _reference_accept(logits, draft, k, p)
+    got, top = relaxed_mod.relaxed_accept(logits, draft, k, p)
+    assert torch.equal(got, want) and torch.equal(top, logits.max(-1).values)
+    assert torch.equal(relaxed_mod.relaxed_accept(logits, draft, k, p, kmax=int(k.max()))[0], want)
+    assert want.any() and not want.all()
 
 
 def test_row_stats_from_vllm_metrics():
