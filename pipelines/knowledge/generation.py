@@ -45,8 +45,17 @@ class DecodeTask:
     retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
 
 
+@dataclass
 class BatchResult(WorkResult):
-    """Knowledge rows (knowledge schema) and failures of finished requests."""
+    """Knowledge rows (knowledge schema) and failures of finished requests; ``discarded``: the rows of
+    attempts decoded and not written (of a retried entity, the text that read worse), which the pass's
+    report counts as work done."""
+
+    discarded: list[dict[str, Any]] = field(default_factory=list)
+
+    def merge(self, other: WorkResult) -> None:
+        super().merge(other)
+        self.discarded += getattr(other, "discarded", [])
 
 
 @dataclass(eq=False)  # attempts are told apart by identity
@@ -250,8 +259,8 @@ class GenerationWorker(ModelWorker):
         try:
             row = self._row(attempt, gen)
             if attempt.first is not None:  # a retry finished: the better of the two
-                first = attempt.first
-                return BatchResult(rows=[first if attempt.compare and worse(row, first) else row])
+                kept, dropped = (attempt.first, row) if attempt.compare and worse(row, attempt.first) else (row, attempt.first)
+                return BatchResult(rows=[kept], discarded=[dropped])
             plan = retry_plan(self.task, attempt.req, row, self.lm.tokenizer)
         except Exception as exc:
             return BatchResult(failures=[_failure(attempt.req, exc)])
@@ -358,21 +367,27 @@ class GenerationReport:
 
     done: int = 0
     failed: int = 0
-    n_tokens: int = 0
+    n_tokens: int = 0  # generated tokens of the rows written
     target_forwards: int = 0
     accepted_tokens: int = 0
     wall_s: float = 0.0
     prefill_s: float = 0.0  # summed over rows
-    prompt_tokens: int = 0  # summed over the rows that counted them
+    # every attempt decoded, written or not (a retried entity decodes twice): the engine's work
+    retries: int = 0  # retries decoded (kept or not)
+    decoded_tokens: int = 0
+    decoded_forwards: int = 0
+    decoded_accepted: int = 0
+    prompt_tokens: int = 0  # summed over the attempts that counted them
     cached_prompt_tokens: int = 0  # of them, served from the engine's prefix cache
     decode_s: float = 0.0  # actors' decoding seconds, summed over batches (a batch's shared steps once)
-    greedy_retries: int = 0
+    greedy_retries: int = 0  # rows written by their retry
     quality: QualitySummary = field(default_factory=QualitySummary)
 
     @property
     def aal(self) -> float:
-        """Tokens per decoding forward: (accepted draft tokens + forwards) / forwards."""
-        return (self.accepted_tokens + self.target_forwards) / self.target_forwards if self.target_forwards else 0.0
+        """Tokens per decoding forward over every attempt: (accepted draft tokens + forwards) / forwards."""
+        f = self.decoded_forwards
+        return (self.decoded_accepted + f) / f if f else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -382,11 +397,11 @@ class GenerationReport:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Decode throughput: generated tokens / actor decoding seconds (a batch counts its longest row's
-        decoding time; model and pool loads excluded; prefill excluded on hf, included on vLLM, whose steps
-        prefill joining requests beside the others' decoding). Actors run in parallel, so wall throughput
-        can exceed it when prefill is small."""
-        return self.n_tokens / self.decode_s if self.decode_s else 0.0
+        """Decode throughput: tokens of every attempt / actor decoding seconds (a batch counts its longest
+        row's decoding time; model and pool loads excluded; prefill excluded on hf, included on vLLM, whose
+        steps prefill joining requests beside the others' decoding). Actors run in parallel, so wall
+        throughput can exceed it when prefill is small."""
+        return self.decoded_tokens / self.decode_s if self.decode_s else 0.0
 
 
 def record_result(result: WorkResult, writer: KnowledgeWriter, report: GenerationReport) -> None:
@@ -397,10 +412,16 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.target_forwards += row["target_forwards"]
         report.accepted_tokens += row["accepted_tokens"]
         report.prefill_s += row.get("prefill_s") or 0.0
-        report.prompt_tokens += row.get("prompt_tokens") or 0
-        report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
         report.greedy_retries += bool(row.get("greedy_retry"))
         report.quality.add(row_quality(row))
+    discarded = getattr(result, "discarded", [])
+    report.retries += len(discarded)  # each retry leaves one text unwritten
+    for row in [*result.rows, *discarded]:
+        report.decoded_tokens += row["n_tokens"]
+        report.decoded_forwards += row["target_forwards"]
+        report.decoded_accepted += row["accepted_tokens"]
+        report.prompt_tokens += row.get("prompt_tokens") or 0
+        report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
     report.decode_s += result.decode_s
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])

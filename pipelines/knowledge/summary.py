@@ -46,8 +46,8 @@ def _report_json(rep: GenerationReport) -> dict[str, Any]:
 
 
 def _prompt_cell(rep: GenerationReport) -> str:
-    """Prompt tokens of the attempts that wrote the pass's rows and the share the engine's prefix cache
-    served (``-`` if none counted)."""
+    """Prompt tokens of every attempt of the pass and the share the engine's prefix cache served (``-`` if
+    none counted)."""
     if not rep.prompt_tokens:
         return "-"
     return f"{rep.prompt_tokens} ({rep.cached_prompt_tokens / rep.prompt_tokens:.0%})"
@@ -59,34 +59,36 @@ def print_summary(summary: JobSummary) -> None:
     from rich.table import Table
 
     speed = Table(title=f"laser job {summary.run_id}")
-    for col in ("step", "done", "failed", "tokens", "tok/s wall", "tok/s decode", "AAL", "forwards saved",
+    for col in ("step", "done", "failed", "tokens (decoded)", "tok/s wall", "tok/s decode", "AAL", "forwards saved",
                 "prompt tokens (cached)"):
         speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     quality = Table(title="knowledge quality (pipelines/quality.py)")
-    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "greedy retries"):
+    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)"):
         quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.done == rep.failed == 0:
             speed.add_row(name, "0", "0", "-", "-", "-", "-", "-", "-")  # nothing generated in this pass
             continue
         # every accepted draft token is a target forward saved against one forward per token
-        share = f" ({rep.accepted_tokens / rep.n_tokens:.0%})" if rep.n_tokens else ""
-        speed.add_row(name, str(rep.done), str(rep.failed), str(rep.n_tokens), f"{rep.tokens_per_s:.1f}",
-                      f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}", f"{rep.accepted_tokens}{share}",
-                      _prompt_cell(rep))
+        share = f" ({rep.decoded_accepted / rep.decoded_tokens:.0%})" if rep.decoded_tokens else ""
+        speed.add_row(name, str(rep.done), str(rep.failed), f"{rep.n_tokens} ({rep.decoded_tokens})",
+                      f"{rep.tokens_per_s:.1f}", f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}",
+                      f"{rep.decoded_accepted}{share}", _prompt_cell(rep))
         q = rep.quality
         quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
-                        str(q.degenerate), str(rep.greedy_retries))
+                        str(q.degenerate), f"{rep.retries} ({rep.greedy_retries})")
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
         console = Console(width=max(console.width, 132))
     console.print(speed)
-    console.print("tok/s wall = generated tokens / wall seconds of the pass, including actor start-up, model "
-                  "load, pool loads, prefill, decoding and writing; tok/s decode = generated tokens / actor "
-                  "decoding seconds (each batch once; actors run in parallel; prefill excluded on hf, while a "
-                  "vLLM step also prefills the requests that join it, so on vLLM it counts their prefill); "
-                  "prompt tokens (cached) = prompt tokens of the attempts that wrote the rows (a retried row: "
-                  "its retry's) and the share vLLM's prefix cache served instead of prefilling (hf has none).")
+    console.print("tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
+                  "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
+                  "start-up, model load, pool loads, prefill, decoding and writing; tok/s decode, AAL, forwards "
+                  "saved: every attempt's tokens over actor decoding seconds (each batch once; actors run in "
+                  "parallel; prefill excluded on hf, while a vLLM step also prefills the requests that join it, "
+                  "so on vLLM it counts their prefill); prompt tokens (cached) = prompt tokens of every attempt "
+                  "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
+                  "(kept) = flawed texts decoded again (those whose retry was written).")
     console.print(quality)
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))

@@ -2,6 +2,8 @@
 configured policy for degenerate rows (keep, greedy retry, failure)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from laser.decoders.builtin import Autoregressive
@@ -250,8 +252,10 @@ def test_banned_words_cover_the_forms_of_a_genre(worker):
 
 def test_policy_retry_bans_an_invented_genre_and_keeps_the_grounded_retry(worker, liar):
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
-    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item).rows
+    result = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item)
+    rows = result.rows
     assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, True, 1.0)]
+    assert [(r["knowledge"], r["greedy_retry"]) for r in result.discarded] == [(LIE, False)]  # decoded, not written
     first, second = Liar.seen
     assert not first.bad_words_ids
     assert tuple(worker.lm.tokenizer(" horror", add_special_tokens=False)["input_ids"]) in second.bad_words_ids
@@ -262,8 +266,18 @@ def test_policy_retry_bans_an_invented_genre_and_keeps_the_grounded_retry(worker
 def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, liar, monkeypatch):
     monkeypatch.setattr(Liar, "RETRY", "A sci-fi movie for fans of")  # grounded but cut: worse than the first
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
-    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item).rows
+    result = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item)
+    rows = result.rows
     assert [(r["knowledge"], r["greedy_retry"]) for r in rows] == [(LIE, False)] and len(Liar.seen) == 2
+    assert [(r["knowledge"], r["greedy_retry"]) for r in result.discarded] == [(Liar.RETRY, True)]
+    from pipelines.knowledge.generation import record_result
+
+    report, written = GenerationReport(), []
+    record_result(result, SimpleNamespace(add=written.append, add_failure=lambda *a: None), report)
+    both = rows + result.discarded  # the pass counts the work of both texts and writes one
+    assert (len(written), report.retries, report.greedy_retries) == (1, 1, 0)
+    assert report.n_tokens == rows[0]["n_tokens"] and report.decoded_tokens == sum(r["n_tokens"] for r in both)
+    assert report.decoded_forwards == sum(r["target_forwards"] for r in both)
 
 
 def test_worse_orders_flawed_then_grounding():

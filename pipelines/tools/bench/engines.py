@@ -98,7 +98,8 @@ def _pass(rep: dict[str, Any]) -> dict[str, Any]:
     done, wall = int(rep["done"]), float(rep["wall_s"])
     return {"entities": done, "failed": int(rep["failed"]), "wall_s": wall, "tokens": int(rep["n_tokens"]),
             "entities_per_min": 60 * done / wall if wall else 0.0, "tokens_per_s": float(rep["tokens_per_s_wall"]),
-            "aal": float(rep["aal"])}
+            "aal": float(rep["aal"]), "decoded_tokens": int(rep.get("decoded_tokens", rep["n_tokens"])),
+            "retries": int(rep.get("retries", rep.get("greedy_retries", 0)))}
 
 
 def cache_env(work: Path, engine: str) -> dict[str, str]:
