@@ -19,7 +19,7 @@ from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeWriter, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality
-from pipelines.knowledge.retry import DegenerateTextError, retry_plan, task_rules, worse
+from pipelines.knowledge.retry import DegenerateTextError, retry_plan, retry_reasons, task_rules, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkResult
 
@@ -381,6 +381,7 @@ class GenerationReport:
     cached_prompt_tokens: int = 0  # of them, served from the engine's prefix cache
     decode_s: float = 0.0  # actors' decoding seconds, summed over batches (a batch's shared steps once)
     greedy_retries: int = 0  # rows written by their retry
+    retry_reasons: dict[str, int] = field(default_factory=dict)  # flaws of the retried first texts
     quality: QualitySummary = field(default_factory=QualitySummary)
 
     @property
@@ -416,6 +417,11 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.quality.add(row_quality(row))
     discarded = getattr(result, "discarded", [])
     report.retries += len(discarded)  # each retry leaves one text unwritten
+    written = {WorkResult.row_key(r): r for r in result.rows}
+    for d in discarded:  # the first text is the unwritten one, or the one its retry lost to
+        first = d if not d.get("greedy_retry") else written.get(WorkResult.row_key(d), d)
+        for reason in retry_reasons(first):
+            report.retry_reasons[reason] = report.retry_reasons.get(reason, 0) + 1
     for row in [*result.rows, *discarded]:
         report.decoded_tokens += row["n_tokens"]
         report.decoded_forwards += row["target_forwards"]

@@ -35,6 +35,12 @@ def ungrounded(row: dict[str, Any]) -> bool:
     return row.get("grounding") is not None and row["grounding"] < 1.0
 
 
+def retry_reasons(first: dict[str, Any]) -> list[str]:
+    """Why a first text was decoded again (each flaw it has)."""
+    flags = [k for k in ("degenerate", "cut", "fragment") if first.get(k)]
+    return flags + ["ungrounded"] * ungrounded(first)
+
+
 def worse(retry: dict[str, Any], first: dict[str, Any]) -> bool:
     """The retry reads worse than the first text: flawed where it was not, degenerate where it was not, or
     otherwise as flawed and less grounded."""

@@ -90,6 +90,9 @@ def print_summary(summary: JobSummary) -> None:
                   "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
                   "(kept) = flawed texts decoded again (those whose retry was written).")
     console.print(quality)
+    for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
+        if rep.retry_reasons:
+            console.print(f"{name}: retried because " + ", ".join(f"{why} {n}" for why, n in sorted(rep.retry_reasons.items())))
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
     if summary.input_notes:

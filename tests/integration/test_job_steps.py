@@ -112,7 +112,8 @@ def test_summary_numbers(capsys):
 
     new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
                            decode_s=2.0, prompt_tokens=400, cached_prompt_tokens=100, retries=2, greedy_retries=1,
-                           decoded_tokens=60, decoded_forwards=20, decoded_accepted=40)  # a discarded text of 20
+                           decoded_tokens=60, decoded_forwards=20, decoded_accepted=40,  # a discarded text of 20
+                           retry_reasons={"cut": 2, "ungrounded": 1})
     for text, reason in (("A calm drama fan.", "eos"), ("a dark b a dark b a dark b a dark b", "length"),
                          ("Likes westerns and old musicals.", "eos")):
         new.quality.add(text_quality(text, reason))
@@ -130,6 +131,7 @@ def test_summary_numbers(capsys):
     flat = " ".join(text.split())
     assert "including actor start-up, model load" in flat and "prefill excluded" in flat  # what each covers
     assert "unresolved failures: 1" in text and "out/knowledge" in text
+    assert "new knowledge: retried because cut 2, ungrounded 1" in flat
     assert "skipped (no new knowledge): 5 users without interactions" in flat
     assert "sample dropped interactions: 12" in flat
     assert summary.to_json()["skipped"] == {"users without interactions": 5}

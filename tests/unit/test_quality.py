@@ -276,6 +276,7 @@ def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, li
     record_result(result, SimpleNamespace(add=written.append, add_failure=lambda *a: None), report)
     both = rows + result.discarded  # the pass counts the work of both texts and writes one
     assert (len(written), report.retries, report.greedy_retries) == (1, 1, 0)
+    assert report.retry_reasons == {"ungrounded": 1}  # the first text named a genre the item lacks
     assert report.n_tokens == rows[0]["n_tokens"] and report.decoded_tokens == sum(r["n_tokens"] for r in both)
     assert report.decoded_forwards == sum(r["target_forwards"] for r in both)
 
