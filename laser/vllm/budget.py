@@ -30,7 +30,8 @@ own seconds per row, kept apart for steps that draft and steps that do not. A dr
 when its expected tokens beat what it costs, proposer included.
 
 When the step is compute-bound extra tokens cost in proportion and T falls to 0: speculation switches
-itself off. Switching is damped (hysteresis): it switches off after ``OFF_AFTER`` steps in a row whose
+itself off. While prompts are prefilled in chunks (a wave of arrivals larger than a step's token
+budget), the steps are full of prompt tokens and no row drafts (:meth:`ChainBudget.lengths`). Switching is damped (hysteresis): it switches off after ``OFF_AFTER`` steps in a row whose
 best T is 0 and back on after ``ON_AFTER`` steps in a row where drafting beats not drafting by
 ``ON_MARGIN``. While it is off, one step in ``PROBE_EVERY`` drafts ``PROBE_LEN`` tokens on at most
 ``PROBE_ROWS`` rows (the rows probed longest ago first), so the acceptance estimates follow the data
@@ -271,11 +272,14 @@ class ChainBudget:
 
     # lengths ---------------------------------------------------------------------------------------
     def lengths(self, keys: Sequence[Hashable], available: Sequence[int],
-                matches: Sequence[int | None] | None = None) -> list[int]:
+                matches: Sequence[int | None] | None = None, prefilling: bool = False) -> list[int]:
         """Draft length of each row this step; row i never gets more than ``available[i]``.
 
         ``matches[i]``: how many tokens of row i's text its drafter matched (0: it has nothing to draft;
-        None, or no ``matches``: not said)."""
+        None, or no ``matches``: not said). ``prefilling``: prompts are still being prefilled in chunks,
+        so the next step's token budget is full of them; a draft token would take a prompt token's place
+        and delay every row still waiting for its first token, so no row drafts (a fixed length still
+        does)."""
         avail = np.minimum(np.asarray(available, dtype=int).reshape(-1), self.max_len)
         n = len(keys)
         buckets = np.zeros(n, dtype=int)
@@ -285,9 +289,10 @@ class ChainBudget:
             self._bucket.update(zip(keys, buckets.tolist()))
         if self.fixed is not None:
             return np.minimum(avail, self.fixed).tolist()
+        if prefilling or n == 0:
+            self.chosen.extend([0] * (n > 0))
+            return [0] * n
         self._steps += 1
-        if n == 0:
-            return []
         slot = self._slot
         g = self._gains(np.fromiter((slot.get(k, 0) for k in keys), dtype=int, count=n), buckets)  # [rows, max_len]
         g[np.arange(self.max_len)[None, :] >= avail[:, None]] = -1.0  # beyond what the drafter has

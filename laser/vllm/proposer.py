@@ -155,12 +155,12 @@ class LaserProposer:
         self.steps += 1
         n = len(req_ids)
         out: list[list[int]] = [[] for _ in range(n)]
-        rows_decoded, verified, prefill = 0, 0, False
+        rows_decoded, verified, prefill, chunked = 0, 0, False, False
         drafting: list[tuple[int, str, _Row]] = []
         for i, rid in enumerate(req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
             if not sampled:  # a prefill chunk, or a row that produced nothing this step
-                prefill = True
+                prefill = chunked = True
                 continue
             length = int(num_tokens_no_spec[i])
             row = self.rows.get(rid)
@@ -189,7 +189,7 @@ class LaserProposer:
                 drafting.append((i, rid, row))
         self._observe_step(now, rows_decoded, verified, prefill)
         budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
-        lengths = self._lengths(budgeted) if budgeted else []
+        lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
             if L > 0:
                 t0 = time.perf_counter()
@@ -208,14 +208,16 @@ class LaserProposer:
         return out
 
     # helpers ------------------------------------------------------------------------------------
-    def _lengths(self, rows: list[tuple[int, str, _Row]]) -> list[int]:
-        """Each row's draft length from the budget, told how much of its text each drafter matched."""
+    def _lengths(self, rows: list[tuple[int, str, _Row]], prefilling: bool) -> list[int]:
+        """Each row's draft length from the budget, told how much of its text each drafter matched and
+        whether prompts are still being prefilled in chunks."""
         t0 = time.perf_counter()
         matches = [row.drafter.match_length(row.context) for _, _, row in rows]
         share = (time.perf_counter() - t0) / len(rows)
         for _, _, row in rows:
             row.draft_s += share
-        return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches)
+        return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches,
+                                   prefilling=prefilling)
 
     def _check_attached(self) -> None:
         if self.runner is None:

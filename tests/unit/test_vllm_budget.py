@@ -113,3 +113,15 @@ def test_relaxed_rule_toy_distribution():
     out = chain_output(acc, torch.tensor([1, 2]), probs.argmax(-1), torch.tensor([3]), [2], 4)
     assert out[0].tolist() == [1, 0, -1, -1]  # accepted draft, then the argmax where the chain broke
 
+
+
+def test_no_row_drafts_while_prompts_are_prefilled_in_chunks():
+    """A step full of prompt chunks: drafts would displace prompt tokens, so no row drafts, not even a probe;
+    the same rows draft once the prompts are in."""
+    b = ChainBudget(cost=_cost(0.0), max_len=8)
+    for _ in range(20):
+        b.observe("r", 8, 8)
+    assert b.lengths(["r", "s"], [8, 8], [4, 4], prefilling=True) == [0, 0]
+    assert all(n > 0 for n in b.lengths(["r", "s"], [8, 8], [4, 4]))
+    fixed = ChainBudget(cost=None, max_len=8, fixed=3)
+    assert fixed.lengths(["r"], [8], [4], prefilling=True) == [3]  # a study's fixed length is kept
