@@ -31,7 +31,8 @@ when its expected tokens beat what it costs, proposer included.
 
 When the step is compute-bound extra tokens cost in proportion and T falls to 0: speculation switches
 itself off. While prompts are prefilled in chunks (a wave of arrivals larger than a step's token
-budget), the steps are full of prompt tokens and no row drafts (:meth:`ChainBudget.lengths`). Switching is damped (hysteresis): it switches off after ``OFF_AFTER`` steps in a row whose
+budget), the steps are full of prompt tokens and no row drafts (:meth:`ChainBudget.lengths`).
+Switching is damped (hysteresis): it switches off after ``OFF_AFTER`` steps in a row whose
 best T is 0 and back on after ``ON_AFTER`` steps in a row where drafting beats not drafting by
 ``ON_MARGIN``. While it is off, one step in ``PROBE_EVERY`` drafts ``PROBE_LEN`` tokens on at most
 ``PROBE_ROWS`` rows (the rows probed longest ago first), so the acceptance estimates follow the data

@@ -259,7 +259,8 @@ class GenerationWorker(ModelWorker):
         try:
             row = self._row(attempt, gen)
             if attempt.first is not None:  # a retry finished: the better of the two
-                kept, dropped = (attempt.first, row) if attempt.compare and worse(row, attempt.first) else (row, attempt.first)
+                first = attempt.first
+                kept, dropped = (first, row) if attempt.compare and worse(row, first) else (row, first)
                 return BatchResult(rows=[kept], discarded=[dropped])
             plan = retry_plan(self.task, attempt.req, row, self.lm.tokenizer)
         except Exception as exc:
