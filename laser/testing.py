@@ -34,7 +34,7 @@ def tiny_llama(vocab_size: int = 96, hidden_size: int = 64, layers: int = 2, see
 def argmax_margin(lm: LoadedModel, context: list[int]) -> float:
     """fp32 gap between the top two next-token logits after ``context``: how close a greedy step is to a tie."""
     with torch.no_grad():
-        logits = lm.model(torch.tensor([context])).logits[0, -1].float()
+        logits = lm.model(torch.tensor([context], device=lm.model.device)).logits[0, -1].float()
     top = logits.topk(2).values
     return float(top[0] - top[1])
 

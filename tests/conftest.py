@@ -21,6 +21,8 @@ import laser
 from tests.helpers import save_tiny_model
 
 TIERS = ("unit", "integration", "e2e")  # the order they run in
+# Where the shared test models run: cpu (CI) or cuda (scripts/device_check.sh runs the core tests on a GPU)
+DEVICE = os.environ.get("LASER_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -77,13 +79,15 @@ def _premeasured_cost(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_lm():
-    return laser.tiny_llama(seed=3)
+    lm = laser.tiny_llama(seed=3)
+    lm.model.to(DEVICE)
+    return lm
 
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The bundled SmolLM2-135M-Instruct in fp32 on CPU (de-quantised and cached on first use)."""
-    return laser.load_model("smollm2-135m", device="cpu", dtype="float32")
+    """The bundled SmolLM2-135M-Instruct in fp32 (de-quantised and cached on first use)."""
+    return laser.load_model("smollm2-135m", device=DEVICE, dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -35,8 +35,9 @@ def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
 
 def greedy_reference(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """The target's own greedy decoding through transformers ``generate``."""
-    out = lm.model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
-                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long))
+    device = lm.model.device
+    out = lm.model.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=max_new_tokens, do_sample=False,
+                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device))
     return out[0, len(prompt_ids):].tolist()
 
 
