@@ -44,11 +44,6 @@ stage() {
     python3 -c "from laser.models import model_dir; print('model at', model_dir('smollm2-135m'))" \
       && touch $STAGE/installed/model
   fi
-  # this project, for its entry points and the `laser` command, once its needs are installed
-  if [ ! -e $STAGE/installed/laser ] && python3 -c "import pygtrie, polars, pydantic" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target $SITE/project . \
-      && cp -r $SITE/project/bin $SITE/project/*.dist-info $SITE/ && touch $STAGE/installed/laser
-  fi
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 }
@@ -67,13 +62,13 @@ model_tests() {
 }
 
 bench() {
-  laser bench throughput --engine hf --concurrency 1,16,64 --min-prompts 4 --threads 8 --json "$OUT/throughput-hf-gpu.json" \
+  python3 -m jobs bench throughput --engine hf --concurrency 1,16,64 --min-prompts 4 --threads 8 --json "$OUT/throughput-hf-gpu.json" \
     2>&1 | tee "$OUT/throughput-hf-gpu.log" | tail -30
 }
 
 demo() {
   local start=$SECONDS
-  laser demo --set execution.gpus_per_worker=1 --set output.path=/tmp/demo-gpu 2>&1 | tee "$OUT/demo-gpu.log" | tail -40
+  python3 -m jobs demo --set execution.gpus_per_worker=1 --set output.path=/tmp/demo-gpu 2>&1 | tee "$OUT/demo-gpu.log" | tail -40
   echo "demo job: $((SECONDS - start)) s (model de-quantised earlier, in this machine's cache)"
   cp /tmp/demo-gpu/summary.json "$OUT/demo-gpu-summary.json" 2>/dev/null
 }

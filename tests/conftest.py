@@ -10,6 +10,7 @@ every test but the vLLM ones, which ask for it by name.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -113,9 +114,8 @@ def ray_session():
 def _ray_shutdown():
     """Whatever started Ray in this process (a fixture, a job run in-process) is shut down at the end."""
     yield
-    import ray
-
-    if ray.is_initialized():
+    ray = sys.modules.get("ray")  # never imported: nothing to shut down (Ray need not be installed)
+    if ray is not None and ray.is_initialized():
         ray.shutdown()
 
 

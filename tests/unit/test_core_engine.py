@@ -78,7 +78,7 @@ def test_hidden_state_reaches_drafters_that_ask_and_proposals_are_batched(tiny_l
     for prompt, d in zip(prompts, drafters):
         context = d.contexts[-1]  # prompt + 3 generated tokens; the last one is the next root
         with torch.no_grad():
-            want = tiny_lm.model(torch.tensor([context]), output_hidden_states=True).hidden_states[-1][0]
+            want = tiny_lm.model(torch.tensor([context], device=tiny_lm.model.device), output_hidden_states=True).hidden_states[-1][0]
         # after prefill: the last cached prompt token's state (it predicts the first root), no new tokens
         (first_new, first_hidden), steps = d.seen[0], d.seen[1:]
         assert first_new == [] and torch.allclose(first_hidden, want[len(prompt) - 2], atol=1e-4)

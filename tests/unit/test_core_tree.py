@@ -22,7 +22,7 @@ def random_tree(rng: np.random.Generator, n: int, vocab: int) -> DraftTree:
 
 
 def sequential_logits(model, ids: list[int]) -> torch.Tensor:
-    return model(torch.tensor([ids])).logits[0, -1]
+    return model(torch.tensor([ids], device=model.device)).logits[0, -1]
 
 
 def prefill(model, prompts: list[list[int]]) -> tuple[SlotKVCache, list[Request]]:
@@ -45,7 +45,7 @@ def test_tree_logits_equal_sequential_forwards_in_a_padded_batch(tiny_lm, seed):
     trees = [random_tree(rng, int(rng.integers(1, 12)), vocab) for _ in prompts]
     trees = [DraftTree(np.r_[p[-1], t.tokens[1:]], t.parents) for p, t in zip(prompts, trees)]  # root = last token
     cache, seqs = prefill(model, prompts)
-    batch = pack_trees(trees, [s.cache_len for s in seqs], cache.used, torch.float32, "cpu")
+    batch = pack_trees(trees, [s.cache_len for s in seqs], cache.used, torch.float32, model.device)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits
     for b, (prompt, tree) in enumerate(zip(prompts, trees)):
@@ -64,14 +64,14 @@ def test_kv_cache_after_compaction_equals_recomputed_cache(tiny_lm):
     paths = [[0, 3, 4], [0, 1]]
     cache, seqs = prefill(model, prompts)
     offset = cache.used
-    batch = pack_trees(trees, [s.cache_len for s in seqs], offset, torch.float32, "cpu")
+    batch = pack_trees(trees, [s.cache_len for s in seqs], offset, torch.float32, model.device)
     model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
           past_key_values=cache, use_cache=True)
     cache.keep_slots([s.cache_len for s in seqs], [[offset + n for n in path] for path in paths])
     for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
         accepted = prompt[:-1] + tree.tokens[path].tolist()
         ref = DynamicCache()
-        model(torch.tensor([accepted]), past_key_values=ref, use_cache=True)
+        model(torch.tensor([accepted], device=model.device), past_key_values=ref, use_cache=True)
         for layer, ref_layer in zip(cache.layers, ref.layers):
             torch.testing.assert_close(layer.keys[b, :, :len(accepted)], ref_layer.keys[0], atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(layer.values[b, :, :len(accepted)], ref_layer.values[0], atol=1e-5, rtol=1e-5)
@@ -109,7 +109,7 @@ def test_kept_subtree_stays_cached_and_later_nodes_see_it(tiny_lm, seed):
     keeps = [[0, 1, 3, 4], [0, 3, 5]]  # two branches kept, the rest dropped
     cache, seqs = prefill(model, prompts)
     offset = cache.used
-    batch = pack_trees(first, [s.cache_len for s in seqs], offset, torch.float32, "cpu")
+    batch = pack_trees(first, [s.cache_len for s in seqs], offset, torch.float32, model.device)
     model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
           past_key_values=cache, use_cache=True)
     outcomes = [Outcome([], [], keep=k) for k in keeps]
@@ -122,7 +122,7 @@ def test_kept_subtree_stays_cached_and_later_nodes_see_it(tiny_lm, seed):
         n = len(s.kept)
         second.append(DraftTree(np.r_[s.kept.tokens, [21, 22]], np.r_[s.kept.parents, [n - 1, 1]], cached=n))
     cache.resize(len(seqs), max(s.kv_len for s in seqs))
-    batch = pack_trees(second, [s.cache_len for s in seqs], cache.used, torch.float32, "cpu")
+    batch = pack_trees(second, [s.cache_len for s in seqs], cache.used, torch.float32, model.device)
     assert batch.input_ids.shape[1] == 2  # only the new nodes are fed
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                    position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits

@@ -95,13 +95,13 @@ def test_budget_keeps_the_best_beams_that_fit():
 def test_packed_tree_masked_logits_equal_per_beam_logits(tiny_lm, head):
     model = tiny_lm.model
     context = [5, 17, 33, 8, 21, 40]
-    h = model(torch.tensor([context[:-1]]), output_hidden_states=True).hidden_states[-1][0, -1]
-    beams = beam_search(head, h[None], torch.tensor([context[-1]]), 4, 4)
+    h = model(torch.tensor([context[:-1]], device=model.device), output_hidden_states=True).hidden_states[-1][0, -1]
+    beams = beam_search(head, h[None], torch.tensor([context[-1]], device=model.device), 4, 4)
     tree = beams_to_trees(beams)[0]
     cache = DynamicCache()
-    model(torch.tensor([context[:-1]]), past_key_values=cache, use_cache=True)
+    model(torch.tensor([context[:-1]], device=model.device), past_key_values=cache, use_cache=True)
     n = len(context) - 1
-    batch = pack_trees([tree], [n], n, torch.float32, "cpu")
+    batch = pack_trees([tree], [n], n, torch.float32, model.device)
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                    past_key_values=cache).logits[0]
     packed = pack_beams(beams.tokens)
@@ -109,15 +109,16 @@ def test_packed_tree_masked_logits_equal_per_beam_logits(tiny_lm, head):
     ordered = beams.tokens[0, order]
     unpacker = pack_beams(ordered[None]).unpacker[0]
     for i, beam in enumerate(ordered.tolist()):
-        want = model(torch.tensor([context[:-1] + beam])).logits[0, -len(beam):]
+        want = model(torch.tensor([context[:-1] + beam], device=model.device)).logits[0, -len(beam):]
         torch.testing.assert_close(logits[unpacker[i]], want, atol=1e-4, rtol=1e-4)
     assert packed.sizes[0] == len(tree)
 
 
 def test_beam_width_1_is_greedy_drafting(tiny_lm, head):
     torch.manual_seed(1)
-    hidden = torch.randn(3, tiny_lm.model.config.hidden_size)
-    roots = torch.tensor([4, 50, 77])
+    device = tiny_lm.model.device
+    hidden = torch.randn(3, tiny_lm.model.config.hidden_size, device=device)
+    roots = torch.tensor([4, 50, 77], device=device)
     beams = beam_search(head, hidden, roots, 1, 6).tokens[:, 0]
     with torch.no_grad():
         state, tokens = head.start(roots), [roots]
@@ -128,8 +129,9 @@ def test_beam_width_1_is_greedy_drafting(tiny_lm, head):
 
 
 def test_beams_are_distinct_and_best_first(tiny_lm, head):
-    hidden = torch.randn(2, tiny_lm.model.config.hidden_size)
-    beams = beam_search(head, hidden, torch.tensor([3, 9]), 8, 5)
+    device = tiny_lm.model.device
+    hidden = torch.randn(2, tiny_lm.model.config.hidden_size, device=device)
+    beams = beam_search(head, hidden, torch.tensor([3, 9], device=device), 8, 5)
     assert torch.all(beams.scores[:, :-1] >= beams.scores[:, 1:])
     for row in beams.tokens.tolist():
         assert len({tuple(b) for b in row}) == len(row)
@@ -184,7 +186,7 @@ def test_tokens_per_step_and_cache_growth(tiny_lm, head, width, length):
 
 def test_budget_is_honoured(tiny_lm, head):
     d = ReDrafter(head, 4, 5)
-    d.commit([7], torch.randn(tiny_lm.model.config.hidden_size))
+    d.commit([7], torch.randn(tiny_lm.model.config.hidden_size, device=tiny_lm.model.device))
     assert len(d.propose([3, 4, 7], budget=0)) == 1
     assert len(d.propose([3, 4, 7], budget=2)) <= 3
     assert len(d.propose([3, 4, 7], budget=6)) <= 7
@@ -220,7 +222,7 @@ def test_batched_proposals_equal_one_by_one(tiny_lm, head):
     drafters = [ReDrafter(head, 4, 4) for _ in range(3)]
     contexts = [[5, 6, 7], [9, 10], [30, 31, 32, 33]]
     for d in drafters:
-        d.commit([1], torch.randn(tiny_lm.model.config.hidden_size))
+        d.commit([1], torch.randn(tiny_lm.model.config.hidden_size, device=tiny_lm.model.device))
     together = ReDrafter.propose_batch(drafters, contexts, [None, 5, None])
     alone = [d.propose(c, b) for d, c, b in zip(drafters, contexts, [None, 5, None])]
     for a, b in zip(together, alone):
@@ -262,7 +264,7 @@ def test_head_file_round_trip_and_refusals(tiny_lm, head, tmp_path):
     path = tmp_path / "h.pt"
     head.save(path, {"model": tiny_lm.name})
     loaded = RecurrentDraftHead.load(path, tiny_lm.model)
-    h, s = torch.randn(2, head.hidden_size), torch.randn(2, head.hidden_size)
+    h, s = (torch.randn(2, head.hidden_size, device=tiny_lm.model.device) for _ in range(2))
     torch.testing.assert_close(loaded.logits(h, s), head.logits(h, s))
     other_vocab = laser.tiny_llama(vocab_size=120, seed=3)
     with pytest.raises(ValueError, match="trained for 'tiny-llama-3'.*vocabulary 96"):
