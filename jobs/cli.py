@@ -116,6 +116,8 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                                                             "(default: 8 on hf, 16 on vllm)."),
                      fixed_k: str = typer.Option("8,32", "--fixed-k", help="Fixed draft budgets compared with the adaptive one."),
                      threads: int = typer.Option(2, help="torch threads."),
+                     device: str = typer.Option("auto", help="hf: auto (the GPU where CUDA is available), cpu or cuda; "
+                                                "the model in fp32 either way."),
                      remeasure_cost: bool = typer.Option(False, help="Time the forward cost model again (else the cached "
                                                          "one; on vllm: the vLLM step-cost model)."),
                      seed: int = typer.Option(0, help="Seed of data, split, groups and pools."),
@@ -175,9 +177,11 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
         return
     if engine != "hf":
         raise typer.BadParameter(f"--engine must be hf or vllm, got {engine!r}")
+    if device not in ("auto", "cpu") and not device.startswith("cuda"):
+        raise typer.BadParameter(f"--device must be auto, cpu or cuda[:N], got {device!r}")
     settings = ThroughputSettings(model=model, threads=threads, min_prompts=8 if min_prompts is None else min_prompts,
                                   max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
-                                  old_users=old_users, seed=seed,
+                                  old_users=old_users, seed=seed, device=device,
                                   **({"concurrency": ints(concurrency)} if concurrency else {}))
     run_throughput(json_out, settings, _dataset(dataset_config))
 

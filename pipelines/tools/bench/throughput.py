@@ -74,6 +74,7 @@ class ThroughputSettings:
     fixed_K: tuple[int, ...] = (8, 32)
     remeasure_cost: bool = False  # time the cost model again instead of reading the cached one
     seed: int = 0
+    device: str = "auto"  # auto: the GPU where CUDA is available, else the CPU (fp32 on both)
 
     def suite(self) -> SuiteSettings:
         return SuiteSettings(model=self.model, threads=self.threads, user_prompts=max(self.concurrency + (self.min_prompts,)),
@@ -108,8 +109,8 @@ def _generate_level(lm: laser.LoadedModel, prompts: list[list[int]], c: int, max
     for i in range(0, len(prompts), c):
         batch = prompts[i:i + c]
         width = max(map(len, batch))
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=lm.model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=lm.model.device)
         t0 = time.perf_counter()
         out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
         wall += time.perf_counter() - t0
@@ -180,7 +181,7 @@ def run_throughput(json_out: Path, s: ThroughputSettings, dataset: DatasetConfig
     torch.manual_seed(s.seed)
     torch.set_num_threads(s.threads)
     started = time.perf_counter()
-    lm = laser.load_model(s.model, device="cpu", dtype="float32")
+    lm = laser.load_model(s.model, device=s.device, dtype="float32")
     dataset = dataset or DatasetConfig(seed=s.seed)
     task = user_fixture(lm, load_dataset(dataset), s.suite(), cache_root)
     pools = build_task_pools(task, s.suite())
@@ -235,7 +236,9 @@ def _as_suite_method(m: ThroughputMethod):
 
 def _warm_up(lm: laser.LoadedModel, decoders: dict[str, laser.Decoder], prompt: list[int]) -> None:
     """First calls pay for allocator growth and kernel selection: make them before timing."""
-    lm.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    device = lm.model.device
+    lm.model.generate(torch.tensor([prompt], device=device),
+                      attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
                       max_new_tokens=4, do_sample=False)
     for d in decoders.values():
         d.generate_batch([prompt], 4)
