@@ -62,8 +62,8 @@ model_tests() {
 }
 
 bench() {
-  python3 -m jobs bench throughput --engine hf --device cuda --concurrency 1,16,64 --min-prompts 4 --threads 8 --json "$OUT/throughput-hf-gpu.json" \
-    2>&1 | tee "$OUT/throughput-hf-gpu.log" | tail -30
+  python3 -m jobs bench throughput --engine hf --device cuda --concurrency 1,16,64 --min-prompts 4 --threads 8 \
+    --json "$OUT/throughput-hf-gpu.json" 2>&1 | tee "$OUT/throughput-hf-gpu.log" | tail -30
 }
 
 demo() {
