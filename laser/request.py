@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -22,7 +22,7 @@ class DecodeStats:
     new_tokens: int = 0
     prompt_tokens: int | None = None  # the prompt's tokens (None: the engine did not count them)
     cached_prompt_tokens: int | None = None  # of them, served from a prefix cache, not prefilled (None: not counted)
-    finish_reason: str = ""  # "eos" | "length" | "stop" (a stop string) | "verifier"
+    finish_reason: str = ""  # "eos" | "length" | "stop" (a stop string) | "verifier" | what ``Request.halt`` said
     prefill_s: float = 0.0
     decode_s: float = 0.0
     retrieval_s: float = 0.0  # drafting: proposing trees + drafter upkeep
@@ -48,6 +48,8 @@ class Request:
     rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
     state: Any = None  # typed state the drafter and the verifier share (e.g. a BeamState); None: none
+    halt: Callable[[list[int]], str | None] | None = None  # the caller's check on the new tokens after each
+    #                                                        step: a reason it returns ends the request
     cache_len: int = 0  # committed KV entries: the prompt and accepted tokens before the root
     kept: DraftTree | None = None  # tree nodes kept in the cache after them (beam prefixes; see Outcome.keep)
     stats: DecodeStats = field(default_factory=DecodeStats)

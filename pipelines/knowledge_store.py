@@ -57,7 +57,7 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("accepted_tokens", pa.int32(), nullable=False),  # draft tokens accepted in total
         pa.field("retrieval_s", pa.float64(), nullable=False),
         pa.field("generation_s", pa.float64(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),  # "eos" | "length" | "stop" (a stop string)
+        pa.field("finish_reason", pa.string(), nullable=False),  # eos, length, stop (a stop string), loop (retry.py)
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
         # quality (pipelines/quality.py) and timing detail; null in shards written before they existed

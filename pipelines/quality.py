@@ -10,6 +10,8 @@ Rules (documented in docs/knowledge-quality.md):
 - **sentence end**: the text, stripped, ends with ``.``, ``!`` or ``?`` (closing quotes/brackets after it allowed).
 - **ended**: finished by EOS or a stop string, or it ends at a sentence end (within the budget, which it always is).
 - **cut**: stopped at the token limit and not at a sentence end.
+- **surely degenerate** (:func:`surely_degenerate`): degenerate now and whatever follows within the token
+  limit; the knowledge job stops such a first text early (finish reason ``loop``), as it is retried anyway.
 - **fragment**: not at a sentence end, unbalanced brackets or double quotes, or garbage (fewer than
   ``MIN_LETTER_SHARE`` of its non-space characters are letters).
 - **length**: ``n_words`` against ``asked_words`` (the prompt's "at most N words"; 0 when unknown).
@@ -41,9 +43,33 @@ def words(text: str) -> list[str]:
 
 def _repeat_counts(text: str, n: int = NGRAM) -> tuple[int, int]:
     """(repeated, all) word ``n``-grams of ``text``."""
-    ws = words(text)
+    return _word_repeats(words(text), n)
+
+
+def _word_repeats(ws: Sequence[str], n: int = NGRAM) -> tuple[int, int]:
     grams = [tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)]
     return len(grams) - len(set(grams)), len(grams)
+
+
+def surely_degenerate(text: str, more_words: int) -> bool:
+    """Whether ``text`` followed by anything of at most ``more_words`` words is degenerate (its loop can no
+    longer be outgrown).
+
+    The text's last word may still grow, so it is set aside: the 4-grams of the other words are the first
+    4-grams of every continuation and their repeats stay repeats, while a continuation has at most
+    ``kept + 1 + more_words`` words. The text itself is then degenerate too.
+    """
+    kept = words(text)[:-1]
+    repeated, _ = _word_repeats(kept)
+    most = len(kept) + 1 + more_words - (NGRAM - 1)
+    return repeated > 0 and Fraction(repeated, most) >= _MAX_REPEAT
+
+
+def words_per_token(tokenizer) -> int:
+    """The most words one token can add to a text: the most any vocabulary entry's text holds, at least 1
+    (a word split over tokens starts in one of them)."""
+    texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
+    return max(1, max(len(_WORD.findall(t)) for t in texts))
 
 
 def repeated_ngram_share(text: str, n: int = NGRAM) -> float:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, Callable, ClassVar, Literal, Sequence
 
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
@@ -178,11 +178,13 @@ class Decoder:
         return Generation(request.new_tokens, self.decode(request.new_tokens), request.stats)
 
     def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
-                sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Request:
-        """One engine request for prompt token ids (for callers that stream requests into ``engine``)."""
+                sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES,
+                halt: Callable[[list[int]], str | None] | None = None) -> Request:
+        """One engine request for prompt token ids (for callers that stream requests into ``engine``);
+        ``halt``: :attr:`laser.request.Request.halt`."""
         self.check_sampling(sampling)
         return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), pool, sampling),
-                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules)
+                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules, halt=halt)
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: text becomes one user chat message (chat template applied)."""

@@ -51,7 +51,7 @@ class VllmResult:
 
     text: str
     token_ids: list[int]
-    finish_reason: str  # "eos", "length" or "stop" (a stop string/token)
+    finish_reason: str  # "eos", "length", "stop" (a stop string/token) or what the request's ``halt`` said
     prompt_tokens: int
     target_forwards: int  # target forwards that produced this request's tokens (one per step it took part in)
     accepted_tokens: int  # draft tokens among the request's tokens (its tokens minus its forwards)
@@ -195,6 +195,7 @@ class VllmEngine:
             self.proposer.budget = self._budget()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
+        self._halts: dict[str, Callable[[list[int]], str | None]] = {}  # tag -> the caller's stop check
 
     # pools ---------------------------------------------------------------------------------------
     def register_pool(self, key: Hashable, source: DraftSource) -> None:
@@ -222,7 +223,8 @@ class VllmEngine:
                verification: str = "greedy", k: int = 2, p: float = 0.1, sampling: dict | None = None,
                stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
                draft: bool = True, n_max: int = 8, min_prob: float = 0.0,
-               pool_store: str | os.PathLike | None = None) -> str:
+               pool_store: str | os.PathLike | None = None,
+               halt: Callable[[list[int]], str | None] | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
@@ -231,6 +233,8 @@ class VllmEngine:
         ``rules``: :class:`laser.GenerationRules` keywords vLLM has (``repetition_penalty``,
         ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: the request drafts
         nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
+        ``halt``: a check on the request's new tokens after each step (:attr:`laser.request.Request.halt`);
+        a reason it returns aborts the request in vLLM and :meth:`step` returns it with that finish reason.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -260,10 +264,13 @@ class VllmEngine:
                                 top_p=float(s["top_p"]), top_k=int(s["top_k"] or 0),
                                 seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
                                 ignore_eos=ignore_eos, extra_args={"laser": extra},
-                                output_kind=RequestOutputKind.FINAL_ONLY, **rule_kw)
+                                output_kind=RequestOutputKind.CUMULATIVE if halt else RequestOutputKind.FINAL_ONLY,
+                                **rule_kw)
         ids = self.encode(prompt)
         self.llm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
         self._pending[tag] = (len(ids), time.perf_counter())
+        if halt is not None:
+            self._halts[tag] = halt
         return tag
 
     @property
@@ -275,10 +282,17 @@ class VllmEngine:
         """One vLLM engine step; the requests it finished, as (tag, result)."""
         done = []
         for out in self.llm.llm_engine.step():
-            if not out.finished or out.request_id not in self._pending:
+            tag, reason = out.request_id, None
+            if tag not in self._pending:
                 continue
-            prompt_tokens, t0 = self._pending.pop(out.request_id)
-            done.append((out.request_id, self._result(out, prompt_tokens, time.perf_counter() - t0)))
+            if not out.finished:  # a partial output: only requests with a stop check stream them
+                reason = self._halts[tag](list(out.outputs[0].token_ids)) if tag in self._halts else None
+                if not reason:
+                    continue
+                self.llm.llm_engine.abort_request([tag])
+            prompt_tokens, t0 = self._pending.pop(tag)
+            self._halts.pop(tag, None)
+            done.append((tag, self._result(out, prompt_tokens, time.perf_counter() - t0, reason)))
         return done
 
     def abort_all(self) -> None:
@@ -286,6 +300,7 @@ class VllmEngine:
         if self._pending:
             self.llm.llm_engine.abort_request(list(self._pending))
             self._pending.clear()
+            self._halts.clear()
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
                  pool_keys: Sequence[Hashable | None] | None = None,
@@ -308,7 +323,7 @@ class VllmEngine:
             results.update(self.step())
         return [results[t] for t in tags]
 
-    def _result(self, out, prompt_tokens: int, seconds: float) -> VllmResult:
+    def _result(self, out, prompt_tokens: int, seconds: float, halted: str | None = None) -> VllmResult:
         c = out.outputs[0]
         tokens = list(c.token_ids)
         if self.proposer is not None:
@@ -326,7 +341,9 @@ class VllmEngine:
             forwards, per_step, drafted = max(len(tokens), 1), [0] * len(tokens), 0
         else:  # vLLM's own drafters count nothing per request: tokens are an upper bound on forwards
             forwards = max(len(tokens), 1)
-        if c.finish_reason == "length":
+        if halted:
+            reason = halted
+        elif c.finish_reason == "length":
             reason = "length"
         elif c.stop_reason is None:
             reason = "eos"

@@ -13,13 +13,15 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Iterator
 
 from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeWriter, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality
-from pipelines.knowledge.retry import DegenerateTextError, retry_plan, retry_reasons, task_rules, worse
+from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality, words_per_token
+from pipelines.knowledge.retry import (LOOP_POLICIES, DegenerateTextError, LoopStop, retry_plan, retry_reasons,
+                                       task_rules, worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkResult
 
@@ -191,6 +193,16 @@ class GenerationWorker(ModelWorker):
                        req.pool_key if self.pools.has(task, req.pool_key) else None,
                        entity_sampling(task.sampling, req.entity_type, req.entity_id), task.rules)
 
+    def halt(self, attempt: Attempt) -> LoopStop | None:
+        """The engine's stop check for ``attempt``: a first text under a policy that acts on degenerate rows
+        stops once it is surely degenerate (:class:`pipelines.knowledge.retry.LoopStop`); None otherwise."""
+        if attempt.first is not None or self.task.degenerate not in LOOP_POLICIES:
+            return None
+        if "_per_token" not in self.__dict__:
+            self._per_token = words_per_token(self.lm.tokenizer)
+        return LoopStop(partial(self.lm.tokenizer.decode, skip_special_tokens=True), self.task.max_new_tokens,
+                        self._per_token)
+
     def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
         """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
 
@@ -325,7 +337,7 @@ class HfAdapter(EngineAdapter):
     def _request(self, dec: Any, attempt: Attempt) -> Any:
         pool = self.worker.pools.get(self.task, attempt.pool_key)
         return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
-                           rules=task_rules(attempt.rules))
+                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt))
 
     def make(self, attempt: Attempt) -> Any:
         r = self._request(self.pass_decoder, attempt)

@@ -7,15 +7,19 @@ have (pipelines/quality.py), is regenerated once: greedily (the task's decoder w
 words banned (``bad_words_ids``). The retry replaces the row unless it reads worse (flawed or
 degenerate where the first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
 still-flawed row stays visible.
+
+Under every policy that acts on a degenerate row (``retry``, ``retry_greedy``, ``fail``) a first text stops
+as soon as it is surely degenerate (:class:`LoopStop`): whatever it went on to say within its token limit
+would be retried or failed the same, so the tokens after that point are work thrown away.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from laser.rules import NO_RULES, GenerationRules
-from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms, text_quality
+from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms, surely_degenerate, text_quality
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,10 @@ def ungrounded(row: dict[str, Any]) -> bool:
 
 
 def retry_reasons(first: dict[str, Any]) -> list[str]:
-    """Why a first text was decoded again (each flaw it has)."""
+    """Why a first text was decoded again (each flaw it has; ``stopped at a loop`` when :class:`LoopStop`
+    ended it)."""
     flags = [k for k in ("degenerate", "cut", "fragment") if first.get(k)]
-    return flags + ["ungrounded"] * ungrounded(first)
+    return flags + ["ungrounded"] * ungrounded(first) + ["stopped at a loop"] * (first.get("finish_reason") == LOOP)
 
 
 def worse(retry: dict[str, Any], first: dict[str, Any]) -> bool:
@@ -66,6 +71,36 @@ def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, 
     if greedy is None:
         return GREEDY_RETRY_DECODER, {}
     return decoder, {**params, **greedy}
+
+
+LOOP = "loop"  # the finish reason of a first text stopped because it is surely degenerate
+LOOP_POLICIES = ("retry", "retry_greedy", "fail")  # the policies that act on a degenerate row
+
+
+class LoopStop:
+    """An engine's per-request stop check (``halt``) for a first text under a policy that acts on
+    degenerate rows: every ``every`` new tokens, :data:`LOOP` once the text so far is surely degenerate
+    (:func:`pipelines.quality.surely_degenerate`, the tokens left at ``per_token`` words each), else None.
+
+    Args:
+        decode: token ids -> text, as the row's text is decoded.
+        max_new_tokens: the request's token limit.
+        per_token: the most words one token adds (:func:`pipelines.quality.words_per_token`).
+    """
+
+    every = 8
+
+    def __init__(self, decode: Any, max_new_tokens: int, per_token: int) -> None:
+        self.decode, self.max_new_tokens, self.per_token = decode, max_new_tokens, per_token
+        self.checked = 0
+
+    def __call__(self, new_tokens: Sequence[int]) -> str | None:
+        n = len(new_tokens)
+        if n - self.checked < self.every:
+            return None
+        self.checked = n
+        left = max(self.max_new_tokens - n, 0)
+        return LOOP if surely_degenerate(self.decode(list(new_tokens)), left * self.per_token) else None
 
 
 class DegenerateTextError(ValueError):

@@ -102,7 +102,8 @@ class VllmAdapter(EngineAdapter):
             rules = with_vllm_form(rules)
         tag = self.engine.submit(attempt.prompt, self.task.max_new_tokens, sampling=_sampling(attempt.sampling),
                                  pool_key=attempt.pool_key if opts["draft"] else None,
-                                 pool_store=self.task.pool_store if opts["draft"] else None, rules=rules, **opts)
+                                 pool_store=self.task.pool_store if opts["draft"] else None, rules=rules,
+                                 halt=self.worker.halt(attempt), **opts)
         self.live[tag] = attempt
         return tag
 

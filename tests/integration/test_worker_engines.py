@@ -163,3 +163,24 @@ def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
     result = worker.generate(task, _users(3), slots=3)
     assert [f["entity_id"] for f in result.failures] == ["u1"] and "breaks the engine" in result.failures[0]["reason"]
     assert {r["entity_id"]: r["knowledge"] for r in result.rows} == {k: v for k, v in expected.items() if k != "u1"}
+
+
+def test_a_first_text_stops_once_surely_degenerate_and_its_retry_runs_whole(worker, monkeypatch):
+    """Under a policy that acts on degenerate rows, the engine stops a first text at its first check once it
+    is surely degenerate (here: always, from the 8th token); the retry is never stopped, nor is any text
+    under ``keep``."""
+    from pipelines.knowledge import retry
+
+    monkeypatch.setattr(retry, "surely_degenerate", lambda text, more_words: True)
+    task = DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, degenerate="retry", retry_rules={})
+    result = worker.generate(task, _users(2))
+    assert not result.failures
+    texts = result.rows + result.discarded
+    firsts = [r for r in texts if not r["greedy_retry"]]
+    retries = [r for r in texts if r["greedy_retry"]]
+    assert len(firsts) == len(retries) == 2
+    assert [(r["finish_reason"], r["n_tokens"]) for r in firsts] == [("loop", retry.LoopStop.every)] * 2
+    assert all(r["finish_reason"] != "loop" and r["n_tokens"] > retry.LoopStop.every for r in retries)
+    kept = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, degenerate="keep"),
+                           _users(2)).rows
+    assert all(r["finish_reason"] != "loop" and r["n_tokens"] > retry.LoopStop.every for r in kept)

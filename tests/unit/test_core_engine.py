@@ -30,6 +30,21 @@ def test_identical_requests_with_different_budgets_finish_separately(tiny_lm):
     assert [r.new_tokens for r in reqs] == [ref[:2], ref]
 
 
+def test_a_request_halted_by_its_check_ends_with_the_checks_reason(tiny_lm):
+    seen: list[int] = []
+
+    def halt(new: list[int]) -> str | None:
+        seen.append(len(new))
+        return "halted" if len(new) >= 3 else None
+
+    reqs = [Request(tokens=[5, 6, 7], prompt_len=3, drafter=laser.NoDrafter(), max_new_tokens=8, halt=h)
+            for h in (halt, None)]
+    TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
+    ref = greedy_reference(tiny_lm, [5, 6, 7], 8)
+    assert [r.new_tokens for r in reqs] == [ref[:3], ref]  # the other row of the batch is not touched
+    assert [r.stats.finish_reason for r in reqs] == ["halted", "length"] and seen == [1, 2, 3]
+
+
 def test_stops_where_generate_stops_not_at_the_tokenizers_eos(tiny_lm):
     prompt = random_prompts(1, 96, seed=4)[0]
     ref = greedy_reference(tiny_lm, prompt, 30)

@@ -10,7 +10,8 @@ from laser.decoders.builtin import Autoregressive
 from pipelines import knowledge_store as kn
 from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker
 from pipelines.workers import GenerationRequest, ModelSpec
-from pipelines.quality import MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, text_quality, words
+from pipelines.quality import (MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, surely_degenerate,
+                               text_quality, words)
 from tests.helpers import save_tiny_model
 from tests.helpers import knowledge_row as row
 
@@ -32,6 +33,47 @@ def test_degenerate_rule():
     assert not text_quality(PROSE, "eos").degenerate and text_quality(PROSE, "eos").finished_eos
     assert text_quality("Drama.", "eos").degenerate  # fewer than three words
     assert "limit 20%" in text_quality(LOOP, "length").reason() and MAX_REPEAT_4GRAM == 0.2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_surely_degenerate_text_stays_degenerate_whatever_follows(seed):
+    import random
+
+    rng = random.Random(seed)
+    vocab = [f"w{i}" for i in range(40)]
+    loop = " ".join(rng.choice(vocab) for _ in range(rng.randint(2, 5)))
+    text = " ".join(rng.choice(vocab) for _ in range(rng.randint(0, 12))) + (" " + loop) * 12 + " w"
+    prefixes = [text[:i] for i in range(1, len(text) + 1)]
+    for more in (0, 3, 10, 30):
+        sure = [p for p in prefixes if surely_degenerate(p, more)]
+        assert sure, (text, more)  # it says so somewhere before the end ...
+        for prefix in rng.sample(sure, min(12, len(sure))):
+            assert text_quality(prefix, "length").degenerate
+            for _ in range(20):  # ... and every continuation within the budget is degenerate
+                tail = " ".join(f"n{rng.randrange(10**6)}" for _ in range(more))
+                glue = rng.choice(["", " ", "'", "x "])  # may extend the prefix's last word
+                assert text_quality(prefix + glue + tail, "length").degenerate, (prefix, tail)
+
+
+def test_surely_degenerate_needs_the_budget_to_be_unable_to_dilute_the_loop():
+    looped = "it is a film it is a film it is a film it is a film"  # 13 4-grams, 8 repeats
+    assert text_quality(looped, "length").degenerate
+    assert surely_degenerate(looped, 0) and surely_degenerate(looped, 20)
+    assert not surely_degenerate(looped, 40)  # 40 new words could bring the share under a fifth
+    diluted = looped + " " + " ".join(f"n{i}" for i in range(40))
+    assert not text_quality(diluted, "length").degenerate
+    assert not surely_degenerate(PROSE, 0)
+
+
+def test_loop_stop_checks_every_few_tokens_and_says_loop():
+    from pipelines.knowledge.retry import LoopStop
+
+    texts = {8: PROSE, 16: LOOP}
+    stop = LoopStop(lambda ids: texts.get(len(ids), PROSE), max_new_tokens=40, per_token=1)
+    assert [stop(list(range(n))) for n in (3, 8, 12, 15)] == [None] * 4  # checked at 8 (prose), not again before 16
+    assert stop(list(range(16))) is None  # the loop could still be outgrown in 24 more tokens
+    stop = LoopStop(lambda ids: LOOP, max_new_tokens=20, per_token=1)
+    assert stop(list(range(17))) == "loop"  # 3 tokens left
 
 
 def test_summary_for_benchmarks():
