@@ -98,15 +98,20 @@ class PoolDrafter(Drafter):
             raise ValueError(f"need max_nodes >= 0, n_max >= 1, 0 <= min_prob < 1; got {max_nodes}, {n_max}, {min_prob}")
         self.pool, self.max_nodes, self.n_max, self.min_prob = pool, max_nodes, n_max, min_prob
         self.temporary: OwnText | None = OwnText(pool.trie.window, prompt_ids, longest=n_max)
+        self._match: tuple[int, int] | None = None  # (context length, match_length) of the last match asked
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         nodes = self.max_nodes if budget is None else min(budget, self.max_nodes)
         if nodes == 0:
             return DraftTree.chain(context[-1])
-        return self.pool.retrieve(context, nodes, self.n_max, self.temporary, self.min_prob)
+        # A prefix longer than the match has no continuation in either trie (a continued sequence's suffixes
+        # are continued too), so retrieval starts at the match when it was just asked for this context.
+        longest = self._match[1] if self._match is not None and self._match[0] == len(context) else self.n_max
+        return self.pool.retrieve(context, nodes, longest, self.temporary, self.min_prob)
 
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         self.temporary.extend(new_tokens)
+        self._match = None
 
     def match_length(self, context: Sequence[int]) -> int:
         """The longest suffix of ``context`` (up to ``n_max`` tokens) that something followed, in this
@@ -114,6 +119,7 @@ class PoolDrafter(Drafter):
         n, top = 0, min(self.n_max, len(context))
         while n < top and (self.temporary.follows(context[-n - 1:]) or self.pool.trie.follows(context[-n - 1:])):
             n += 1
+        self._match = (len(context), n)
         return n
 
     def close(self) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pickle
 import random
 
+import pytest
+
 from pools import RetrievalPool, TokenTrie
 
 
@@ -101,3 +103,24 @@ def test_match_length_is_the_longest_suffix_retrieval_can_continue():
                      if pool.trie.top_subtree(context[-n:], 1, 1) or drafter.temporary.top_subtree(context[-n:], 1, 1)]
         assert match == max(continued, default=0)
         assert (match == 0) == (len(drafter.propose(context)) == 1)
+
+
+@pytest.mark.parametrize("cap", [None, 40])
+def test_retrieval_after_a_match_gives_the_same_tree(cap):
+    """Retrieval starts at the match length when it was just asked (longer prefixes continue nowhere): the
+    trees are those of a retrieval that tries every prefix length, evicted pools included."""
+    rng = random.Random(1)
+    for _ in range(150):
+        texts = [[rng.randrange(5) for _ in range(rng.randrange(4, 30))] for _ in range(rng.randrange(1, 6))]
+        pool = RetrievalPool.from_token_ids(texts, window=6, max_trie_nodes=cap)
+        prompt = [rng.randrange(7) for _ in range(rng.randrange(1, 12))]
+        asked, plain = pool.open(prompt, max_nodes=12, n_max=5), pool.open(prompt, max_nodes=12, n_max=5)
+        context = list(prompt)
+        for _ in range(4):
+            asked.match_length(context)
+            a, b = asked.propose(context), plain.propose(context)
+            assert (a.tokens.tolist(), a.parents.tolist()) == (b.tokens.tolist(), b.parents.tolist())
+            new = [rng.randrange(7) for _ in range(rng.randrange(1, 3))]
+            context += new
+            asked.commit(new)
+            plain.commit(new)
