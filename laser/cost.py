@@ -3,8 +3,9 @@
 A decoding forward runs ``rows`` requests with ``nodes`` tree tokens each over a cached context. Its
 time is measured once per device, model, dtype and thread count on a grid of shapes (rows x nodes,
 powers of two), cached as JSON for the next run, and interpolated bilinearly in log2 space. Beyond
-the measured tokens-per-forward the time is extrapolated in proportion to the tokens (the forward is
-compute-bound there).
+the measured rows a forward costs what the widest measured one costs for as many tokens (128 rows x 1
+token as 64 x 2: a batch that wide is compute-bound, so a draft token there costs about what a row's
+token does); beyond the measured tokens per row the time grows in proportion to the tokens.
 """
 from __future__ import annotations
 
@@ -48,35 +49,27 @@ class ForwardCost:
 
     def time(self, rows: int, nodes: int) -> float:
         """Predicted seconds of one forward of ``rows`` requests with ``nodes`` tokens each."""
-        r, n = np.log2(max(rows, 1)), np.log2(max(nodes, 1))
-        gr, gn = np.log2(self.rows), np.log2(self.nodes)
-        table = np.asarray(self.seconds)
-        # bilinear in (log rows, log nodes), clamped to the grid; then proportional beyond it
-        i = int(np.clip(np.searchsorted(gr, r) - 1, 0, len(gr) - 2))
-        j = int(np.clip(np.searchsorted(gn, n) - 1, 0, len(gn) - 2))
-        tr = float(np.clip((r - gr[i]) / (gr[i + 1] - gr[i]), 0, 1))
-        tn = float(np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1))
-        t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
-             + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
-        scale = max(rows / self.rows[-1], 1.0) * max(nodes / self.nodes[-1], 1.0)
-        return float(t * scale)
+        return float(self.times(rows, nodes))
 
     def times(self, rows, nodes) -> np.ndarray:
-        """:meth:`time` over arrays (broadcast): one evaluation for many shapes, same numbers."""
+        """:meth:`time` over arrays (broadcast): one evaluation for many shapes."""
         rows = np.maximum(np.asarray(rows, dtype=float), 1.0)
         nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
         rows, nodes = np.broadcast_arrays(rows, nodes)
+        # beyond the measured rows, a forward costs what the widest measured one costs for as many tokens
+        over = np.maximum(rows / self.rows[-1], 1.0)
+        rows, nodes = rows / over, nodes * over
         r, n = np.log2(rows), np.log2(nodes)
         gr, gn = np.log2(self.rows), np.log2(self.nodes)
         table = np.asarray(self.seconds, dtype=float)
+        # bilinear in (log rows, log nodes), clamped to the grid; then proportional beyond it
         i = np.clip(np.searchsorted(gr, r) - 1, 0, len(gr) - 2)
         j = np.clip(np.searchsorted(gn, n) - 1, 0, len(gn) - 2)
         tr = np.clip((r - gr[i]) / (gr[i + 1] - gr[i]), 0, 1)
         tn = np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1)
         t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
              + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
-        scale = np.maximum(rows / self.rows[-1], 1.0) * np.maximum(nodes / self.nodes[-1], 1.0)
-        return t * scale
+        return t * np.maximum(nodes / self.nodes[-1], 1.0)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,6 +44,10 @@ def test_cost_model_interpolates_and_extrapolates_in_proportion():
     assert c.time(16, 64) == pytest.approx(1.024)
     assert c.time(64, 128) == pytest.approx(2 * c.time(64, 64))  # beyond the grid: proportional to tokens
     assert c.time(1, 3) == pytest.approx(0.02)  # between grid points on the flat part
+    # beyond the measured rows: the widest rows' cost for as many tokens, not the same curve scaled
+    table = ForwardCost("t", rows=[1, 2], nodes=[1, 2, 4], seconds=[[1.0, 1.0, 2.0], [1.0, 1.5, 3.0]])
+    assert table.time(4, 1) == pytest.approx(table.time(2, 2)) == pytest.approx(1.5)
+    assert table.time(4, 2) == pytest.approx(3.0) and table.time(4, 4) == pytest.approx(6.0)
 
 
 @pytest.mark.parametrize("rows", [1, 4, 64])
