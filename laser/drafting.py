@@ -1,7 +1,7 @@
 """Drafters: where draft trees come from. Each request gets its own drafter, which owns its state.
 
 The engine calls, per step: ``propose(context, budget)`` -> a :class:`DraftTree` rooted at the last
-token; after verification ``commit(new_tokens, hidden)`` with the tokens appended (accepted drafts, then
+token (an engine that verifies chains asks ``propose_chain`` for its first path); after verification ``commit(new_tokens, hidden)`` with the tokens appended (accepted drafts, then
 the correction/bonus); ``close()`` when the request ends. A drafter that sets ``needs_hidden`` gets the
 target's last hidden state at the last accepted position (``[H]``); the others never cost the engine
 that read. Drafters of one class may draft together (one draft-model forward for the batch) by
@@ -26,6 +26,11 @@ class Drafter:
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         """A draft tree rooted at ``context[-1]`` (not yet in the KV cache) with at most ``budget`` drafts."""
         return DraftTree.chain(context[-1])
+
+    def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
+        """The draft tokens of :meth:`propose`'s first root-to-leaf path (for engines that verify chains);
+        drafters that can find it without building the tree override this."""
+        return self.propose(context, budget).first_path()
 
     @classmethod
     def propose_batch(cls, drafters: Sequence["Drafter"], contexts: Sequence[Sequence[int]],

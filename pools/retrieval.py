@@ -76,6 +76,11 @@ class RetrievalPool:
         :meth:`TokenTrie.top_subtree`): fewer, likelier drafts, for targets whose forward cost grows
         with the number of tree tokens (CPUs).
         """
+        return _layout(context[-1], self.nodes(context, max_nodes, n_max, temporary, min_prob))
+
+    def nodes(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+              temporary: OwnText | None = None, min_prob: float = 0.0) -> list[tuple[int, ...]]:
+        """The nodes :meth:`retrieve` lays out: paths below the root, prefix-closed, in priority order."""
         enough = max(1, int(self.min_fraction * max_nodes))
         best: list[tuple[int, ...]] = []
         for n in range(min(n_max, len(context)), 0, -1):
@@ -86,7 +91,7 @@ class RetrievalPool:
                 best = nodes
             if len(best) >= enough:
                 break
-        return _layout(context[-1], best)
+        return best
 
 
 class PoolDrafter(Drafter):
@@ -101,13 +106,19 @@ class PoolDrafter(Drafter):
         self._match: tuple[int, int] | None = None  # (context length, match_length) of the last match asked
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
+        return _layout(context[-1], self._nodes(context, budget))
+
+    def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
+        return _first_path(self._nodes(context, budget))
+
+    def _nodes(self, context: Sequence[int], budget: int | None) -> list[tuple[int, ...]]:
         nodes = self.max_nodes if budget is None else min(budget, self.max_nodes)
         if nodes == 0:
-            return DraftTree.chain(context[-1])
+            return []
         # A prefix longer than the match has no continuation in either trie (a continued sequence's suffixes
         # are continued too), so retrieval starts at the match when it was just asked for this context.
         longest = self._match[1] if self._match is not None and self._match[0] == len(context) else self.n_max
-        return self.pool.retrieve(context, nodes, longest, self.temporary, self.min_prob)
+        return self.pool.nodes(context, nodes, longest, self.temporary, self.min_prob)
 
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         self.temporary.extend(new_tokens)
@@ -135,6 +146,20 @@ def _merge(subtrees: list[list[tuple[tuple[int, ...], int]]], limit: int) -> lis
             if len(seen) == limit:
                 return list(seen)
     return list(seen)
+
+
+def _first_path(paths: list[tuple[int, ...]]) -> list[int]:
+    """The tokens of :func:`_layout`'s first root-to-leaf path (each node's first child in priority order),
+    without laying the tree out."""
+    first: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for path in paths:
+        first.setdefault(path[:-1], path)
+    out: list[int] = []
+    node: tuple[int, ...] = ()
+    while node in first:
+        node = first[node]
+        out.append(node[-1])
+    return out
 
 
 def _layout(root: int, paths: list[tuple[int, ...]]) -> DraftTree:

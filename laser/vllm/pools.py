@@ -141,7 +141,10 @@ class _LookupDrafter(Drafter):
         self.text, self.n_max = OwnText(max(2, n_max), prompt), n_max
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
-        return DraftTree.chain(context[-1], self.text.latest_follow(self.n_max, 8 if budget is None else budget))
+        return DraftTree.chain(context[-1], self.propose_chain(context, budget))
+
+    def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
+        return self.text.latest_follow(self.n_max, 8 if budget is None else budget)
 
     def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
         self.text.extend(new_tokens)

@@ -193,8 +193,7 @@ class LaserProposer:
         for (i, rid, row), L in zip(budgeted, lengths):
             if L > 0:
                 t0 = time.perf_counter()
-                tree = row.drafter.propose(row.context, RETRIEVE_NODES * int(L))
-                out[i] = tree.first_path()[: int(L)]
+                out[i] = row.drafter.propose_chain(row.context, RETRIEVE_NODES * int(L))[: int(L)]
                 row.draft_s += time.perf_counter() - t0
         for i, rid, row in drafting:
             if row.force_cycle:

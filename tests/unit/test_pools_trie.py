@@ -108,7 +108,8 @@ def test_match_length_is_the_longest_suffix_retrieval_can_continue():
 @pytest.mark.parametrize("cap", [None, 40])
 def test_retrieval_after_a_match_gives_the_same_tree(cap):
     """Retrieval starts at the match length when it was just asked (longer prefixes continue nowhere): the
-    trees are those of a retrieval that tries every prefix length, evicted pools included."""
+    trees are those of a retrieval that tries every prefix length, evicted pools included; a chain is the
+    tree's first path, found without the tree."""
     rng = random.Random(1)
     for _ in range(150):
         texts = [[rng.randrange(5) for _ in range(rng.randrange(4, 30))] for _ in range(rng.randrange(1, 6))]
@@ -120,6 +121,7 @@ def test_retrieval_after_a_match_gives_the_same_tree(cap):
             asked.match_length(context)
             a, b = asked.propose(context), plain.propose(context)
             assert (a.tokens.tolist(), a.parents.tolist()) == (b.tokens.tolist(), b.parents.tolist())
+            assert asked.propose_chain(context) == plain.propose_chain(context) == b.first_path()
             new = [rng.randrange(7) for _ in range(rng.randrange(1, 3))]
             context += new
             asked.commit(new)
