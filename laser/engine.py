@@ -284,8 +284,9 @@ class TreeDecodingEngine:
             s.stats.drafted_per_step.append(len(tree) - 1)
             new = self._clip(s, o.tokens)
             s.tokens.extend(new)
-            if not s.stats.finish_reason and s.halt is not None:
-                s.stats.finish_reason = s.halt(s.new_tokens) or ""
+            if not s.stats.finish_reason and s.halt is not None and (stop := s.halt(s.new_tokens)) is not None:
+                s.stats.finish_reason, keep = stop
+                del s.tokens[s.prompt_len + keep:]
             if o.finished and not s.stats.finish_reason:
                 s.stats.finish_reason = "verifier"
             if s.stats.finish_reason:

@@ -11,6 +11,10 @@ from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.tree import DraftTree
 
+Halt = Callable[[list[int]], "tuple[str, int] | None"]
+"""A caller's stop check, run on a request's new tokens after each step: ``(reason, keep)`` ends the
+request with its first ``keep`` new tokens and finish reason ``reason``; None lets it go on."""
+
 
 @dataclass
 class DecodeStats:
@@ -48,8 +52,7 @@ class Request:
     rules: GenerationRules = NO_RULES  # repetition penalty, no-repeat n-grams, min new tokens, bad words
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
     state: Any = None  # typed state the drafter and the verifier share (e.g. a BeamState); None: none
-    halt: Callable[[list[int]], str | None] | None = None  # the caller's check on the new tokens after each
-    #                                                        step: a reason it returns ends the request
+    halt: Halt | None = None  # the caller's stop check (:data:`Halt`)
     cache_len: int = 0  # committed KV entries: the prompt and accepted tokens before the root
     kept: DraftTree | None = None  # tree nodes kept in the cache after them (beam prefixes; see Outcome.keep)
     stats: DecodeStats = field(default_factory=DecodeStats)

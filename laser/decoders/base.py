@@ -24,13 +24,14 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Callable, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine, check_tree_attention
+from laser.request import Halt
 from laser.models import LoadedModel
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
@@ -179,7 +180,7 @@ class Decoder:
 
     def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES,
-                halt: Callable[[list[int]], str | None] | None = None) -> Request:
+                halt: Halt | None = None) -> Request:
         """One engine request for prompt token ids (for callers that stream requests into ``engine``);
         ``halt``: :attr:`laser.request.Request.halt`."""
         self.check_sampling(sampling)

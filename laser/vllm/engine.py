@@ -26,6 +26,7 @@ from typing import Callable, Hashable, Sequence
 from laser.cost import ForwardCost
 from laser.drafting import DraftSource
 from laser.models import model_dir
+from laser.request import Halt
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget, prior_cost
 from laser.vllm.forms import rule_params
@@ -195,7 +196,7 @@ class VllmEngine:
             self.proposer.budget = self._budget()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
-        self._halts: dict[str, Callable[[list[int]], str | None]] = {}  # tag -> the caller's stop check
+        self._halts: dict[str, Halt] = {}  # tag -> the caller's stop check
 
     # pools ---------------------------------------------------------------------------------------
     def register_pool(self, key: Hashable, source: DraftSource) -> None:
@@ -224,7 +225,7 @@ class VllmEngine:
                stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
                draft: bool = True, n_max: int = 8, min_prob: float = 0.0,
                pool_store: str | os.PathLike | None = None,
-               halt: Callable[[list[int]], str | None] | None = None) -> str:
+               halt: Halt | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
@@ -233,8 +234,9 @@ class VllmEngine:
         ``rules``: :class:`laser.GenerationRules` keywords vLLM has (``repetition_penalty``,
         ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: the request drafts
         nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
-        ``halt``: a check on the request's new tokens after each step (:attr:`laser.request.Request.halt`);
-        a reason it returns aborts the request in vLLM and :meth:`step` returns it with that finish reason.
+        ``halt``: a stop check on the request's new tokens after each step (:data:`laser.request.Halt`); when
+        it says stop, the request is aborted in vLLM and :meth:`step` returns its first ``keep`` new tokens
+        with the check's finish reason.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -282,17 +284,18 @@ class VllmEngine:
         """One vLLM engine step; the requests it finished, as (tag, result)."""
         done = []
         for out in self.llm.llm_engine.step():
-            tag, reason = out.request_id, None
+            tag, stop = out.request_id, None
             if tag not in self._pending:
                 continue
             if not out.finished:  # a partial output: only requests with a stop check stream them
-                reason = self._halts[tag](list(out.outputs[0].token_ids)) if tag in self._halts else None
-                if not reason:
+                halt = self._halts.get(tag)
+                stop = halt(list(out.outputs[0].token_ids)) if halt is not None else None
+                if stop is None:
                     continue
                 self.llm.llm_engine.abort_request([tag])
             prompt_tokens, t0 = self._pending.pop(tag)
             self._halts.pop(tag, None)
-            done.append((tag, self._result(out, prompt_tokens, time.perf_counter() - t0, reason)))
+            done.append((tag, self._result(out, prompt_tokens, time.perf_counter() - t0, stop)))
         return done
 
     def abort_all(self) -> None:
@@ -323,9 +326,12 @@ class VllmEngine:
             results.update(self.step())
         return [results[t] for t in tags]
 
-    def _result(self, out, prompt_tokens: int, seconds: float, halted: str | None = None) -> VllmResult:
+    def _result(self, out, prompt_tokens: int, seconds: float, halted: tuple[str, int] | None = None) -> VllmResult:
         c = out.outputs[0]
-        tokens = list(c.token_ids)
+        tokens, text = list(c.token_ids), c.text
+        if halted:
+            tokens = tokens[:halted[1]]
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         if self.proposer is not None:
             stats = self.proposer.take_stats(out.request_id)
         else:  # engine core in another process: vLLM's per-request metrics, if it was asked to keep them
@@ -342,7 +348,7 @@ class VllmEngine:
         else:  # vLLM's own drafters count nothing per request: tokens are an upper bound on forwards
             forwards = max(len(tokens), 1)
         if halted:
-            reason = halted
+            reason = halted[0]
         elif c.finish_reason == "length":
             reason = "length"
         elif c.stop_reason is None:
@@ -350,7 +356,7 @@ class VllmEngine:
         else:
             reason = "stop"
         timing = _timings(out)
-        return VllmResult(text=c.text, token_ids=tokens, finish_reason=reason, prompt_tokens=prompt_tokens,
+        return VllmResult(text=text, token_ids=tokens, finish_reason=reason, prompt_tokens=prompt_tokens,
                           target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
                           seconds=seconds, prefill_s=timing.get("prefill_s"),
                           decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),

@@ -78,9 +78,11 @@ LOOP_POLICIES = ("retry", "retry_greedy", "fail")  # the policies that act on a 
 
 
 class LoopStop:
-    """An engine's per-request stop check (``halt``) for a first text under a policy that acts on
-    degenerate rows: every ``every`` new tokens, :data:`LOOP` once the text so far is surely degenerate
-    (:func:`pipelines.quality.surely_degenerate`, the tokens left at ``per_token`` words each), else None.
+    """An engine's per-request stop check (:data:`laser.request.Halt`) for a first text under a policy that
+    acts on degenerate rows: at every ``every``-th new token, ``(LOOP, that many tokens)`` once the text up
+    to there is surely degenerate (:func:`pipelines.quality.surely_degenerate`, each token left adding at
+    most ``per_token`` words), else None. The stop falls at the same token however many tokens the
+    engine's steps add, so it depends on the text alone, not on the engine or its drafts.
 
     Args:
         decode: token ids -> text, as the row's text is decoded.
@@ -94,13 +96,12 @@ class LoopStop:
         self.decode, self.max_new_tokens, self.per_token = decode, max_new_tokens, per_token
         self.checked = 0
 
-    def __call__(self, new_tokens: Sequence[int]) -> str | None:
-        n = len(new_tokens)
-        if n - self.checked < self.every:
-            return None
-        self.checked = n
-        left = max(self.max_new_tokens - n, 0)
-        return LOOP if surely_degenerate(self.decode(list(new_tokens)), left * self.per_token) else None
+    def __call__(self, new_tokens: Sequence[int]) -> tuple[str, int] | None:
+        for n in range(self.checked + self.every, len(new_tokens) + 1, self.every):
+            self.checked = n
+            if surely_degenerate(self.decode(list(new_tokens[:n])), max(self.max_new_tokens - n, 0) * self.per_token):
+                return LOOP, n
+        return None
 
 
 class DegenerateTextError(ValueError):

@@ -33,15 +33,15 @@ def test_identical_requests_with_different_budgets_finish_separately(tiny_lm):
 def test_a_request_halted_by_its_check_ends_with_the_checks_reason(tiny_lm):
     seen: list[int] = []
 
-    def halt(new: list[int]) -> str | None:
+    def halt(new: list[int]) -> tuple[str, int] | None:
         seen.append(len(new))
-        return "halted" if len(new) >= 3 else None
+        return ("halted", 2) if len(new) >= 3 else None
 
     reqs = [Request(tokens=[5, 6, 7], prompt_len=3, drafter=laser.NoDrafter(), max_new_tokens=8, halt=h)
             for h in (halt, None)]
     TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
     ref = greedy_reference(tiny_lm, [5, 6, 7], 8)
-    assert [r.new_tokens for r in reqs] == [ref[:3], ref]  # the other row of the batch is not touched
+    assert [r.new_tokens for r in reqs] == [ref[:2], ref]  # kept as the check said; the other row untouched
     assert [r.stats.finish_reason for r in reqs] == ["halted", "length"] and seen == [1, 2, 3]
 
 

@@ -68,12 +68,17 @@ def test_surely_degenerate_needs_the_budget_to_be_unable_to_dilute_the_loop():
 def test_loop_stop_checks_every_few_tokens_and_says_loop():
     from pipelines.knowledge.retry import LoopStop
 
-    texts = {8: PROSE, 16: LOOP}
-    stop = LoopStop(lambda ids: texts.get(len(ids), PROSE), max_new_tokens=40, per_token=1)
-    assert [stop(list(range(n))) for n in (3, 8, 12, 15)] == [None] * 4  # checked at 8 (prose), not again before 16
-    assert stop(list(range(16))) is None  # the loop could still be outgrown in 24 more tokens
-    stop = LoopStop(lambda ids: LOOP, max_new_tokens=20, per_token=1)
-    assert stop(list(range(17))) == "loop"  # 3 tokens left
+    asked: list[int] = []
+
+    def text(ids: list[int]) -> str:
+        asked.append(len(ids))
+        return PROSE if len(ids) < 16 else LOOP
+
+    stop = LoopStop(text, max_new_tokens=40, per_token=1)
+    assert [stop(list(range(n))) for n in (3, 8, 12, 15, 16)] == [None] * 5  # the loop could be outgrown by 24 more
+    assert asked == [8, 16]  # at every 8th token, once each
+    stop = LoopStop(text, max_new_tokens=20, per_token=1)
+    assert stop(list(range(19))) == ("loop", 16)  # 4 tokens left at 16: kept up to there, whatever the step added
 
 
 def test_summary_for_benchmarks():
