@@ -1,11 +1,11 @@
 """Drafters: where draft trees come from. Each request gets its own drafter, which owns its state.
 
 The engine calls, per step: ``propose(context, budget)`` -> a :class:`DraftTree` rooted at the last
-token (an engine that verifies chains asks ``propose_chain`` for its first path); after verification ``commit(new_tokens, hidden)`` with the tokens appended (accepted drafts, then
-the correction/bonus); ``close()`` when the request ends. A drafter that sets ``needs_hidden`` gets the
-target's last hidden state at the last accepted position (``[H]``); the others never cost the engine
-that read. Drafters of one class may draft together (one draft-model forward for the batch) by
-overriding ``propose_batch``.
+token (an engine that verifies chains asks ``propose_chain`` for its first path); after verification
+``commit(new_tokens, hidden)`` with the tokens appended (accepted drafts, then the correction/bonus);
+``close()`` when the request ends. A drafter that sets ``needs_hidden`` gets the target's last hidden
+state at the last accepted position (``[H]``); the others never cost the engine that read. Drafters of
+one class may draft together (one draft-model forward for the batch) by overriding ``propose_batch``.
 
 A *draft source* (e.g. a retrieval pool) opens one drafter per request.
 """

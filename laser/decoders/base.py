@@ -31,8 +31,8 @@ from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine, check_tree_attention
-from laser.request import Halt
 from laser.models import LoadedModel
+from laser.request import Halt
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import RejectionSampler, Verifier
