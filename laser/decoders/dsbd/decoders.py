@@ -15,7 +15,7 @@ from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.decoders.dsbd.algorithm import BeamSampleState, BeamSampleVerifier, ForestDrafter
 from laser.models import LoadedModel
-from laser.request import Request
+from laser.request import Halt, Request
 from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import Verifier
@@ -52,9 +52,10 @@ class BeamSample(Decoder):
                              f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
 
     def request(self, ids: list[int], max_new_tokens: int, pool=None, sampling: SamplingParams = GREEDY,
-                rules: GenerationRules = NO_RULES) -> Request:
+                rules: GenerationRules = NO_RULES, halt: Halt | None = None) -> Request:
         """One engine request; its beams draw from a generator seeded by ``sampling.seed`` (the decoder's
-        seed when ``sampling`` is greedy, i.e. unset). ``pool`` and ``rules`` are not used."""
+        seed when ``sampling`` is greedy, i.e. unset). ``pool``, ``rules`` and ``halt`` are not used (the
+        text is chosen among the beams at the end, so there is no one text to stop early)."""
         self.check_sampling(sampling)
         seed = self.seed if sampling.greedy else int(sampling.seed)
         sampling = SamplingParams(temperature=1.0, seed=seed)
