@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -11,7 +11,7 @@ from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.tree import DraftTree
 
-Halt = Callable[[list[int]], "tuple[str, int] | None"]
+Halt = Callable[[Sequence[int]], "tuple[str, int] | None"]
 """A caller's stop check, run on a request's new tokens after each step: ``(reason, keep)`` ends the
 request with its first ``keep`` new tokens and finish reason ``reason``; None lets it go on."""
 

@@ -289,7 +289,7 @@ class VllmEngine:
                 continue
             if not out.finished:  # a partial output: only requests with a stop check stream them
                 halt = self._halts.get(tag)
-                stop = halt(list(out.outputs[0].token_ids)) if halt is not None else None
+                stop = halt(out.outputs[0].token_ids) if halt is not None else None
                 if stop is None:
                     continue
                 self.llm.llm_engine.abort_request([tag])

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Callable, Iterator
 
 from laser.sampling import GREEDY
@@ -198,10 +198,13 @@ class GenerationWorker(ModelWorker):
         stops once it is surely degenerate (:class:`pipelines.knowledge.retry.LoopStop`); None otherwise."""
         if attempt.first is not None or self.task.degenerate not in LOOP_POLICIES:
             return None
-        if "_per_token" not in self.__dict__:
-            self._per_token = words_per_token(self.lm.tokenizer)
         return LoopStop(partial(self.lm.tokenizer.decode, skip_special_tokens=True), self.task.max_new_tokens,
-                        self._per_token)
+                        self.words_per_token)
+
+    @cached_property
+    def words_per_token(self) -> int:
+        """The most words one token of the model's vocabulary adds (read once, at the first stop check)."""
+        return words_per_token(self.lm.tokenizer)
 
     def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
         """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
