@@ -70,10 +70,11 @@ class EngineLog:
     prefill_s: float = 0.0
     prefill_forwards: int = 0
     decode_s: float = 0.0  # decoding steps' seconds (prefill excluded)
+    decode_tokens: int = 0  # tokens the decoding steps gave their requests
 
     def clear(self) -> None:
         self.steps.clear()
-        self.prefill_s, self.prefill_forwards, self.decode_s = 0.0, 0, 0.0
+        self.prefill_s, self.prefill_forwards, self.decode_s, self.decode_tokens = 0.0, 0, 0.0, 0
 
 
 def check_tree_attention(model: torch.nn.Module) -> None:
@@ -284,6 +285,7 @@ class TreeDecodingEngine:
             s.stats.drafted_per_step.append(len(tree) - 1)
             new = self._clip(s, o.tokens)
             s.tokens.extend(new)
+            self.log.decode_tokens += len(new)
             if not s.stats.finish_reason and s.halt is not None and (stop := s.halt(s.new_tokens)) is not None:
                 s.stats.finish_reason, keep = stop
                 del s.tokens[s.prompt_len + keep:]

@@ -280,6 +280,14 @@ class VllmEngine:
         """Requests submitted and not yet returned by :meth:`step`."""
         return len(self._pending)
 
+    @property
+    def decode_clock(self) -> tuple[float, int] | None:
+        """(seconds, tokens) of the steps so far in which no request prefilled, as LASER's proposer timed
+        them; None where it cannot see the steps (other speculation, or the engine core in another process)."""
+        if self.proposer is None:
+            return None
+        return self.proposer.decode_clock.seconds, self.proposer.decode_clock.tokens
+
     def step(self) -> list[tuple[str, VllmResult]]:
         """One vLLM engine step; the requests it finished, as (tag, result)."""
         done = []

@@ -26,7 +26,8 @@ chooses every row's draft length from that and the row's acceptance (:class:`las
 then retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
 tree's first root-to-leaf path). Drafters are fed only the tokens that are new since the last step.
 The step's wall seconds and the proposer's own seconds go to the budget's ``observe_step`` when it has
-one.
+one, and the steps in which no request prefilled go to :attr:`LaserProposer.decode_clock` (the engine's
+decode-only time and tokens).
 """
 from __future__ import annotations
 
@@ -100,6 +101,16 @@ class _Row:
 
 
 @dataclass
+class DecodeClock:
+    """Wall seconds and tokens of the engine steps in which no request prefilled (a step: one ``propose``
+    call to the next, so drafting, scheduling, the forward and verification; every token it produced was
+    decoded)."""
+
+    seconds: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
 class StepLog:
     """Wall seconds between successive ``propose`` calls with the batch's shape (for the cost model)."""
 
@@ -131,6 +142,8 @@ class LaserProposer:
         self.store_pools = pools.StorePools(self._tokenizer)
         self._relaxed_open = 0
         self._last: tuple[float, float] | None = None  # end time and seconds of the last propose call
+        self._started: float | None = None  # start time of the last propose call
+        self.decode_clock = DecodeClock()
 
     # vLLM hooks ---------------------------------------------------------------------------------
     def attach(self, runner) -> None:
@@ -155,7 +168,7 @@ class LaserProposer:
         self.steps += 1
         n = len(req_ids)
         out: list[list[int]] = [[] for _ in range(n)]
-        rows_decoded, verified, prefill, chunked = 0, 0, False, False
+        rows_decoded, verified, produced, prefill, chunked = 0, 0, 0, False, False
         drafting: list[tuple[int, str, _Row]] = []
         for i, rid in enumerate(req_ids):
             sampled = sampled_token_ids[i] if i < len(sampled_token_ids) else []
@@ -171,6 +184,7 @@ class LaserProposer:
             if row.drafted:
                 self.budget.observe(rid, row.drafted, got)
             rows_decoded += 1
+            produced += len(sampled)
             verified += row.drafted
             if row.drafted:
                 row.accepted_per_step.append(got)
@@ -188,6 +202,7 @@ class LaserProposer:
             if row.drafter is not None:
                 drafting.append((i, rid, row))
         self._observe_step(now, rows_decoded, verified, prefill)
+        self._time_step(now, produced, prefill)
         budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
         lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
@@ -232,6 +247,13 @@ class LaserProposer:
             return
         end, propose_s = last
         observe(rows, rows + tokens_drafted, now - end, propose_s)
+
+    def _time_step(self, now: float, tokens: int, prefill: bool) -> None:
+        """The step that just ran to :attr:`decode_clock` when it only decoded."""
+        started, self._started = self._started, now
+        if started is not None and not prefill and tokens:
+            self.decode_clock.seconds += now - started
+            self.decode_clock.tokens += tokens
 
     def _open(self, rid: str, prompt_and_output) -> _Row:
         state = self.runner.requests.get(rid)

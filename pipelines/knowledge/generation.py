@@ -54,10 +54,29 @@ class BatchResult(WorkResult):
     report counts as work done."""
 
     discarded: list[dict[str, Any]] = field(default_factory=list)
+    busy_s: float = 0.0  # the engine's seconds for them, every step (prefill included)
+    decode_tokens: int = 0  # tokens of the steps that only decoded (``decode_s``: their seconds)
 
     def merge(self, other: WorkResult) -> None:
         super().merge(other)
         self.discarded += getattr(other, "discarded", [])
+        self.busy_s += getattr(other, "busy_s", 0.0)
+        self.decode_tokens += getattr(other, "decode_tokens", 0)
+
+
+@dataclass(frozen=True)
+class EngineClock:
+    """An engine's time so far: ``busy_s`` over every step (prefill included), ``decode_s`` and
+    ``decode_tokens`` over the steps that only decoded (no request prefilling in them) and the tokens they
+    gave. The two engines measure the same thing: decode throughput with no prefill in it."""
+
+    busy_s: float = 0.0
+    decode_s: float = 0.0
+    decode_tokens: int = 0
+
+    def __sub__(self, since: "EngineClock") -> "EngineClock":
+        return EngineClock(self.busy_s - since.busy_s, self.decode_s - since.decode_s,
+                           self.decode_tokens - since.decode_tokens)
 
 
 @dataclass(eq=False)  # attempts are told apart by identity
@@ -81,13 +100,16 @@ class EngineAdapter:
     ``start`` readies the engine for a pass; ``make`` hands it one attempt (raising for a bad one, which
     then fails alone); ``stream`` runs the engine while ``admit(n)`` (which calls ``make``) gives it work,
     yielding ``(attempt, generation)`` as each finishes; ``alone`` decodes one attempt by itself;
-    ``abort`` drops what a failed engine held; ``seconds`` is the engine time spent so far;
+    ``abort`` drops what a failed engine held; ``clock`` is the engine time spent so far;
     ``joins`` says whether an attempt can share the pass's engine (else it is decoded alone);
     ``params_json`` is the decoder parameters a row records.
     """
 
     name: str = ""  # the ``engine`` column of the rows it decodes
-    seconds: float = 0.0
+
+    def clock(self) -> EngineClock:
+        """The engine's time so far (:class:`EngineClock`)."""
+        return EngineClock()
 
     def ready(self, slots: int) -> dict[str, Any]:
         """Build what the engine needs before its first request (nothing, unless the engine says so)."""
@@ -218,7 +240,7 @@ class GenerationWorker(ModelWorker):
         self.retries: deque[Attempt] = deque()
         held: dict[int, Attempt] = {}
         failed: list[dict[str, str]] = []
-        spent = self.adapter.seconds
+        spent = self.adapter.clock()
 
         def admit(n: int) -> list[Any]:
             made: list[Any] = []
@@ -238,8 +260,11 @@ class GenerationWorker(ModelWorker):
 
         def settle(part: BatchResult) -> BatchResult:
             nonlocal spent
-            part.decode_s += self.adapter.seconds - spent  # shared steps once, retries decoded alone too
-            spent = self.adapter.seconds
+            now = self.adapter.clock()  # shared steps once, retries decoded alone too
+            took, spent = now - spent, now
+            part.busy_s += took.busy_s
+            part.decode_s += took.decode_s
+            part.decode_tokens += took.decode_tokens
             part.failures[:0], failed[:] = failed, []
             return part
 
@@ -321,9 +346,10 @@ class HfAdapter(EngineAdapter):
         self.worker = worker
         self.held: dict[int, Attempt] = {}
 
-    @property
-    def seconds(self) -> float:
-        return sum(dec.engine.log.decode_s for dec, _ in self.worker._decoders.values() if "engine" in dec.__dict__)
+    def clock(self) -> EngineClock:
+        logs = [dec.engine.log for dec, _ in self.worker._decoders.values() if "engine" in dec.__dict__]
+        return EngineClock(sum(g.prefill_s + g.decode_s for g in logs), sum(g.decode_s for g in logs),
+                           sum(g.decode_tokens for g in logs))
 
     def decoder(self, name: str, params: dict[str, Any]) -> tuple[Any, str]:
         return self.worker.decoder(name, params)
@@ -395,7 +421,9 @@ class GenerationReport:
     decoded_accepted: int = 0
     prompt_tokens: int = 0  # summed over the attempts that counted them
     cached_prompt_tokens: int = 0  # of them, served from the engine's prefix cache
-    decode_s: float = 0.0  # actors' decoding seconds, summed over batches (a batch's shared steps once)
+    busy_s: float = 0.0  # actors' engine seconds, every step (prefill included), a shared step once
+    decode_s: float = 0.0  # of them, the steps that only decoded
+    decode_tokens: int = 0  # the tokens those steps gave
     greedy_retries: int = 0  # rows written by their retry
     retry_reasons: dict[str, int] = field(default_factory=dict)  # flaws of the retried first texts
     quality: QualitySummary = field(default_factory=QualitySummary)
@@ -413,12 +441,17 @@ class GenerationReport:
         return self.n_tokens / self.wall_s if self.wall_s else 0.0
 
     @property
+    def engine_tokens_per_s(self) -> float:
+        """Engine throughput: tokens of every attempt / actor engine seconds (every step, prefill included;
+        model and pool loads excluded). Actors run in parallel, so wall throughput can exceed it."""
+        return self.decoded_tokens / self.busy_s if self.busy_s else 0.0
+
+    @property
     def decode_tokens_per_s(self) -> float:
-        """Decode throughput: tokens of every attempt / actor decoding seconds (a batch counts its longest
-        row's decoding time; model and pool loads excluded; prefill excluded on hf, included on vLLM, whose
-        steps prefill joining requests beside the others' decoding). Actors run in parallel, so wall
-        throughput can exceed it when prefill is small."""
-        return self.decoded_tokens / self.decode_s if self.decode_s else 0.0
+        """Decode throughput: tokens / seconds of the engine steps in which no request prefilled (on hf the
+        decoding steps; on vLLM the steps LASER's proposer timed with no prompt in them), so a pass with
+        longer prompts is not charged for their prefill."""
+        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
 
 
 def record_result(result: WorkResult, writer: KnowledgeWriter, report: GenerationReport) -> None:
@@ -444,7 +477,9 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.decoded_accepted += row["accepted_tokens"]
         report.prompt_tokens += row.get("prompt_tokens") or 0
         report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
+    report.busy_s += getattr(result, "busy_s", 0.0)
     report.decode_s += result.decode_s
+    report.decode_tokens += getattr(result, "decode_tokens", 0)
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
     report.done += len(result.rows)

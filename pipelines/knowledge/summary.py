@@ -42,6 +42,7 @@ class JobSummary:
 def _report_json(rep: GenerationReport) -> dict[str, Any]:
     """A pass's figures for summary.json, with the derived rates and the quality shares."""
     return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s,
+            "tokens_per_s_engine": rep.engine_tokens_per_s,
             "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
 
 
@@ -53,40 +54,47 @@ def _prompt_cell(rep: GenerationReport) -> str:
     return f"{rep.prompt_tokens} ({rep.cached_prompt_tokens / rep.prompt_tokens:.0%})"
 
 
+def _rate(tokens_per_s: float) -> str:
+    """A throughput cell (``-`` where the engine did not time it)."""
+    return f"{tokens_per_s:.1f}" if tokens_per_s else "-"
+
+
 def print_summary(summary: JobSummary) -> None:
     """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
     from rich.console import Console
     from rich.table import Table
 
     speed = Table(title=f"laser job {summary.run_id}")
-    for col in ("step", "done", "failed", "tokens (decoded)", "tok/s wall", "tok/s decode", "AAL", "forwards saved",
-                "prompt tokens (cached)"):
+    for col in ("step", "done", "failed", "tokens (decoded)", "tok/s wall", "tok/s engine", "tok/s decode", "AAL",
+                "forwards saved", "prompt tokens (cached)"):
         speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     quality = Table(title="knowledge quality (pipelines/quality.py)")
     for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)"):
         quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.done == rep.failed == 0:
-            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-", "-")  # nothing generated in this pass
+            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-", "-", "-")  # nothing generated in this pass
             continue
         # every accepted draft token is a target forward saved against one forward per token
         share = f" ({rep.decoded_accepted / rep.decoded_tokens:.0%})" if rep.decoded_tokens else ""
         speed.add_row(name, str(rep.done), str(rep.failed), f"{rep.n_tokens} ({rep.decoded_tokens})",
-                      f"{rep.tokens_per_s:.1f}", f"{rep.decode_tokens_per_s:.1f}", f"{rep.aal:.2f}",
+                      f"{rep.tokens_per_s:.1f}", _rate(rep.engine_tokens_per_s), _rate(rep.decode_tokens_per_s),
+                      f"{rep.aal:.2f}",
                       f"{rep.decoded_accepted}{share}", _prompt_cell(rep))
         q = rep.quality
         quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
                         str(q.degenerate), f"{rep.retries} ({rep.greedy_retries})")
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
-        console = Console(width=max(console.width, 132))
+        console = Console(width=max(console.width, 160))
     console.print(speed)
     console.print("tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
                   "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
-                  "start-up, model load, pool loads, prefill, decoding and writing; tok/s decode, AAL, forwards "
-                  "saved: every attempt's tokens over actor decoding seconds (each batch once; actors run in "
-                  "parallel; prefill excluded on hf, while a vLLM step also prefills the requests that join it, "
-                  "so on vLLM it counts their prefill); prompt tokens (cached) = prompt tokens of every attempt "
+                  "start-up, model load, pool loads, prefill, decoding and writing; tok/s engine = every attempt's "
+                  "tokens over the actors' engine seconds (every step, prefill included; a shared step once; "
+                  "actors run in parallel); tok/s decode = tokens over seconds of the engine steps in which no "
+                  "request prefilled (prefill excluded on both engines); AAL, forwards saved: of every attempt; "
+                  "prompt tokens (cached) = prompt tokens of every attempt "
                   "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
                   "(kept) = flawed texts decoded again (those whose retry was written).")
     console.print(quality)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
-from pipelines.knowledge.generation import Attempt, DecodeTask, EngineAdapter, GenerationWorker
+from pipelines.knowledge.generation import Attempt, DecodeTask, EngineAdapter, EngineClock, GenerationWorker
 from pipelines.knowledge_store import encode_params
 from pipelines.workers import ModelSpec
 
@@ -57,8 +57,12 @@ class VllmAdapter(EngineAdapter):
         self.worker = worker
         self.engine: Any = None
         self.live: dict[str, Attempt] = {}  # vLLM request tag -> attempt
-        self.seconds = 0.0
+        self.seconds = 0.0  # wall seconds of every step
         self.draft_len: Any = None
+
+    def clock(self) -> EngineClock:
+        decoding = self.engine.decode_clock if self.engine is not None else None
+        return EngineClock(self.seconds, *(decoding or (0.0, 0)))
 
     def ready(self, slots: int) -> dict[str, Any]:
         from laser.vllm import VllmEngine

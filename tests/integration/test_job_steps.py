@@ -111,25 +111,27 @@ def test_summary_numbers(capsys):
     from pipelines.quality import text_quality
 
     new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
-                           decode_s=2.0, prompt_tokens=400, cached_prompt_tokens=100, retries=2, greedy_retries=1,
+                           busy_s=3.0, decode_s=2.0, decode_tokens=60, prompt_tokens=400, cached_prompt_tokens=100, retries=2, greedy_retries=1,
                            decoded_tokens=60, decoded_forwards=20, decoded_accepted=40,  # a discarded text of 20
                            retry_reasons={"cut": 2, "ungrounded": 1})
     for text, reason in (("A calm drama fan.", "eos"), ("a dark b a dark b a dark b a dark b", "length"),
                          ("Likes westerns and old musicals.", "eos")):
         new.quality.add(text_quality(text, reason))
-    assert new.aal == 3.0 and new.tokens_per_s == 10.0 and new.decode_tokens_per_s == 30.0
+    assert new.aal == 3.0 and new.tokens_per_s == 10.0 and new.engine_tokens_per_s == 20.0
+    assert new.decode_tokens_per_s == 30.0
     summary = JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
                                 open_failures=1, wall_s=5.0, skipped={"users without interactions": 5},
                                 input_notes={"sample_dropped_interactions": 12})
     print_summary(summary)
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "new knowledge" in line)
-    assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40 (60)", "10.0", "30.0",
+    assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40 (60)", "10.0", "20.0", "30.0",
                                                                "3.00", "40 (67%)", "400 (25%)"]
     quality_row = [line for line in text.splitlines() if "new knowledge" in line][1]
     assert [c.strip() for c in quality_row.strip("│ ").split("│")] == ["new knowledge", "3", "2 (67%)", "22.2%", "1", "2 (1)"]
     flat = " ".join(text.split())
-    assert "including actor start-up, model load" in flat and "prefill excluded" in flat  # what each covers
+    assert "including actor start-up, model load" in flat and "prefill excluded on both engines" in flat
+    assert "(every step, prefill included" in flat  # what each covers
     assert "unresolved failures: 1" in text and "out/knowledge" in text
     assert "new knowledge: retried because cut 2, ungrounded 1" in flat
     assert "skipped (no new knowledge): 5 users without interactions" in flat

@@ -3,6 +3,7 @@ check, the proposer's refusal to run unattached, stats from vLLM's per-request m
 from __future__ import annotations
 
 import importlib.util
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -147,3 +148,30 @@ def test_an_unattached_proposer_refuses_to_run(monkeypatch):
     monkeypatch.setattr(plugin, "PROBLEM", "laser's vLLM plug-in was written for vLLM 0.32.x, this is 9")
     with pytest.raises(RuntimeError, match="this is 9"):
         LaserProposer(cfg)
+
+
+@needs_vllm
+def test_the_decode_clock_times_only_steps_with_no_prefill():
+    from laser.vllm.proposer import LaserProposer
+
+    prop = LaserProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
+    batch = SimpleNamespace(req_ids=["a"])
+    prop.runner = SimpleNamespace(input_batch=batch, requests={})  # no request asks for drafts or rules
+    ids = torch.arange(1, 41, dtype=torch.int32).reshape(2, 20)
+
+    def step(sampled, lengths):
+        prop.propose(sampled, lengths, ids)
+        return prop.decode_clock.seconds, prop.decode_clock.tokens
+
+    assert step([[5]], [4]) == (0.0, 0)  # a's prefill gave its first token
+    assert step([[6]], [5])[1] == 1  # a decodes alone
+    batch.req_ids = ["a", "b"]
+    assert step([[7], []], [6, 0])[1] == 1  # b prefills a chunk: the step is not timed
+    assert step([[8, 9], [3]], [8, 3])[1] == 1  # b's first token: still a prefill step
+    t0 = time.perf_counter()
+    seconds, tokens = step([[1], [2, 3]], [9, 5])  # both decode: 3 more tokens
+    assert tokens == 4 and 0 < seconds
+    before = seconds
+    time.sleep(0.05)
+    seconds, tokens = step([[4], [5]], [10, 6])
+    assert tokens == 6 and 0.05 <= seconds - before <= time.perf_counter() - t0
