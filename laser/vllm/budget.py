@@ -24,8 +24,9 @@ The step cost (:class:`StepCost`) starts from a table of step seconds against ro
 measured on this machine (:meth:`laser.vllm.engine.VllmEngine.measure_cost`, cached) or else the
 shipped prior (``cost_prior.json``, SmolLM2-135M on a 2-core CPU, scaled to the model and threads by
 :func:`prior_cost`). It then learns from the steps the engine runs (:meth:`ChainBudget.observe_step`):
-a forgetting least-squares fit of ``seconds = scale * table(rows, tokens) + per_token * drafts`` (so
-both the level and the price of a draft token follow the machine as it is now) plus the proposer's
+a forgetting least-squares fit of ``seconds = scale * table(rows, tokens) + overhead + per_token *
+drafts`` (so the level, the fixed cost of a step and the price of a token all follow the machine as it
+is now: a step's tokens, the rows' and the drafts' alike, price a draft token) plus the proposer's
 own seconds per row, kept apart for steps that draft and steps that do not. A draft token pays only
 when its expected tokens beat what it costs, proposer included.
 
@@ -58,6 +59,11 @@ OFF_AFTER = 3  # steps in a row whose best total is 0 before drafting switches o
 ON_AFTER = 2  # steps in a row where drafting wins by ON_MARGIN before it switches back on
 ON_MARGIN = 0.02
 BUCKETS = 5  # match buckets: 0 (not said), 1, 2, 3, 4 or more tokens
+# the prior's pull (times StepCost.prior_steps) on the step cost's scale, overhead and price of a draft
+# token: weak on the level and weakest on the overhead, which gives way first, so a step dearer than the
+# table says is taken for a fixed cost until steps of other widths and with drafts tell the price of a token
+PRIOR_WEIGHTS = (1 / 16, 1 / 256, 1 / 4)
+TRUST_AFTER = 8  # steps learned before the fit bounds what one step can teach it (a stall)
 PRIOR_FILE = Path(__file__).with_name("cost_prior.json")
 
 
@@ -96,10 +102,14 @@ class StepCost:
     """Seconds of one vLLM step: a table (measured or prior) corrected online from the steps the engine ran.
 
     ``seconds(rows, drafts) = max(scale * table(rows, 1 + drafts / rows) + per_token * drafts,
-    scale * table(rows, 1))`` (a draft never makes a step cheaper), with ``scale`` and ``per_token``
-    fitted by least squares on relative error, old steps forgotten at ``memory`` per step, and a prior
-    of ``prior_steps`` steps pulling towards the table as it is (scale 1, per_token 0). Proposer
-    seconds per row are running means of their own (``propose_s``), for drafting and non-drafting steps.
+    scale * table(rows, 1)) + overhead`` (a draft never makes a step cheaper), with ``scale``,
+    ``overhead`` (the seconds every step costs beyond the table's, or below it) and ``per_token`` fitted
+    by least squares on relative error, old steps forgotten at ``memory`` per step, and a prior of
+    ``prior_steps`` steps pulling towards the table as it is (scale 1, overhead 0, per_token 0). Steps
+    of different widths tell the fixed cost from the price of a token, so a machine whose steps have a
+    larger fixed part than the table's (a slower scheduler, memory-bound weights) does not see draft
+    tokens as dear. Proposer seconds per row are running means of their own (``propose_s``), for
+    drafting and non-drafting steps.
 
     Args:
         table: step seconds against rows x tokens per row.
@@ -111,14 +121,15 @@ class StepCost:
     memory: float = 0.98
     prior_steps: float = 4.0
     scale: float = 1.0
+    overhead: float = 0.0  # seconds every step costs beyond the table's
     per_token: float = 0.0  # seconds per draft token beyond the table's own price
     steps: int = 0  # steps learned from
     propose_s: dict = field(default_factory=lambda: {True: 0.0, False: 0.0})  # drafting? -> seconds per row
 
     def __post_init__(self) -> None:
         self._unit = float(self.table.time(1, 1)) or 1e-3  # makes per_token dimensionless in the fit
-        self._a = np.zeros((2, 2))
-        self._b = np.zeros(2)
+        self._a = np.zeros((3, 3))
+        self._b = np.zeros(3)
         self._propose_n = {True: 0.0, False: 0.0}
 
     def seconds(self, rows: int, drafts) -> np.ndarray:
@@ -128,7 +139,7 @@ class StepCost:
         rows = max(int(rows), 1)
         base = self.table.times(rows, 1.0 + drafts / rows)
         flat = self.scale * float(self.table.time(rows, 1))
-        return np.maximum(self.scale * base + self.per_token * drafts, flat)
+        return np.maximum(self.scale * base + self.per_token * drafts, flat) + self.overhead
 
     def drafting(self, rows: int, on: bool) -> float:
         """Proposer seconds of a step of ``rows`` rows that drafts (``on``) or does not."""
@@ -145,13 +156,17 @@ class StepCost:
             self.propose_s[on] += (propose_s / rows - self.propose_s[on]) / n
         base = float(self.table.time(rows, 1 + drafts / rows))
         predicted = float(self.seconds(rows, drafts))
-        y = min(max(seconds, predicted / 4), predicted * 4) / base  # one stalled step does not swing the fit
-        x = np.array([1.0, drafts * self._unit / base])
+        if self.steps >= TRUST_AFTER:  # one stalled step does not swing a fit that has seen a few
+            seconds = min(max(seconds, predicted / 4), predicted * 4)
+        y = seconds / base
+        x = np.array([1.0, self._unit / base, drafts * self._unit / base])
         self._a = self.memory * self._a + np.outer(x, x)
         self._b = self.memory * self._b + x * y
-        theta = np.linalg.solve(self._a + self.prior_steps * np.eye(2), self._b + self.prior_steps * np.array([1.0, 0.0]))
+        pull = self.prior_steps * np.array(PRIOR_WEIGHTS)  # towards scale 1, overhead 0, per_token 0
+        theta = np.linalg.solve(self._a + np.diag(pull), self._b + pull * np.array([1.0, 0.0, 0.0]))
         self.scale = float(max(theta[0], 0.05))
-        self.per_token = float(theta[1] * self._unit)
+        self.overhead = float(max(theta[1] * self._unit, -0.5 * self.scale * self._unit))  # steps stay > 0
+        self.per_token = float(theta[2] * self._unit)
         self.steps += 1
 
 

@@ -55,6 +55,20 @@ def test_steps_that_cost_the_same_whatever_the_tokens_make_drafts_grow():
     assert sum(b.lengths(["a", "b"], [8, 8])) > 4
 
 
+def test_a_fixed_step_cost_the_table_lacks_does_not_make_drafts_dear():
+    # the table: 5 ms a step, 5 ms a token; this machine: 60 ms a step, 1 ms a token (memory-bound)
+    table = ForwardCost("t", ROWS, NODES, [[0.005 + 0.005 * r * n for n in NODES] for r in ROWS])
+    b = ChainBudget(cost=table, max_len=8)
+    _accepting(b, 4)  # half the drafts are accepted
+    for s in range(60):  # plain steps of every width, as a pass's batch fills and drains
+        rows = ROWS[s % len(ROWS)]
+        b.observe_step(rows, rows, 0.06 + 0.001 * rows, 0.0)
+    c = b.step_cost
+    assert float(c.seconds(16, 0)) == pytest.approx(0.076, rel=0.1)
+    assert float(c.seconds(16, 16) - c.seconds(16, 0)) == pytest.approx(0.016, rel=0.3)  # what 16 drafts cost
+    assert sum(b.lengths(["a", "b"], [8, 8])) >= 8
+
+
 def test_the_proposers_time_counts_against_drafting():
     b = ChainBudget(cost=_cost(0.0), max_len=8)
     for _ in range(10):
