@@ -91,3 +91,14 @@ def test_ray_data_pass_figures_take_each_engines_first_batch_out_of_the_running_
     assert pass_figures(got[:4], arrivals[:4], 63.0, engines=2)["running_entities_per_min"] is None
     failed = [{"n_tokens": 0, "error": "boom"}] + got[1:]
     assert pass_figures(failed, arrivals, 83.0, engines=2)["failed"] == 1
+
+
+def test_the_decode_rates_of_the_job_passes_side_by_side():
+    def summary_pass(decode):
+        return {"done": 20, "failed": 0, "wall_s": 30.0, "n_tokens": 900, "tokens_per_s_wall": 30.0, "aal": 1.3,
+                "decoded_tokens": 1000, "retries": 2, "tokens_per_s_decode": decode}
+
+    old, new = engines._pass(summary_pass(80.0)), engines._pass(summary_pass(100.0))
+    assert engines._decode_cell(old, new) == "80.0 / 100.0 (1.25x)"
+    assert engines._decode_cell(old, engines._pass(summary_pass(0.0))) == "-"  # not timed
+    assert engines._decode_cell({"entities": 20}, new) == "-"  # a Ray Data LLM pass has no such figure

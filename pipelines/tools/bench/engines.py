@@ -99,7 +99,8 @@ def _pass(rep: dict[str, Any]) -> dict[str, Any]:
     return {"entities": done, "failed": int(rep["failed"]), "wall_s": wall, "tokens": int(rep["n_tokens"]),
             "entities_per_min": 60 * done / wall if wall else 0.0, "tokens_per_s": float(rep["tokens_per_s_wall"]),
             "aal": float(rep["aal"]), "decoded_tokens": int(rep.get("decoded_tokens", rep["n_tokens"])),
-            "retries": int(rep.get("retries", rep.get("greedy_retries", 0)))}
+            "retries": int(rep.get("retries", rep.get("greedy_retries", 0))),
+            "decode_tokens_per_s": float(rep.get("tokens_per_s_decode") or 0.0) or None}
 
 
 def cache_env(work: Path, engine: str) -> dict[str, str]:
@@ -188,12 +189,22 @@ def _rows(result: dict[str, Any]) -> list[list[str]]:
             rows.append([engine, phase, f"{r['entities']}", f"{r['wall_s']:.1f}", f"{r['entities_per_min']:.1f}",
                          _pass_rate(r["old"]), _pass_rate(new),
                          _rate(new.get("running_entities_per_min")), _rate(new["tokens_per_s"]),
-                         "-" if aal is None else f"{aal:.2f}"])
+                         "-" if aal is None else f"{aal:.2f}", _decode_cell(r["old"], new)])
     return rows
 
 
 COLUMNS = ["engine", "run", "entities", "whole wall s", "whole entities/min", "old pass entities/min",
-           "new pass entities/min", "new pass, engines running", "new pass tok/s", "new pass AAL"]
+           "new pass entities/min", "new pass, engines running", "new pass tok/s", "new pass AAL",
+           "decode tok/s old / new pass"]
+
+
+def _decode_cell(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The job's decode rates (its summary's tok/s decode: steps with no prefill in them) of the plain old
+    pass and the new pass on the same actors, and their ratio; "-" where not measured."""
+    a, b = old.get("decode_tokens_per_s"), new.get("decode_tokens_per_s")
+    if not a or not b:
+        return "-"
+    return f"{a:.1f} / {b:.1f} ({b / a:.2f}x)"
 
 
 def markdown(result: dict[str, Any]) -> str:
