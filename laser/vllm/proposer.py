@@ -142,7 +142,6 @@ class LaserProposer:
         self.store_pools = pools.StorePools(self._tokenizer)
         self._relaxed_open = 0
         self._last: tuple[float, float] | None = None  # end time and seconds of the last propose call
-        self._started: float | None = None  # start time of the last propose call
         self.decode_clock = DecodeClock()
 
     # vLLM hooks ---------------------------------------------------------------------------------
@@ -201,8 +200,7 @@ class LaserProposer:
                     row.draft_s += time.perf_counter() - t0
             if row.drafter is not None:
                 drafting.append((i, rid, row))
-        self._observe_step(now, rows_decoded, verified, prefill)
-        self._time_step(now, produced, prefill)
+        self._observe_step(now, rows_decoded, verified, produced, prefill)
         budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
         lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
@@ -239,21 +237,18 @@ class LaserProposer:
 
             raise RuntimeError(plugin.not_attached_message())
 
-    def _observe_step(self, now: float, rows: int, tokens_drafted: int, prefill: bool) -> None:
-        """The step that just ran (drafted by the previous call) to the budget's ``observe_step``."""
+    def _observe_step(self, now: float, rows: int, tokens_drafted: int, produced: int, prefill: bool) -> None:
+        """The step that just ran (drafted by the previous call), when it only decoded: to
+        :attr:`decode_clock` (the previous call and the step after it) and the budget's ``observe_step``."""
         last, self._last = self._last, None
-        observe = getattr(self.budget, "observe_step", None)
-        if observe is None or last is None or prefill or rows == 0:
+        if last is None or prefill or rows == 0:
             return
         end, propose_s = last
-        observe(rows, rows + tokens_drafted, now - end, propose_s)
-
-    def _time_step(self, now: float, tokens: int, prefill: bool) -> None:
-        """The step that just ran to :attr:`decode_clock` when it only decoded."""
-        started, self._started = self._started, now
-        if started is not None and not prefill and tokens:
-            self.decode_clock.seconds += now - started
-            self.decode_clock.tokens += tokens
+        self.decode_clock.seconds += now - end + propose_s
+        self.decode_clock.tokens += produced
+        observe = getattr(self.budget, "observe_step", None)
+        if observe is not None:
+            observe(rows, rows + tokens_drafted, now - end, propose_s)
 
     def _open(self, rid: str, prompt_and_output) -> _Row:
         state = self.runner.requests.get(rid)

@@ -49,10 +49,14 @@ def test_requests_join_while_others_are_in_flight(worker):
         events.extend(f"take {r.entity_id}" for r in got)
         return got
 
+    busy = decode = tokens = 0
     for part in worker.serve(task, take, slots=3):
         events.extend(f"row {r['entity_id']}" for r in part.rows)
+        busy, decode, tokens = busy + part.busy_s, decode + part.decode_s, tokens + part.decode_tokens
     assert events[:3] == ["take u0", "take u1", "take u2"], events
     assert sorted(events[3:]) == ["row u0", "row u1", "row u2"]
+    # the engine's clock: the steps with no prompt in them are timed apart, with the tokens they gave
+    assert 0 < decode < busy and 0 < tokens <= 3 * 24
 
 
 @pytest.mark.slow
