@@ -25,9 +25,11 @@ def test_requests_compare_by_identity():
 def test_identical_requests_with_different_budgets_finish_separately(tiny_lm):
     shared = laser.NoDrafter()  # a stateless drafter may be shared
     reqs = [Request(tokens=[5, 6, 7], prompt_len=3, drafter=shared, max_new_tokens=n) for n in (2, 6)]
-    TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
+    engine = TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set())
+    engine.run(reqs)
     ref = greedy_reference(tiny_lm, [5, 6, 7], 6)
     assert [r.new_tokens for r in reqs] == [ref[:2], ref]
+    assert engine.log.decode_tokens == 8 and engine.log.decode_s > 0  # the decoding steps' tokens and time
 
 
 def test_a_request_halted_by_its_check_ends_with_the_checks_reason(tiny_lm):
