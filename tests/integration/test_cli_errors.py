@@ -100,3 +100,10 @@ def test_config_not_utf8(tmp_path):
     config = tmp_path / "job.yaml"
     config.write_bytes("dataset:\n  name: caf\xe9\n".encode("latin-1"))
     _one_line(CliRunner().invoke(app, ["run", str(config)]), 2, "not UTF-8")
+
+
+def test_bench_throughput_names_the_hf_rows_it_knows(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "throughput", "--methods", "laser relaxed (auto),nope",
+                                      "--json", str(tmp_path / "t.json")])
+    assert result.exit_code == 2 and "unknown method(s) ['nope']" in result.output
+    assert "laser relaxed (auto)" in result.output and not (tmp_path / "t.json").exists()

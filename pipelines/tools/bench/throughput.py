@@ -62,6 +62,17 @@ def default_methods(fixed_K: tuple[int, ...] = (8, 32)) -> list[ThroughputMethod
     return ms
 
 
+def select_rows(names: tuple[str, ...] | list[str] | None, known: list[str]) -> list[str]:
+    """The rows to run, in the report's order (all when none named); unknown names are an error naming the
+    known ones."""
+    if not names:
+        return list(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(known)}")
+    return [n for n in known if n in names]
+
+
 @dataclass
 class ThroughputSettings:
     model: str = laser.DEFAULT_MODEL

@@ -43,7 +43,7 @@ from pipelines.data.load import load_dataset
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 from pipelines.tools.bench.suite import build_task_pools, pool_for, user_fixture
 from pipelines.tools.bench.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
-                                              _engine_level, _generate_level, _warm_up)
+                                              _engine_level, _generate_level, _warm_up, select_rows)
 
 log = logging.getLogger(__name__)
 
@@ -113,13 +113,8 @@ MAX_DRAFT = max(m.get("max_draft", 8) for m in VLLM_METHODS.values())
 
 
 def select_methods(names: tuple[str, ...] | list[str] | None) -> list[str]:
-    """The rows to run, in the report's order; unknown names are an error naming the known ones."""
-    if not names:
-        return list(ALL_METHODS)
-    unknown = [n for n in names if n not in ALL_METHODS]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; known: {', '.join(ALL_METHODS)}")
-    return [n for n in ALL_METHODS if n in names]
+    """The vLLM bench's rows to run, in the report's order."""
+    return select_rows(names, list(ALL_METHODS))
 
 
 def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: DatasetConfig | None = None,
