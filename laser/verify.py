@@ -4,8 +4,9 @@ Every verifier returns, per request, an :class:`Outcome`: the tree nodes whose K
 (root first) and the tokens appended to the request (the accepted drafts, then the correction/bonus).
 
 - :class:`TopKVerifier` greedy (``k=1``): accept x_i iff x_i == argmax q_j at its parent j (lossless);
-  relaxed (``k>1``): also accept x_i in TopK(q_j, k) with q_j(x_i) > p (LASER, Eq. 8). Vectorised: the
-  longest fully accepted path wins (ties to depth-first order), then the argmax after it.
+  relaxed (``k>1``): also accept x_i in TopK(q_j, k) with q_j(x_i) > p (LASER, Eq. 8), except on a
+  request marked ``exact`` (a greedy row in a relaxed batch, e.g. a retry). Vectorised: the longest fully
+  accepted path wins (ties to depth-first order), then the argmax after it.
 - :class:`RejectionSampler` speculative sampling. A chain with draft distributions is standard
   speculative sampling (Leviathan et al. 2023); a tree is verified by multi-draft rejection: at a node,
   children are tried in order, child x accepted with probability min(1, p(x)/q(x)), and on rejection the
@@ -62,8 +63,9 @@ class TopKVerifier(Verifier):
         if not 0.0 <= self.p < 1.0:
             raise ValueError(f"verification p must lie in [0, 1), got {self.p!r}")
 
-    def accept_nodes(self, logits: torch.Tensor, batch: TreeBatch) -> torch.Tensor:
-        """``[B, N]`` bool: is each node's own token acceptable at its parent's row (root: True)."""
+    def accept_nodes(self, logits: torch.Tensor, batch: TreeBatch, exact: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B, N]`` bool: is each node's own token acceptable at its parent's row (root: True); ``exact``
+        ``[B]`` bool: rows held to the greedy rule."""
         # logits [B, N, V]. Row statistics once per tree row, then read at each node's parent row.
         rows = batch.parents.clamp(min=0)  # [B, N] root and padding read row 0, masked below
         at_parent = lambda t: t.gather(1, rows)  # noqa: E731  [B, N] row stat -> node
@@ -73,11 +75,14 @@ class TopKVerifier(Verifier):
         if self.k > 1:
             kth = logits.topk(self.k, dim=-1).values[..., -1]  # [B, N]
             log_prob = draft_logit.float() - at_parent(torch.logsumexp(logits.float(), dim=-1))
-            ok |= (draft_logit >= at_parent(kth)) & (log_prob.exp() > self.p)
+            relaxed = (draft_logit >= at_parent(kth)) & (log_prob.exp() > self.p)
+            ok |= relaxed if exact is None else relaxed & ~exact[:, None]
         return (ok | (batch.parents < 0)) & batch.node_valid
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request] = ()) -> list[Outcome]:
-        return select_paths(logits, batch, self.accept_nodes(logits, batch))
+        exact = [r.exact for r in requests]
+        held = torch.tensor(exact, device=logits.device) if any(exact) else None
+        return select_paths(logits, batch, self.accept_nodes(logits, batch, held))
 
 
 def select_paths(logits: torch.Tensor, batch: TreeBatch, node_ok: torch.Tensor) -> list[Outcome]:

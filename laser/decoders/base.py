@@ -35,7 +35,7 @@ from laser.models import LoadedModel
 from laser.request import Halt
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
-from laser.verify import RejectionSampler, Verifier
+from laser.verify import RejectionSampler, TopKVerifier, Verifier
 
 Prompt = str | Sequence[int]
 PoolNeed = Literal["routed", "global", "none"]
@@ -180,12 +180,23 @@ class Decoder:
 
     def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES,
-                halt: Halt | None = None) -> Request:
+                halt: Halt | None = None, exact: bool = False) -> Request:
         """One engine request for prompt token ids (for callers that stream requests into ``engine``);
-        ``halt``: :attr:`laser.request.Request.halt`."""
-        self.check_sampling(sampling)
+        ``halt``: :attr:`laser.request.Request.halt`; ``exact``: verified by the target's greedy rule on this
+        decoder's engine (see :meth:`runs_greedy_of`)."""
+        if exact and not (sampling.greedy and isinstance(self.engine.verifier, (TopKVerifier, RejectionSampler))):
+            raise ValueError(f"decoder {self.name!r}: an exact request needs greedy sampling and a top-k or "
+                             "rejection verifier (greedy rows exact)")
+        if not exact:
+            self.check_sampling(sampling)
         return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), pool, sampling),
-                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules, halt=halt)
+                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules, halt=halt, exact=exact)
+
+    def runs_greedy_of(self, other: "Decoder") -> bool:
+        """Whether ``other``'s greedy requests can decode on this decoder's engine, beside its own, as
+        ``exact`` requests with the same text: ``other`` drafts and budgets as this decoder does and differs
+        only by verifying greedily. None by default."""
+        return False
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: text becomes one user chat message (chat template applied)."""

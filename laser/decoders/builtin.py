@@ -52,6 +52,11 @@ class Laser(RetrievalDecoder):
     def verifier(self) -> Verifier:
         return TopKVerifier(self.k, self.p) if self.verification == "relaxed" else RejectionSampler()
 
+    def runs_greedy_of(self, other: Decoder) -> bool:
+        # relaxed rows and greedy ones share the drafts and the budget; TopKVerifier holds exact rows to k=1
+        return (self.verification == "relaxed" and type(other) is type(self) and other.verification == "greedy"
+                and {**other.params(), "verification": "relaxed", "k": self.k, "p": self.p} == self.params())
+
     @classmethod
     def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
         if params.get("verification", "relaxed") == "relaxed" and not sampling.greedy:

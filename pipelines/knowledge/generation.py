@@ -361,15 +361,18 @@ class HfAdapter(EngineAdapter):
         self.capacity = (task.max_prompt_tokens or self.worker.lm.context_length) + task.max_new_tokens + TREE_ROOM
 
     def joins(self, attempt: Attempt) -> bool:
-        return self.decoder(attempt.decoder, attempt.params)[0] is self.pass_decoder
+        # the pass's own decoder, or its greedy form as exact rows (a relaxed LASER pass's greedy retries)
+        dec = self.decoder(attempt.decoder, attempt.params)[0]
+        return dec is self.pass_decoder or (attempt.sampling.greedy and self.pass_decoder.runs_greedy_of(dec))
 
-    def _request(self, dec: Any, attempt: Attempt) -> Any:
+    def _request(self, dec: Any, attempt: Attempt, exact: bool = False) -> Any:
         pool = self.worker.pools.get(self.task, attempt.pool_key)
         return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
-                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt))
+                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt), exact=exact)
 
     def make(self, attempt: Attempt) -> Any:
-        r = self._request(self.pass_decoder, attempt)
+        exact = self.decoder(attempt.decoder, attempt.params)[0] is not self.pass_decoder  # joins() said it may
+        r = self._request(self.pass_decoder, attempt, exact)
         self.held[id(r)] = attempt
         return r
 

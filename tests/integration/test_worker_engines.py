@@ -141,6 +141,30 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, mo
     assert max(n for retry, n in in_flight if retry) == 4  # the retries decode together, as ordinary requests
 
 
+def test_greedy_retries_of_a_relaxed_laser_pass_decode_beside_the_others(worker, own_pool, monkeypatch):
+    """The retry of a relaxed LASER row is LASER under greedy verification: it joins the pass's engine as an
+    ordinary request (never decoded alone, stalling the others) and writes the target's greedy text."""
+    store, _ = own_pool
+    rules = {"repetition_penalty": 1.3}
+    in_flight, make = [], worker.adapter.make
+
+    def spy(attempt):
+        out = make(attempt)
+        in_flight.append((attempt.first is not None, worker.adapter.in_flight))
+        return out
+
+    monkeypatch.setattr(worker.adapter, "make", spy)
+    monkeypatch.setattr(worker.adapter, "alone", lambda attempt: pytest.fail("a retry was decoded alone"))
+    task = DecodeTask("laser", {"verification": "relaxed", "K": 4}, max_new_tokens=8, max_prompt_tokens=2000,
+                      pool_store=store, degenerate="retry", retry_rules=rules)
+    rows = worker.generate(task, _users(4, pool_key="user/global/all"), slots=4).rows
+    expected = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000,
+                                                 rules=rules), _users(4)))
+    assert all(r["greedy_retry"] for r in rows)  # random tiny model: nothing ends at a sentence
+    assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
+    assert max(n for retry, n in in_flight if retry) == 4
+
+
 def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
     """A step that fails takes every request in it down; the worker then decodes them one by one, so only
     the request that breaks the engine fails, and the others keep their text."""

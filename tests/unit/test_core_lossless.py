@@ -71,6 +71,20 @@ def test_trie_decoders_equal_generate_in_batches(tiny_lm, tiny_case, batch):
     _check(tiny_lm, prompts, refs, outs)
 
 
+def test_exact_rows_beside_relaxed_rows_equal_generate(tiny_lm, tiny_case):
+    """A relaxed LASER engine decodes greedy requests (``exact``, e.g. retries) beside its relaxed ones: the
+    exact rows equal generate, the relaxed rows equal the relaxed decoder alone, which differs from generate."""
+    prompts, refs, pools = tiny_case
+    relaxed = laser.get_decoder("laser", tiny_lm, verification="relaxed", k=3, p=0.01, K=8)  # drafts batch-blind
+    reqs = [relaxed.request(p, MAX_NEW, pool, exact=i % 2 == 0) for i, (p, pool) in enumerate(zip(prompts, pools))]
+    done = {id(r): r for r in relaxed.engine.run(reqs)}
+    outs = [laser.Generation(done[id(r)].new_tokens, "", done[id(r)].stats) for r in reqs]
+    _check(tiny_lm, prompts[::2], refs[::2], outs[::2])
+    alone = [relaxed.generate(p, MAX_NEW, pool=pool) for p, pool in zip(prompts[1::2], pools[1::2])]
+    assert [o.token_ids for o in outs[1::2]] == [a.token_ids for a in alone]
+    assert any(a.token_ids != ref for a, ref in zip(alone, refs[1::2])), "relaxed never left greedy: test is blind"
+
+
 def _run_engine(lm, prompts: list[list[int]], drafter: Callable[[list[int]], laser.Drafter], max_new: int,
                 batch: int) -> list[Request]:
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)

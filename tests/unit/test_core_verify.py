@@ -75,3 +75,12 @@ def test_rejected_parent_blocks_children():
 def test_bad_verifier_settings(k, p):
     with pytest.raises(ValueError):
         TopKVerifier(k=k, p=p)
+
+
+def test_an_exact_row_keeps_the_greedy_rule_beside_relaxed_rows():
+    # Both rows draft 3, second at row 0 (0.3 > p): the relaxed row accepts it, the exact row does not.
+    tree = DraftTree.chain(0, [3])
+    logits = torch.cat([logits_rows({2: 0.5, 3: 0.3}, {5: 0.9})] * 2)
+    batch = pack_trees([tree, tree], [0, 0], 0, torch.float32, "cpu")
+    ok = TopKVerifier(k=2, p=0.1).accept_nodes(logits, batch, exact=torch.tensor([False, True]))
+    assert ok.tolist() == [[True, True], [True, False]]
