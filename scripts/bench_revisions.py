@@ -9,6 +9,8 @@ the JSON.
     # job's own summary.json; what follows `--` are more `laser run` options
     .venv/bin/python scripts/bench_revisions.py BEFORE_DIR AFTER_DIR --job jobs/configs/demo.yaml \
         --json bench-revisions.json -- --set execution.engine=hf
+    # one checkout, two settings: --before-set / --after-set add a side's own `--set KEY=VALUE`
+    .venv/bin/python scripts/bench_revisions.py . . --job jobs/configs/demo.yaml --after-set decoder.params.K=0
 
 Each checkout runs with its own code first on the path (the same venv, the machine's caches).
 """
@@ -57,6 +59,8 @@ def main() -> None:
     ap.add_argument("after", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--job", type=Path, default=None, help="a job config: time whole job runs, not `bench decode`")
+    ap.add_argument("--before-set", action="append", default=[], help="job: a `--set` of the before side only")
+    ap.add_argument("--after-set", action="append", default=[], help="job: a `--set` of the after side only")
     ap.add_argument("--json", type=Path, default=Path("bench-revisions.json"))
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -66,7 +70,8 @@ def main() -> None:
         for r in range(args.rounds):
             for label, checkout in (("before", args.before), ("after", args.after)):
                 out = Path(tmp) / f"{label}-{r}"
-                figures = (job_figures(checkout.resolve(), args.job, extra, out) if args.job else
+                sets = [a for kv in getattr(args, f"{label}_set") for a in ("--set", kv)]
+                figures = (job_figures(checkout.resolve(), args.job, extra + sets, out) if args.job else
                            decode_figures(checkout.resolve(), extra, out.with_suffix(".json")))
                 runs[label].append(figures)
                 print(f"round {r + 1} {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
@@ -78,6 +83,7 @@ def main() -> None:
         ratio = f"{v['after'] / v['before']:12.2f}" if v["before"] else f"{'-':>12s}"
         print(f"{m:28s} {v['before']:10.1f} {v['after']:10.1f} {ratio}")
     args.json.write_text(json.dumps({"job": str(args.job) if args.job else None, "args": extra, "rounds": args.rounds,
+                                     "before_set": args.before_set, "after_set": args.after_set,
                                      "runs": runs, "median": table, "load_avg": os.getloadavg()}, indent=1))
 
 
