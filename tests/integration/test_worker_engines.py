@@ -120,7 +120,12 @@ def test_a_request_without_a_pool_drafts_nothing(worker, own_pool):
     assert {r["entity_id"]: r["knowledge"] for r in rows} == {"u0": greedy["u0"], "u1": greedy["u1"]}
 
 
-def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, monkeypatch):
+@pytest.mark.parametrize("decoder, params", [("autoregressive", {}), ("laser", {"verification": "relaxed", "K": 4})])
+def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, own_pool, monkeypatch, decoder, params):
+    """A flawed row's greedy retry joins the pass's engine as an ordinary request, never decoded alone while
+    the others wait (a relaxed LASER pass's retry is LASER under greedy verification, an exact row on `hf`),
+    and writes the target's greedy text under the retry rules."""
+    store, _ = own_pool
     rules = {"repetition_penalty": 1.3}
     first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000), _users(4)).rows
     assert all(r["cut"] or r["fragment"] for r in first)  # random tiny model: nothing ends at a sentence
@@ -132,37 +137,15 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, mo
         return out
 
     monkeypatch.setattr(worker.adapter, "make", spy)
-    task = DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000, degenerate="retry", retry_rules=rules)
-    rows = worker.generate(task, _users(4), slots=4).rows
+    monkeypatch.setattr(worker.adapter, "alone", lambda attempt: pytest.fail("a retry was decoded alone"))
+    task = DecodeTask(decoder, params, max_new_tokens=8, max_prompt_tokens=2000, pool_store=store,
+                      degenerate="retry", retry_rules=rules)
+    rows = worker.generate(task, _users(4, pool_key="user/global/all" if decoder == "laser" else None), slots=4).rows
     expected = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000,
                                                  rules=rules), _users(4)))
     assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
     assert all(r["greedy_retry"] for r in rows)
     assert max(n for retry, n in in_flight if retry) == 4  # the retries decode together, as ordinary requests
-
-
-def test_greedy_retries_of_a_relaxed_laser_pass_decode_beside_the_others(worker, own_pool, monkeypatch):
-    """The retry of a relaxed LASER row is LASER under greedy verification: it joins the pass's engine as an
-    ordinary request (never decoded alone, stalling the others) and writes the target's greedy text."""
-    store, _ = own_pool
-    rules = {"repetition_penalty": 1.3}
-    in_flight, make = [], worker.adapter.make
-
-    def spy(attempt):
-        out = make(attempt)
-        in_flight.append((attempt.first is not None, worker.adapter.in_flight))
-        return out
-
-    monkeypatch.setattr(worker.adapter, "make", spy)
-    monkeypatch.setattr(worker.adapter, "alone", lambda attempt: pytest.fail("a retry was decoded alone"))
-    task = DecodeTask("laser", {"verification": "relaxed", "K": 4}, max_new_tokens=8, max_prompt_tokens=2000,
-                      pool_store=store, degenerate="retry", retry_rules=rules)
-    rows = worker.generate(task, _users(4, pool_key="user/global/all"), slots=4).rows
-    expected = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000,
-                                                 rules=rules), _users(4)))
-    assert all(r["greedy_retry"] for r in rows)  # random tiny model: nothing ends at a sentence
-    assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
-    assert max(n for retry, n in in_flight if retry) == 4
 
 
 def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
