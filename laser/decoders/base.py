@@ -195,7 +195,7 @@ class Decoder:
     def runs_greedy_of(self, other: "Decoder") -> bool:
         """Whether ``other``'s greedy requests can decode on this decoder's engine, beside its own, as
         ``exact`` requests with the same text: ``other`` drafts and budgets as this decoder does and differs
-        only by verifying greedily. None by default."""
+        only by verifying greedily. No decoder's by default."""
         return False
 
     def encode(self, prompt: Prompt) -> list[int]:

@@ -34,6 +34,18 @@ def test_bad_requests(tiny_lm):
         decoder.generate([3, 4], 0)
 
 
+def test_exact_requests_and_which_decoder_runs_whose_greedy_rows(tiny_lm):
+    relaxed = laser.get_decoder("laser", tiny_lm, K=4)
+    assert relaxed.runs_greedy_of(laser.get_decoder("laser", tiny_lm, verification="greedy", K=4))
+    assert not relaxed.runs_greedy_of(laser.get_decoder("laser", tiny_lm, verification="greedy", K=8))  # other drafts
+    assert not relaxed.runs_greedy_of(laser.get_decoder("resd", tiny_lm))
+    assert relaxed.request([3, 4], 4, exact=True).exact
+    with pytest.raises(ValueError, match="exact request needs greedy sampling"):
+        relaxed.request([3, 4], 4, sampling=laser.SamplingParams(temperature=1.0), exact=True)
+    with pytest.raises(ValueError, match="exact request needs greedy sampling and a top-k or rejection verifier"):
+        laser.get_decoder("atspeed", tiny_lm).request([3, 4], 4, exact=True)
+
+
 def test_entry_point_plugins_are_registered(tiny_lm, monkeypatch):
     class Echo(laser.Decoder):
         name = "echo"
