@@ -368,8 +368,7 @@ class HfAdapter(EngineAdapter):
     def _request(self, dec: Any, attempt: Attempt, exact: bool = False) -> Any:
         pool = self.worker.pools.get(self.task, attempt.pool_key)
         return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
-                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt),
-                           **({"exact": True} if exact else {}))  # only decoders that run greedy rows take it
+                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt), exact=exact)
 
     def make(self, attempt: Attempt) -> Any:
         exact = self.decoder(attempt.decoder, attempt.params)[0] is not self.pass_decoder  # joins() said it may

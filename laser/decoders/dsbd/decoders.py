@@ -52,10 +52,13 @@ class BeamSample(Decoder):
                              f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
 
     def request(self, ids: list[int], max_new_tokens: int, pool=None, sampling: SamplingParams = GREEDY,
-                rules: GenerationRules = NO_RULES, halt: Halt | None = None) -> Request:
+                rules: GenerationRules = NO_RULES, halt: Halt | None = None, exact: bool = False) -> Request:
         """One engine request; its beams draw from a generator seeded by ``sampling.seed`` (the decoder's
         seed when ``sampling`` is greedy, i.e. unset). ``pool``, ``rules`` and ``halt`` are not used (the
-        text is chosen among the beams at the end, so there is no one text to stop early)."""
+        text is chosen among the beams at the end, so there is no one text to stop early); beams have no
+        ``exact`` rows."""
+        if exact:
+            raise ValueError(f"decoder {self.name!r}: beam sampling has no exact requests")
         self.check_sampling(sampling)
         seed = self.seed if sampling.greedy else int(sampling.seed)
         sampling = SamplingParams(temperature=1.0, seed=seed)
