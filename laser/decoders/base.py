@@ -187,8 +187,7 @@ class Decoder:
         if exact and not (sampling.greedy and isinstance(self.engine.verifier, (TopKVerifier, RejectionSampler))):
             raise ValueError(f"decoder {self.name!r}: an exact request needs greedy sampling and a top-k or "
                              "rejection verifier (greedy rows exact)")
-        if not exact:
-            self.check_sampling(sampling)
+        self.check_sampling(sampling)
         return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), pool, sampling),
                        max_new_tokens=max_new_tokens, sampling=sampling, rules=rules, halt=halt, exact=exact)
 
