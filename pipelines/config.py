@@ -62,6 +62,8 @@ class GenerationConfig(_Strict):
                                             "retry (the larger of this and repetition_penalty)")
     retry_no_repeat_ngram_size: int = Field(3, ge=0, description="degenerate retry: no-repeat n-gram size of the retry "
                                             "(the smaller non-zero of this and no_repeat_ngram_size)")
+    ban_unsupported_genres: bool = Field(False, description="first texts, as retries: every form of a genre the "
+                                         "entity's input does not have is banned (bad words), so no text names one")
     temperature: float = Field(0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")
     top_k: int = Field(0, ge=0, description="top-k filter when sampling (0 = off)")

@@ -236,6 +236,24 @@ def _vocabulary(extra: Iterable[str]) -> list[str]:
     return list(seen.values())
 
 
+def entity_genres(entity_type: str, history: Sequence[tuple] | None = None, item: Mapping | None = None) -> list[str]:
+    """The genres a user's history or an item's attributes have (what :func:`user_grounding` and
+    :func:`item_grounding` match genre mentions against)."""
+    if entity_type == "user" and history:
+        return sorted({x for e in history if len(e) > 2 for x in (e[2] or ())})
+    if entity_type == "item" and item:
+        return list(item.get("genres") or []) + [item[k] for k in ("category", "sub_category") if item.get(k)]
+    return []
+
+
+def unsupported_genres(entity_type: str, history: Sequence[tuple] | None = None, item: Mapping | None = None) -> list[str]:
+    """Every genre (``KNOWN_GENRES`` and the entity's own) whose mention the grounding of this entity's text
+    would count as unsupported; none when its input has no genres."""
+    own = entity_genres(entity_type, history, item)
+    low = {x.lower() for x in own}
+    return [g for g in _vocabulary(own) if not any(_same_genre(g.lower(), h) for h in low)] if own else []
+
+
 def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = ()) -> Grounding:
     """How well a user profile sticks to the user's history (entries ``(title, rating[, genres])``).
 
@@ -248,7 +266,7 @@ def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = 
     g = Grounding()
     low = text.lower()
     ratings = {_norm_title(e[0]): float(e[1]) for e in history}
-    hist_genres = {x.lower() for e in history if len(e) > 2 for x in (e[2] or ())}
+    hist_genres = {x.lower() for x in entity_genres("user", history)}
     spans: list[tuple[int, str | None]] = []  # (end offset, matched history title or None) of title mentions
     vocab = _vocabulary(list(genres) + sorted(hist_genres))
     quoted: list[tuple[int, int]] = []
@@ -288,7 +306,7 @@ def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grou
     the item's year (a decade matches the year's decade). Skipped for attributes the item lacks.
     """
     g = Grounding()
-    own = [x for x in (item.get("genres") or [])] + [item[k] for k in ("category", "sub_category") if item.get(k)]
+    own = entity_genres("item", item=item)
     if own:
         own_low = {x.lower() for x in own}
         for genre in _genre_mentions(text, _vocabulary(list(genres) + own)):

@@ -38,8 +38,18 @@ def decode_figures(checkout: Path, bench_args: list[str], out: Path) -> dict[str
     return {name: m["tokens_per_s"] for name, m in json.loads(out.read_text())["methods"].items()}
 
 
+def quality_figures(name: str, quality: dict[str, float]) -> dict[str, float]:
+    """A pass's written rows: ended, degenerate and fragment shares and grounding, in percent."""
+    keys = {"ended %": "ended_share", "degenerate %": "degenerate_share", "grounding %": "grounding"}
+    figures = {f"{name} pass {label}": 100 * quality[key] for label, key in keys.items() if quality.get(key) is not None}
+    if quality.get("n"):
+        figures[f"{name} pass fragment %"] = 100 * quality.get("fragment", 0) / quality["n"]
+    return figures
+
+
 def job_figures(checkout: Path, config: Path, run_args: list[str], out: Path) -> dict[str, float]:
-    """Whole-job wall seconds, and per pass its wall seconds, decode-only tokens/s and AAL (summary.json)."""
+    """Whole-job wall seconds, and per pass its wall seconds, decode-only tokens/s, AAL, retries, decoded tokens and
+    the written rows' quality (summary.json)."""
     run_once(checkout, ["run", str(config.resolve()), "--set", f"output.path={out}", *run_args], checkout)
     summary = json.loads((out / "summary.json").read_text())
     figures = {"job wall s": summary["wall_s"]}
@@ -50,6 +60,8 @@ def job_figures(checkout: Path, config: Path, run_args: list[str], out: Path) ->
             figures[f"{name} pass decode tok/s"] = rep.get("tokens_per_s_decode") or 0.0
             figures[f"{name} pass AAL"] = rep["aal"]
             figures[f"{name} pass retries"] = rep.get("retries", 0)
+            figures[f"{name} pass decoded tokens"] = rep.get("decoded_tokens", 0)
+            figures.update(quality_figures(name, rep.get("quality") or {}))
     return figures
 
 
@@ -78,10 +90,10 @@ def main() -> None:
     names = [m for m in runs["after"][0] if all(m in x for x in runs["before"] + runs["after"])]
     table = {m: {"before": statistics.median(x[m] for x in runs["before"]),
                  "after": statistics.median(x[m] for x in runs["after"])} for m in names}
-    print(f"\n{'figure (median)':28s} {'before':>10s} {'after':>10s} {'after/before':>12s}")
+    print(f"\n{'figure (median)':32s} {'before':>10s} {'after':>10s} {'after/before':>12s}")
     for m, v in table.items():
         ratio = f"{v['after'] / v['before']:12.2f}" if v["before"] else f"{'-':>12s}"
-        print(f"{m:28s} {v['before']:10.1f} {v['after']:10.1f} {ratio}")
+        print(f"{m:32s} {v['before']:10.1f} {v['after']:10.1f} {ratio}")
     args.json.write_text(json.dumps({"job": str(args.job) if args.job else None, "args": extra, "rounds": args.rounds,
                                      "before_set": args.before_set, "after_set": args.after_set,
                                      "runs": runs, "median": table, "load_avg": os.getloadavg()}, indent=1))

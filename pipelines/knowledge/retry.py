@@ -8,6 +8,9 @@ words banned (``bad_words_ids``). The retry replaces the row unless it reads wor
 degenerate where the first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
 still-flawed row stays visible.
 
+Under ``generation.ban_unsupported_genres`` (``DecodeTask.ban_genres``) the ban comes first: a first text
+cannot name a genre its entity's input lacks (:func:`first_rules`), and its retry bans the same genres.
+
 Under every policy that acts on a degenerate row (``retry``, ``retry_greedy``, ``fail``) a first text stops
 as soon as it is surely degenerate (:class:`LoopStop`): whatever it went on to say within its token limit
 would be retried or failed the same, so the tokens after that point are work thrown away.
@@ -19,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from laser.rules import NO_RULES, GenerationRules
-from pipelines.quality import GREEDY_RETRY_DECODER, entity_quality, genre_forms, surely_degenerate, text_quality
+from pipelines.quality import (GREEDY_RETRY_DECODER, entity_quality, genre_forms, surely_degenerate, text_quality,
+                               unsupported_genres)
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,31 @@ def banned_words(tokenizer: Any, genres: list[str]) -> tuple[tuple[int, ...], ..
         return ()
     surfaces = {v for g in genres for f in genre_forms(g) for c in (f, f.capitalize()) for v in (c, " " + c)}
     return tuple(sorted({tuple(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in surfaces} - {()}))
+
+
+class GenreBan:
+    """A worker's genre bans: ``ban(rules, genres)`` is ``rules`` with every form of ``genres`` banned
+    (``bad_words_ids``, :func:`banned_words`), each genre tokenised once per worker."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._words: dict[str, tuple[tuple[int, ...], ...]] = {}
+
+    def __call__(self, rules: dict[str, Any] | None, genres: Sequence[str]) -> dict[str, Any] | None:
+        if not genres:
+            return rules
+        for g in genres:
+            if g not in self._words:
+                self._words[g] = banned_words(self.tokenizer, [g])
+        return {**(rules or {}), "bad_words_ids": tuple(sorted({w for g in genres for w in self._words[g]}))}
+
+
+def first_rules(task: Any, req: Any, ban: GenreBan) -> dict[str, Any] | None:
+    """The rules of a first text: the task's, and under ``ban_genres`` every genre the entity's input does
+    not have banned (so a first text cannot name one, which its grounding would count against it)."""
+    if not task.ban_genres:
+        return task.rules
+    return ban(task.rules, unsupported_genres(req.entity_type, req.history, req.item))
 
 
 def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -120,7 +149,7 @@ class RetryPlan:
     compare: bool
 
 
-def retry_plan(task: Any, req: Any, row: dict[str, Any], tokenizer: Any) -> RetryPlan | None:
+def retry_plan(task: Any, req: Any, row: dict[str, Any], ban: GenreBan) -> RetryPlan | None:
     """What ``task.degenerate`` does with ``row``: nothing (None), a retry, or (``fail``) raise
     :class:`DegenerateTextError` for a degenerate row.
 
@@ -132,12 +161,13 @@ def retry_plan(task: Any, req: Any, row: dict[str, Any], tokenizer: Any) -> Retr
     if task.degenerate == "retry":
         if not (flawed(row) or ungrounded(row)):
             return None
-        wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
-        genres = wrong.unsupported_genres if wrong is not None else []
+        if task.ban_genres:  # the first text's ban again (it named none of them)
+            genres = unsupported_genres(req.entity_type, req.history, req.item)
+        else:
+            wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
+            genres = wrong.unsupported_genres if wrong is not None else []
         name, params = retry_decoder(task.decoder, task.decoder_params)
-        rules = dict(task.retry_rules or task.rules or {})
-        if genres:
-            rules["bad_words_ids"] = banned_words(tokenizer, genres)
+        rules = ban(dict(task.retry_rules or task.rules or {}), genres)
         log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
                  req.entity_type, req.entity_id, name, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres)
         return RetryPlan(name, params, rules, keep_pool=name == task.decoder, compare=True)

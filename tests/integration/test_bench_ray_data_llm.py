@@ -36,17 +36,23 @@ def _config(tmp_path, model: str, **extra) -> str:
     return str(path)
 
 
-def test_prompts_are_the_token_ids_the_jobs_workers_feed_the_model(tiny, tmp_path):
+@pytest.mark.parametrize("ban", [False, True])
+def test_prompts_are_the_token_ids_the_jobs_workers_feed_the_model(tiny, tmp_path, ban):
+    """...and each row's rules are the job's first text's (with the genre ban when the job bans genres)."""
     import laser
     from laser.decoders.base import Decoder
+    from laser.vllm.forms import rule_params
+    from pipelines.knowledge.retry import GenreBan, first_rules
     from pipelines.knowledge.decoders import new_knowledge_decoder, old_knowledge_decoder
     from pipelines.knowledge.generation import GenerationWorker
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.job import knowledge_task
     from pipelines.knowledge.requests import new_requests, old_requests
 
-    cfg = load_config(_config(tmp_path, tiny))
+    generation = {"max_new_tokens": 6, "max_prompt_tokens": 2000, "degenerate": "keep", "ban_unsupported_genres": ban}
+    cfg = load_config(_config(tmp_path, tiny, generation=generation))
     lm = laser.load_model(tiny, device="cpu", dtype="float32")
+    genre_ban = GenreBan(lm.tokenizer)
     rows = ray_data_llm.job_prompts(cfg, lm.tokenizer)
     data = load_job_data(cfg)
     worker = SimpleNamespace(lm=lm)  # the worker's prompt and the decoders' encode need only the loaded model
@@ -59,7 +65,9 @@ def test_prompts_are_the_token_ids_the_jobs_workers_feed_the_model(tiny, tmp_pat
         for row, req in zip(rows[name], reqs):
             assert row["tokenized_prompt"] == Decoder.encode(worker, GenerationWorker.prompt(worker, task, req))
             assert row["max_tokens"] == task.max_new_tokens
+            assert row["rule_params"] == rule_params(first_rules(task, req, genre_ban), lm.tokenizer)
     assert rows["old"] and rows["new"] and not rows["failed"]
+    assert any("bad_words" in r["rule_params"] for r in rows["new"]) == ban
 
 
 @pytest.mark.slow

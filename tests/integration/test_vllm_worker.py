@@ -60,6 +60,18 @@ def test_requests_join_while_others_are_in_flight(worker):
 
 
 @pytest.mark.slow
+def test_a_first_texts_genre_ban_goes_through_vllm(worker):
+    """A first text's ban names every form of each genre its entity lacks (its room in vLLM:
+    tests/unit/test_vllm_forms.py): vLLM takes it and the row is written."""
+    from pipelines.knowledge.retry import first_rules
+
+    task = DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000, ban_genres=True)
+    req = GenerationRequest("user", "u0", history=[("Heat", 4.0, ("Action", "Crime"))])
+    assert len(first_rules(task, req, worker.genre_ban)["bad_words_ids"]) > 100
+    result = worker.generate(task, [req])
+    assert not result.failures and [r["entity_id"] for r in result.rows] == ["u0"]
+
+
 def test_killed_vllm_worker_actor_loses_no_row(vllm_model, ray_session, tmp_path):
     """A Ray worker actor running vLLM is killed mid-run: Ray restarts it (a new engine), the driver
     re-sends what it held, and every entity is written once."""

@@ -287,6 +287,32 @@ def test_grounding_names_the_unsupported_genres():
     assert item_grounding("A science fiction film.", {"genres": ["Sci-Fi"]}).unsupported_genres == []
 
 
+def test_unsupported_genres_are_the_mentions_grounding_counts_against_the_entity():
+    from pipelines.quality import genre_forms, item_grounding, unsupported_genres, user_grounding
+
+    history = [("Heat", 4.0, ("Action", "Crime")), ("Alien", 5.0, ("Sci-Fi",))]
+    banned = unsupported_genres("user", history)
+    assert {"Action", "Crime", "Sci-Fi", "Science Fiction"}.isdisjoint(banned) and {"Horror", "Comedy", "War"} <= set(banned)
+    item = {"title": "Heat", "genres": ["Action", "Crime"]}
+    assert set(unsupported_genres("item", item=item)) == set(banned) | {"Sci-Fi", "Science Fiction"}
+    for genre in banned:  # each names a genre the entity lacks; each of the entity's own is grounded
+        for form in genre_forms(genre):
+            assert user_grounding(f"A fan of {form} stories.", history).share == 0.0
+            assert item_grounding(f"A {form} story.", item).share == 0.0
+    assert user_grounding("A fan of science fiction and crime stories.", history).share == 1.0
+    assert unsupported_genres("item", item={"title": "No genres"}) == unsupported_genres("user", []) == []
+
+
+def test_ban_genres_bans_them_in_the_first_text_so_it_needs_no_retry(worker, liar):
+    item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
+    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry", ban_genres=True), item).rows
+    assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, False, 1.0)]
+    (first,) = Liar.seen  # one attempt: the first text could not name the genre
+    ids = worker.lm.tokenizer
+    assert tuple(ids(" horror", add_special_tokens=False)["input_ids"]) in first.bad_words_ids
+    assert tuple(ids(" science fiction", add_special_tokens=False)["input_ids"]) not in first.bad_words_ids
+
+
 def test_banned_words_cover_the_forms_of_a_genre(worker):
     from pipelines.knowledge.retry import banned_words
 

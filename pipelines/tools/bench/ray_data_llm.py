@@ -15,7 +15,8 @@ from process start to its last row like the job's own rows. Same work as the job
   worker's own);
 - the same model folder (``laser.models.model_dir(model.name)``), dtype, token budgets (old
   pass: ``old_knowledge.max_new_tokens``; new pass: ``generation.max_new_tokens``), greedy decoding and
-  the generation rules vLLM has (repetition penalty, min tokens, stop strings);
+  the generation rules vLLM has (repetition penalty, min tokens, stop strings, and the first text's genre
+  ban under ``generation.ban_unsupported_genres``);
 - the same resources: ``execution.num_workers`` vLLM engines (Ray Data's ``concurrency``, as a fixed pool
   ``(n, n)``: a plain ``n`` would autoscale from one engine), each holding
   ``threads_per_worker`` CPUs and OMP threads, ``execution.batch_size`` requests in flight per engine
@@ -70,16 +71,20 @@ def speculative_config(speculation: str) -> dict[str, Any] | None:
 
 def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     """The job's two passes as rows: {"old": [...], "new": [...]}, each row with entity_type, entity_id,
-    tokenized_prompt (the ids the job's workers would feed the model) and max_tokens.
+    tokenized_prompt (the ids the job's workers would feed the model), max_tokens and rule_params (the
+    rules of the job's first text for it, genre ban included, as vLLM ``SamplingParams`` keywords).
 
     A request whose prompt cannot be made (too long, no title) is left out and listed under "failed"."""
     from pipelines.knowledge.decoders import new_knowledge_decoder, old_knowledge_decoder
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.job import knowledge_task
     from pipelines.knowledge.requests import new_requests, old_requests
+    from pipelines.knowledge.retry import GenreBan, first_rules
+    from laser.vllm.forms import rule_params
 
     data = load_job_data(cfg)
     domain = data.dataset.domain
+    ban = GenreBan(tokenizer)
     tasks = {"old": knowledge_task(cfg, old_knowledge_decoder(cfg), "ray-data-llm-old", domain, None, greedy=True),
              "new": knowledge_task(cfg, new_knowledge_decoder(cfg), "ray-data-llm", domain, None)}
     requests = {"old": old_requests(data.dataset, data.split) if cfg.old_knowledge.generate_missing else [],
@@ -95,7 +100,8 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
                                       "reason": f"{type(exc).__name__}: {exc}"})
                 continue
             out[name].append({"entity_type": req.entity_type, "entity_id": req.entity_id, "tokenized_prompt": ids,
-                              "max_tokens": task.max_new_tokens})
+                              "max_tokens": task.max_new_tokens,
+                              "rule_params": rule_params(first_rules(task, req, ban), tokenizer)})
     return out
 
 
@@ -120,15 +126,10 @@ def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
     return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
 
 
-def sampling_params(cfg: Any, max_tokens: int) -> dict[str, Any]:
-    """Greedy, the row's token budget and the job's generation rules in their vLLM form."""
-    try:
-        from laser.vllm.forms import rule_params
-    except ImportError:  # before the rule forms had their own module
-        from laser.vllm.engine import _rule_kwargs as rule_params
-
-    return {"max_tokens": int(max_tokens), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "detokenize": True,
-            **rule_params(cfg.generation.rules())}
+def sampling_params(row: dict[str, Any]) -> dict[str, Any]:
+    """Greedy, the row's token budget and its first text's generation rules in their vLLM form."""
+    return {"max_tokens": int(row["max_tokens"]), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "detokenize": True,
+            **row["rule_params"]}
 
 
 def engine_env(threads: int) -> dict[str, str]:
@@ -178,7 +179,7 @@ def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list
     if not rows:
         return [], pass_figures([], [], 0.0, 1)
     items = [{"entity_type": r["entity_type"], "entity_id": r["entity_id"], "tokenized_prompt": r["tokenized_prompt"],
-              "sampling_params": sampling_params(cfg, r["max_tokens"])} for r in rows]
+              "sampling_params": sampling_params(r)} for r in rows]
     ds = processor(ray.data.from_items(items))
     got, arrivals = [], []
     for row in ds.iter_rows():
