@@ -65,7 +65,8 @@ def rule_params(rules: dict[str, Any] | None, tokenizer: Any = None) -> dict[str
     if "bad_words_ids" in rules:
         if tokenizer is None:
             raise ValueError("bad_words_ids on vLLM needs the engine's tokenizer")
-        # vLLM bans each word with and without a leading space itself
+        # vLLM bans each word with and without a leading space itself (the spaced form only where it is as
+        # many tokens as the word: a few spaced forms this package's engine bans pass on vLLM)
         out["bad_words"] = sorted({tokenizer.decode(list(w)).strip() for w in rules.pop("bad_words_ids")})
     if rules:
         raise ValueError(f"generation rule(s) {sorted(rules)} have no vLLM form; use execution.engine: hf")
