@@ -246,7 +246,8 @@ def entity_genres(entity_type: str, history: Sequence[tuple] | None = None, item
     return []
 
 
-def unsupported_genres(entity_type: str, history: Sequence[tuple] | None = None, item: Mapping | None = None) -> list[str]:
+def unsupported_genres(entity_type: str, history: Sequence[tuple] | None = None,
+                       item: Mapping | None = None) -> list[str]:
     """Every genre (``KNOWN_GENRES`` and the entity's own) whose mention the grounding of this entity's text
     would count as unsupported; none when its input has no genres."""
     own = entity_genres(entity_type, history, item)

@@ -45,7 +45,7 @@ class DecodeTask:
     sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
     rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
     retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
-    ban_genres: bool = False  # first texts (and retries) may not name a genre the entity's input lacks
+    ban_unsupported_genres: bool = False  # first texts (and retries) name no genre the entity's input lacks
 
 
 @dataclass

@@ -223,7 +223,8 @@ def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: 
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
                       pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate,
                       sampling=None if greedy else cfg.generation.sampling(), rules=cfg.generation.rules(),
-                      retry_rules=cfg.generation.retry_rules(), ban_genres=cfg.generation.ban_unsupported_genres)
+                      retry_rules=cfg.generation.retry_rules(),
+                      ban_unsupported_genres=cfg.generation.ban_unsupported_genres)
 
 
 def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: object, desc: str,

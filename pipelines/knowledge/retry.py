@@ -8,8 +8,9 @@ words banned (``bad_words_ids``). The retry replaces the row unless it reads wor
 degenerate where the first was not, or less grounded); a kept retry has its own quality flags and ``greedy_retry`` set, so a
 still-flawed row stays visible.
 
-Under ``generation.ban_unsupported_genres`` (``DecodeTask.ban_genres``) the ban comes first: a first text
-cannot name a genre its entity's input lacks (:func:`first_rules`), and its retry bans the same genres.
+Under ``generation.ban_unsupported_genres`` (the task's ``ban_unsupported_genres``) the ban comes first: a
+first text cannot name a genre its entity's input lacks (:func:`first_rules`), and its retry bans the same
+genres.
 
 Under every policy that acts on a degenerate row (``retry``, ``retry_greedy``, ``fail``) a first text stops
 as soon as it is surely degenerate (:class:`LoopStop`): whatever it went on to say within its token limit
@@ -84,9 +85,9 @@ class GenreBan:
 
 
 def first_rules(task: Any, req: Any, ban: GenreBan) -> dict[str, Any] | None:
-    """The rules of a first text: the task's, and under ``ban_genres`` every genre the entity's input does
-    not have banned (so a first text cannot name one, which its grounding would count against it)."""
-    if not task.ban_genres:
+    """The rules of a first text: the task's, and under ``ban_unsupported_genres`` every genre the entity's
+    input does not have banned (so a first text cannot name one, which its grounding would count against it)."""
+    if not task.ban_unsupported_genres:
         return task.rules
     return ban(task.rules, unsupported_genres(req.entity_type, req.history, req.item))
 
@@ -161,11 +162,11 @@ def retry_plan(task: Any, req: Any, row: dict[str, Any], ban: GenreBan) -> Retry
     if task.degenerate == "retry":
         if not (flawed(row) or ungrounded(row)):
             return None
-        if task.ban_genres:  # the first text's ban again (it named none of them)
+        if task.ban_unsupported_genres:  # the first text's ban again (it named none of them)
             genres = unsupported_genres(req.entity_type, req.history, req.item)
         else:
-            wrong = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item).grounding
-            genres = wrong.unsupported_genres if wrong is not None else []
+            text = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item)
+            genres = text.grounding.unsupported_genres if text.grounding is not None else []
         name, params = retry_decoder(task.decoder, task.decoder_params)
         rules = ban(dict(task.retry_rules or task.rules or {}), genres)
         log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",

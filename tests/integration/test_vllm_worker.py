@@ -65,7 +65,7 @@ def test_a_first_texts_genre_ban_goes_through_vllm(worker):
     tests/unit/test_vllm_forms.py): vLLM takes it and the row is written."""
     from pipelines.knowledge.retry import first_rules
 
-    task = DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000, ban_genres=True)
+    task = DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000, ban_unsupported_genres=True)
     req = GenerationRequest("user", "u0", history=[("Heat", 4.0, ("Action", "Crime"))])
     assert len(first_rules(task, req, worker.genre_ban)["bad_words_ids"]) > 100
     result = worker.generate(task, [req])

@@ -292,7 +292,8 @@ def test_unsupported_genres_are_the_mentions_grounding_counts_against_the_entity
 
     history = [("Heat", 4.0, ("Action", "Crime")), ("Alien", 5.0, ("Sci-Fi",))]
     banned = unsupported_genres("user", history)
-    assert {"Action", "Crime", "Sci-Fi", "Science Fiction"}.isdisjoint(banned) and {"Horror", "Comedy", "War"} <= set(banned)
+    assert {"Action", "Crime", "Sci-Fi", "Science Fiction"}.isdisjoint(banned)
+    assert {"Horror", "Comedy", "War"} <= set(banned)
     item = {"title": "Heat", "genres": ["Action", "Crime"]}
     assert set(unsupported_genres("item", item=item)) == set(banned) | {"Sci-Fi", "Science Fiction"}
     for genre in banned:  # each names a genre the entity lacks; each of the entity's own is grounded
@@ -305,7 +306,8 @@ def test_unsupported_genres_are_the_mentions_grounding_counts_against_the_entity
 
 def test_ban_genres_bans_them_in_the_first_text_so_it_needs_no_retry(worker, liar):
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
-    rows = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry", ban_genres=True), item).rows
+    task = DecodeTask("liar", max_new_tokens=16, degenerate="retry", ban_unsupported_genres=True)
+    rows = worker.generate(task, item).rows
     assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, False, 1.0)]
     (first,) = Liar.seen  # one attempt: the first text could not name the genre
     ids = worker.lm.tokenizer

@@ -75,12 +75,12 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     rules of the job's first text for it, genre ban included, as vLLM ``SamplingParams`` keywords).
 
     A request whose prompt cannot be made (too long, no title) is left out and listed under "failed"."""
+    from laser.vllm.forms import rule_params
     from pipelines.knowledge.decoders import new_knowledge_decoder, old_knowledge_decoder
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.job import knowledge_task
     from pipelines.knowledge.requests import new_requests, old_requests
     from pipelines.knowledge.retry import GenreBan, first_rules
-    from laser.vllm.forms import rule_params
 
     data = load_job_data(cfg)
     domain = data.dataset.domain
