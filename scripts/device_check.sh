@@ -6,8 +6,8 @@
 #
 #   bash scripts/device_check.sh STAGE...
 #   stages: stage (always first: take in what this call carried), tests (the core's lossless and decoder
-#   tests on CUDA, tiny models), model-tests (the same on the bundled model), bench (`laser bench
-#   throughput --engine hf`), profile (where the LASER row's host time goes, cProfile), demo (the demo job,
+#   tests and the vLLM plug-in's relaxed rule on CUDA, tiny models), model-tests (the same on the bundled
+#   model), bench (`laser bench throughput --engine hf`), profile (where the LASER row's host time goes, cProfile), demo (the demo job,
 #   its actor on the GPU), engines (`laser bench engines --engines hf` on the demo, cold and warm).
 #   Logs and results go to $OUT.
 set -uo pipefail
@@ -56,6 +56,9 @@ tests() {
     tests/unit/test_core_decoders.py tests/unit/test_core_tree.py tests/unit/test_core_stop_strings.py \
     tests/unit/test_atspeed.py tests/unit/test_dsbd.py tests/unit/test_topk_imp.py tests/unit/test_redrafter.py \
     tests/unit/test_draft_model_decoders.py 2>&1 | tee "$OUT/tests-cuda.log" | tail -25
+  # the vLLM plug-in's relaxed rule is plain torch on vLLM's logits: its device code runs here without vLLM
+  LASER_TEST_DEVICE=cuda python3 -m pytest -p no:cacheprovider -q --timeout 300 -k "relaxed or chain_output" \
+    tests/unit/test_vllm_plugin_unit.py 2>&1 | tee "$OUT/tests-cuda-relaxed.log" | tail -8
 }
 
 model_tests() {

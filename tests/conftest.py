@@ -26,6 +26,12 @@ TIERS = ("unit", "integration", "e2e")  # the order they run in
 DEVICE = os.environ.get("LASER_TEST_DEVICE", "cpu")
 
 
+@pytest.fixture
+def device() -> torch.device:
+    """Where device-side tensor code under test runs (``LASER_TEST_DEVICE``: cpu here, cuda on a GPU)."""
+    return torch.device(DEVICE)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _threads():
     torch.set_num_threads(2)

@@ -28,7 +28,7 @@ def _loop_chain_output(accept, draft, argmax, bonus, num_draft, width):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_chain_output_matches_the_row_by_row_rule(seed):
+def test_chain_output_matches_the_row_by_row_rule(seed, device):
     g = torch.Generator().manual_seed(seed)
     width = 6
     num_draft = torch.randint(0, width, (7,), generator=g).tolist()
@@ -36,13 +36,15 @@ def test_chain_output_matches_the_row_by_row_rule(seed):
     accept = torch.rand(n, generator=g) < 0.7
     draft, argmax = torch.randint(2, 50, (n,), generator=g), torch.randint(2, 50, (n,), generator=g)
     bonus = torch.randint(2, 50, (7,), generator=g)
-    got = relaxed_mod.chain_output(accept, draft, argmax, bonus, num_draft, width)
-    assert torch.equal(got, _loop_chain_output(accept, draft, argmax, bonus, num_draft, width))
+    on = [t.to(device) for t in (accept, draft, argmax, bonus)]
+    got = relaxed_mod.chain_output(*on, num_draft, width)
+    assert got.device.type == device.type
+    assert torch.equal(got.cpu(), _loop_chain_output(accept, draft, argmax, bonus, num_draft, width))
 
 
-def test_chain_output_with_no_drafts_gives_the_bonus():
-    empty = torch.zeros(0, dtype=torch.long)
-    out = relaxed_mod.chain_output(empty.bool(), empty, empty, torch.tensor([4, 5]), [0, 0], 3)
+def test_chain_output_with_no_drafts_gives_the_bonus(device):
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    out = relaxed_mod.chain_output(empty.bool(), empty, empty, torch.tensor([4, 5], device=device), [0, 0], 3)
     assert out.tolist() == [[4, -1, -1], [5, -1, -1]]
 
 
@@ -58,7 +60,7 @@ def _reference_accept(logits, draft, k, p):
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_relaxed_accept_is_the_rule_at_every_position(seed):
+def test_relaxed_accept_is_the_rule_at_every_position(seed, device):
     """The one-pass form (top-k once, the normaliser only where the threshold decides, argmax only at
     ties) equals the rule written out, ties included; knowing kmax changes nothing."""
     g = torch.Generator().manual_seed(seed)
@@ -70,10 +72,58 @@ def test_relaxed_accept_is_the_rule_at_every_position(seed):
     draft[:8], k[:4] = 9, 1
     p = torch.rand(n, generator=g) * 0.3
     want = _reference_accept(logits, draft, k, p)
-    got, top = relaxed_mod.relaxed_accept(logits, draft, k, p)
-    assert torch.equal(got, want) and torch.equal(top, logits.max(-1).values)
-    assert torch.equal(relaxed_mod.relaxed_accept(logits, draft, k, p, kmax=int(k.max()))[0], want)
+    on = [t.to(device) for t in (logits, draft, k, p)]
+    got, top = relaxed_mod.relaxed_accept(*on)
+    assert got.device.type == device.type
+    assert torch.equal(got.cpu(), want) and torch.equal(top.cpu(), logits.max(-1).values)
+    assert torch.equal(relaxed_mod.relaxed_accept(*on, kmax=int(k.max()))[0].cpu(), want)
     assert want.any() and not want.all()
+
+
+class _PenalisingSampler:
+    """Stands in for vLLM's rejection sampler: its logits processors lower token 0 by 4 (a penalty)."""
+
+    def apply_logits_processors(self, logits, sampling_metadata, metadata):
+        logits[:, 0] -= 4.0
+        return logits
+
+
+def test_the_relaxed_rule_on_processed_logits_row_by_row(device):
+    """Mixed batch: a greedy row, two relaxed rows with their own (k, p), a relaxed row with no drafts.
+    Each position's accepted draft becomes its argmax, judged on the logits after the processors (the
+    penalised token 0 is refused where the raw logits would take it); every other logit stays."""
+    sampler = type("Sampler", (relaxed_mod.RelaxedRule, _PenalisingSampler), {})()
+    sampler.relaxed_rows = sampler.relaxed_positions = 0
+    rules = [None, (3, 0.05), (2, 0.3), (4, 0.01)]
+    sampler.laser_rules = lambda: rules
+    counts = [2, 3, 2, 0]
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randn(sum(counts), 12, generator=g) * 2
+    draft = torch.randint(1, 12, (sum(counts),), generator=g)
+    raw[2, 0] = raw[2].max() + 1  # token 0 leads the raw logits at position 2 ...
+    raw[2, 3] = raw[2, 0] - 0.5
+    draft[2] = 0  # ... and is drafted there; after the penalty it is 3.5 below token 3
+    raw[3] = torch.randn(12, generator=g) * 0.1
+    raw[3, 5], raw[3, 7] = 3.0, 2.5
+    draft[3] = 7  # the runner-up at a relaxed position (k=3, p=0.05): accepted
+    processed = raw.clone()
+    processed[:, 0] -= 4.0
+    meta = SimpleNamespace(num_draft_tokens=counts, draft_token_ids=draft.to(device))
+    out = sampler.apply_logits_processors(raw.clone().to(device), SimpleNamespace(max_num_logprobs=None), meta)
+    assert out.device.type == device.type
+    out = out.cpu()
+    k = torch.tensor([0, 0, 3, 3, 3, 2, 2])
+    p = torch.tensor([0.0, 0.0, 0.05, 0.05, 0.05, 0.3, 0.3])
+    want = _reference_accept(processed, draft, k.clamp(min=1), p)
+    want[:2] = False  # greedy row: left to vLLM's own kernel
+    for i in range(len(draft)):
+        if want[i]:
+            assert int(out[i].argmax()) == int(draft[i])
+            assert torch.equal(out[i][torch.arange(12) != draft[i]], processed[i][torch.arange(12) != draft[i]])
+        else:
+            assert torch.equal(out[i], processed[i])
+    assert not want[2] and bool(want[3]) and int(processed[3].argmax()) != int(draft[3])  # a non-argmax accepted
+    assert (sampler.relaxed_rows, sampler.relaxed_positions) == (2, 5)
 
 
 def test_row_stats_from_vllm_metrics():
