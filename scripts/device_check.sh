@@ -8,7 +8,8 @@
 #   stages: stage (always first: take in what this call carried), tests (the core's lossless and decoder
 #   tests and the vLLM plug-in's relaxed rule on CUDA, tiny models), model-tests (the same on the bundled
 #   model), bench (`laser bench throughput --engine hf`), profile (where the LASER row's host time goes,
-#   cProfile), demo (the demo job, its actor on the GPU), engines (`laser bench engines --engines hf` on the demo, cold and warm).
+#   cProfile), demo (the demo job, its actor on the GPU), engines (`laser bench engines --engines hf` on
+#   the demo, cold and warm).
 #   Logs and results go to $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/device-out}
