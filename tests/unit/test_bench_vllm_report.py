@@ -8,8 +8,8 @@ import json
 import pytest
 
 from pipelines.tools.bench.throughput_vllm import (ALL_METHODS, HF_RELAXED, ChainSource, aggregate_level,
-                                                   check_vllm_targets, markdown_vllm_throughput, select_methods,
-                                                   verdict)
+                                                   check_vllm_targets, engines_to_keep, markdown_vllm_throughput,
+                                                   select_methods, verdict)
 from pipelines.tools.bench.vllm_level import ProposeTimer, kv_cache_gib
 from pools.retrieval import RetrievalPool
 
@@ -20,6 +20,17 @@ def test_chain_source_drafts_the_first_path_of_the_pool_tree():
     chain = ChainSource(pool).open([9, 1], 8, 8, 0.0).propose([9, 1])
     assert not tree.is_chain and chain.is_chain
     assert chain.tokens.tolist() == [1, *tree.first_path()] == [1, 2, 3, 4]
+
+
+def test_engines_kept_for_all_repeats_are_as_many_as_fit_and_never_suffix():
+    methods = ["vllm", "vllm ngram", "vllm suffix", "laser-vllm relaxed"]
+    engine = 6.5  # GiB of one engine
+    assert engines_to_keep(methods, engine, 4 * engine) == ["vllm", "vllm ngram", "laser-vllm relaxed"]  # + suffix
+    assert engines_to_keep(methods, engine, 4 * engine - 0.1) == ["vllm", "vllm ngram"]
+    assert engines_to_keep(methods, engine, 2 * engine) == ["vllm"]
+    assert engines_to_keep(methods, engine, engine) == []
+    assert engines_to_keep(["vllm", "laser-vllm relaxed"], engine, 2 * engine) == ["vllm", "laser-vllm relaxed"]
+    assert engines_to_keep(["vllm suffix"], engine, 100) == []
 
 
 def _level(**tps):

@@ -103,8 +103,8 @@ class VllmThroughputSettings(ThroughputSettings):
     repeats: int = 3  # interleaved runs of every method at each concurrency (median and spread reported)
     methods: tuple[str, ...] = ()  # the rows to run (ALL_METHODS names); empty: all
     warm_tokens: int = 8  # new tokens per prompt of each engine's untimed warm-up pass over the level's prompts
-    reuse_engines: str = "auto"  # "auto": one engine per (method, level) for all repeats when they fit in
-    #                              memory together (suffix excepted); "never": a fresh engine per repeat
+    reuse_engines: str = "auto"  # "auto": one engine per (method, level) for all repeats, for as many methods
+    #                              as fit in memory together (suffix never); "never": a fresh engine per repeat
 
 
 ALL_METHODS = (GENERATE, HF_RELAXED, HF_CHAINS, *VLLM_METHODS)
@@ -191,13 +191,13 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         used[keys[i]] = ps[i]
             specs[name] = {**base, "method": m, "concurrency": c, "prompts": prompts[:n], "pool_keys": keys,
                            "pools": used, "kv_cache_gib": kv, "cost": cost if m.get("draft_len") == "auto" else None}
-        keep = [m for m in vllm_methods if VLLM_METHODS[m]["speculation"] != "suffix"]
-        need = (len(keep) + (len(keep) < len(vllm_methods))) * (kv + ENGINE_BASE_GIB)  # + a transient suffix engine
-        reuse = s.reuse_engines == "auto" and s.repeats > 1 and need <= available_gib() - 1.0
+        engine_gib = kv + ENGINE_BASE_GIB
+        keep = (engines_to_keep(vllm_methods, engine_gib, available_gib() - 1.0)
+                if s.reuse_engines == "auto" and s.repeats > 1 else [])
         report["engine_reuse"][str(c)] = {
-            "kv_cache_gib": kv, "one_engine_for_all_repeats": keep if reuse else [],
-            "fresh_engine_per_repeat": [m for m in vllm_methods if not reuse or m not in keep],
-            "estimated_gib": need}
+            "kv_cache_gib": kv, "one_engine_for_all_repeats": keep,
+            "fresh_engine_per_repeat": [m for m in vllm_methods if m not in keep],
+            "estimated_gib": (len(keep) + (len(keep) < len(vllm_methods))) * engine_gib}
         prefill_by = vllm_methods[0] if vllm_methods else None  # its first repeat times the level's prefill
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         live: dict[str, Any] = {}
@@ -220,7 +220,7 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         res = lp.run(measure_prefill=(r == 0 and name == prefill_by))
                         res["fresh_engine"] = fresh
                         runs[name].append(res)
-                        if reuse and name in keep and r + 1 < s.repeats:
+                        if name in keep and r + 1 < s.repeats:
                             live[name] = lp
                         else:
                             lp.close()
@@ -242,6 +242,18 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     report["duration_s"] = time.perf_counter() - started
     report["machine"]["load_average_after"] = machine_info()["load_average"]
     return finish_vllm_report(report, json_out)
+
+
+def engines_to_keep(methods: list[str], engine_gib: float, budget_gib: float) -> list[str]:
+    """The methods whose engine lives for all repeats of a level: as many as fit in ``budget_gib`` with
+    room for one fresh engine beside them when some method is left over, in the order given (the rest get a
+    fresh engine per repeat). Suffix decoding never keeps one (its global tree would replay the previous
+    repeat's answers)."""
+    candidates = [m for m in methods if VLLM_METHODS[m]["speculation"] != "suffix"]
+    for n in range(len(candidates), 0, -1):
+        if (n + (n < len(methods))) * engine_gib <= budget_gib:
+            return candidates[:n]
+    return []
 
 
 def finish_vllm_report(report: dict[str, Any], json_out: Path) -> dict[str, Any]:
