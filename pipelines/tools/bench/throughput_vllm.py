@@ -197,7 +197,7 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
         report["engine_reuse"][str(c)] = {
             "kv_cache_gib": kv, "one_engine_for_all_repeats": keep,
             "fresh_engine_per_repeat": [m for m in vllm_methods if m not in keep],
-            "estimated_gib": (len(keep) + (len(keep) < len(vllm_methods))) * engine_gib}
+            "estimated_gib": engines_gib(len(keep), len(vllm_methods), engine_gib)}
         prefill_by = vllm_methods[0] if vllm_methods else None  # its first repeat times the level's prefill
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         live: dict[str, Any] = {}
@@ -244,6 +244,11 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     return finish_vllm_report(report, json_out)
 
 
+def engines_gib(kept: int, methods: int, engine_gib: float) -> float:
+    """Memory of ``kept`` live engines, plus one fresh engine beside them when a method is left over."""
+    return (kept + (kept < methods)) * engine_gib
+
+
 def engines_to_keep(methods: list[str], engine_gib: float, budget_gib: float) -> list[str]:
     """The methods whose engine lives for all repeats of a level: as many as fit in ``budget_gib`` with
     room for one fresh engine beside them when some method is left over, in the order given (the rest get a
@@ -251,7 +256,7 @@ def engines_to_keep(methods: list[str], engine_gib: float, budget_gib: float) ->
     repeat's answers)."""
     candidates = [m for m in methods if VLLM_METHODS[m]["speculation"] != "suffix"]
     for n in range(len(candidates), 0, -1):
-        if (n + (n < len(methods))) * engine_gib <= budget_gib:
+        if engines_gib(n, len(methods), engine_gib) <= budget_gib:
             return candidates[:n]
     return []
 
