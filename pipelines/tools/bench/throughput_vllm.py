@@ -504,8 +504,8 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
              f"concurrency; tie: the spreads overlap and the ratio is >= {TIE_RATIO}):", "", *head]
     lines += [row(n, lambda x: f"{_tps(x)} ({_versus(x) or '-'})") for n in names]
     lines += ["", "Prompts finished per minute, median [min-max] of the repeats (x vLLM's median). Every row "
-                  "decodes the same prompts; relaxed verification changes the texts (often shorter), so "
-                  "tokens/s alone understates it:", "", *head]
+                  "decodes the same prompts; relaxed verification changes the texts (shorter or longer), so "
+                  "tokens/s and prompts per minute can disagree:", "", *head]
     lines += [f"| {n} | " + " | ".join(_ppm(levels[c][n], levels[c].get(VLLM)) if n in levels[c] else "-"
                                        for c in levels) + " |" for n in names]
     lines += ["", "Decode-only tokens/s (a prefill estimate subtracted) and AAL:", "", *head]
