@@ -159,12 +159,25 @@ class ExecutionConfig(_Strict):
         "the first time on a machine and 40 s later; false: a 12 s start); auto: true for runs of at least "
         "500 users and items, and for incremental runs (pipelines/workers/layout.py)"))
 
+    gpu_memory_utilization: float | None = Field(None, gt=0.0, le=1.0, description=(
+        "vLLM on GPUs: the fraction of each of an actor's GPUs its engine may fill (weights, activations, KV "
+        "cache); null: 0.9 of the actor's share (0.9 x gpus_per_worker when actors share a GPU). An actor with "
+        "several GPUs runs its engine tensor-parallel over them; the actor itself holds only the tokenizer"))
+
     @field_validator("gpus_per_worker")
     @classmethod
     def _whole_above_one(cls, v: float) -> float:
         if v > 1 and v != int(v):
             raise ValueError("above 1, gpus_per_worker must be a whole number of GPUs (Ray shares only fractions < 1)")
         return v
+
+    @model_validator(mode="after")
+    def _memory_within_share(self) -> "ExecutionConfig":
+        share, want = self.gpus_per_worker, self.gpu_memory_utilization
+        if want is not None and 0 < share < 1 and want > share:
+            raise ValueError(f"gpu_memory_utilization {want:g} is more than an actor's share of its GPU "
+                             f"(gpus_per_worker {share:g}): the actors sharing that GPU would not fit")
+        return self
 
 
 class OutputConfig(_Strict):

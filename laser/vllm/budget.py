@@ -278,24 +278,29 @@ class ChainBudget:
             return
         self.step_cost.observe(int(rows), drafts, float(seconds), float(propose_s), drafting=self._last_on)
 
-    def rates(self, n: int, expected: np.ndarray) -> np.ndarray:
+    def rates(self, n: int, expected: np.ndarray, fixed: int = 0) -> np.ndarray:
         """Expected tokens per second of a step of ``n`` rows for each total T (``expected[T]``: the
-        expected accepted drafts of the T best draft tokens)."""
+        expected accepted drafts of the step with the T best draft tokens) beside ``fixed`` draft tokens
+        of rows with a fixed length (in every total's cost)."""
         totals = np.arange(len(expected))
-        seconds = self.step_cost.seconds(n, totals)
-        seconds = seconds + np.where(totals > 0, self.step_cost.drafting(n, True), self.step_cost.drafting(n, False))
+        seconds = self.step_cost.seconds(n, totals + fixed)
+        seconds = seconds + np.where(totals + fixed > 0, self.step_cost.drafting(n, True),
+                                     self.step_cost.drafting(n, False))
         return (n + expected) / seconds
 
     # lengths ---------------------------------------------------------------------------------------
     def lengths(self, keys: Sequence[Hashable], available: Sequence[int],
-                matches: Sequence[int | None] | None = None, prefilling: bool = False) -> list[int]:
+                matches: Sequence[int | None] | None = None, prefilling: bool = False,
+                fixed: Sequence[int | None] | None = None) -> list[int]:
         """Draft length of each row this step; row i never gets more than ``available[i]``.
 
         ``matches[i]``: how many tokens of row i's text its drafter matched (0: it has nothing to draft;
         None, or no ``matches``: not said). ``prefilling``: prompts are still being prefilled in chunks,
         so the next step's token budget is full of them; a draft token would take a prompt token's place
         and delay every row still waiting for its first token, so no row drafts (a fixed length still
-        does)."""
+        does). ``fixed[i]``: row i's own fixed length (its request asked for one), None: the budget's
+        choice (or the budget's ``fixed``); the budget chooses for the other rows with those drafts counted
+        in the step's cost."""
         avail = np.minimum(np.asarray(available, dtype=int).reshape(-1), self.max_len)
         n = len(keys)
         buckets = np.zeros(n, dtype=int)
@@ -303,26 +308,33 @@ class ChainBudget:
             buckets = np.fromiter((bucket(m) for m in matches), dtype=int, count=n)
             avail = np.where(np.array([m == 0 for m in matches], dtype=bool), 0, avail)
             self._bucket.update(zip(keys, buckets.tolist()))
-        if self.fixed is not None:
-            return np.minimum(avail, self.fixed).tolist()
-        if prefilling or n == 0:
-            self.chosen.extend([0] * (n > 0))
-            return [0] * n
+        own = np.full(n, -1 if self.fixed is None else self.fixed, dtype=int)
+        if fixed is not None:
+            own = np.where([f is None for f in fixed], own, [-1 if f is None else f for f in fixed]).astype(int)
+        out = np.where(own >= 0, np.minimum(avail, own), 0)
+        if (own >= 0).all():
+            return out.tolist()
+        if prefilling:
+            self.chosen.append(int(out.sum()))
+            return out.tolist()
         self._steps += 1
         slot = self._slot
         g = self._gains(np.fromiter((slot.get(k, 0) for k in keys), dtype=int, count=n), buckets)  # [rows, max_len]
-        g[np.arange(self.max_len)[None, :] >= avail[:, None]] = -1.0  # beyond what the drafter has
+        depth = np.arange(self.max_len)[None, :]
+        fixed_gain = float(g[depth < out[:, None]].sum())  # what the fixed rows' drafts are expected to add
+        avail = np.where(own >= 0, 0, avail)  # the budget chooses for the other rows
+        g[depth >= avail[:, None]] = -1.0  # beyond what the drafter has
         order = np.argsort(-g, axis=None, kind="stable")
         flat = g.reshape(-1)[order]
         usable = int(np.count_nonzero(flat >= 0))
-        rate = self.rates(n, np.concatenate([[0.0], np.cumsum(flat[:usable])]))
+        expected = fixed_gain + np.concatenate([[0.0], np.cumsum(flat[:usable])])
+        rate = self.rates(n, expected, int(out.sum()))
         best = int(np.argmax(rate))
         self._switch(best, float(rate[best] / rate[0]))
-        out = np.zeros(n, dtype=int)
         if self.on:
             np.add.at(out, order[:best] // self.max_len, 1)
         elif self._off_steps % PROBE_EVERY == 0:
-            out = self._probe(keys, avail)
+            out += self._probe(keys, avail)
         self._last_on = self.on
         self.chosen.append(int(out.sum()))
         return out.tolist()

@@ -7,7 +7,11 @@
     out[0].text, out[0].token_ids, out[0].finish_reason, out[0].target_forwards, out[0].aal
 
 The engine runs vLLM's engine core and model runner in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
-so that the proposer sees the pools registered here; in a Ray job that process is the worker actor.
+so that the proposer sees the pools registered here; in a Ray job that process is the worker actor. With
+``in_process=False`` or ``tensor_parallel_size`` > 1 the proposer lives in vLLM's own processes: requests
+then name their pool store, each carries its draft length, the step-cost table reaches the proposer
+through the environment (:data:`laser.vllm.proposer.COST_ENV`) and per-request statistics come from
+vLLM's speculative-decoding metrics.
 Build it under ``if __name__ == "__main__":`` in scripts. Requests are fed continuously: ``submit`` hands
 one to vLLM, ``step`` runs one engine step and returns those that finished (vLLM schedules up to
 ``max_num_seqs`` together); ``generate`` is both for a list of prompts.
@@ -19,7 +23,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
@@ -164,11 +168,17 @@ class VllmEngine:
                            "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"})
         from vllm import LLM
 
+        from laser.vllm.proposer import COST_ENV
+
         self.path = model_dir(model)  # a bundled name de-quantised once, a saved name, or a path
         self.speculation, self.max_draft, self.draft_len = speculation, max_draft, draft_len
         self.threads, self.dtype, self.max_num_seqs = threads, dtype, max_num_seqs
+        self._cost = cost
         spec = None
         if speculation == "laser":
+            os.environ[COST_ENV] = json.dumps(asdict(self.cost))  # the proposer's budget, in whichever process
+            if not in_process or int(vllm_kwargs.get("tensor_parallel_size", 1)) > 1:
+                vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # stats from elsewhere
             spec = {"method": "custom_class", "model": "laser.vllm.proposer.LaserProposer",
                     "num_speculative_tokens": max_draft}
         elif speculation == "ngram":
@@ -199,9 +209,6 @@ class VllmEngine:
             f"{self.compile_cache_dir})"))
         self.tokenizer = self.llm.get_tokenizer()
         self.proposer = self._find_proposer() if speculation == "laser" else None
-        self._cost = cost
-        if self.proposer is not None:
-            self.proposer.budget = self._budget()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
         self._halts: dict[str, Halt] = {}  # tag -> the caller's stop check
@@ -259,7 +266,7 @@ class VllmEngine:
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
         self._serial += 1
         tag = f"r{self._serial}"
-        extra: dict = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob)}
+        extra: dict = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob), "draft_len": self.draft_len}
         if not draft:
             extra["draft"] = False
         if pool_key is not None:
@@ -382,17 +389,11 @@ class VllmEngine:
 
     # draft length --------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: str | int) -> None:
-        """Draft ``"auto"`` (lengths follow the load) or a fixed chain length from now on."""
+        """Requests submitted from now on draft ``"auto"`` (lengths follow the load) or a fixed chain length
+        (each request carries it, so it holds wherever vLLM runs the proposer)."""
         if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
             raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
         self.draft_len = draft_len
-        if self.proposer is not None:
-            self.proposer.budget = self._budget()
-
-    def _budget(self) -> ChainBudget:
-        if self.draft_len != "auto":
-            return ChainBudget(cost=None, max_len=self.max_draft, fixed=int(self.draft_len))
-        return ChainBudget(cost=self.cost, max_len=self.max_draft)
 
     @property
     def cost(self) -> ForwardCost:
@@ -538,6 +539,8 @@ class VllmEngine:
         from vllm.v1.engine.core_client import InprocClient
 
         if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+            return None
+        if self.llm.llm_engine.vllm_config.parallel_config.world_size > 1:  # each rank's own, in its process
             return None
         found = self.llm.collective_rpc(lambda worker: getattr(worker.model_runner, "drafter", None))
         prop = found[0] if found else None

@@ -19,30 +19,40 @@ Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` nam
 - ``k``, ``p``: relaxed verification for this request (absent: vLLM's own rule; greedy is lossless);
 - ``tag``: the caller's id for the request's statistics (:class:`RowStats`);
 - ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
+- ``draft_len``: ``"auto"`` (absent too: the budget chooses the row's length each step) or a fixed
+  chain length;
 - ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
 
 Each step first asks every row's drafter how much of the row's text it matches (a cheap lookup), then
 chooses every row's draft length from that and the row's acceptance (:class:`laser.vllm.budget.ChainBudget`),
 then retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
 tree's first root-to-leaf path). Drafters are fed only the tokens that are new since the last step.
+The budget's step-cost table comes from the environment variable :data:`COST_ENV` (a
+:class:`laser.cost.ForwardCost` as JSON, set by :class:`laser.vllm.VllmEngine` before vLLM starts, so it
+reaches vLLM's worker processes too), else the shipped prior scaled to the model
+(:func:`laser.vllm.budget.prior_cost`); either way corrected online.
 The step's wall seconds and the proposer's own seconds go to the budget's ``observe_step`` when it has
 one, and the steps in which no request prefilled go to :attr:`LaserProposer.decode_clock` (the engine's
 decode-only time and tokens).
 """
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from laser.cost import ForwardCost
 from laser.drafting import Drafter
 from laser.vllm import pools
-from laser.vllm.budget import ChainBudget
+from laser.vllm.budget import ChainBudget, prior_cost
 
 log = logging.getLogger(__name__)
 
 RETRIEVE_NODES = 2  # tree nodes asked of the drafter per chain token wanted (room for siblings)
+COST_ENV = "LASER_VLLM_STEP_COST"  # the budget's step-cost table (ForwardCost JSON) for every vLLM process
 
 
 @dataclass
@@ -92,6 +102,7 @@ class _Row:
     context: list[int]  # prompt + output the drafter has been told about
     tag: Any
     rule: tuple[int, float] | None
+    draft_len: int | None = None  # a fixed chain length the request asked for; None: the budget's choice
     force_cycle: list[int] | None = None  # calibration: junk drafts of these lengths, one per step in turn
     drafted: int = 0  # drafts proposed last step
     steps: int = 0
@@ -133,7 +144,7 @@ class LaserProposer:
         self.runner = None  # attached by the plug-in once vLLM built the runner
         self.rows: dict[str, _Row] = {}
         self.stats: dict[Any, RowStats] = {}  # tag -> stats of finished rows
-        self.budget = ChainBudget(cost=None, max_len=self.max_len, fixed=self.max_len)
+        self.budget = ChainBudget(cost=self._cost(), max_len=self.max_len)
         self.n_max = 8
         self.steps = 0
         self.step_log: StepLog | None = None
@@ -229,7 +240,16 @@ class LaserProposer:
         for _, _, row in rows:
             row.draft_s += share
         return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches,
-                                   prefilling=prefilling)
+                                   prefilling=prefilling, fixed=[row.draft_len for _, _, row in rows])
+
+    def _cost(self) -> ForwardCost:
+        """The budget's step-cost table: :data:`COST_ENV` when set, else the shipped prior for this model."""
+        table = os.environ.get(COST_ENV)
+        if table:
+            return ForwardCost(**json.loads(table))
+        hf = getattr(getattr(self.vllm_config, "model_config", None), "hf_config", None)
+        threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or None
+        return prior_cost(hf.to_dict() if hf is not None else {}, threads)
 
     def _check_attached(self) -> None:
         if self.runner is None:
@@ -262,7 +282,7 @@ class LaserProposer:
         if rule is not None:
             self._check_relaxed(rid, params)
         row = _Row(drafter=self._drafter(args, prompt), context=prompt, tag=args.get("tag", rid), rule=rule,
-                   force_cycle=args.get("force_cycle"))
+                   draft_len=_draft_len(rid, args.get("draft_len", "auto")), force_cycle=args.get("force_cycle"))
         self.rows[rid] = row
         self._relaxed_open += rule is not None
         return row
@@ -354,3 +374,12 @@ class LaserProposer:
             if len(lens) == 1:
                 log_.times.setdefault((len(req_ids), lens.pop()), []).append(now - log_.last_t)
         log_.last_t = now
+
+
+def _draft_len(rid: str, value: Any) -> int | None:
+    """A request's ``draft_len``: None for ``"auto"``, else its fixed chain length (an integer >= 0)."""
+    if value == "auto":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"request {rid}: draft_len must be 'auto' or an integer >= 0, got {value!r}")
+    return value

@@ -43,6 +43,15 @@ class VllmGeneration:
                                  cached_prompt_tokens=res.cached_prompt_tokens)
 
 
+def gpu_engine_args(spec: ModelSpec) -> dict[str, Any]:
+    """vLLM's GPU settings for an actor's engine: tensor parallel over the actor's whole GPUs, and memory
+    within its share of each (``execution.gpu_memory_utilization``, default 0.9 of the share); none on CPU."""
+    if spec.device != "cuda":
+        return {}
+    share = spec.gpu_memory_utilization or round(0.9 * min(spec.gpus, 1.0), 3)
+    return {"tensor_parallel_size": max(1, int(spec.gpus)), "gpu_memory_utilization": share}
+
+
 def _measured(seconds: float | None) -> float:
     """A time vLLM measured; NaN (never a made-up 0) where it did not."""
     return float("nan") if seconds is None else float(seconds)
@@ -75,7 +84,7 @@ class VllmAdapter(EngineAdapter):
                                      threads=spec.threads if spec.device == "cpu" else None,
                                      bind_threads=False,  # the node's other actors share its cores
                                      max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed,
-                                     enforce_eager=not spec.compile)
+                                     enforce_eager=not spec.compile, **gpu_engine_args(spec))
         return {"engine": "vllm", "engine_start_s": round(self.engine.start_seconds, 1)}
 
     def start(self, task: DecodeTask, slots: int) -> None:

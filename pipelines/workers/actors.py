@@ -49,6 +49,7 @@ class ModelSpec:
     seed: int = 0
     gpus: float = 0.0
     compile: bool = True  # engines that compile the model (vLLM) do; pipelines/workers/layout.compile_model
+    gpu_memory_utilization: float | None = None  # vLLM's share of each GPU; None: 0.9 of the actor's share
 
     @property
     def device(self) -> str:

@@ -133,5 +133,6 @@ def job_actors(cfg: Any, entities: int | None = None) -> tuple[Any, int]:
 
     ex, layout = cfg.execution, job_layout(cfg.execution)
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
-                     gpus=ex.gpus_per_worker, compile=compile_model(ex, entities))
+                     gpus=ex.gpus_per_worker, compile=compile_model(ex, entities),
+                     gpu_memory_utilization=ex.gpu_memory_utilization)
     return spec, layout.num_workers

@@ -228,6 +228,7 @@ def test_draft_length_follows_the_load(engines):
     prompts = _prompts(8, seed=3)
     _self_pool(plain, prompts, key="load")
     saved = laser_eng.proposer.budget
+    laser_eng.set_draft_len("auto")  # the requests leave their lengths to the budget
     try:
         totals = {}
         for name, cost in (("cheap", cheap), ("dear", dear)):
@@ -238,6 +239,7 @@ def test_draft_length_follows_the_load(engines):
         assert totals["dear"][0] < totals["cheap"][0]
     finally:
         laser_eng.proposer.budget = saved
+        laser_eng.set_draft_len(MAX_DRAFT)
         laser_eng.unregister_pool("load")
 
 

@@ -1,7 +1,7 @@
 """LASER in vLLM with the engine core in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1): the engine
-process opens pools from the pool store path each request carries; per-request stats come back through
-vLLM's spec-decoding metrics. Runs in a fresh interpreter (vLLM caches its environment once an in-process
-engine ran in the test process), built by this file's ``__main__``."""
+process opens pools from the pool store path each request carries, and each request's draft length holds
+there; per-request stats come back through vLLM's spec-decoding metrics. Runs in a fresh interpreter (vLLM
+caches its environment once an in-process engine ran in the test process), built by this file's ``__main__``."""
 from __future__ import annotations
 
 import json
@@ -46,6 +46,14 @@ def _main(workdir: str) -> None:
                          "drafted": sum(o.drafted_tokens or 0 for o in outs),
                          "per_step": [o.accepted_per_step for o in outs],
                          "forwards": [o.target_forwards for o in outs]}
+        eng.set_draft_len(1)  # carried by each request into the engine process
+        outs = eng.generate(prompts, NEW, pool_keys=["user/good"] * 4, pool_store=store)
+        runs["len1"] = {"same": [o.token_ids for o in outs] == ref,
+                        "drafted": sum(o.drafted_tokens or 0 for o in outs),
+                        "per_step": [o.accepted_per_step for o in outs]}
+        eng.set_draft_len("auto")  # the budget there, on the step-cost table sent through the environment
+        outs = eng.generate(prompts, NEW, pool_keys=["user/good"] * 4, pool_store=store)
+        runs["auto"] = {"same": [o.token_ids for o in outs] == ref}
         report["runs"] = runs
         try:
             eng.register_pool("x", RetrievalPool.from_token_ids(ref))
@@ -72,6 +80,9 @@ def test_multiprocess_engine_core_drafts_from_the_pool_store(tmp_path):
     assert all(sum(s) <= NEW for s in good["per_step"])
     assert wrong["drafted"] > 0 and wrong["accepted"] < good["accepted"]
     assert missing["drafted"] == 0  # an unknown key drafts nothing (counted and logged in the engine process)
+    len1 = report["runs"]["len1"]  # a draft length set here holds in the engine process
+    assert len1["same"] and len1["drafted"] > 0 and max(max(s, default=0) for s in len1["per_step"]) == 1
+    assert report["runs"]["auto"]["same"]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``execution.engine``: auto by default (vLLM where it is installed for the device and every decoder has a
 vLLM form, else hf; ``LASER_ENGINE`` overrides auto); under vllm only decoders with a vLLM form pass,
-others are a configuration error naming both keys. No vLLM needed (nothing here imports it)."""
+others are a configuration error naming both keys; an actor's GPUs set its engine's tensor parallelism and
+memory share. No vLLM needed (nothing here imports it)."""
 from __future__ import annotations
 
 import subprocess
@@ -8,8 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from jobs.config import ConfigError, load_config
+from pipelines.config import JobConfig
 from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.job import generation_worker_cls
 from pipelines.knowledge.generation import GenerationWorker
@@ -74,3 +77,19 @@ def test_a_rule_without_a_vllm_form_is_refused_naming_both_keys():
     cfg = load_config(None, ["execution.engine=vllm", "generation.no_repeat_ngram_size=3"])
     with pytest.raises(JobInputError, match=r"execution\.engine=vllm: generation\.no_repeat_ngram_size"):
         check_job_decoders(cfg)
+
+
+def test_an_actors_gpus_set_the_engines_tensor_parallel_size_and_memory_share():
+    from pipelines.knowledge.vllm_worker import gpu_engine_args
+    from pipelines.workers.actors import ModelSpec
+    from pipelines.workers.layout import job_actors
+
+    assert gpu_engine_args(ModelSpec("m")) == {}  # CPU: no GPU settings
+    assert gpu_engine_args(ModelSpec("m", gpus=0.5)) == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.45}
+    assert gpu_engine_args(ModelSpec("m", gpus=2)) == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}
+    cfg = JobConfig.model_validate({"execution": {"gpus_per_worker": 0.5, "gpu_memory_utilization": 0.4,
+                                                  "num_workers": 2, "threads_per_worker": 1}})
+    spec, _ = job_actors(cfg)
+    assert gpu_engine_args(spec)["gpu_memory_utilization"] == 0.4  # the job config's, carried to the actor
+    with pytest.raises(ValidationError, match="more than an actor's share"):
+        JobConfig.model_validate({"execution": {"gpus_per_worker": 0.5, "gpu_memory_utilization": 0.6}})

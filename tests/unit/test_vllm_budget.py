@@ -125,3 +125,17 @@ def test_no_row_drafts_while_prompts_are_prefilled_in_chunks():
     assert all(n > 0 for n in b.lengths(["r", "s"], [8, 8], [4, 4]))
     fixed = ChainBudget(cost=None, max_len=8, fixed=3)
     assert fixed.lengths(["r"], [8], [4], prefilling=True) == [3]  # a study's fixed length is kept
+
+
+def test_a_row_with_its_own_fixed_length_keeps_it_beside_budgeted_rows():
+    """A request that asked for a fixed length drafts it (capped by what it has, none on a zero match)
+    whatever the cost, prefilling or not; the budget chooses for the others with those drafts counted."""
+    dear = ChainBudget(cost=_cost(1.0), max_len=8)
+    assert dear.lengths(["f", "a", "z"], [8, 8, 8], [4, 4, 0], fixed=[3, None, 5]) == [3, 0, 0]
+    assert dear.lengths(["f", "a"], [2, 8], [4, 4], prefilling=True, fixed=[3, None]) == [2, 0]
+    cheap = ChainBudget(cost=_cost(0.0), max_len=8)
+    assert cheap.lengths(["f", "a"], [8, 8], [4, 4], fixed=[1, None]) == [1, 8]
+    seen = []
+    cheap.rates = lambda n, expected, fixed=0: seen.append(fixed) or 1.0 + np.arange(len(expected))
+    cheap.lengths(["f", "g", "a"], [8, 8, 8], [4, 4, 4], fixed=[2, 3, None])
+    assert seen == [5]  # the fixed rows' drafts are priced into every total the budget weighs

@@ -225,3 +225,36 @@ def test_the_decode_clock_times_only_steps_with_no_prefill():
     time.sleep(0.05)
     seconds, tokens = step([[4], [5]], [10, 6])
     assert tokens == 6 and 0.05 <= seconds - before <= time.perf_counter() - t0
+
+
+@needs_vllm
+def test_each_request_drafts_its_own_length_on_the_cost_table_from_the_environment(monkeypatch):
+    """The budget's table comes from COST_ENV (how it reaches vLLM's other processes); on a table where
+    draft tokens are dear an ``auto`` row drafts nothing, while a row that asked for 3 drafts 3; a bad
+    ``draft_len`` is refused with the request's id."""
+    import json
+    from dataclasses import asdict
+
+    from laser.cost import ForwardCost
+    from laser.vllm.proposer import COST_ENV, LaserProposer
+
+    rows, nodes = [1, 2, 4], [1, 2, 3, 5, 9]
+    dear = ForwardCost("dear", rows, nodes, [[0.01 * (1 + r * (n - 1)) for n in nodes] for r in rows])
+    monkeypatch.setenv(COST_ENV, json.dumps(asdict(dear)))
+    prop = LaserProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
+    assert prop.budget.step_cost.table.key == "dear"
+    prompt = (list(range(1, 9)) * 4)[:-1]  # ends ... 6, 7; the next token 8 repeats the pattern
+
+    def state(draft_len):
+        args = {"laser": {"draft_len": draft_len}}
+        return SimpleNamespace(sampling_params=SimpleNamespace(extra_args=args, temperature=0.0),
+                               prompt_token_ids=prompt)
+
+    prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["fixed", "auto"]),
+                                  requests={"fixed": state(3), "auto": state("auto")})
+    ids = torch.tensor([prompt + [8] + [0] * 8] * 2, dtype=torch.int32)
+    out = prop.propose([[8], [8]], [32, 32], ids)
+    assert out == [[1, 2, 3], []]
+    prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["bad"]), requests={"bad": state("many")})
+    with pytest.raises(ValueError, match="request bad: draft_len"):
+        prop.propose([[8]], [32], ids[:1])

@@ -90,11 +90,10 @@ class ProposeTimer:
 
 
 def _fresh_budget(eng) -> Any:
+    """A budget that has learned nothing (a fixed draft length is the requests' own, not the budget's)."""
     from laser.vllm.budget import ChainBudget
 
-    if eng.draft_len == "auto":
-        return ChainBudget(cost=eng.cost, max_len=eng.max_draft)
-    return ChainBudget(cost=None, max_len=eng.max_draft, fixed=int(eng.draft_len))
+    return ChainBudget(cost=eng.cost, max_len=eng.max_draft)
 
 
 def _salad(lengths: list[int], vocab: int) -> list[list[int]]:
