@@ -138,3 +138,22 @@ def test_kv_cache_holds_every_request_in_flight(tmp_path):
     per_token = 2 * 30 * 3 * 64 * 4
     assert kv_cache_gib(str(tmp_path), [100]) == 1
     assert kv_cache_gib(str(tmp_path), [624] * 128) == -(-(624 * 128 * per_token * 1.25) // 1024 ** 3)  # 5 GiB
+
+
+def test_the_report_counts_looping_and_ended_texts_per_row():
+    """A looping text is counted as degenerate, a text that stopped before the limit as ended by EOS."""
+    from pipelines.tools.bench.throughput_vllm import texts_quality
+
+    words = {1: "the", 2: "cat", 3: "sat", 4: "on", 5: "a", 6: "mat", 7: "today", 8: "."}
+    tok = type("Tok", (), {"batch_decode": lambda self, outs, skip_special_tokens=True:
+                           [" ".join(words[t] for t in o) for o in outs]})()
+    loop = (1, 2, 3, 4) * 3  # "the cat sat on" three times, up to the limit
+    plain = (1, 2, 3, 4, 5, 6, 7, 8)
+    level = aggregate_level({"vllm": [_run(100, 1.0, outputs=(plain, plain))],
+                             "laser-vllm relaxed": [_run(100, 1.0, outputs=(plain, loop))]},
+                            quality=texts_quality(tok, max_new_tokens=12))
+    assert level["vllm"]["texts"] == {"n": 2, "degenerate": 0, "finished_eos": 2, "mean_repeat_4gram": 0.0}
+    rel = level["laser-vllm relaxed"]["texts"]
+    assert rel["degenerate"] == 1 and rel["finished_eos"] == 1
+    report = {"levels": {"1": level}, "machine": {}, "settings": {"repeats": 1}, "absent": {}, "targets": []}
+    assert "| laser-vllm relaxed | 1 loop, 1 EOS / 2 |" in markdown_vllm_throughput(report)

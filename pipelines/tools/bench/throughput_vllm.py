@@ -31,7 +31,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -40,6 +40,7 @@ from laser.drafting import Drafter
 from laser.tree import DraftTree
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
+from pipelines.quality import summarise_quality
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 from pipelines.tools.bench.suite import build_task_pools, pool_for, user_fixture
 from pipelines.tools.bench.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
@@ -230,7 +231,8 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                     log.info("c=%d repeat %d/%d: %s: %.1f tok/s (%d tokens in %.1f s%s)", c, r + 1, s.repeats, name,
                              last["tokens"] / last["wall_s"], last["tokens"], last["wall_s"], extra)
                 # the repeats so far, should the bench stop before the level ends
-                report["levels"][str(c)] = aggregate_level({k: v for k, v in runs.items() if v}, prefill_by)
+                report["levels"][str(c)] = aggregate_level({k: v for k, v in runs.items() if v}, prefill_by,
+                                                           texts_quality(lm.tokenizer, s.max_new_tokens))
                 _write(json_out, {**report, "complete": False})
         finally:
             for lp in live.values():
@@ -296,11 +298,24 @@ def _median(values: list[Any]) -> float | None:
     return float(statistics.median(vals)) if vals else None
 
 
-def aggregate_level(runs: dict[str, list[dict[str, Any]]], prefill_by: str | None = None) -> dict[str, dict[str, Any]]:
+def texts_quality(tokenizer: Any, max_new_tokens: int) -> Callable[[list[list[int]]], dict[str, Any]]:
+    """Quality of one run's outputs (token ids; a text as long as ``max_new_tokens`` counts as cut at the
+    limit): how many loop (degenerate, pipelines/quality.py) and how many ended by EOS."""
+    def quality(outputs: list[list[int]]) -> dict[str, Any]:
+        texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
+        reasons = ["length" if len(o) >= max_new_tokens else "eos" for o in outputs]
+        q = summarise_quality(texts, reasons).as_dict()
+        return {k: q[k] for k in ("n", "degenerate", "finished_eos", "mean_repeat_4gram")}
+    return quality
+
+
+def aggregate_level(runs: dict[str, list[dict[str, Any]]], prefill_by: str | None = None,
+                    quality: Callable[[list[list[int]]], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
     """Each method's cell from its repeats: median tokens/s with its spread (min, max) and every run, the
     median of the other figures, and the comparison with ``vllm`` (median over median; a tie when the
     spreads overlap and the ratio is at least ``TIE_RATIO``). vLLM rows without a prefill estimate of their
-    own take ``prefill_by``'s (the same prompts through the same model)."""
+    own take ``prefill_by``'s (the same prompts through the same model). ``quality``: the texts' quality
+    of a run's outputs, kept for the first repeat."""
     shared_prefill = None
     if prefill_by in runs:
         shared_prefill = _median([r.get("prefill_s") for r in runs[prefill_by]])
@@ -323,6 +338,8 @@ def aggregate_level(runs: dict[str, list[dict[str, Any]]], prefill_by: str | Non
             "prompts": len(rs[0]["outputs"]),
             "identical_across_repeats": all(r["outputs"] == rs[0]["outputs"] for r in rs),
             "_outputs": rs[0]["outputs"]}
+        if quality is not None:
+            cell["texts"] = quality(rs[0]["outputs"])
         for key in ("aal", "proposer_ms_per_step", "mean_draft_len", "mean_draft_tokens_per_step", "target_forwards"):
             v = _median([r.get(key) for r in rs])
             if v is not None:
@@ -508,6 +525,12 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
                   "tokens/s and prompts per minute can disagree:", "", *head]
     lines += [f"| {n} | " + " | ".join(_ppm(levels[c][n], levels[c].get(VLLM)) if n in levels[c] else "-"
                                        for c in levels) + " |" for n in names]
+    if any("texts" in levels[c].get(n, {}) for c in levels for n in names):
+        lines += ["", "Texts (first repeat): how many loop (degenerate: >= 20% of word 4-grams repeated, "
+                      "pipelines/quality.py) and how many ended by EOS, of the prompts. Looping tokens are easy "
+                      "to draft, so they flatter every speculative row's tokens/s:", "", *head]
+        lines += [row(n, lambda x: (f"{x['texts']['degenerate']} loop, {x['texts']['finished_eos']} EOS "
+                                    f"/ {x['texts']['n']}") if "texts" in x else "-") for n in names]
     lines += ["", "Decode-only tokens/s (a prefill estimate subtracted) and AAL:", "", *head]
     lines += [row(n, lambda x: (f"{x['decode_tokens_per_s']:.1f}" if x.get("decode_tokens_per_s") is not None else "-")
                   + (f" (aal {x['aal']:.2f})" if x.get("aal") is not None else "")) for n in names]
