@@ -308,9 +308,8 @@ class ChainBudget:
             buckets = np.fromiter((bucket(m) for m in matches), dtype=int, count=n)
             avail = np.where(np.array([m == 0 for m in matches], dtype=bool), 0, avail)
             self._bucket.update(zip(keys, buckets.tolist()))
-        own = np.full(n, -1 if self.fixed is None else self.fixed, dtype=int)
-        if fixed is not None:
-            own = np.where([f is None for f in fixed], own, [-1 if f is None else f for f in fixed]).astype(int)
+        default = -1 if self.fixed is None else self.fixed  # -1: the budget chooses
+        own = np.array([default if f is None else f for f in (fixed or [None] * n)], dtype=int).reshape(-1)
         out = np.where(own >= 0, np.minimum(avail, own), 0)
         if (own >= 0).all():
             return out.tolist()
