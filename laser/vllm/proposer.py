@@ -144,7 +144,7 @@ class LaserProposer:
         self.runner = None  # attached by the plug-in once vLLM built the runner
         self.rows: dict[str, _Row] = {}
         self.stats: dict[Any, RowStats] = {}  # tag -> stats of finished rows
-        self.budget = ChainBudget(cost=self._cost(), max_len=self.max_len)
+        self.budget = self.fresh_budget()
         self.n_max = 8
         self.steps = 0
         self.step_log: StepLog | None = None
@@ -241,6 +241,10 @@ class LaserProposer:
             row.draft_s += share
         return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches,
                                    prefilling=prefilling, fixed=[row.draft_len for _, _, row in rows])
+
+    def fresh_budget(self) -> ChainBudget:
+        """A draft-length budget that has learned nothing, on this proposer's step-cost table."""
+        return ChainBudget(cost=self._cost(), max_len=self.max_len)
 
     def _cost(self) -> ForwardCost:
         """The budget's step-cost table: :data:`COST_ENV` when set, else the shipped prior for this model."""

@@ -89,13 +89,6 @@ class ProposeTimer:
                 "mean_draft_len": self.drafted / self.rows if self.rows else None}
 
 
-def _fresh_budget(eng) -> Any:
-    """A budget that has learned nothing (a fixed draft length is the requests' own, not the budget's)."""
-    from laser.vllm.budget import ChainBudget
-
-    return ChainBudget(cost=eng.cost, max_len=eng.max_draft)
-
-
 def _salad(lengths: list[int], vocab: int) -> list[list[int]]:
     """Token salad of the given lengths, sharing nothing with real prompts."""
     return [[(n * 7919 + j * 104729 + i * 31) % (vocab - 10) + 5 for j in range(n)] for i, n in enumerate(lengths)]
@@ -130,7 +123,7 @@ class _Level:
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
         if self.eng.proposer is not None:
             self.eng.proposer.finish_all()
-            self.eng.proposer.budget = _fresh_budget(self.eng)
+            self.eng.proposer.budget = self.eng.proposer.fresh_budget()
         if self.timer is not None:
             self.timer.reset()
 
