@@ -5,11 +5,14 @@ Registered on the `laser` app by :mod:`jobs.cli`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from jobs.config import ConfigError, JobConfig, bundled_config, load_config
+
+if TYPE_CHECKING:
+    from pipelines.ops.schedule.ledger import RunRecord
 
 ConfigArg = typer.Argument(..., help="Job config YAML (see jobs/configs/).")
 SetOpt = typer.Option(None, "--set", "-s", help="Override a config key: --set decoder.params.k=3 (repeatable).")
@@ -34,21 +37,41 @@ def _output_lock(cfg: JobConfig):
 def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
         incremental: bool = typer.Option(False, "--incremental", help=(
             "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
-            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."))) -> None:
-    """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary."""
+            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py).")),
+        keep_existing: bool = typer.Option(False, "--keep-existing", help=(
+            "Keep rows that another config (model, decoder, generation rules, prompt version) wrote for "
+            "unchanged inputs instead of regenerating them; the run says how many it kept."))) -> None:
+    """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary. Exits 3 when
+    entities failed (`laser failures CONFIG` lists them; a re-run retries them)."""
     from pipelines.knowledge.job import run_job
     from pipelines.knowledge.summary import print_summary
 
     if incremental:
         from jobs.scheduled import run_scheduled
 
-        raise typer.Exit(run_scheduled(_load(config, set_)))
-    print_summary(run_job(_load(config, set_)))  # a held lock: one line, exit 75 (jobs/errors.py)
+        raise typer.Exit(run_scheduled(_load(config, set_), keep_existing=keep_existing))
+    summary = run_job(_load(config, set_), keep_existing=keep_existing)  # a held lock: one line, exit 75 (jobs/errors.py)
+    print_summary(summary)
+    code = _finished(summary.record, config)
+    if code:
+        raise typer.Exit(code)
+
+
+def _finished(rec: RunRecord, config: Path) -> int:
+    """A one-shot run's exit code, as a scheduled run's: 3 when entities failed (the next run retries them)."""
+    from pipelines.knowledge.plan import exit_code
+
+    if rec.given_up:
+        typer.echo(f"given up on {rec.given_up} entities after identical failures (generation.give_up_after)", err=True)
+    if rec.status == "partial":
+        typer.secho(f"{rec.failed + rec.old_failed} entities failed; `laser failures {config}` lists them; a re-run "
+                    "retries them (exit 3)", fg=typer.colors.YELLOW, err=True)
+    return exit_code(rec.status)
 
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
     """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
-    run(bundled_config("demo"), set_, incremental=False)
+    run(bundled_config("demo"), set_, incremental=False, keep_existing=False)
 
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:

@@ -2,6 +2,7 @@
 
 Exit codes (``pipelines.ops.schedule.exitcodes``): 0 done; 1 unexpected error; 2 invalid config or input
 data; 3 finished with failed entities (retried by the next run); 75 another run holds the output's lock.
+Entities given up on after ``generation.give_up_after`` identical failures are not retried: they leave 0.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pipelines.ops.schedule import exitcodes
 log = logging.getLogger(__name__)
 
 
-def run_scheduled(cfg: JobConfig) -> int:
+def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
     """Run once incrementally; print the closing summary and a one-line result; return the exit code."""
     from pipelines.data.readers import DataFileError
     from jobs.errors import os_error_line
@@ -31,7 +32,7 @@ def run_scheduled(cfg: JobConfig) -> int:
         typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.CONFIG
     try:
-        summary = run_job(cfg, incremental=True)
+        summary = run_job(cfg, incremental=True, keep_existing=keep_existing)
     except LockHeld as exc:
         typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
         return exitcodes.LOCKED
@@ -50,6 +51,7 @@ def run_scheduled(cfg: JobConfig) -> int:
     print_summary(summary)
     rec = summary.record
     typer.echo(f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
-               f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}; "
+               f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}, "
+               f"given up {rec.given_up}; "
                f"watermark {rec.watermark}")
     return exit_code(rec.status)

@@ -171,6 +171,7 @@ class TreeDecodingEngine:
                     s.drafter.close()
                     s.stats.new_tokens = len(s.new_tokens)
                     s.stats.prompt_tokens, s.stats.cached_prompt_tokens = s.prompt_len, 0  # no prefix cache here
+                    s.stats.own_accepted = getattr(s.drafter, "own_accepted", None)  # laser/earlier.py
                     if self.budget is not None:
                         self.budget.forget(s)
             yield from finished

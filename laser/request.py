@@ -26,6 +26,7 @@ class DecodeStats:
     new_tokens: int = 0
     prompt_tokens: int | None = None  # the prompt's tokens (None: the engine did not count them)
     cached_prompt_tokens: int | None = None  # of them, served from a prefix cache, not prefilled (None: not counted)
+    own_accepted: int | None = None  # of the accepted drafts, those from the entity's earlier text (laser/earlier.py)
     finish_reason: str = ""  # "eos" | "length" | "stop" (a stop string) | "verifier" | what ``Request.halt`` said
     prefill_s: float = 0.0
     decode_s: float = 0.0

@@ -85,6 +85,32 @@ class DraftTree:
             probs = np.concatenate([[1.0], draft_dists[torch.arange(len(draft)), idx].float().cpu().numpy()]) if len(draft) else None
         return cls(np.array([root, *draft], dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64), probs, dists)
 
+    @classmethod
+    def from_paths(cls, root: int, paths: Sequence[tuple[int, ...]]) -> "DraftTree":
+        """Depth-first layout of a prefix-closed set of draft paths (token tuples below the root, parents
+        before children); siblings keep their order in ``paths`` (priority order)."""
+        children: dict[tuple[int, ...], list[tuple[int, ...]]] = {(): []}
+        for path in paths:
+            children[path[:-1]].append(path)
+            children[path] = []
+        tokens, parents = [root], [-1]
+        stack = [(child, 0) for child in reversed(children[()])]
+        while stack:
+            path, parent = stack.pop()
+            tokens.append(path[-1])
+            parents.append(parent)
+            here = len(tokens) - 1
+            stack.extend((child, here) for child in reversed(children[path]))
+        return cls(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
+
+    def paths(self) -> list[tuple[int, ...]]:
+        """Every draft node as its token path below the root, in layout order (the inverse of
+        :meth:`from_paths`)."""
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, len(self.tokens)):
+            out.append(out[self.parents[i]] + (int(self.tokens[i]),))
+        return out[1:]
+
     @property
     def is_chain(self) -> bool:
         return bool(np.all(self.parents == np.arange(-1, len(self.parents) - 1)))

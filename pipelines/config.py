@@ -21,11 +21,18 @@ class _Strict(BaseModel):
 
 
 class SplitConfig(_Strict):
-    """The paper's old/new split (see pipelines/data/split.py)."""
+    """What knowledge is written from (see pipelines/data/split.py)."""
 
-    max_hist: int = Field(30, ge=1, description="old history = first min((n+1)//2, max_hist) interactions")
-    new_count: int | None = Field(None, ge=1, description="interactions after the cut that form the new history")
-    new_item_fraction: float = Field(0.5, ge=0.0, le=1.0, description="share of items (per category) that are new")
+    mode: Literal["latest", "paper"] = Field(
+        "latest", description="latest: each user's knowledge from their latest max_hist interactions, each item's "
+        "from its attributes, pools from earlier runs' knowledge (production); paper: the paper's simulated "
+        "old/new split with an old-knowledge pass (benchmarks and the paper's studies)")
+    max_hist: int = Field(30, ge=1, description="latest: interactions a user's prompt shows (the newest); paper: "
+                          "old history = first min((n+1)//2, max_hist) interactions")
+    new_count: int | None = Field(None, ge=1, description="paper: interactions after the cut that form the new "
+                                  "history (default max_hist)")
+    new_item_fraction: float = Field(0.5, ge=0.0, le=1.0, description="paper: the chance an item is new (a seeded "
+                                     "hash of its id decides)")
 
 
 class ModelConfig(_Strict):
@@ -52,6 +59,9 @@ class GenerationConfig(_Strict):
         "retry: regenerate it once, greedily with the retry_* rules, and keep the retry flagged; keep: keep it flagged; "
         "retry_greedy: regenerate a degenerate one with the greedy autoregressive decoder; fail: record it in "
         "failures.jsonl")
+    give_up_after: int = Field(3, ge=0, description="a run stops decoding an entity after this many identical "
+                               "failures in a row (same reason, inputs and generation config) and records it as given "
+                               "up in failures.jsonl; new inputs or another config try it again; 0 = never give up")
     repetition_penalty: float = Field(1.0, gt=0.0, description="as generate's: logits of tokens already in the "
                                       "sequence are divided (positive) or multiplied (negative) by it; 1 = off")
     no_repeat_ngram_size: int = Field(0, ge=0, description="as generate's: no token n-gram of this size twice; 0 = off")
@@ -122,6 +132,10 @@ class RoutingConfig(_Strict):
     n_clusters: int = Field(8, ge=1, description="K-means groups over LightGCN embeddings (capped at entities)")
     max_group_size: int = Field(200, ge=1, description="attribute groups larger than this split by sub-category")
     max_pool_size: int = Field(2000, ge=1, description="most old-knowledge texts per pool (seeded sample)")
+    first_wave: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "groups with no earlier knowledge (a first run): this share of their entities (at least one a group) "
+        "decodes first, drafting from its own prompt; the pools are then rebuilt from their texts for the rest; "
+        "0 = one wave"))
     lightgcn: dict[str, Any] = Field(default_factory=dict, description="LightGCN overrides: dim, layers, epochs, lr")
     seed: int = 0
 
@@ -223,5 +237,6 @@ class JobConfig(_Strict):
         data_rules = {k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None))
                       if getattr(self.dataset, k) == v}
         payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"},
-                                                        "generation": default, "dataset": data_rules})
+                                                        "generation": default | {"give_up_after"},
+                                                        "dataset": data_rules})  # give_up_after: a retry policy
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -80,12 +80,18 @@ KNOWLEDGE_SCHEMA = pa.schema(
         pa.field("engine", pa.string()),  # what decoded the row: "hf" | "vllm" (execution.engine); null in old shards
         pa.field("prompt_tokens", pa.int32()),  # the prompt's tokens; null where the engine did not count them
         pa.field("cached_prompt_tokens", pa.int32()),  # of them, served from the prefix cache (hf: 0, it has none)
+        # what decided the text besides its inputs (model, decoder and params, generation rules, prompt version:
+        # pipelines/knowledge/provenance.py) and the run's place in the ledger's sequence; null in old shards
+        pa.field("config_hash", pa.string()),
+        pa.field("run_seq", pa.int64()),  # the driver's run sequence: the latest view orders by it, not by clocks
+        pa.field("own_accepted_tokens", pa.int32()),  # accepted drafts from the entity's earlier text; null: not counted
     ]
 )
 # columns a row may omit: quality is computed from the text, the rest is null
 OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s", "ended",
                     "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding", "engine",
-                    "prompt_tokens", "cached_prompt_tokens")
+                    "prompt_tokens", "cached_prompt_tokens", "config_hash", "run_seq",
+                    "own_accepted_tokens")
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
@@ -309,12 +315,15 @@ class KnowledgeWriter:
     schema: pa.Schema = KNOWLEDGE_SCHEMA
     key_columns: tuple[str, ...] = KEY_COLUMNS
 
-    def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "") -> None:
+    stamped: tuple[str, ...] = ("generated_at",)  # set by the writer (the driver's clock), not by the row's maker
+
+    def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "", run_seq: int | None = None) -> None:
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
         self.store = Location.of(store)
         self.shard_rows = shard_rows
         self.run_id = run_id
+        self.run_seq = run_seq
         self.manifest = open_store(self.store, self.key_columns)
         self._buffer: list[dict[str, Any]] = []
         self.rows_written = 0
@@ -327,7 +336,7 @@ class KnowledgeWriter:
     def add_rows(self, rows: list[Mapping[str, Any]]) -> None:
         """Queue rows that belong together (e.g. one user's ranked items): they land in the same shard."""
         for row in rows:
-            missing = [f.name for f in self.schema if f.name not in row and not f.nullable]
+            missing = [f.name for f in self.schema if f.name not in row and not f.nullable and f.name not in self.stamped]
             if missing:
                 raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
             self._buffer.append(self.prepare({f.name: None for f in self.schema if f.nullable} | dict(row)))
@@ -338,23 +347,28 @@ class KnowledgeWriter:
         return "/".join(str(row.get(c)) for c in self.key_columns)
 
     def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
-        """A complete row from what was added (knowledge: quality computed from the text)."""
-        return with_quality(row)
+        """A complete row from what was added (knowledge: quality computed from the text), stamped with the
+        writer's (the driver's) UTC clock and run sequence: no worker's clock orders the latest view."""
+        return with_quality(row) | {"generated_at": utc_now(), "run_seq": self.run_seq}
+
+    # (entity_type, entity_id) -> source_hash of the requests this writer's failures come from, and the
+    # generation config's hash (:meth:`note_inputs`); recorded with each failure
+    failure_inputs: Mapping[tuple[str, str], str | None] = {}
+    failure_config_hash: str | None = None
+
+    def note_inputs(self, source_hashes: Mapping[tuple[str, str], str | None], config_hash: str | None) -> None:
+        """What the requests written here are made from, so that each failure records it and a scheduled run
+        can tell a failure that repeats on the same inputs and config (pipelines/ops/schedule/failures.py)."""
+        self.failure_inputs = {(t, str(i)): h for (t, i), h in source_hashes.items()}
+        self.failure_config_hash = config_hash
 
     def add_failure(self, entity_type: str, entity_id: str, reason: str) -> None:
         """Record one entity that could not be generated; appended and fsynced at once."""
+        key = (entity_type, str(entity_id))
         rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
-               "failed_at": utc_now().isoformat()}
-        line = json.dumps(rec) + "\n"
-        check_held()
-        path = self.store / FAILURES
-        if path.local:
-            with open(path.local_path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
-        else:  # no appends on object stores: the whole (small) file is put again
-            path.write_bytes((path.read_bytes() if path.exists() else b"") + line.encode())
+               "failed_at": utc_now().isoformat(), "source_hash": self.failure_inputs.get(key),
+               "config_hash": self.failure_config_hash}
+        append_failures(self.store, [rec])
         self.failures_written += 1
 
     def flush(self) -> None:
@@ -426,23 +440,48 @@ def done_keys(store: str | Path, key_columns: tuple[str, ...] = KEY_COLUMNS) -> 
     return keys
 
 
-def read_failures(store: str | Path, unresolved: bool = True) -> pl.DataFrame:
-    """Recorded failures; ``unresolved`` drops entities that a later run did write."""
+# what failures.jsonl lines may carry besides FAILURE_COLUMNS (absent in lines written before them: null):
+# the inputs' source_hash and the generation config's hash of a failure; given_up and count on the line that
+# records a scheduled run giving up on an entity after ``count`` identical failures
+FAILURE_FIELDS = {**{c: pl.Utf8 for c in FAILURE_COLUMNS}, "source_hash": pl.Utf8, "config_hash": pl.Utf8,
+                  "given_up": pl.Boolean, "count": pl.Int64}
+
+
+def append_failures(store: str | Path | Location, records: list[dict[str, Any]]) -> None:
+    """Append failure records (JSON lines) to ``store``'s failures.jsonl, fsynced; under the output's lock."""
+    if not records:
+        return
+    data = "".join(json.dumps(r) + "\n" for r in records)
+    check_held()
     path = Location.of(store) / FAILURES
-    schema = {c: pl.Utf8 for c in FAILURE_COLUMNS}
+    if path.local:
+        with open(path.local_path, "a", encoding="utf-8") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    else:  # no appends on object stores: the whole (small) file is put again
+        path.write_bytes((path.read_bytes() if path.exists() else b"") + data.encode())
+
+
+def read_failures(store: str | Path, unresolved: bool = True, every_line: bool = False) -> pl.DataFrame:
+    """Recorded failures (columns :data:`FAILURE_FIELDS`), the newest line per entity; ``unresolved`` drops
+    entities that a later run did write; ``every_line`` keeps every line, in the order written."""
+    path = Location.of(store) / FAILURES
     if not path.exists():
-        return pl.DataFrame(schema=schema)
+        return pl.DataFrame(schema=FAILURE_FIELDS)
     recs = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         try:
-            recs.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:  # a torn last line from a crash mid-append
             log.warning("%s:%d: skipped unreadable failure record", path, lineno)
-    frame = pl.DataFrame(recs, schema=schema) if recs else pl.DataFrame(schema=schema)
+            continue
+        recs.append({c: rec.get(c) for c in FAILURE_FIELDS})
+    frame = pl.DataFrame(recs, schema=FAILURE_FIELDS) if recs else pl.DataFrame(schema=FAILURE_FIELDS)
     if unresolved and frame.height:
         done = done_keys(store)
         frame = frame.filter([(t, i) not in done for t, i in zip(frame["entity_type"], frame["entity_id"])])
-    return frame.unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
+    return frame if every_line else frame.unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
 
 
 def knowledge_texts(store: str | Path, entity_type: str | None = None) -> dict[tuple[str, str], str]:

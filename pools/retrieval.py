@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
-
 from laser import DraftTree, Drafter
 from laser.own_text import OwnText
 from pools.trie import TokenTrie, paused_gc
@@ -164,16 +162,4 @@ def _first_path(paths: list[tuple[int, ...]]) -> list[int]:
 
 def _layout(root: int, paths: list[tuple[int, ...]]) -> DraftTree:
     """Depth-first layout of a prefix-closed node set; siblings keep their priority order."""
-    children: dict[tuple[int, ...], list[tuple[int, ...]]] = {(): []}
-    for path in paths:  # parents precede children in priority order
-        children[path[:-1]].append(path)
-        children[path] = []
-    tokens, parents = [root], [-1]
-    stack = [(child, 0) for child in reversed(children[()])]
-    while stack:
-        path, parent = stack.pop()
-        tokens.append(path[-1])
-        parents.append(parent)
-        here = len(tokens) - 1
-        stack.extend((child, here) for child in reversed(children[path]))
-    return DraftTree(np.array(tokens, dtype=np.int64), np.array(parents, dtype=np.int64))
+    return DraftTree.from_paths(root, paths)

@@ -73,6 +73,7 @@ class VllmResult:
     drafted_tokens: int | None = None  # draft tokens the proposer gave the request in all (None: not counted)
     draft_s: float | None = None  # the proposer's seconds on the request's drafter (None: not measured)
     cached_prompt_tokens: int | None = None  # prompt tokens vLLM served from its prefix cache (None: not reported)
+    own_accepted: int | None = None  # accepted drafts from the request's earlier text (None: not counted)
 
     @property
     def aal(self) -> float:
@@ -240,7 +241,7 @@ class VllmEngine:
                stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
                draft: bool = True, n_max: int = 8, min_prob: float = 0.0,
                pool_store: str | os.PathLike | None = None,
-               halt: Halt | None = None) -> str:
+               halt: Halt | None = None, earlier: Sequence[int] | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
@@ -251,7 +252,8 @@ class VllmEngine:
         nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
         ``halt``: a stop check on the request's new tokens after each step (:data:`laser.request.Halt`); when
         it says stop, the request is aborted in vLLM and :meth:`step` returns its first ``keep`` new tokens
-        with the check's finish reason.
+        with the check's finish reason. ``earlier``: the entity's earlier text (token ids), drafted first
+        (:mod:`laser.earlier`).
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -277,6 +279,8 @@ class VllmEngine:
             extra["pool_store"] = os.fspath(pool_store)
         if verification == "relaxed":
             extra.update(k=int(k), p=float(p))
+        if earlier and draft:
+            extra["earlier"] = [int(t) for t in earlier]
         params = SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
                                 top_p=float(s["top_p"]), top_k=int(s["top_k"] or 0),
                                 seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
@@ -385,7 +389,8 @@ class VllmEngine:
                           decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),
                           accepted_per_step=per_step, drafted_tokens=drafted,
                           draft_s=stats.draft_s if stats is not None else None,
-                          cached_prompt_tokens=getattr(out, "num_cached_tokens", None))
+                          cached_prompt_tokens=getattr(out, "num_cached_tokens", None),
+                          own_accepted=stats.own_accepted if stats is not None else None)
 
     # draft length --------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: str | int) -> None:

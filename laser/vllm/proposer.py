@@ -21,6 +21,7 @@ Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` nam
 - ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
 - ``draft_len``: ``"auto"`` (absent too: the budget chooses the row's length each step) or a fixed
   chain length;
+- ``earlier``: the entity's earlier text (token ids), drafted before the pool (:mod:`laser.earlier`);
 - ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
 
 Each step first asks every row's drafter how much of the row's text it matches (a cheap lookup), then
@@ -46,6 +47,7 @@ from typing import Any
 
 from laser.cost import ForwardCost
 from laser.drafting import Drafter
+from laser.earlier import with_earlier
 from laser.vllm import pools
 from laser.vllm.budget import ChainBudget, prior_cost
 
@@ -76,6 +78,7 @@ class RowStats:
     accepted_per_step: list[int] = field(default_factory=list)
     drafted: int = 0
     draft_s: float | None = None
+    own_accepted: int | None = None  # accepted drafts from the request's earlier text (laser/earlier.py)
 
     @property
     def accepted(self) -> int:
@@ -312,14 +315,16 @@ class LaserProposer:
             source = self.store_pools.get(str(store), key)
         else:
             source = pools.get_source(key)
-        if source is None:
+        if key is not None and source is None:
             self.unknown_pools += 1
             if key not in self._warned_keys:
                 self._warned_keys.add(key)
                 where = f"pool store {store}" if store is not None else "the pools registered in this process"
                 log.warning("pool %r is not in %s: its requests decode without drafts (counted in "
                             "LaserProposer.unknown_pools)", key, where)
-            return None
+            if not args.get("earlier"):
+                return None
+        source = with_earlier(source, args.get("earlier"))
         return source.open(prompt, RETRIEVE_NODES * self.max_len, int(args.get("n_max", self.n_max)),
                            float(args.get("min_prob", 0.0)))
 
@@ -344,7 +349,8 @@ class LaserProposer:
             row.drafter.close()
         self._relaxed_open -= row.rule is not None
         self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
-                                       drafted=row.drafted_total, draft_s=row.draft_s)
+                                       drafted=row.drafted_total, draft_s=row.draft_s,
+                                       own_accepted=getattr(row.drafter, "own_accepted", None))
         self.budget.forget(rid)
 
     def take_stats(self, tag) -> RowStats | None:

@@ -34,17 +34,33 @@ class Dataset:
 
 @dataclass
 class Split:
-    """The paper's old/new split.
+    """What knowledge is written from (pipelines/data/split.py).
 
-    ``old_interactions`` feed old knowledge (the pools); ``new_interactions`` are the behaviour whose
-    knowledge is generated now. Items are split into ``existing_items`` (have old knowledge) and
-    ``new_items`` (knowledge to generate).
+    ``new_interactions`` are the behaviour whose knowledge is generated now; ``old_interactions`` the
+    rest of each history. ``paper`` mode: old interactions feed old knowledge (the pools), a new
+    prompt shows old and new history, and items are split into ``existing_items`` (have old knowledge)
+    and ``new_items``. ``latest`` mode: a prompt shows the latest history only, every item is new.
     """
 
     old_interactions: pl.DataFrame
     new_interactions: pl.DataFrame
     existing_items: pl.DataFrame
     new_items: pl.DataFrame
+    mode: str = "paper"
+
+    @property
+    def prompt_interactions(self) -> pl.DataFrame:
+        """The interactions new knowledge's prompts show (paper: old and new; latest: the latest window)."""
+        if self.mode == "latest":
+            return self.new_interactions
+        return pl.concat([self.old_interactions, self.new_interactions])
+
+    @property
+    def routing_interactions(self) -> pl.DataFrame:
+        """What routing and LightGCN learn from (paper: old history only; latest: every interaction)."""
+        if self.mode == "latest":
+            return pl.concat([self.old_interactions, self.new_interactions])
+        return self.old_interactions
 
 
 def conform_interactions(frame: pl.DataFrame) -> pl.DataFrame:

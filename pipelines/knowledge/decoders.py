@@ -47,7 +47,7 @@ def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
     if engine == "vllm" and cfg.generation.no_repeat_ngram_size:
         raise JobInputError("execution.engine=vllm: generation.no_repeat_ngram_size has no vLLM form; set it to 0 "
                             "or execution.engine: hf")
-    if cfg.old_knowledge.generate_missing:
+    if cfg.old_knowledge.generate_missing and cfg.split.mode == "paper":  # latest mode has no old-knowledge pass
         check_engine(engine, old_knowledge_decoder(cfg), "old_knowledge.decoder")
     return check_engine(engine, new_knowledge_decoder(cfg), "decoder.name")
 

@@ -16,14 +16,15 @@ from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any, Callable, Iterator
 
+from laser.earlier import with_earlier
 from laser.sampling import GREEDY
-from pipelines.knowledge_store import KnowledgeWriter, utc_now
+from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality, words_per_token
 from pipelines.knowledge.retry import (LOOP_POLICIES, DegenerateTextError, GenreBan, LoopStop, first_rules, retry_plan,
                                        retry_reasons, task_rules, worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
-from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkResult
+from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkResult
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class DecodeTask:
     rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
     retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
     ban_unsupported_genres: bool = False  # first texts (and retries) name no genre the entity's input lacks
+    config_hash: str | None = None  # what decides the text besides its inputs (pipelines/knowledge/provenance.py)
 
 
 @dataclass
@@ -92,6 +94,7 @@ class Attempt:
     sampling: Any  # laser.SamplingParams
     rules: dict[str, Any] | None
     first: dict[str, Any] | None = None  # the first row, when this is its retry
+    earlier: list[int] | None = None  # the entity's earlier knowledge in tokens: drafted first (laser/earlier.py)
     compare: bool = True  # a retry replaces the first row only when it does not read worse
 
 
@@ -215,7 +218,13 @@ class GenerationWorker(ModelWorker):
         return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,
                        req.pool_key if self.pools.has(task, req.pool_key) else None,
                        entity_sampling(task.sampling, req.entity_type, req.entity_id),
-                       first_rules(task, req, self.genre_ban))
+                       first_rules(task, req, self.genre_ban), earlier=self.earlier_ids(req))
+
+    def earlier_ids(self, req: GenerationRequest) -> list[int] | None:
+        """The entity's earlier knowledge as the model's tokens (as pools hold texts), or None."""
+        if not req.earlier:
+            return None
+        return list(self.lm.tokenizer(req.earlier, add_special_tokens=False)["input_ids"])
 
     def halt(self, attempt: Attempt) -> LoopStop | None:
         """The engine's stop check for ``attempt``: a first text under a policy that acts on degenerate rows
@@ -240,7 +249,8 @@ class GenerationWorker(ModelWorker):
 
         Retries of flawed rows join the engine as ordinary requests (first in line). A request whose prompt
         or pool cannot be made fails alone. If the engine fails mid-stream, the attempts it held are decoded
-        one by one (so a bad entity fails by itself) and the stream goes on.
+        one by one (so a bad entity fails by itself) and the stream goes on. An engine that declares the
+        worker dead (:class:`~pipelines.workers.WorkerDead`) ends the stream: the driver re-sends its work.
         """
         self.task = task
         self.adapter.start(task, slots)
@@ -261,6 +271,8 @@ class GenerationWorker(ModelWorker):
                         attempt = item if isinstance(item, Attempt) else self.first_attempt(task, item)
                         made.append(self.adapter.make(attempt))
                         held[id(attempt)] = attempt
+                    except WorkerDead:
+                        raise
                     except Exception as exc:
                         failed.append(_failure(getattr(item, "req", item), exc))
             return made
@@ -283,6 +295,8 @@ class GenerationWorker(ModelWorker):
                     if part is not None or failed:
                         yield settle(part or BatchResult())
                 break
+            except WorkerDead:
+                raise
             except Exception as exc:
                 log.warning("decoding %d requests together failed (%s); decoding them one by one", len(held), exc)
                 self.adapter.abort()
@@ -296,6 +310,8 @@ class GenerationWorker(ModelWorker):
     def _alone(self, attempt: Attempt) -> BatchResult:
         try:
             gen = self.adapter.alone(attempt)
+        except WorkerDead:
+            raise
         except Exception as exc:
             return BatchResult(failures=[_failure(attempt.req, exc)])
         return self._finish(attempt, gen, alone=True) or BatchResult()
@@ -310,8 +326,8 @@ class GenerationWorker(ModelWorker):
                 kept, dropped = (first, row) if attempt.compare and worse(row, first) else (row, first)
                 return BatchResult(rows=[kept], discarded=[dropped])
             plan = retry_plan(self.task, attempt.req, row, self.genre_ban)
-        except Exception as exc:
-            return BatchResult(failures=[_failure(attempt.req, exc)])
+        except Exception as exc:  # a verdict on a decoded text: the engine worked (the driver's FirstFailures)
+            return BatchResult(failures=[{**_failure(attempt.req, exc), "decoded": "yes"}])
         if plan is None:
             return BatchResult(rows=[row])
         retry = Attempt(attempt.req, attempt.prompt, plan.decoder, plan.params,
@@ -334,11 +350,12 @@ class GenerationWorker(ModelWorker):
             "group_id": req.group_id if pooled else None, "n_tokens": len(res.token_ids),
             "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
             "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
-            "finish_reason": st.finish_reason, "run_id": task.run_id, "generated_at": utc_now(),
+            "finish_reason": st.finish_reason, "run_id": task.run_id,
             **quality_columns(q), "greedy_retry": a.first is not None, "prefill_s": float(st.prefill_s),
             "decode_s": float(st.decode_s), "source_hash": req.source_hash, "sampling": encode_sampling(a.sampling),
             "engine": self.adapter.name, "prompt_tokens": st.prompt_tokens,
-            "cached_prompt_tokens": st.cached_prompt_tokens,
+            "cached_prompt_tokens": st.cached_prompt_tokens, "config_hash": task.config_hash,
+            "own_accepted_tokens": st.own_accepted,
         }
 
 
@@ -373,7 +390,7 @@ class HfAdapter(EngineAdapter):
         return dec is self.pass_decoder or (attempt.sampling.greedy and self.pass_decoder.runs_greedy_of(dec))
 
     def _request(self, dec: Any, attempt: Attempt, exact: bool = False) -> Any:
-        pool = self.worker.pools.get(self.task, attempt.pool_key)
+        pool = with_earlier(self.worker.pools.get(self.task, attempt.pool_key), attempt.earlier)
         return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
                            rules=task_rules(attempt.rules), halt=self.worker.halt(attempt), exact=exact)
 
@@ -431,6 +448,7 @@ class GenerationReport:
     decoded_accepted: int = 0
     prompt_tokens: int = 0  # summed over the attempts that counted them
     cached_prompt_tokens: int = 0  # of them, served from the engine's prefix cache
+    own_accepted: int = 0  # accepted draft tokens taken from the entity's own earlier text (where counted)
     busy_s: float = 0.0  # actors' engine seconds, every step (prefill included), a shared step once
     decode_s: float = 0.0  # of them, the steps that only decoded
     decode_tokens: int = 0  # the tokens those steps gave
@@ -487,6 +505,7 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.decoded_accepted += row["accepted_tokens"]
         report.prompt_tokens += row.get("prompt_tokens") or 0
         report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
+        report.own_accepted += row.get("own_accepted_tokens") or 0
     report.busy_s += getattr(result, "busy_s", 0.0)
     report.decode_s += result.decode_s
     report.decode_tokens += getattr(result, "decode_tokens", 0)

@@ -25,7 +25,7 @@ def load_job_data(cfg: JobConfig) -> JobData:
     ds = load_dataset(cfg.dataset)
     sp = cfg.split
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=sp.max_hist, new_item_fraction=sp.new_item_fraction,
-                          new_count=sp.new_count)
-    log.info("split: %d old / %d new interactions, %d existing / %d new items", split.old_interactions.height,
+                          new_count=sp.new_count, mode=sp.mode)
+    log.info("split (%s): %d old / %d new interactions, %d existing / %d new items", sp.mode, split.old_interactions.height,
              split.new_interactions.height, split.existing_items.height, split.new_items.height)
     return JobData(ds, split)

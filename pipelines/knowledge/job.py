@@ -1,20 +1,25 @@
 """The knowledge job: one list of steps that every run takes (`laser run`, `--incremental`, the scheduled
 entry point and `laser submit`, which runs `laser run` on the cluster).
 
-Under the output's lock, recorded in the run ledger (LASER 2.2 / 4.1.1 streaming simulation):
+Under the output's lock, recorded in the run ledger:
 
-  load            the dataset and its seeded old/new split;
-  old knowledge   the target's greedy text for old histories and existing items, where missing;
+  load            the dataset and its split (``split.mode``: latest histories, or the paper's old/new);
+  old knowledge   paper mode only: the target's greedy text for old histories and existing items;
   route           every user and item to a pool group (collaborative or attribute);
-  pools           one retrieval pool per group: from old knowledge (full run), or from the latest view
-                  (incremental run: yesterday's new knowledge is today's old knowledge);
-  plan            which entities get new knowledge: those not yet written (full run, so a re-run
-                  resumes), or those whose prompt inputs changed or are new (incremental run);
-  new knowledge   the configured decoder, rows streamed into the knowledge store as they finish;
-  latest view     one row per entity, the newest, for CTR training and the feature store.
+  plan            which entities get knowledge: new ones, and those whose newest row was made from other
+                  inputs or by another config (pipelines/knowledge/plan.py); a killed run resumes;
+  pools           one retrieval pool per group from earlier knowledge: the latest view (whichever run
+                  wrote it: yesterday's new knowledge is today's old), or old knowledge (paper, full run);
+  new knowledge   the configured decoder, rows streamed into the knowledge store as they finish. Each
+                  entity drafts from its own earlier text first, then its group's pool. Groups with no
+                  earlier knowledge at all (a first run) go in two waves: a first share of their entities
+                  drafts from its own prompt, then the pools are rebuilt from what it wrote and the rest
+                  drafts from them (``routing.first_wave``);
+  latest view     one row per entity, the newest run's, for CTR training and the feature store.
 
-A run differs from another only in the entities its plan picks and the pools' source. Each step's
-checks run before any step does (:func:`check_job`), so a bad config fails before hours of work.
+Every run, one-shot or scheduled, takes these steps; they differ in the run id and in the ledger's
+reading of the exit. Each step's checks run before any step does (:func:`check_job`), so a bad config
+fails before hours of work.
 """
 from __future__ import annotations
 
@@ -22,10 +27,11 @@ import json
 import logging
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import polars as pl
+import pyarrow as pa
 
 from laser.decoders import DecoderChoice
 from pipelines.config import JobConfig
@@ -41,7 +47,9 @@ from pipelines.knowledge_store import KnowledgeWriter, open_store, read_knowledg
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
-from pipelines.knowledge.plan import new_run_id, plan_changes, users_after
+from pipelines.knowledge.plan import new_run_id, plan_changes, split_first_wave, users_after
+from pipelines.knowledge.provenance import generation_hash
+from pipelines.ops.schedule.failures import drop_given_up
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
@@ -62,8 +70,13 @@ class JobRun:
     workers: WorkerGroup | LocalGroup
     data: JobData | None = None
     routing: pl.DataFrame | None = None
+    keep_existing: bool = False  # keep rows another config wrote (inputs unchanged) instead of regenerating
+    resuming: bool = False  # a killed run of this config, resumed under its id
+    task: DecodeTask | None = None  # the new-knowledge pass (its config hash decides what is stale)
     todo: list[GenerationRequest] = field(default_factory=list)
+    first_wave: list[GenerationRequest] = field(default_factory=list)  # decoded before the pools are rebuilt
     resumed: int = 0  # entities this run (resumed after a kill) had already written
+    other_config: int = 0  # entities whose newest row another config wrote
     old: GenerationReport = field(default_factory=GenerationReport)
     new: GenerationReport = field(default_factory=GenerationReport)
 
@@ -79,7 +92,9 @@ def _load(job: JobRun) -> None:
 
 
 def _old_knowledge(job: JobRun) -> None:
-    job.old = step_old_knowledge(job.cfg, job.data, job.workers)
+    if job.data.split.mode != "paper":  # earlier knowledge is what earlier runs wrote
+        return
+    job.old = step_old_knowledge(job.cfg, job.data, job.workers, job.record.seq)
     job.record.old_generated, job.record.old_failed = job.old.done, job.old.failed
 
 
@@ -87,29 +102,55 @@ def _route(job: JobRun) -> None:
     job.routing = step_route(job.cfg, job.data)
 
 
-def _pools(job: JobRun) -> None:
+def _earlier_knowledge(job: JobRun) -> pa.Table:
+    """Every entity's newest knowledge (the latest view), or old knowledge alone (paper mode, full run)."""
     paths = job.paths
-    step_build_pools(job.cfg, latest_view(paths.knowledge, paths.old_knowledge).to_arrow() if job.incremental else None)
+    if job.data.split.mode == "paper" and not job.incremental:
+        return read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    return latest_view(paths.knowledge, paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
 
 
 def _plan(job: JobRun) -> None:
     requests = new_requests(job.data.dataset, job.data.split, pool_routes(job.decoder.cls.pool, job.routing))
     rec = job.record
-    if job.incremental:
-        plan = plan_changes(requests, read_knowledge(job.paths.knowledge), rec.run_id)
-        job.todo, job.resumed = plan.todo, plan.resumed
-        rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
-    else:
-        job.todo = pending(requests, job.paths.knowledge)
-        rec.entities_new, rec.entities_unchanged = len(job.todo), len(requests) - len(job.todo)
+    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, job.data.dataset.domain, job.paths.pools)
+    plan = plan_changes(requests, read_knowledge(job.paths.knowledge), job.task.config_hash,
+                        resuming=rec.run_id if job.resuming else None, keep_existing=job.keep_existing)
+    job.todo, job.resumed = plan.todo, plan.resumed
+    job.todo, rec.given_up = drop_given_up(job.todo, job.paths.knowledge, job.cfg.generation.give_up_after,
+                                           job.task.config_hash, rec.run_id)
+    for req in job.todo:  # its own earlier text is an entity's likeliest draft
+        req.earlier = plan.earlier.get(req.key)
+    rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
     log.info("run %s: %d new, %d changed, %d unchanged entities", rec.run_id, rec.entities_new,
              rec.entities_changed, rec.entities_unchanged)
+    if plan.other_config:
+        verb = "kept (--keep-existing)" if job.keep_existing else "regenerated"
+        log.warning("%d entities have rows another config wrote (model, decoder, generation rules or prompt "
+                    "version differ): %s", plan.other_config, verb)
+    job.other_config = plan.other_config
+
+
+def _pools(job: JobRun) -> None:
+    sizes = step_build_pools(job.cfg, _earlier_knowledge(job))
+    if job.decoder.cls.pool == "routed":
+        job.todo, job.first_wave = split_first_wave(job.todo, set(sizes), job.cfg.routing.first_wave)
 
 
 def _new_knowledge(job: JobRun) -> None:
-    task = knowledge_task(job.cfg, job.decoder, job.record.run_id, job.data.dataset.domain, job.paths.pools)
+    task = job.task
     check_pool_store(job.decoder, job.paths)
-    job.new = write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers)
+    job.new = GenerationReport()
+    if job.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
+        log.info("first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
+                 "texts before the other %d", len(job.first_wave), len(job.todo))
+        write_knowledge(job.cfg, job.first_wave, task, job.paths.knowledge, "new knowledge, first wave",
+                        job.workers, job.record.seq, job.new)
+        rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
+        step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt)
+        task = replace(task, pool_store=str(rebuilt))
+    write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
+                    job.new)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
 
@@ -124,8 +165,8 @@ class Step:
     run: Callable[[JobRun], None]
 
 
-STEPS = (Step("load", _load), Step("old knowledge", _old_knowledge), Step("route", _route), Step("pools", _pools),
-         Step("plan", _plan), Step("new knowledge", _new_knowledge), Step("latest view", _latest))
+STEPS = (Step("load", _load), Step("old knowledge", _old_knowledge), Step("route", _route), Step("plan", _plan),
+         Step("pools", _pools), Step("new knowledge", _new_knowledge), Step("latest view", _latest))
 
 
 # ---- running them ----------------------------------------------------------------------------------
@@ -138,9 +179,10 @@ def check_job(cfg: JobConfig) -> DecoderChoice:
     return decoder
 
 
-def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
+def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = False) -> JobSummary:
     """Every step under the output's lock, recorded in the run ledger; returns (and writes to
-    ``summary.json``) the closing summary. Raises ``LockHeld`` when another run holds the output."""
+    ``summary.json``) the closing summary. ``keep_existing`` keeps rows another config wrote (inputs
+    unchanged) instead of regenerating them. Raises ``LockHeld`` when another run holds the output."""
     start = time.perf_counter()
     decoder = check_job(cfg)
     # a full run creates nothing before its inputs are known good; a scheduled run loads them under its
@@ -154,10 +196,11 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
             if store.exists():
                 open_store(store)
         ledger = RunLedger(paths.root)
-        record = _open_record(cfg, ledger, incremental, decoder.name)
+        record, resuming = _open_record(cfg, ledger, incremental, decoder.name)
         entities = None if data is None else data.dataset.users.height + data.dataset.items.height
         with worker_group(cfg, entities) as workers:
-            job = JobRun(cfg, paths, incremental, record, decoder, workers, data=data)
+            job = JobRun(cfg, paths, incremental, record, decoder, workers, data=data, keep_existing=keep_existing,
+                         resuming=resuming)
             try:
                 for step in STEPS:
                     log.info("step: %s", step.name)
@@ -172,13 +215,15 @@ def run_job(cfg: JobConfig, incremental: bool = False) -> JobSummary:
         ledger.save(record)
     summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, time.perf_counter() - start)
     summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
+    summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
     summary.skipped, summary.input_notes = skipped_entities(job.data.dataset, job.data.split), dict(job.data.dataset.notes)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
     return summary
 
 
-def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: str) -> RunRecord:
-    """The ledger row of this run: a killed run of the same config is resumed under its own id."""
+def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: str) -> tuple[RunRecord, bool]:
+    """The ledger row of this run (a killed run of the same config is resumed under its own id and
+    sequence number) and whether it resumes one."""
     config_hash = cfg.resolved_run_id()
     previous, resumed, started = ledger.last_succeeded(), ledger.unfinished(config_hash), utc_now()
     if resumed:
@@ -188,9 +233,10 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
         run_id = new_run_id(cfg, started) if incremental else config_hash
     record = RunRecord(run_id=run_id, decoder=decoder, config_hash=config_hash,
                        started=resumed.started if resumed else started,
-                       previous_watermark=previous.watermark if previous else None)
+                       previous_watermark=previous.watermark if previous else None,
+                       seq=resumed.seq if resumed and resumed.seq is not None else ledger.next_seq())
     ledger.save(record)
-    return record
+    return record, resumed is not None
 
 
 # ---- steps alone (`laser generate`, tools) and their parts ------------------------------------------
@@ -215,31 +261,37 @@ def generation_worker_cls(engine: str) -> type[GenerationWorker]:
 
 def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: object,
                    greedy: bool = False) -> DecodeTask:
-    """A pass's decode task; ``greedy`` (old knowledge) ignores the job's sampling settings."""
+    """A pass's decode task, with the hash of what decides its texts (pipelines/knowledge/provenance.py);
+    ``greedy`` (old knowledge) ignores the job's sampling settings."""
     max_new = (cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens) if greedy \
         else cfg.generation.max_new_tokens
-    return DecodeTask(decoder=decoder.name, decoder_params=decoder.params, max_new_tokens=max_new,
+    task = DecodeTask(decoder=decoder.name, decoder_params=decoder.params, max_new_tokens=max_new,
                       max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
                       prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
                       pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate,
                       sampling=None if greedy else cfg.generation.sampling(), rules=cfg.generation.rules(),
                       retry_rules=cfg.generation.retry_rules(),
                       ban_unsupported_genres=cfg.generation.ban_unsupported_genres)
+    task.config_hash = generation_hash(cfg.model.name, cfg.model.dtype, asdict(task))
+    return task
 
 
 def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: object, desc: str,
-                    workers: WorkerGroup | LocalGroup | None) -> GenerationReport:
-    """Generate ``requests`` and stream their rows into ``store`` as they finish."""
-    report = GenerationReport()
+                    workers: WorkerGroup | LocalGroup | None, run_seq: int | None = None,
+                    report: GenerationReport | None = None) -> GenerationReport:
+    """Generate ``requests`` and stream their rows into ``store`` as they finish (stamped with the run's
+    sequence number), counted into ``report`` (a new one by default)."""
+    report = report if report is not None else GenerationReport()
     if not requests:
         return report
     start = time.perf_counter()
-    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id) as writer, \
+    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id, run_seq=run_seq) as writer, \
             (nullcontext(workers) if workers is not None else worker_group(cfg)) as group:
+        writer.note_inputs({r.key: r.source_hash for r in requests}, task.config_hash)  # kept with failures
         for result in group.stream(requests, task, slots=cfg.execution.batch_size, desc=desc):
             record_result(result, writer, report)
         writer.flush()
-    report.wall_s = time.perf_counter() - start
+    report.wall_s += time.perf_counter() - start
     return report
 
 
@@ -249,7 +301,8 @@ def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
 
 
-def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None) -> GenerationReport:
+def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None,
+                       run_seq: int | None = None) -> GenerationReport:
     """Old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
     todo = pending(old_requests(data.dataset, data.split), paths.old_knowledge)
@@ -258,7 +311,7 @@ def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | Loc
         return GenerationReport()
     task = knowledge_task(cfg, old_knowledge_decoder(cfg), f"{cfg.resolved_run_id()}-old", data.dataset.domain,
                           None, greedy=True)
-    return write_knowledge(cfg, todo, task, paths.old_knowledge, "old knowledge", workers)
+    return write_knowledge(cfg, todo, task, paths.old_knowledge, "old knowledge", workers, run_seq)
 
 
 def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,

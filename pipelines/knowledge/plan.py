@@ -1,17 +1,21 @@
-"""What an incremental run plans differently: it regenerates knowledge only for entities whose inputs
-changed, or are new (the job's steps are the same as a full run's: pipelines/knowledge/job.py).
+"""What a run generates: the entities whose newest knowledge is missing or was made from other inputs or
+by another config (the job's steps are the same for every run: pipelines/knowledge/job.py).
 
-For every entity the job writes knowledge for, the prompt inputs' ``source_hash`` is compared with the
-entity's newest row: equal -> unchanged (kept), different -> changed, none -> new. Only changed and new
-entities are generated, under a fresh ``run_id`` (a killed run's id is reused on resume, so rows it wrote
-count as done). Its pools are rebuilt from the latest view (yesterday's new knowledge is today's old).
+For every entity the job writes knowledge for, the request's ``source_hash`` (its prompt inputs) and the
+run's ``config_hash`` (model, decoder and parameters, generation rules, prompt version:
+pipelines/knowledge/provenance.py) are compared with the entity's newest row: both equal -> unchanged
+(kept), either different -> changed, none -> new. With ``keep_existing`` a row whose inputs are equal and
+whose config differs is kept and counted (``other_config``). Rows that a killed run of the same id wrote
+before it was killed are done (``resumed``), so a resumed run never decodes them again.
 
-The hash, not the watermark, decides: a rating edited in place keeps its timestamp, yet changes the
+The hashes, not the watermark, decide: a rating edited in place keeps its timestamp, yet changes the
 history. The watermark tells the ledger what arrived since the last successful run.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,32 +39,43 @@ class ChangePlan:
     changed: int = 0
     unchanged: int = 0
     resumed: int = 0
+    other_config: int = 0  # changed (or, with keep_existing, kept) only because another config wrote the row
+    earlier: dict[tuple[str, str], str] = field(default_factory=dict)  # each known entity's newest text
 
 
-def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, run_id: str | None = None) -> ChangePlan:
-    """Split requests by their entity's newest row in ``rows`` written before run ``run_id``: none (new),
-    another source hash (changed; a row without a hash counts as changed), the same hash (unchanged,
-    skipped). Rows run ``run_id`` itself wrote before it was killed (same hash) are done: its counts
-    cover the whole run, resumed or not."""
-    mine = rows.filter(pl.col("run_id") == run_id) if run_id else rows.clear()
-    done = {(t, i): h for t, i, h in mine.select("entity_type", "entity_id", "source_hash").iter_rows()}
-    base = newest_per_entity(rows.filter(pl.col("run_id") != run_id) if run_id else rows)
-    known = {(t, i): h for t, i, h in base.select("entity_type", "entity_id", "source_hash").iter_rows()}
-    plan = ChangePlan()
+def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_hash: str | None,
+                 resuming: str | None = None, keep_existing: bool = False) -> ChangePlan:
+    """Split requests by their entity's newest row in ``rows`` (module docstring); rows of run ``resuming``
+    (a killed run being resumed) with the same hashes are done. A row without a hash differs."""
+    mine = rows.filter(pl.col("run_id") == resuming) if resuming else rows.clear()
+    done = {(t, i): (h, c) for t, i, h, c in mine.select(*_KEYS, "source_hash", "config_hash").iter_rows()}
+    base = newest_per_entity(rows.filter(pl.col("run_id") != resuming) if resuming else rows)
+    known = {(t, i): (h, c, k) for t, i, h, c, k in base.select(*_KEYS, "source_hash", "config_hash",
+                                                                  "knowledge").iter_rows()}
+    plan = ChangePlan(earlier={key: k for key, (_, _, k) in known.items()})
     for req in requests:
-        key = (req.entity_type, req.entity_id)
+        key, want = req.key, (req.source_hash, config_hash)
         if key not in known:
             plan.new += 1
-        elif known[key] is None or known[key] != req.source_hash:
+        elif known[key][0] is None or known[key][0] != req.source_hash:
+            plan.changed += 1
+        elif known[key][1] != config_hash:
+            plan.other_config += 1
+            if keep_existing:
+                plan.unchanged += 1
+                continue
             plan.changed += 1
         else:
             plan.unchanged += 1
             continue
-        if key in done and done[key] == req.source_hash:
+        if done.get(key) == want:
             plan.resumed += 1
             continue
         plan.todo.append(req)
     return plan
+
+
+_KEYS = ("entity_type", "entity_id")
 
 
 def users_after(interactions: pl.DataFrame, watermark: int | None) -> int:
@@ -78,3 +93,21 @@ def new_run_id(cfg: JobConfig, record_time: Any) -> str:
 def exit_code(status: str) -> int:
     """The scheduler-facing exit code of a finished run's status."""
     return exitcodes.PARTIAL if status == "partial" else exitcodes.OK
+
+
+def split_first_wave(todo: list[GenerationRequest], pooled: set[str],
+                     share: float) -> tuple[list[GenerationRequest], list[GenerationRequest]]:
+    """(rest, first wave): of the entities whose group has no pool yet (no earlier knowledge in ``pooled``
+    keys), a ``share`` of each group (at least one) decodes first, so the pools can be built from their
+    texts before the rest; chosen by a hash of the id, so a resumed run picks the same ones."""
+    if share <= 0:
+        return todo, []
+    unpooled: dict[str, list[GenerationRequest]] = {}
+    for req in todo:
+        if req.pool_key is not None and req.pool_key not in pooled:
+            unpooled.setdefault(req.pool_key, []).append(req)
+    first: set[tuple[str, str]] = set()
+    for members in unpooled.values():
+        members = sorted(members, key=lambda r: hashlib.sha256("/".join(r.key).encode()).digest())
+        first.update(r.key for r in members[:max(1, math.ceil(share * len(members)))])
+    return [r for r in todo if r.key not in first], [r for r in todo if r.key in first]

@@ -50,10 +50,11 @@ def old_requests(dataset: Dataset, split: Split) -> list[GenerationRequest]:
 
 
 def new_requests(dataset: Dataset, split: Split, routes: Routes) -> list[GenerationRequest]:
-    """New knowledge: users with new history (whole history up to the new part) and new items."""
+    """New knowledge: users with new history (their prompt history: ``Split.prompt_interactions``) and new
+    items."""
     new_users = split.new_interactions["user_id"].unique().to_list()
-    history = pl.concat([split.old_interactions, split.new_interactions])
-    return user_requests(history, dataset.items, new_users, routes) + item_requests(split.new_items, routes)
+    return (user_requests(split.prompt_interactions, dataset.items, new_users, routes)
+            + item_requests(split.new_items, routes))
 
 
 def pool_routes(pool_need: str, routing: pl.DataFrame) -> Routes:

@@ -3,6 +3,7 @@ attribute), then build one retrieval pool per group from its members' old knowle
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import polars as pl
@@ -37,7 +38,7 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
                                **rc.lightgcn)
     try:
-        emb = router.train_lightgcn(split.old_interactions, lg)
+        emb = router.train_lightgcn(split.routing_interactions, lg)
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
@@ -64,7 +65,7 @@ def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
 
     paths = JobPaths.of(cfg)
     groups = groups_of(cfg, data)
-    old = data.split.old_interactions
+    old = data.split.routing_interactions
     policies = {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy}
     tables, members = [], []
     for etype, (attr, collab) in groups.items():
@@ -99,9 +100,9 @@ def load_tokenizer(model: str) -> Any:
     return laser.load_tokenizer(model)
 
 
-def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None) -> dict[str, int]:
+def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, directory: Path | None = None) -> dict[str, int]:
     """Step 3: one pool per group from its members' old knowledge (or ``knowledge``: entity_type, entity_id,
-    knowledge), persisted; returns {pool key: texts}."""
+    knowledge), persisted in ``directory`` (default: the job's pool store); returns {pool key: texts}."""
     import router
     from pools.build import PoolBuildConfig, collect_sources
     from pools.store import TokenizerFingerprint, write_store
@@ -120,6 +121,6 @@ def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None) -> dict[
     sources = collect_sources(old, memberships, tokenizer, build)
     for etype, eid, reason in sources.skipped:
         log.warning("pools: %s %s skipped: %s", etype, eid, reason)
-    write_store(paths.pools, sources.texts, TokenizerFingerprint.of(tokenizer),
+    write_store(directory or paths.pools, sources.texts, TokenizerFingerprint.of(tokenizer),
                 meta={"model": cfg.model.name, "run_id": cfg.resolved_run_id()})
     return sources.sizes()

@@ -27,6 +27,8 @@ class JobSummary:
     input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
     mode: str = "full"  # full | incremental (which entities the run planned)
     record: RunRecord | None = None  # the run's ledger row: status, planned entities, watermark
+    other_config: int = 0  # entities whose newest row another config wrote (regenerated, or kept: keep_existing)
+    first_wave: int = 0  # entities decoded before the pools were rebuilt (groups with no earlier knowledge)
 
     @classmethod
     def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path | Location,
@@ -41,9 +43,14 @@ class JobSummary:
 
 def _report_json(rep: GenerationReport) -> dict[str, Any]:
     """A pass's figures for summary.json, with the derived rates and the quality shares."""
-    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s,
+    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s, "own_share": own_share(rep),
             "tokens_per_s_engine": rep.engine_tokens_per_s,
             "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
+
+
+def own_share(rep: GenerationReport) -> float | None:
+    """The share of accepted draft tokens that came from the entities' own earlier texts (None: none accepted)."""
+    return rep.own_accepted / rep.decoded_accepted if rep.decoded_accepted else None
 
 
 def _prompt_cell(rep: GenerationReport) -> str:
@@ -108,5 +115,12 @@ def print_summary(summary: JobSummary) -> None:
     if (rec := summary.record) is not None:
         console.print(f"{summary.mode} run {rec.run_id}, {rec.status}: new knowledge for {rec.entities_new} new and "
                       f"{rec.entities_changed} changed entities, {rec.entities_unchanged} unchanged")
+    if summary.other_config:
+        console.print(f"rows another config wrote (model, decoder, generation rules or prompt version differ): "
+                      f"{summary.other_config}")
+    if summary.new.own_accepted:
+        console.print(f"drafts from the entities' own earlier texts: {summary.new.own_accepted} accepted tokens, "
+                      f"{own_share(summary.new):.0%} of the accepted drafts"
+                      + (f"; first wave {summary.first_wave} entities" if summary.first_wave else ""))
     console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
                   f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")

@@ -12,20 +12,26 @@ stalls the requests in flight. Requests are fed continuously: ``slots`` stay in 
 finishes is replaced at once. A request drafts from its pool when it has one (vLLM's engine process
 opens it from the pool store by the key and store path the request carries) and drafts nothing
 otherwise, as on the ``hf`` engine.
+
+An engine whose engine-core process died (:attr:`laser.vllm.VllmEngine.dead`) is started again once, and
+the requests it held are handed to the new one; if it dies again, or cannot start again, the worker is
+dead (:class:`~pipelines.workers.WorkerDead`): the driver hands its requests to the other actors.
 """
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
 from pipelines.knowledge.generation import Attempt, DecodeTask, EngineAdapter, EngineClock, GenerationWorker
 from pipelines.knowledge_store import encode_params
-from pipelines.workers import ModelSpec
+from pipelines.workers import ModelSpec, WorkerDead
 
 log = logging.getLogger(__name__)
+
+ENGINE_RESTARTS = 1  # starts of a new engine after the actor's engine died; one more death: the worker is dead
 
 
 class VllmGeneration:
@@ -40,7 +46,8 @@ class VllmGeneration:
                                  accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
                                  prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s),
                                  retrieval_s=_measured(res.draft_s), prompt_tokens=res.prompt_tokens,
-                                 cached_prompt_tokens=res.cached_prompt_tokens)
+                                 cached_prompt_tokens=res.cached_prompt_tokens,
+                                 own_accepted=getattr(res, "own_accepted", None))
 
 
 def gpu_engine_args(spec: ModelSpec) -> dict[str, Any]:
@@ -61,6 +68,7 @@ class VllmAdapter(EngineAdapter):
     """One vLLM engine per actor, built on the first pass and kept for the job."""
 
     name = "vllm"
+    engine_options: ClassVar[dict[str, Any]] = {}  # more VllmEngine keywords (tests: in_process=False)
 
     def __init__(self, worker: "VllmGenerationWorker") -> None:
         self.worker = worker
@@ -68,10 +76,12 @@ class VllmAdapter(EngineAdapter):
         self.live: dict[str, Attempt] = {}  # vLLM request tag -> attempt
         self.seconds = 0.0  # wall seconds of every step
         self.draft_len: Any = None
+        self.restarts = 0
+        self.dead_clock = (0.0, 0)  # decoding (seconds, tokens) of engines that died
 
     def clock(self) -> EngineClock:
-        decoding = self.engine.decode_clock if self.engine is not None else None
-        return EngineClock(self.seconds, *(decoding or (0.0, 0)))
+        decoding = (self.engine.decode_clock if self.engine is not None else None) or (0.0, 0)
+        return EngineClock(self.seconds, decoding[0] + self.dead_clock[0], decoding[1] + self.dead_clock[1])
 
     def ready(self, slots: int) -> dict[str, Any]:
         from laser.vllm import VllmEngine
@@ -84,13 +94,13 @@ class VllmAdapter(EngineAdapter):
                                      threads=spec.threads if spec.device == "cpu" else None,
                                      bind_threads=False,  # the node's other actors share its cores
                                      max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed,
-                                     enforce_eager=not spec.compile, **gpu_engine_args(spec))
+                                     enforce_eager=not spec.compile, **gpu_engine_args(spec), **self.engine_options)
         return {"engine": "vllm", "engine_start_s": round(self.engine.start_seconds, 1)}
 
     def start(self, task: DecodeTask, slots: int) -> None:
         from laser.vllm.forms import draft_length
 
-        self.task = task
+        self.task, self.slots = task, slots
         self.ready(slots)
         want = draft_length(self._settings(task.decoder, task.decoder_params)[1])
         if want != self.draft_len:
@@ -106,6 +116,15 @@ class VllmAdapter(EngineAdapter):
         return True  # every decoder and rule of a vLLM job is a per-request setting
 
     def make(self, attempt: Attempt) -> str:
+        try:
+            return self._submit(attempt)
+        except Exception as exc:
+            if not self._died(exc):
+                raise
+            self._restart(exc)
+            return self._submit(attempt)
+
+    def _submit(self, attempt: Attempt) -> str:
         from laser.vllm.forms import decoder_options, with_vllm_form
 
         cls, settings = self._settings(attempt.decoder, attempt.params)
@@ -116,7 +135,7 @@ class VllmAdapter(EngineAdapter):
         tag = self.engine.submit(attempt.prompt, self.task.max_new_tokens, sampling=_sampling(attempt.sampling),
                                  pool_key=attempt.pool_key if opts["draft"] else None,
                                  pool_store=self.task.pool_store if opts["draft"] else None, rules=rules,
-                                 halt=self.worker.halt(attempt), **opts)
+                                 halt=self.worker.halt(attempt), earlier=attempt.earlier, **opts)
         self.live[tag] = attempt
         return tag
 
@@ -124,8 +143,37 @@ class VllmAdapter(EngineAdapter):
         t0 = time.perf_counter()
         try:
             return self.engine.step()
+        except Exception as exc:
+            if not self._died(exc):
+                raise
+            self._restart(exc)  # what it held now runs on the new engine
+            return []
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def _died(self, exc: Exception) -> bool:
+        """Whether ``exc`` came from an engine whose engine core is gone (not from one request)."""
+        return self.engine is not None and self.engine.dead
+
+    def _restart(self, exc: Exception) -> None:
+        """A new engine in place of the dead one, the attempts it held submitted to it; raises
+        :class:`WorkerDead` past :data:`ENGINE_RESTARTS` or when the new engine cannot start."""
+        reason = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        if self.restarts >= ENGINE_RESTARTS:
+            raise WorkerDead(f"the vLLM engine died again after {self.restarts} restart(s): {reason}") from exc
+        self.restarts += 1
+        log.error("the vLLM engine died (%s); starting a new one for its %d requests", reason, len(self.live))
+        held, old = list(self.live.values()), self.engine
+        decoding = old.decode_clock or (0.0, 0)
+        self.dead_clock = (self.dead_clock[0] + decoding[0], self.dead_clock[1] + decoding[1])
+        self.engine, self.draft_len, self.live = None, None, {}
+        old.close()
+        try:
+            self.start(self.task, self.slots)
+        except Exception as err:
+            raise WorkerDead(f"the vLLM engine died ({reason}) and could not start again: {err}") from err
+        for attempt in held:
+            self._submit(attempt)
 
     def stream(self, admit: Callable[[int], list[Any]], slots: int) -> Iterator[tuple[Attempt, Any]]:
         while True:
@@ -136,21 +184,28 @@ class VllmAdapter(EngineAdapter):
                 yield self.live.pop(tag), VllmGeneration(res, self.worker.lm.tokenizer)
 
     def alone(self, attempt: Attempt) -> Any:
-        tag = self.make(attempt)
+        self.make(attempt)
         try:
             while True:
                 for done, res in self._step():  # nothing else is in flight (after abort)
-                    self.live.pop(done, None)
-                    if done == tag:
+                    if self.live.pop(done, None) is attempt:  # its tag changes if the engine restarts
                         return VllmGeneration(res, self.worker.lm.tokenizer)
+        except WorkerDead:
+            raise
         except Exception:
             self.abort()
             raise
 
     def abort(self) -> None:
-        if self.engine is not None:
-            self.engine.abort_all()
         self.live.clear()
+        if self.engine is None:
+            return
+        try:
+            self.engine.abort_all()
+        except Exception as exc:
+            if not self._died(exc):
+                raise
+            self._restart(exc)
 
     @property
     def in_flight(self) -> int:

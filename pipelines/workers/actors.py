@@ -8,15 +8,24 @@ the driver sends more requests and collects finished ones).
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, ClassVar, Iterator
 
 from pipelines.knowledge_store import encode_params
 
+log = logging.getLogger(__name__)
+
 Key = tuple[str, str]  # (entity_type, entity_id)
+
+
+class WorkerDead(RuntimeError):
+    """Raised by :meth:`ModelWorker.exchange` once the worker can serve nothing more (its engine died again
+    after its one restart): the driver counts the actor as dead and hands its requests to the others."""
 
 
 @dataclass
@@ -32,6 +41,7 @@ class GenerationRequest:
     history: list[tuple[str, float]] | None = None
     item: dict[str, Any] | None = None
     source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
+    earlier: str | None = None  # the entity's newest earlier knowledge: its first draft source (refresh)
 
     @property
     def key(self) -> Key:
@@ -105,6 +115,8 @@ class ModelWorker:
         self._inbox: deque[tuple[Any, GenerationRequest]] = deque()
         self._outbox: queue.Queue[WorkResult] = queue.Queue()
         self._held: set[Key] = set()
+        self._taken: set[Key] = set()  # held keys the serve loop took from the inbox and has not finished
+        self._dead: str | None = None  # why the worker can serve nothing more (:class:`WorkerDead`)
         self._worker: threading.Thread | None = None
 
     def load(self, spec: ModelSpec) -> Any:
@@ -149,8 +161,11 @@ class ModelWorker:
                  wait_s: float = 0.5) -> tuple[WorkResult, set[Key]]:
         """Queue ``requests`` for the background thread, wait up to ``wait_s`` for finished ones, and return
         them with the keys of every request this actor still holds (queued or in work). The driver calls
-        it once at a time per actor; a key it sent that is neither returned nor held was lost (restart)."""
+        it once at a time per actor; a key it sent that is neither returned nor held was lost (restart).
+        Raises :class:`WorkerDead` once the worker is dead (every key it held is then lost)."""
         with self._lock:
+            if self._dead is not None:
+                raise WorkerDead(self._dead)
             for req in requests:
                 self._inbox.append((task, req))
                 self._held.add(req.key)
@@ -169,20 +184,43 @@ class ModelWorker:
             return out, set(self._held)
 
     def _serve_inbox(self, slots: int) -> None:
-        """Background thread: serve the inbox task by task (passes never mix in one stream)."""
+        """Background thread: serve the inbox task by task (passes never mix in one stream). When ``serve``
+        raises, every request of that task it held fails with the error (the driver hears of it at once);
+        when the worker is dead (:class:`WorkerDead`), the thread stops and ``exchange`` says so."""
         while True:
             with self._lock:
                 if not self._inbox:
                     self._worker = None
                     return
                 task = self._inbox[0][0]
-
-            def take(n: int) -> list[GenerationRequest]:
+            try:
+                for part in self.serve(task, partial(self._take, task), slots):
+                    with self._lock:
+                        self._taken.difference_update(part.keys())
+                    self._outbox.put(part)
+            except WorkerDead as exc:
+                log.error("worker dead: %s", exc)
                 with self._lock:
-                    got = []
-                    while self._inbox and len(got) < n and self._inbox[0][0] == task:
-                        got.append(self._inbox.popleft()[1])
-                    return got
+                    self._dead, self._worker = str(exc), None
+                return
+            except Exception as exc:  # noqa: BLE001 - a broken serve loop must never strand its requests
+                log.exception("serving a task failed; its %d requests fail with the error", len(self._taken))
+                self._outbox.put(self._fail_task(task, f"worker error: {type(exc).__name__}: {exc}"))
 
-            for part in self.serve(task, take, slots):
-                self._outbox.put(part)
+    def _take(self, task: Any, n: int) -> list[GenerationRequest]:
+        """Up to ``n`` queued requests of ``task`` (the serve loop's ``take``)."""
+        with self._lock:
+            got = []
+            while self._inbox and len(got) < n and self._inbox[0][0] == task:
+                got.append(self._inbox.popleft()[1])
+            self._taken.update(r.key for r in got)
+            return got
+
+    def _fail_task(self, task: Any, reason: str) -> WorkResult:
+        """A result failing every request of ``task`` the worker holds: in work or still queued."""
+        with self._lock:
+            keys = sorted(self._taken)
+            self._taken.clear()
+            while self._inbox and self._inbox[0][0] == task:
+                keys.append(self._inbox.popleft()[1].key)
+        return self.result_cls(failures=[{"entity_type": t, "entity_id": i, "reason": reason} for t, i in keys])

@@ -101,18 +101,20 @@ def test_split_default_new_window_is_max_hist():
     assert new.group_by("user_id").len()["len"].max() == 5
 
 
-def test_item_split_per_category_deterministic():
+def test_item_split_is_deterministic_and_stable_per_item():
     ds = synthetic_dataset(SMALL, seed=5)
     a, b = split_old_new(ds, seed=1), split_old_new(ds, seed=1)
     assert_frame_equal(a.new_items, b.new_items)
     assert not split_old_new(ds, seed=2).new_items.equals(a.new_items)
     existing, new = set(a.existing_items["item_id"]), set(a.new_items["item_id"])
     assert not existing & new and existing | new == set(ds.items["item_id"])
-    sizes = ds.items.group_by("category").len()
-    n_new = a.new_items.group_by("category").len().rename({"len": "new"})
-    for category, size, new_count in sizes.join(n_new, on="category", how="left").fill_null(0).rows():
-        assert new_count == round(0.5 * size), category
+    assert 0.3 < len(new) / ds.items.height < 0.7  # about the fraction asked (0.5)
     assert split_old_new(ds, new_item_fraction=0.0).new_items.is_empty()
+    assert split_old_new(ds, new_item_fraction=1.0).existing_items.is_empty()
+    # one more item in a category never re-draws the others (one shared RNG draw per category did)
+    extra = ds.items.head(1).with_columns(item_id=pl.lit("added-item"))
+    grown = split_old_new(Dataset(ds.name, ds.domain, ds.interactions, pl.concat([ds.items, extra]), ds.users), seed=1)
+    assert set(grown.new_items["item_id"]) - {"added-item"} == new
 
 
 # trial samples (limit_dataset): tests/unit/test_data_trial_sample.py
@@ -142,3 +144,19 @@ def test_routing_warnings_reach_the_notes(caplog):
     mixed = pl.DataFrame({"entity_type": ["user", "user"], "pool_kind": ["attribute", "collaborative"]})
     assert pool_kind_notes(mixed, {"user": "warm_cold"}) == {}
     assert "learned nothing" in caplog.text
+
+
+def test_latest_mode_prompts_show_each_users_newest_interactions():
+    """A heavy user's knowledge comes from their latest max_hist interactions, so one more interaction
+    always changes what the prompt shows (the paper split left it out past 2 * max_hist - 1)."""
+    rows = [("heavy", f"i{t}", 4.0, t) for t in range(9)] + [("light", "i0", 3.0, 5)]
+    inter = pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
+    items = pl.DataFrame({"item_id": [f"i{t}" for t in range(10)], "title": [f"T{t}" for t in range(10)]})
+    ds = Dataset("t", "movie", inter, items, pl.DataFrame({"user_id": ["heavy", "light"]}))
+    split = split_old_new(ds, max_hist=2, mode="latest")
+    shown = split.prompt_interactions.filter(pl.col("user_id") == "heavy")["item_id"].to_list()
+    assert shown == ["i7", "i8"]  # the newest two; the paper split shows i0-i3 then new i4, i5
+    assert split.routing_interactions.height == inter.height  # routing learns from every interaction
+    assert split.existing_items.is_empty() and split.new_items.height == items.height
+    paper = split_old_new(ds, max_hist=2, mode="paper")
+    assert "i8" not in paper.prompt_interactions.filter(pl.col("user_id") == "heavy")["item_id"].to_list()

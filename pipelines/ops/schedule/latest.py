@@ -1,7 +1,9 @@
 """The "latest" view: one row per entity, its newest knowledge; what CTR training and the feature store read.
 
 Built from the knowledge store (every run's rows) and the old-knowledge store (entities that only have
-old knowledge, e.g. existing items); the newest ``generated_at`` wins. Written atomically as
+old knowledge, e.g. existing items); the row of the newest run wins: ordered by ``run_seq`` (the driver's
+run sequence, so no node's clock decides), then by ``generated_at`` (the driver's UTC clock; rows
+written before ``run_seq`` existed have none and count as older than every row that has one). Written atomically as
 ``<output>/latest.parquet`` at the end of every scheduled run (``laser latest CONFIG`` rebuilds it).
 """
 from __future__ import annotations
@@ -21,8 +23,8 @@ LATEST_FILE = "latest.parquet"
 
 
 def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
-    """One row per (entity_type, entity_id): the one with the newest ``generated_at``."""
-    return (frame.sort("generated_at", maintain_order=True)
+    """One row per (entity_type, entity_id): the newest by (``run_seq``, ``generated_at``)."""
+    return (frame.sort(["run_seq", "generated_at"], nulls_last=False, maintain_order=True)
             .unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
             .sort(list(KEY_COLUMNS)))
 

@@ -2,10 +2,11 @@
 (temp file + rename locally, one whole-object put on an object store).
 
 A run is ``running`` from its start until it finishes as ``succeeded``, ``partial`` (some entities
-failed) or ``failed`` (an error stopped it). A ``running`` row whose run is gone (the driver was killed)
-is resumed by the next run of the same config: it keeps that ``run_id`` so rows already written count.
-The watermark is the newest interaction time (unix seconds) the run saw; the next run reports what
-arrived after the last successful run's watermark.
+failed) or ``failed`` (an error stopped it); entities given up on after identical failures (``given_up``,
+:mod:`pipelines.ops.schedule.failures`) are not decoded and leave a run ``succeeded``. A ``running`` row
+whose run is gone (the driver was killed) is resumed by the next run of the same config: it keeps that
+``run_id`` so rows already written count. The watermark is the newest interaction time (unix seconds) the
+run saw; the next run reports what arrived after the last successful run's watermark.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ STATUSES = ("running", "succeeded", "partial", "failed")
 _TS = pa.timestamp("us", tz="UTC")
 LEDGER_SCHEMA = pa.schema([
     pa.field("run_id", pa.string(), nullable=False),
+    pa.field("seq", pa.int64()),  # the run's place in this output's sequence (rows carry it as run_seq)
     pa.field("started", _TS, nullable=False),
     pa.field("finished", _TS),
     pa.field("status", pa.string(), nullable=False),
@@ -39,6 +41,7 @@ LEDGER_SCHEMA = pa.schema([
     pa.field("users_after_watermark", pa.int64()),  # users with interactions newer than previous_watermark
     pa.field("generated", pa.int64()),
     pa.field("failed", pa.int64()),
+    pa.field("given_up", pa.int64()),  # entities not decoded: given up after identical failures (failures.py)
     pa.field("old_generated", pa.int64()),
     pa.field("old_failed", pa.int64()),
     pa.field("decoder", pa.string(), nullable=False),
@@ -65,9 +68,11 @@ class RunRecord:
     users_after_watermark: int = 0
     generated: int = 0
     failed: int = 0
+    given_up: int = 0
     old_generated: int = 0
     old_failed: int = 0
     error: str | None = None
+    seq: int | None = None  # set by RunLedger.next_seq when the run starts; kept when it resumes
 
 
 class RunLedger:
@@ -96,6 +101,12 @@ class RunLedger:
         if recs and recs[-1].status == "running" and recs[-1].config_hash == config_hash:
             return recs[-1]
         return None
+
+    def next_seq(self) -> int:
+        """The sequence number of a run starting now: one past every run recorded (a ledger written before
+        runs had numbers counts its rows)."""
+        recs = self.records()
+        return max([r.seq for r in recs if r.seq is not None] + [len(recs) - 1], default=-1) + 1
 
     def save(self, record: RunRecord) -> None:
         """Insert or replace ``record`` (by run_id), atomically."""
