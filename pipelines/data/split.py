@@ -55,7 +55,7 @@ def _ranked(interactions: pl.DataFrame) -> pl.DataFrame:
 
 def latest_histories(interactions: pl.DataFrame, max_hist: int) -> tuple[pl.DataFrame, pl.DataFrame]:
     """(earlier, latest): each user's latest ``max_hist`` interactions and the ones before them."""
-    ranked = _ranked(interactions).with_columns(_cut=pl.max_horizontal(pl.col("_n") - max_hist, 0))
+    ranked = _ranked(interactions).with_columns(_cut=pl.max_horizontal(pl.col("_n").cast(pl.Int64) - max_hist, 0))
     cols = interactions.columns
     return (ranked.filter(pl.col("_pos") < pl.col("_cut")).select(cols),
             ranked.filter(pl.col("_pos") >= pl.col("_cut")).select(cols))

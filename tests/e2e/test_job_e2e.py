@@ -32,7 +32,7 @@ def job_config(model: str, out: Path, *extra: str):
     return load_config(None, [
         "dataset.format=synthetic", "dataset.seed=3", "dataset.synthetic.n_users=10",
         "dataset.synthetic.n_items=16", "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=10",
-        "split.max_hist=6", f"model.name={model}", "model.dtype=float32", "decoder.name=laser",
+        "split.mode=paper", "split.max_hist=6", f"model.name={model}", "model.dtype=float32", "decoder.name=laser",
         "decoder.params.verification=greedy", "generation.max_new_tokens=24", "generation.max_prompt_tokens=2000",
         "routing.n_clusters=2", "routing.max_group_size=6", "execution.num_workers=2", "execution.batch_size=2",
         f"output.path={out}", "output.shard_rows=3",

@@ -25,7 +25,7 @@ def write_config(tmp_path, model: str):
     path = tmp_path / "job.yaml"
     path.write_text(f"""
 dataset: {{format: synthetic, seed: 1, synthetic: {{n_users: 10, n_items: 16, n_clusters: 2, max_history: 10}}}}
-split: {{max_hist: 6}}
+split: {{mode: paper, max_hist: 6}}
 model: {{name: {json.dumps(model)}, dtype: float32}}
 routing: {{n_clusters: 2, max_group_size: 6, warm_threshold: 3}}
 output: {{path: {json.dumps(str(tmp_path / "out"))}}}

@@ -149,7 +149,7 @@ def test_routing_warnings_reach_the_notes(caplog):
 def test_latest_mode_prompts_show_each_users_newest_interactions():
     """A heavy user's knowledge comes from their latest max_hist interactions, so one more interaction
     always changes what the prompt shows (the paper split left it out past 2 * max_hist - 1)."""
-    rows = [("heavy", f"i{t}", 4.0, t) for t in range(9)] + [("light", "i0", 3.0, 5)]
+    rows = [("heavy", f"i{t}", 4.0, t) for t in range(9)] + [("light", "i0", 3.0, 5)]  # light: fewer than max_hist
     inter = pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
     items = pl.DataFrame({"item_id": [f"i{t}" for t in range(10)], "title": [f"T{t}" for t in range(10)]})
     ds = Dataset("t", "movie", inter, items, pl.DataFrame({"user_id": ["heavy", "light"]}))
@@ -158,5 +158,6 @@ def test_latest_mode_prompts_show_each_users_newest_interactions():
     assert shown == ["i7", "i8"]  # the newest two; the paper split shows i0-i3 then new i4, i5
     assert split.routing_interactions.height == inter.height  # routing learns from every interaction
     assert split.existing_items.is_empty() and split.new_items.height == items.height
+    assert split.prompt_interactions.filter(pl.col("user_id") == "light").height == 1
     paper = split_old_new(ds, max_hist=2, mode="paper")
     assert "i8" not in paper.prompt_interactions.filter(pl.col("user_id") == "heavy")["item_id"].to_list()
