@@ -36,9 +36,18 @@ def _first(record: dict, *keys: str) -> Any:
     return None
 
 
+def id_value(value: Any) -> str | None:
+    """An id as text: ``10``, ``10.0`` and ``" 10 "`` are ``"10"``; empty, a list or a record is None."""
+    if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
+        return None
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() else str(value)
+    return str(value).strip() or None
+
+
 def review_row(record: dict) -> dict | None:
     """Canonical interaction from one review record, or None when a field is missing or not a number."""
-    user, item = _first(record, "user_id", "reviewerID"), _first(record, "parent_asin", "asin")
+    user, item = id_value(_first(record, "user_id", "reviewerID")), id_value(_first(record, "parent_asin", "asin"))
     rating, ts = _first(record, "rating", "overall"), _first(record, "timestamp", "unixReviewTime")
     if user is None or item is None or rating is None or ts is None:
         return None
@@ -48,12 +57,14 @@ def review_row(record: dict) -> dict | None:
         return None
     if ts > _MS_THRESHOLD:
         ts //= 1000
-    return {"user_id": str(user), "item_id": str(item), "rating": rating, "timestamp": ts}
+    return {"user_id": user, "item_id": item, "rating": rating, "timestamp": ts}
 
 
 def category_path(record: dict) -> list[str]:
     """The item's category path, whichever metadata naming it uses."""
     raw = _first(record, "categories", "category")
+    if isinstance(raw, str):  # one level given as text
+        raw = [raw]
     if not isinstance(raw, list) or not raw:
         return []
     if isinstance(raw[0], list):  # 2014: a list of paths; the first is the main one
@@ -63,14 +74,14 @@ def category_path(record: dict) -> list[str]:
 
 def metadata_row(record: dict) -> dict | None:
     """Canonical item from one metadata record, or None without an id or a title."""
-    item, title = _first(record, "parent_asin", "asin"), _first(record, "title")
+    item, title = id_value(_first(record, "parent_asin", "asin")), _first(record, "title")
     if item is None or not isinstance(title, str) or not title.strip():
         return None
     path = category_path(record)
     year_text = _first(record, "date", "published_date", "publication_date")
     year = _YEAR.search(str(year_text)) if year_text is not None else None
     return {
-        "item_id": str(item),
+        "item_id": item,
         "title": title.strip(),
         "genres": path[1:] if len(path) > 1 else path,
         "category": path[1] if len(path) > 1 else (path[0] if path else None),
@@ -102,9 +113,11 @@ def load_amazon(path: Path, reviews_file: str | None = None, metadata_file: str 
     else:
         reviews, meta = path, (path.parent / metadata_file if metadata_file else None)
     log.info("reading Amazon reviews %s, metadata %s", reviews, meta)
-    inter = conform_interactions(records_frame(reviews, review_row, INTERACTIONS_SCHEMA))
+    notes: dict[str, Any] = {}
+    inter = conform_interactions(records_frame(reviews, review_row, INTERACTIONS_SCHEMA, notes,
+                                               "a user, item, numeric rating or timestamp"))
     if meta is not None:
-        items = records_frame(meta, metadata_row, _ITEM_SCHEMA)
+        items = records_frame(meta, metadata_row, _ITEM_SCHEMA, notes, "an item id or a title")
         known = inter["item_id"].is_in(items["item_id"].implode())
         if (~known).any():
             log.warning("%s: dropped %d reviews of %d items without metadata", reviews, int((~known).sum()),
@@ -115,4 +128,5 @@ def load_amazon(path: Path, reviews_file: str | None = None, metadata_file: str 
         items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
     users = inter.select("user_id").unique().sort("user_id")
     name = reviews.name.split(".")[0]
-    return Dataset(name=f"amazon-{name}", domain="book", interactions=inter, items=conform_items(items), users=users)
+    return Dataset(name=f"amazon-{name}", domain="book", interactions=inter, items=conform_items(items), users=users,
+                   notes=notes)

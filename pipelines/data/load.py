@@ -7,14 +7,21 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.data.config import DatasetConfig
+from pipelines.data.readers import DataFileError
 from pipelines.data.schema import Dataset
 
 log = logging.getLogger(__name__)
 
 
 def load_dataset(cfg: DatasetConfig) -> Dataset:
-    """Load the configured dataset in canonical form, then apply ``limit_users``/``limit_items``."""
-    ds = check_interactions(_load_full(cfg), cfg.rating_scale)
+    """Load the configured dataset in canonical form, then apply ``limit_users``/``limit_items``.
+
+    Bad rows are skipped one at a time and counted in ``Dataset.notes``; a file that cannot be read, or
+    nothing usable left, raises :class:`DataFileError` with one line naming the file (and column)."""
+    ds = check_interactions(_load_checked(cfg), cfg.rating_scale)
+    if ds.interactions.is_empty():
+        raise DataFileError(f"dataset.path {cfg.path!r} (format {cfg.format}): no usable interactions left"
+                            + (f"; skipped: {'; '.join(ds.notes)}" if ds.notes else ""))
     if cfg.name:
         ds.name = cfg.name
     ds.domain = cfg.resolved_domain()
@@ -56,6 +63,15 @@ def _note_rows(notes: dict, source: str, what: str, rows: pl.DataFrame) -> None:
              rows.select("user_id", "item_id", "rating", "timestamp").head(SHOWN_ROWS).iter_rows()]
     notes[what] = {"count": rows.height, "first": shown}
     log.warning("%s: %s: %d row(s), first: %s", source, what, rows.height, "; ".join(shown))
+
+
+def _load_checked(cfg: DatasetConfig) -> Dataset:
+    """``_load_full``, with a table error the rules above do not cover turned into one line naming the input."""
+    try:
+        return _load_full(cfg)
+    except pl.exceptions.PolarsError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise DataFileError(f"dataset.path {cfg.path!r} (format {cfg.format}): unreadable input ({first})") from err
 
 
 def _load_full(cfg: DatasetConfig) -> Dataset:

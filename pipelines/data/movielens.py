@@ -50,10 +50,10 @@ def load_movielens(path: Path) -> Dataset:
     log.info("reading MovieLens %s from %s", variant, directory)
     notes: dict[str, Any] = {}
     if variant == "100k":
-        inter, items, users = _read_100k(directory)
+        inter, items, users = _read_100k(directory, notes)
         ratings = directory / "u.data"
     elif variant in ("1m", "10m"):
-        inter, items, users = _read_dat(directory)
+        inter, items, users = _read_dat(directory, notes)
         ratings = directory / "ratings.dat"
     else:
         inter, items, users = _read_latest(directory, notes)
@@ -71,11 +71,12 @@ def _genre_list(column: str, separator: str = "|") -> pl.Expr:
         (pl.element() != NO_GENRES) & (pl.element() != ""))).alias("genres"))
 
 
-def _read_100k(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
-    inter = read_delimited(d / "u.data", "\t", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True)
+def _read_100k(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
+    inter = read_delimited(d / "u.data", "\t", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True,
+                           notes=notes)
     flags = [f"g{k}" for k in range(len(GENRES_100K))]
     raw = read_delimited(d / "u.item", "|", ["item_id", "title", "release_date", "video_release", "url", *flags],
-                         {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"])
+                         {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"], notes=notes)
     genres = pl.concat_list(pl.when(pl.col(f) == "1").then(pl.lit(g)) for f, g in zip(flags, GENRES_100K))
     items = raw.with_columns(
         *split_title_year("title"), genres.list.drop_nulls().alias("genres"),
@@ -83,19 +84,21 @@ def _read_100k(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]:
         pl.col("year").fill_null(pl.col("release_date").str.slice(-4).cast(pl.Int32, strict=False)),
     ).select("item_id", "title", "genres", "year", pl.col("url").alias("imdb_url"))
     users = read_delimited(d / "u.user", "|", ["user_id", "age", "gender", "occupation", "zip_code"],
-                           {"user_id": pl.Utf8, "age": pl.Int32}, ["user_id"])
+                           {"user_id": pl.Utf8, "age": pl.Int32}, ["user_id"], notes=notes)
     return inter, items, users
 
 
-def _read_dat(d: Path) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
-    inter = read_delimited(d / "ratings.dat", "::", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True)
+def _read_dat(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame | None]:
+    inter = read_delimited(d / "ratings.dat", "::", _RATING_NAMES, _RATING_TYPES, _RATING_NAMES, keep_line_no=True,
+                           notes=notes)
     movies = read_delimited(d / "movies.dat", "::", ["item_id", "title", "genres"],
-                            {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"])
+                            {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"], notes=notes)
     items = movies.with_columns(*split_title_year("title"), _genre_list("genres"))
     users = None
     if (d / "users.dat").exists():
         users = read_delimited(d / "users.dat", "::", ["user_id", "gender", "age", "occupation", "zip_code"],
-                               {"user_id": pl.Utf8, "age": pl.Int32, "occupation": pl.Int32}, ["user_id"])
+                               {"user_id": pl.Utf8, "age": pl.Int32, "occupation": pl.Int32}, ["user_id"],
+                               notes=notes)
         users = users.with_columns(pl.col("occupation").replace_strict(
             list(range(len(OCCUPATIONS_1M))), OCCUPATIONS_1M, default=None, return_dtype=pl.Utf8))
     return inter, items, users
@@ -112,7 +115,8 @@ def _read_csv(path: Path, names: dict[str, str], dtypes: dict[str, pl.DataType],
     if missing:
         raise DataFileError(f"{path}: missing column(s) {missing}; found {frame.columns[:-1]}")
     frame = frame.select(*(pl.col(src).alias(dst) for src, dst in names.items()), "line_no")
-    return coerce(frame, dtypes, required, path, keep_row_no=True)
+    return coerce(frame, dtypes, required, path, keep_row_no=True, notes=notes,
+                  names={dst: src for src, dst in names.items()})
 
 
 def _read_latest(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFrame, None]:

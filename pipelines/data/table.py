@@ -3,10 +3,15 @@
 ``path`` is either the interactions file or a directory holding ``interactions_file`` (plus optional
 ``items_file`` and ``users_file``). ``columns`` maps canonical names to the file's names. Interactions
 need user_id, item_id, rating and timestamp (unix seconds, a date/datetime column, or text read by
-``dataset.timestamp_format``: epoch by default, iso, or a strftime format). Items need
-item_id and use title, genres (a list, or text split on ``genres_separator``), category, sub_category
-and year when present; other item and user columns are kept as attributes. Without an items file the
-item id serves as the title.
+``dataset.timestamp_format``: epoch by default, iso, or a strftime format). Items need item_id and
+title, and use genres (a list, or text split on ``genres_separator``), category (text, or a list read
+as a category path), sub_category and year when present; other item and user columns are kept as
+attributes. Without an items file the item id serves as the title.
+
+Ids are text whatever a file types them as (``10``, ``10.0`` from an integer column with gaps and
+``"10"`` are the same id). Bad rows are skipped one at a time and counted in ``Dataset.notes`` with
+their file line: an empty id, a line that is not JSON, a CSV line with an unbalanced quote or the
+wrong number of fields, an invalid rating or timestamp.
 """
 from __future__ import annotations
 
@@ -17,8 +22,8 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.config import DatasetConfig
-from pipelines.data.readers import (MAX_BAD_FRACTION, DataFileError, coerce, drop_unknown_items, note,
-                                    read_checked_csv)
+from pipelines.data.readers import (MAX_BAD_FRACTION, DataFileError, coerce, drop_empty_ids, drop_unknown_items,
+                                    id_text, note, read_checked_csv, read_json_table)
 from pipelines.data.schema import (INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items,
                                    conform_users)
 
@@ -30,8 +35,8 @@ LINE = "_line"  # CSV/TSV: file line (header = line 1); JSON lines: file line; P
 
 def read_table(path: Path, notes: dict[str, Any] | None = None) -> pl.DataFrame:
     """A whole table file by its extension: .parquet, .csv, .tsv, .jsonl/.ndjson (optionally .gz for text),
-    with a ``_line`` column. CSV/TSV go through ``read_checked_csv`` (rows repaired or skipped are
-    counted in ``notes``)."""
+    with a ``_line`` column. CSV/TSV go through ``read_checked_csv``, JSON lines through ``read_json_table``
+    (rows repaired or skipped are counted in ``notes``)."""
     if not path.is_file():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     name = path.name.lower().removesuffix(".gz")
@@ -42,7 +47,7 @@ def read_table(path: Path, notes: dict[str, Any] | None = None) -> pl.DataFrame:
             frame = read_checked_csv(path, "\t" if name.endswith(".tsv") else ",", {} if notes is None else notes)
             return frame.rename({"line_no": LINE})
         if name.endswith((".jsonl", ".ndjson")):
-            return pl.read_ndjson(path, infer_schema_length=None).with_row_index(LINE, offset=1)
+            return read_json_table(path, LINE, {} if notes is None else notes)
     except pl.exceptions.PolarsError as err:
         raise DataFileError(f"{path}: unreadable ({err})") from err
     raise DataFileError(f"{path}: unknown table type; use .parquet, .csv, .tsv, .jsonl or .ndjson")
@@ -52,7 +57,8 @@ def _rename(frame: pl.DataFrame, mapping: dict[str, str], required: list[str], p
     """Rename source columns to canonical names; error naming the file and column when a required one is missing."""
     missing = [f"{canon} (column {mapping[canon]!r})" for canon in required if mapping[canon] not in frame.columns]
     if missing:
-        raise DataFileError(f"{path}: missing {', '.join(missing)}; found columns {frame.columns}")
+        raise DataFileError(f"{path}: missing {', '.join(missing)}; found columns "
+                            f"{[c for c in frame.columns if c != LINE]}")
     present = {src: canon for canon, src in mapping.items() if src in frame.columns and src != canon}
     return frame.drop([c for c in present.values() if c in frame.columns]).rename(present)
 
@@ -111,21 +117,14 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     required = list(INTERACTIONS_SCHEMA)
     notes: dict[str, Any] = {}
     inter = _rename(read_table(inter_path, notes), mapping, required, inter_path).select(*required, LINE)
+    for key in ("user_id", "item_id"):
+        inter = id_text(inter, key, inter_path, mapping[key])
     inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], inter_path, notes)
-    inter = coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True)
+    inter = coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True, notes=notes,
+                   names={k: mapping[k] for k in required})
 
     if cfg.items_file:
-        items_path = directory / cfg.items_file
-        items = _rename(read_table(items_path, notes).drop(LINE), mapping, ["item_id"], items_path)
-        if "genres" in items.columns and items.schema["genres"] == pl.Utf8:
-            items = items.with_columns(pl.col("genres").str.split(cfg.genres_separator).list.eval(
-                pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != "")))
-        if "title" not in items.columns:
-            items = items.with_columns(title=pl.col("item_id"))
-        items = items.with_columns(pl.col("item_id").cast(pl.Utf8),
-                                   pl.col("title").cast(pl.Utf8).fill_null(pl.col("item_id").cast(pl.Utf8)))
-        if "year" in items.columns:
-            items = items.with_columns(pl.col("year").cast(pl.Int32, strict=False))
+        items = _read_items(directory / cfg.items_file, cfg, mapping, notes)
     else:
         log.warning("no dataset.items_file: item titles fall back to item ids")
         items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
@@ -136,9 +135,54 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     inter = conform_interactions(inter.drop(LINE))
     if cfg.users_file:
         users_path = directory / cfg.users_file
-        users = _rename(read_table(users_path, notes).drop(LINE), mapping, ["user_id"], users_path)
+        users = _rename(read_table(users_path, notes), mapping, ["user_id"], users_path)
+        users = drop_empty_ids(users, "user_id", users_path, notes, LINE, mapping["user_id"]).drop(LINE)
     else:
         users = inter.select("user_id").unique().sort("user_id")
     name = cfg.name or inter_path.name.split(".")[0]
     return Dataset(name=name, domain=cfg.resolved_domain(), interactions=inter, items=conform_items(items),
                    users=conform_users(users), notes=notes)
+
+
+SCALAR_ITEM_COLUMNS = ("title", "sub_category", "year")  # a list here has no one reading: the load stops
+
+
+def _read_items(path: Path, cfg: DatasetConfig, mapping: dict[str, str], notes: dict[str, Any]) -> pl.DataFrame:
+    """The items file: rows without an id skipped and counted; ``title`` required (an item prompt needs one;
+    an empty title falls back to the id, counted); a list in ``category`` read as a category path."""
+    items = _rename(read_table(path, notes), mapping, ["item_id", "title"], path)
+    items = drop_empty_ids(items, "item_id", path, notes, LINE, mapping["item_id"])
+    for column in (c for c in SCALAR_ITEM_COLUMNS if c in items.columns):
+        if items.schema[column].is_nested():
+            raise DataFileError(f"{path}: column {mapping[column]!r} holds {items.schema[column]} values, not one "
+                                f"{column} per item; map columns.{column} to a column of single values")
+    items = _category_path(items, path, notes, mapping["category"])
+    if "genres" in items.columns and items.schema["genres"] == pl.Utf8:
+        items = items.with_columns(pl.col("genres").str.split(cfg.genres_separator).list.eval(
+            pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != "")))
+    title = pl.col("title").cast(pl.Utf8).str.strip_chars()
+    items = items.with_columns(title=pl.when(title != "").then(title))
+    note(notes, path, f"items with an empty title (column {mapping['title']!r}): the item id is the title",
+         items.filter(pl.col("title").is_null())[LINE].to_list())
+    items = items.with_columns(pl.col("title").fill_null(pl.col("item_id")))
+    if "year" in items.columns:
+        items = items.with_columns(pl.col("year").cast(pl.Int32, strict=False))
+    return items.drop(LINE)
+
+
+def _category_path(items: pl.DataFrame, path: Path, notes: dict[str, Any], source: str) -> pl.DataFrame:
+    """A list in ``category`` is a category path: its first entry the category, its second the sub-category
+    where none is given (rows repaired are counted in ``notes``). Records there stop the load."""
+    dtype = items.schema.get("category")
+    if dtype is None or not dtype.is_nested():
+        return items
+    if not isinstance(dtype, pl.List):
+        raise DataFileError(f"{path}: column {source!r} (category) holds {dtype} values; expected text or a list "
+                            "of text")
+    listed = items.filter(pl.col("category").list.len() > 0)[LINE].to_list()
+    path_ = pl.col("category").cast(pl.List(pl.Utf8))
+    second = path_.list.get(1, null_on_oob=True)
+    sub = pl.coalesce(pl.col("sub_category").cast(pl.Utf8), second) if "sub_category" in items.columns else second
+    note(notes, path, f"items whose category (column {source!r}) is a list: the first entry is the category, the "
+         "second the sub-category", listed)
+    return items.with_columns(category=path_.list.get(0, null_on_oob=True), sub_category=sub)
