@@ -115,6 +115,11 @@ class CorruptShardError(ValueError):
     """A shard whose bytes do not match the manifest's sha256, or that Parquet cannot read."""
 
 
+class TornManifestError(ValueError):
+    """A manifest that is no readable shard list (a torn or hand-edited file): :func:`open_store` rebuilds it
+    from the shards, readers (:func:`scan_store`) rebuild it in memory."""
+
+
 def file_sha256(path: str | Path | Location) -> str:
     return hashlib.sha256(Location.of(path).read_bytes()).hexdigest()
 
@@ -176,19 +181,48 @@ class Manifest:
 
     @classmethod
     def load(cls, store: str | Path | Location) -> "Manifest":
+        """The manifest on disk (empty when there is none); :class:`TornManifestError` when it is not a list of
+        shard entries (``file``, ``rows``)."""
         path = Location.of(store) / MANIFEST
         if not path.exists():
             return cls()
         try:
-            data = json.loads(path.read_text())
-            return cls(shards=list(data["shards"]))
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise ValueError(f"{path}: unreadable knowledge manifest ({exc})") from exc
+            shards = json.loads(path.read_text())["shards"]
+            if not isinstance(shards, list) or not all(_is_entry(s) for s in shards):
+                raise TypeError("shards is not a list of {file, rows} entries")
+            return cls(shards=list(shards))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            raise TornManifestError(f"{path}: unreadable knowledge manifest ({exc})") from exc
+
+    @classmethod
+    def rebuild(cls, store: str | Path | Location) -> tuple["Manifest", list[str]]:
+        """The manifest the shard files make, in write (shard number) order, each with its row count, sha256 and
+        run_id (when its rows share one); returns it and the names of the shards Parquet cannot read."""
+        root = Location.of(store)
+        shards, unreadable = [], []
+        for name in sorted(_shard_files(root), key=lambda n: (int(_SHARD_RE.match(n).group(1)), n)):
+            data = (root / name).read_bytes()
+            try:
+                meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+                runs = (pq.read_table(pa.BufferReader(data), columns=["run_id"]).column("run_id").unique().to_pylist()
+                        if "run_id" in meta.schema.names else [])
+            except (pa.ArrowInvalid, OSError) as exc:
+                log.error("%s: unreadable shard (%s)", root / name, exc)
+                unreadable.append(name)
+                continue
+            shards.append({"file": name, "rows": meta.num_rows, "run_id": runs[0] if len(runs) == 1 else None,
+                           "sha256": hashlib.sha256(data).hexdigest()})
+        return cls(shards), unreadable
 
     def save(self, store: str | Path | Location) -> None:
         """Replace the manifest atomically: the commit point of every shard it lists."""
         body = json.dumps({"format": "laser-knowledge/1", "shards": self.shards}, indent=1)
         (Location.of(store) / MANIFEST).write_text(body)
+
+
+def _is_entry(shard: Any) -> bool:
+    return isinstance(shard, dict) and isinstance(shard.get("file"), str) and bool(_SHARD_RE.match(shard["file"])) \
+        and isinstance(shard.get("rows"), int)
 
 
 def _shard_files(root: Location) -> list[str]:
@@ -198,11 +232,16 @@ def _shard_files(root: Location) -> list[str]:
 def scan_store(store: str | Path | Location) -> Manifest:
     """The store's shards, read-only: the manifest, plus (local stores only) complete shards it does not
     list yet: a local shard is renamed into place whole before the manifest is replaced. On other
-    filesystems an unlisted shard object was never committed and is ignored."""
+    filesystems an unlisted shard object was never committed and is ignored. A torn manifest is rebuilt
+    in memory from the shards (:meth:`Manifest.rebuild`); the next writer writes it back."""
     root = Location.of(store)
     if not root.exists():
         return Manifest()
-    manifest = Manifest.load(root)
+    try:
+        manifest = Manifest.load(root)
+    except TornManifestError as exc:
+        log.warning("%s; read from the shards instead (the next writer rewrites it)", exc)
+        return Manifest.rebuild(root)[0]
     if not root.local:
         return manifest
     for name in _unlisted(root, manifest):
@@ -250,12 +289,32 @@ def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
         log.warning("%s: deleted %d uncommitted shard objects", root, len(orphans))
 
 
+def _rebuild_torn(root: Location) -> None:
+    """Writers: replace a torn manifest by one rebuilt from the shards (:meth:`Manifest.rebuild`), the shards
+    Parquet cannot read moved to ``quarantine/`` first; one warning line. Killed half way, the manifest is
+    still torn (it is replaced atomically, last) and the next writer rebuilds it again."""
+    try:
+        Manifest.load(root)
+        return
+    except TornManifestError as exc:
+        torn = exc
+    manifest, unreadable = Manifest.rebuild(root)
+    for name in unreadable:
+        (root / QUARANTINE).mkdir(exist_ok=True)
+        (root / name).move_to(root / QUARANTINE / name)
+    manifest.save(root)
+    moved = f"; {len(unreadable)} unreadable moved to {QUARANTINE}/" if unreadable else ""
+    log.warning("%s; rebuilt from the %d shards in the store (%d rows)%s", torn, len(manifest.shards),
+                manifest.n_rows, moved)
+
+
 def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS) -> Manifest:
-    """For a writer (one per store: the run lock): create ``store``, drop what a crash left uncommitted,
-    adopt complete local shards missing from the manifest, quarantine corrupt shards (``key_columns``, the
-    store's row key, are read to check each shard)."""
+    """For a writer (one per store: the run lock): create ``store``, rebuild a torn manifest from the shards,
+    drop what a crash left uncommitted, adopt complete local shards missing from the manifest, quarantine
+    corrupt shards (``key_columns``, the store's row key, are read to check each shard)."""
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
+    _rebuild_torn(root)
     _drop_uncommitted(root, Manifest.load(root))
     if root.local:
         _quarantine_unreadable_unlisted(root, Manifest.load(root))

@@ -131,3 +131,39 @@ def test_unreadable_unlisted_shard_is_named_moved_aside_and_the_run_goes_on(tmp_
     write_run(store, range(6), shard_rows=2)  # a writer moves it aside and goes on
     assert (store / "quarantine" / "part-00007.parquet").exists() and not (store / "part-00007.parquet").exists()
     assert sorted(kn.read_knowledge(store)["entity_id"]) == [f"u{i}" for i in range(6)]
+
+
+# ---- a torn manifest: rebuilt from the shards by the next writer, read from them by readers ----
+
+@pytest.mark.parametrize("torn", ['{"shards": [', "", '{"shards": [{"file": "part-00000.parquet"}]}', "[1, 2]"])
+def test_torn_manifest_is_rebuilt_from_the_shards_by_a_writer(tmp_path, caplog, torn):
+    store = tmp_path / "k"
+    write_run(store, range(5), shard_rows=2)
+    before = json.loads((store / "manifest.json").read_text())["shards"]
+    (store / "part-00009.parquet").write_bytes(b"PAR1 torn too")  # an unreadable shard beside them
+    (store / "manifest.json").write_text(torn)
+    with caplog.at_level("WARNING"):
+        assert kn.done_keys(store) == {("user", f"u{i}") for i in range(5)}  # a reader: rebuilt in memory
+    assert (store / "manifest.json").read_text() == torn  # readers write nothing
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        w = write_run(store, range(7), shard_rows=2)  # a writer rebuilds it, then resumes
+    rebuilt = [r.message for r in caplog.records if "rebuilt from the" in r.message]
+    assert len(rebuilt) == 1 and "unreadable knowledge manifest" in rebuilt[0] and "1 unreadable moved" in rebuilt[0]
+    shards = json.loads((store / "manifest.json").read_text())["shards"]
+    assert shards[:3] == before  # the same files, row counts, run ids and sha256s as the writer had recorded
+    assert w.rows_written == 2 and (store / "quarantine" / "part-00009.parquet").exists()
+    assert sorted(kn.read_knowledge(store)["entity_id"]) == [f"u{i}" for i in range(7)]
+
+
+def test_writer_killed_while_rebuilding_leaves_the_manifest_torn_for_the_next(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    write_run(store, range(4), shard_rows=2)
+    (store / "manifest.json").write_text('{"shards": [')
+    monkeypatch.setattr(kn.Manifest, "save", lambda self, root: (_ for _ in ()).throw(OSError("killed")))
+    with pytest.raises(OSError):
+        kn.KnowledgeWriter(store)
+    monkeypatch.undo()
+    assert (store / "manifest.json").read_text() == '{"shards": ['  # never half-replaced
+    kn.KnowledgeWriter(store)
+    assert len(json.loads((store / "manifest.json").read_text())["shards"]) == 2
