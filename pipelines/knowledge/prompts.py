@@ -11,6 +11,11 @@ entry is dropped, so the kept entries are always the newest suffix of the histor
 the full chat-templated prompt (system text, role markers, generation prompt) when the tokenizer has a
 chat template, otherwise the message text alone (``tokenizer.encode(text)``). If not even the newest
 entry fits, a ``PromptTooLongError`` names the user.
+
+Entity fields (titles, genres, categories) reach the model as text, never as control tokens: a
+tokenizer turns the exact text of its special tokens (``<|im_end|>``, ``</s>``, ``[INST]``) into their
+ids wherever it appears, so :func:`as_text` breaks any such marker in a field with a space after its
+opening bracket (``< |im_end|>``) before the field enters a prompt.
 """
 from __future__ import annotations
 
@@ -62,6 +67,14 @@ _ITEM_ASK = {
              "enjoy it, using only its genres and year above."),
 }
 _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
+# the opening bracket of what tokenizers spell control tokens in: <|...|> (ChatML, Llama 3), <name> and
+# </name> (<s>, <unk>, <start_of_turn>, <filename>), [INST] / [/INST] and other [UPPER_CASE] markers (Mistral)
+_CONTROL_OPENING = re.compile(r"<(?=\|)|<(?=/?[A-Za-z_][\w.-]*>)|\[(?=/?[A-Z][A-Z_]{2,}\])")
+
+
+def as_text(value: Any) -> str:
+    """``value`` as prompt text that no tokenizer reads as a control token (module docstring)."""
+    return _CONTROL_OPENING.sub(lambda m: m.group(0) + " ", str(value))
 
 
 def _check_domain(domain: str) -> None:
@@ -96,8 +109,8 @@ def split_year(title: str) -> tuple[str, str | None]:
 def history_line(k: int, e: HistoryEntry) -> str:
     """``3. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4``: one rated item as fields."""
     title, year = split_year(e.title)
-    fields = [f"Title: {title}"] + ([f"Year: {year}"] if year else []) + \
-             ([f"Genres: {', '.join(e.genres)}"] if e.genres else []) + [f"Rating: {e.rating:g}"]
+    fields = [f"Title: {as_text(title)}"] + ([f"Year: {year}"] if year else []) + \
+             ([f"Genres: {', '.join(as_text(g) for g in e.genres)}"] if e.genres else []) + [f"Rating: {e.rating:g}"]
     return f"{k}. " + " | ".join(fields)
 
 
@@ -154,14 +167,14 @@ def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str
 
 def _attributes(item: Mapping[str, Any]) -> list[str]:
     """The item's fields after the title: year, genres, then category/sub-category not among the genres."""
-    parts = [f"Year: {item['year']}"] if item.get("year") else []
+    parts = [f"Year: {as_text(item['year'])}"] if item.get("year") else []
     genres = item.get("genres")
     if genres:
-        parts.append("Genres: " + ", ".join(genres))
+        parts.append("Genres: " + ", ".join(as_text(g) for g in genres))
     for key in ("category", "sub_category"):
         value = item.get(key)
         if value and not (genres and value in genres):
-            parts.append(f"{key.replace('_', '-').capitalize()}: {value}")
+            parts.append(f"{key.replace('_', '-').capitalize()}: {as_text(value)}")
     return parts
 
 
@@ -172,7 +185,7 @@ def item_prompt(item: Mapping[str, Any], domain: str = "movie", max_words: int =
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
-    return "\n".join([_ITEM_INTRO[domain], f"Title: {title}", *_attributes(item), "",
+    return "\n".join([_ITEM_INTRO[domain], f"Title: {as_text(title)}", *_attributes(item), "",
                       _ITEM_ASK[domain].format(w=max_words)])
 
 

@@ -5,7 +5,7 @@ from typing import Sequence
 
 import polars as pl
 
-from pipelines.knowledge.prompts import HistoryEntry, _check_domain, display_title, format_rating
+from pipelines.knowledge.prompts import HistoryEntry, _check_domain, as_text, display_title, format_rating
 from pipelines.knowledge.validation import JobInputError
 
 RECOMMEND_PROMPT_VERSION = "rec-v1"
@@ -38,7 +38,8 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
         if value is None or not str(value).strip():
             raise JobInputError(f"items table, item {row['item_id']!r}: empty {column!r}; every item needs an "
                                 "identifier (fill it, or set recommend.item_code_column to a complete column)")
-        out[row["item_id"]] = display_title(str(value).strip(), row.get("year")) if has_year else str(value).strip()
+        ident = display_title(str(value).strip(), row.get("year")) if has_year else str(value).strip()
+        out[row["item_id"]] = as_text(ident)  # the model writes it: text, never a control token
     by_ident: dict[str, list[str]] = {}
     for item, ident in out.items():
         by_ident.setdefault(ident, []).append(item)
@@ -59,5 +60,5 @@ def recommend_prompt(history: Sequence[HistoryEntry | tuple], domain: str = "mov
     entries = [HistoryEntry(*e) for e in history][-max_history:]
     if not entries:
         raise ValueError(f"user {user_id!r} has no history to recommend from")
-    lines = [f'"{e.title}", {format_rating(e.rating)};' for e in entries]
+    lines = [f'"{as_text(e.title)}", {format_rating(e.rating)};' for e in entries]
     return "\n".join([_INTRO[domain], *lines, "", _ASK[domain]])
