@@ -332,7 +332,7 @@ class GenerationWorker(ModelWorker):
             return BatchResult(rows=[row])
         retry = Attempt(attempt.req, attempt.prompt, plan.decoder, plan.params,
                         attempt.pool_key if plan.keep_pool else None, GREEDY, plan.rules, first=row,
-                        compare=plan.compare)
+                        compare=plan.compare, earlier=attempt.earlier if plan.keep_pool else None)
         if alone or not self.adapter.joins(retry):
             return self._alone(retry)
         self.retries.append(retry)

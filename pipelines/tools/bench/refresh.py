@@ -1,0 +1,154 @@
+"""`laser bench refresh`: a scheduled sequence as a team runs it, drafting on and off, side by side.
+
+Every run is ``python -m jobs run CONFIG --incremental`` in a fresh process (imports, Ray start and model
+load included), on the config's dataset saved as Parquet tables:
+
+1. **day 1, drafting**: an empty output, every entity generated with the config's decoder (a first run:
+   no earlier knowledge, so groups go in two waves: pipelines/knowledge/job.py);
+2. **day 1, no drafting**: the same on another empty output with ``decoder.name=autoregressive``;
+3. the data of day 2: one new interaction (an unseen item, after every other) for ``users`` users with at
+   least ``min_history`` interactions, and one new item (a copy of an existing item's attributes);
+4. **day 2, drafting**: the refresh on day 1's output (each changed entity drafts from its own earlier
+   text first, then its group's pool);
+5. **day 2, no drafting**: the same refresh on a copy of day 1's output taken before step 4, with
+   ``decoder.name=autoregressive --keep-existing`` (so only the changed entities are decoded there too).
+
+Prints a table and writes JSON: per run the wall seconds, entities per minute, the ledger's counts and the
+new-knowledge pass's figures from ``summary.json`` (``tok/s decode``: engine steps with no prefill;
+AAL; accepted drafts per step; the share of them from the entities' own earlier texts), the checks that
+day 2 regenerated exactly the changed users and the new item and that their texts changed, and the
+ratios (day 2 decode tok/s drafting / no drafting, target >= 1.5; day 1 entities per minute, target >= 1.1).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipelines.tools.bench.incremental import write_tables
+
+TARGET_REFRESH = 1.5  # day 2 decode tok/s, drafting over no drafting
+TARGET_FIRST = 1.1  # day 1 entities per minute, drafting over no drafting
+PLAIN = ["decoder.name=autoregressive", "decoder.params={}"]
+
+
+def run_once(name: str, config: Path, overrides: list[str], out: Path, log_dir: Path,
+             flags: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One scheduled run in a fresh process: wall seconds, its ledger row and its summary.json."""
+    from pipelines.ops.schedule.ledger import RunLedger
+
+    cmd = [sys.executable, "-m", "jobs", "run", str(config), "--incremental", *flags]
+    for item in overrides + [f"output.path={out}"]:
+        cmd += ["--set", item]
+    log_path = log_dir / f"refresh-{name}.log"
+    start = time.perf_counter()
+    with open(log_path, "w") as fh:
+        code = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=dict(os.environ)).returncode
+    wall = time.perf_counter() - start
+    if code != 0:
+        raise RuntimeError(f"{name} run exited {code}; see {log_path}")
+    rec = RunLedger(out).records()[-1]
+    new = json.loads((out / "summary.json").read_text())["new"]
+    done = rec.generated
+    return {"wall_s": wall, "entities_per_min": 60 * done / wall if wall else 0.0, "generated": done,
+            "new": rec.entities_new, "changed": rec.entities_changed, "unchanged": rec.entities_unchanged,
+            "failed": rec.failed, "run_id": rec.run_id, "tok_s_decode": new["tokens_per_s_decode"],
+            "aal": new["aal"], "accepted_per_step": (new["aal"] - 1) if new["aal"] else 0.0,
+            "own_share": new.get("own_share"), "own_accepted": new.get("own_accepted", 0),
+            "decoded_tokens": new["decoded_tokens"], "log": str(log_path)}
+
+
+def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[str], str]:
+    """Edit the tables for day 2; returns the changed users and the new item's id."""
+    inter_path, items_path = data / "interactions.parquet", data / "items.parquet"
+    inter, items = pl.read_parquet(inter_path), pl.read_parquet(items_path)
+    heavy = (inter.group_by("user_id").len().filter(pl.col("len") >= min_history)
+             .sample(fraction=1.0, shuffle=True, seed=seed)["user_id"].head(users).sort().to_list())
+    if len(heavy) < users:
+        raise RuntimeError(f"only {len(heavy)} users have {min_history}+ interactions; asked for {users}")
+    t = int(inter["timestamp"].max()) + 3600
+    counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])["item_id"].to_list()
+    added = []
+    for k, user in enumerate(heavy):  # the most popular item the user has not seen
+        seen = set(inter.filter(pl.col("user_id") == user)["item_id"].to_list())
+        item = next(i for i in counts if i not in seen)
+        added.append({"user_id": user, "item_id": item, "rating": 5.0, "timestamp": t + k})
+    pl.concat([inter, pl.DataFrame(added, schema=inter.schema)]).write_parquet(inter_path)
+    new_id = "bench-new-item"
+    pl.concat([items, items.head(1).with_columns(item_id=pl.lit(new_id, dtype=items.schema["item_id"]))],
+              how="vertical_relaxed").write_parquet(items_path)
+    return heavy, new_id
+
+
+def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
+                      min_history: int = 100, seed: int = 0) -> dict[str, Any]:
+    """The sequence of the module docstring; prints a table and writes ``json_out``."""
+    from pipelines.knowledge_store import read_knowledge
+    from pipelines.tools.bench.report import machine_info, versions
+
+    if work.exists() and any(work.iterdir()):
+        raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    data, logs = work / "data", json_out.parent
+    base = write_tables(dataset, data)
+    load_before = machine_info()["load_average"]
+    runs = {"day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
+            "day1_laser": run_once("day1-laser", config, base, work / "laser", logs)}
+    shutil.copytree(work / "laser", work / "laser-then-plain")
+    before = read_knowledge(work / "laser" / "knowledge")
+    changed_users, new_item = day_two(data, users, min_history, seed)
+    runs["day2_laser"] = run_once("day2-laser", config, base, work / "laser", logs)
+    runs["day2_plain"] = run_once("day2-plain", config, base + PLAIN, work / "laser-then-plain", logs,
+                                  ("--keep-existing",))
+    after = read_knowledge(work / "laser" / "knowledge")
+    day2 = after.filter(pl.col("run_id") == runs["day2_laser"]["run_id"])
+    got = sorted(zip(day2["entity_type"], day2["entity_id"]))
+    want = sorted([("user", u) for u in changed_users] + [("item", new_item)])
+    old_text = dict(zip(before["entity_id"], before["knowledge"]))
+    changed_texts = sum(old_text.get(i) != k for t, i, k in day2.select("entity_type", "entity_id", "knowledge").iter_rows()
+                        if t == "user")
+    result = {"config": str(config), "users": users, "min_history": min_history, "seed": seed, "runs": runs,
+              "changed_users": changed_users, "new_item": new_item, "regenerated_exactly": got == want,
+              "regenerated": len(got), "user_texts_changed": changed_texts,
+              "refresh_ratio": _ratio(runs["day2_laser"]["tok_s_decode"], runs["day2_plain"]["tok_s_decode"]),
+              "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
+              "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
+              "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
+    json_out.write_text(json.dumps(result, indent=1, default=str))
+    print_result(result)
+    return result
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if a and b else None
+
+
+def print_result(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"scheduled refresh: {len(result['changed_users'])} users + 1 item changed on day 2")
+    cols = ("run", "wall s", "entities/min", "generated", "changed", "unchanged", "tok/s decode", "AAL",
+            "accepted/step", "own-text share")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "run" else "right")
+    for name, r in result["runs"].items():
+        share = "-" if r["own_share"] is None else f"{r['own_share']:.0%}"
+        table.add_row(name, f"{r['wall_s']:.1f}", f"{r['entities_per_min']:.1f}", str(r["generated"]),
+                      str(r["changed"]), str(r["unchanged"]), f"{r['tok_s_decode']:.1f}", f"{r['aal']:.2f}",
+                      f"{r['accepted_per_step']:.2f}", share)
+    console = Console()
+    console.print(table)
+    fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
+    console.print(f"day 2 regenerated exactly the changed users and the new item: {result['regenerated_exactly']} "
+                  f"({result['regenerated']} rows; {result['user_texts_changed']} user texts changed)")
+    console.print(f"day 2 decode tok/s, drafting / none: {fmt(result['refresh_ratio'])} (target >= "
+                  f"{TARGET_REFRESH}x); day 1 entities/min, drafting / none: {fmt(result['first_run_ratio'])} "
+                  f"(target >= {TARGET_FIRST}x); load average {result['machine']['load_average']}")
