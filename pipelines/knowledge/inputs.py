@@ -20,10 +20,11 @@ class JobData:
     split: Split
 
 
-def load_job_data(cfg: JobConfig) -> JobData:
-    """Load the configured dataset and split it into old and new (seeded)."""
+def load_job_data(cfg: JobConfig, mode: str | None = None) -> JobData:
+    """Load the configured dataset and split it (``split.mode``, or ``mode``: the recommendation job and the
+    research tools hold out new behaviour, so they split as the paper does)."""
     ds = load_dataset(cfg.dataset)
-    sp = cfg.split
+    sp = cfg.split if mode is None else cfg.split.model_copy(update={"mode": mode})
     split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=sp.max_hist, new_item_fraction=sp.new_item_fraction,
                           new_count=sp.new_count, mode=sp.mode)
     log.info("split (%s): %d old / %d new interactions, %d existing / %d new items", sp.mode, split.old_interactions.height,

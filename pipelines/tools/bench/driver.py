@@ -99,7 +99,7 @@ def run_driver_bench(json_out: Path, cfg: JobConfig, s: DriverBenchSettings) -> 
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.requests import old_requests
 
-    data = load_job_data(cfg)
+    data = load_job_data(cfg, mode="paper")
     requests = old_requests(data.dataset, data.split)
     spec = ModelSpec(s.model or cfg.model.name, cfg.model.dtype, threads=s.threads, seed=cfg.dataset.seed)
     task = DecodeTask("autoregressive", max_new_tokens=s.max_new_tokens, domain=data.dataset.domain, run_id="bench",

@@ -88,8 +88,9 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
 
 
 def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
-                      min_history: int = 100, seed: int = 0) -> dict[str, Any]:
-    """The sequence of the module docstring; prints a table and writes ``json_out``."""
+                      min_history: int = 100, seed: int = 0, overrides: list[str] | None = None) -> dict[str, Any]:
+    """The sequence of the module docstring; prints a table and writes ``json_out``. ``dataset`` is the
+    config's ``DatasetConfig`` (loaded by the caller with ``overrides``, which every run also gets)."""
     from pipelines.knowledge_store import read_knowledge
     from pipelines.tools.bench.report import machine_info, versions
 
@@ -97,7 +98,7 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
         raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")
     json_out.parent.mkdir(parents=True, exist_ok=True)
     data, logs = work / "data", json_out.parent
-    base = write_tables(dataset, data)
+    base = list(overrides or []) + write_tables(dataset, data)
     load_before = machine_info()["load_average"]
     runs = {"day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
             "day1_laser": run_once("day1-laser", config, base, work / "laser", logs)}
@@ -114,7 +115,7 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     old_text = dict(zip(before["entity_id"], before["knowledge"]))
     changed_texts = sum(old_text.get(i) != k for t, i, k in day2.select("entity_type", "entity_id", "knowledge").iter_rows()
                         if t == "user")
-    result = {"config": str(config), "users": users, "min_history": min_history, "seed": seed, "runs": runs,
+    result = {"config": str(config), "overrides": list(overrides or []), "users": users, "min_history": min_history, "seed": seed, "runs": runs,
               "changed_users": changed_users, "new_item": new_item, "regenerated_exactly": got == want,
               "regenerated": len(got), "user_texts_changed": changed_texts,
               "refresh_ratio": _ratio(runs["day2_laser"]["tok_s_decode"], runs["day2_plain"]["tok_s_decode"]),

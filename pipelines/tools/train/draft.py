@@ -151,7 +151,7 @@ def _old_requests(cfg: JobConfig) -> tuple[list[Any], str]:
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.requests import item_requests, user_requests
 
-    data = load_job_data(cfg)
+    data = load_job_data(cfg, mode="paper")
     ds, split = data.dataset, data.split
     return user_requests(split.old_interactions, ds.items) + item_requests(split.existing_items), ds.domain
 

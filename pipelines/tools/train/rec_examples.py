@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Callable, Sequence
 
 import polars as pl
@@ -81,7 +82,7 @@ def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.
     from pipelines.recommend.job import check_catalogue, held_out_items
     from pipelines.knowledge.validation import load_inputs
 
-    data = load_inputs(load_job_data, cfg)
+    data = load_inputs(partial(load_job_data, mode="paper"), cfg)
     ds, split = data.dataset, data.split
     identifiers = item_identifiers(ds.items, cfg.recommend.item_code_column)
     check_catalogue(cfg, identifiers)

@@ -337,7 +337,7 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
 
     if source not in ("auto", "greedy", "store"):
         raise ValueError(f"source must be auto, greedy or store, got {source!r}")
-    data = load_job_data(cfg)
+    data = load_job_data(cfg, mode="paper")
     reqs = user_requests(data.split.old_interactions, data.dataset.items) + item_requests(data.split.existing_items)
     if limit is not None and limit < len(reqs):
         reqs = random.Random(cfg.dataset.seed).sample(reqs, limit)
