@@ -65,6 +65,24 @@ def test_greedy_identical_to_vllm(engines, n):
     assert all(o.finish_reason in ("eos", "length") for o in got)
 
 
+@pytest.mark.parametrize("n", [1, 8])
+def test_greedy_with_earlier_text_identical_to_vllm(engines, n):
+    """Each request drafts from its own earlier text first (a close version of its answer: every 7th token
+    changed): greedy stays token-identical, and most accepted drafts are counted as the earlier text's."""
+    laser_eng, plain = engines
+    prompts = _prompts(n, seed=40 + n)
+    want = [o.token_ids for o in plain.generate(prompts, NEW)]
+    earlier = [[(t + 1) % 250 if i % 7 == 6 else t for i, t in enumerate(w)] for w in want]
+    tags = [laser_eng.submit(p, NEW, earlier=e) for p, e in zip(prompts, earlier)]
+    done: dict = {}
+    while len(done) < n:
+        done.update(laser_eng.step())
+    got = [done[t] for t in tags]
+    assert [o.token_ids for o in got] == want
+    own, accepted = sum(o.own_accepted or 0 for o in got), sum(o.accepted_tokens for o in got)
+    assert own > 0.5 * accepted > 0
+
+
 def test_prompt_tokens_and_prefix_cache_hits_are_reported(engines):
     """A prompt whose opening an earlier request already prefilled is served from vLLM's prefix cache,
     whole KV blocks of it, and the result says how many of its tokens."""
