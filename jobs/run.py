@@ -50,7 +50,8 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
         from jobs.scheduled import run_scheduled
 
         raise typer.Exit(run_scheduled(_load(config, set_), keep_existing=keep_existing))
-    summary = run_job(_load(config, set_), keep_existing=keep_existing)  # a held lock: one line, exit 75 (jobs/errors.py)
+    # a held lock: one line, exit 75 (jobs/errors.py)
+    summary = run_job(_load(config, set_), keep_existing=keep_existing)
     print_summary(summary)
     code = _finished(summary.record, config)
     if code:

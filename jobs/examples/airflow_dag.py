@@ -1,11 +1,14 @@
 """Airflow DAG: a daily incremental knowledge run, then Feast ingestion.
 
 Copy into your Airflow ``dags/`` folder and set ``LASER_CONFIG`` (and ``LASER_BIN`` when `laser` is not
-on the workers' PATH). Exit codes of ``laser run --incremental``: 0 done; 3 partial (some entities
-failed, the next run retries them): the task fails so someone looks, but the knowledge that was written
-is kept; 75 another run holds the output's lock: the task is skipped (Airflow's ``skip_on_exit_code``)
-and so is ingestion; 2 invalid config or data, 1 unexpected error: the task fails. Airflow is not a
-dependency of this project; this file needs Airflow >= 2.6 (BashOperator.skip_on_exit_code).
+on the workers' PATH). Exit codes of ``laser run --incremental`` (as the cron recipe in docs/operations.md
+reads them): 0 done, entities given up on after identical failures included: ingestion follows; 3
+partial (some entities failed, the next run retries them): the run task succeeds and says ``partial``,
+ingestion follows (the knowledge that was written is served), then ``partial_check`` fails so someone
+looks (``laser failures CONFIG`` lists them); Airflow does not retry it, the next scheduled run does; 75
+another run holds the output's lock: the task is skipped (Airflow's ``skip_on_exit_code``) and so is
+ingestion; 2 invalid config or data, 1 unexpected error: the task fails, nothing is ingested. Airflow is
+not a dependency of this project; this file needs Airflow >= 2.6 (BashOperator.skip_on_exit_code).
 """
 from __future__ import annotations
 
@@ -22,6 +25,12 @@ except ImportError:  # Airflow 2
 LASER = os.environ.get("LASER_BIN", "laser")
 CONFIG = os.environ.get("LASER_CONFIG", "/etc/laser/job.yaml")
 LOCKED = 75  # pipelines.ops.schedule.exitcodes.LOCKED
+PARTIAL = 3  # pipelines.ops.schedule.exitcodes.PARTIAL
+# exit 3 becomes success with "partial" as the task's last output line (its XCom), so ingestion follows
+RUN = (f"{LASER} run {CONFIG} --incremental; rc=$?; "
+       f"if [ $rc -eq {PARTIAL} ]; then echo partial; exit 0; fi; exit $rc")
+CHECK = ("if [ \"{{ ti.xcom_pull(task_ids='incremental_run') }}\" = partial ]; then "
+         f"echo 'some entities failed; {LASER} failures {CONFIG} lists them; the next run retries them'; exit 1; fi")
 
 with DAG(
     dag_id="laser_knowledge",
@@ -35,7 +44,7 @@ with DAG(
 ) as dag:
     run = BashOperator(
         task_id="incremental_run",
-        bash_command=f"{LASER} run {CONFIG} --incremental",
+        bash_command=RUN,
         skip_on_exit_code=LOCKED,
         execution_timeout=timedelta(hours=12),
     )
@@ -44,4 +53,5 @@ with DAG(
         bash_command=f"{LASER} ingest feast {CONFIG}",
         skip_on_exit_code=LOCKED,
     )
-    run >> ingest
+    partial = BashOperator(task_id="partial_check", bash_command=CHECK, retries=0)
+    run >> ingest >> partial

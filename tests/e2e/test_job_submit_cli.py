@@ -139,3 +139,25 @@ def test_submit_os_errors_are_one_line(tmp_path):
     assert res.exit_code == 1, res.output
     assert "http://127.0.0.1:9" in res.output and "Traceback" not in res.output
     assert len(res.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("status, driver_code, want", [("SUCCEEDED", 0, 0), ("FAILED", 3, 3), ("FAILED", 75, 75),
+                                                        ("STOPPED", None, 1)])
+def test_submit_wait_exits_with_the_jobs_exit_code(tmp_path, monkeypatch, status, driver_code, want):
+    from ray.job_submission import JobStatus
+
+    config = tmp_path / "ml.yaml"
+    config.write_text(f"output:\n  path: {tmp_path / 'runs'}\n")
+
+    class FakeClient:
+        async def tail_job_logs(self, job_id):
+            yield "the job's log\n"
+
+        def get_job_info(self, job_id):
+            return types.SimpleNamespace(status=JobStatus[status], driver_exit_code=driver_code)
+
+    monkeypatch.setattr(submit_mod, "submit", lambda *a, **k: "raysubmit_7")
+    monkeypatch.setattr(submit_mod, "client", lambda *a, **k: FakeClient())
+    res = CliRunner().invoke(app, ["submit", str(config), "--wait"])
+    assert res.exit_code == want, res.output
+    assert f"job raysubmit_7 finished with exit status {want}" in res.stderr
