@@ -52,6 +52,10 @@ from jobs import recommend as _recommend_commands  # noqa: E402  (recommend)
 
 _recommend_commands.register(app)
 
+from jobs import failures as _failure_commands  # noqa: E402  (failures)
+
+_failure_commands.register(app)
+
 from jobs.train_draft import train_draft as _train_draft  # noqa: E402
 from jobs.errors import clean_errors as _clean_errors  # noqa: E402
 
