@@ -18,6 +18,10 @@ entities are generated again. Either way readers never modify the store, so they
 writes, and resume reads :func:`done_keys` (the manifest's shards) and skips those entities, so a
 re-run neither loses nor duplicates rows.
 Old knowledge (the pools' source) lives in the same format in its own store directory.
+
+One writer per store: a writer (and :func:`open_store`) holds the lock of the store's own folder
+(``<store>/.run.lock``, :mod:`pipelines.lock`) besides the output's, so jobs that share a store (a shared
+``old_knowledge.path``) never write it at once: the second stops with the lock's exit code (75).
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import logging
 import os
 import re
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,7 +41,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.lock import check_held
+from pipelines.lock import check_held, output_lock
 from pipelines.storage import Location, atomic_write_local, file_mode  # noqa: F401  (file_mode: re-exported)
 
 log = logging.getLogger(__name__)
@@ -314,17 +319,18 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
     corrupt shards (``key_columns``, the store's row key, are read to check each shard)."""
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
-    _rebuild_torn(root)
-    _drop_uncommitted(root, Manifest.load(root))
-    if root.local:
-        _quarantine_unreadable_unlisted(root, Manifest.load(root))
-    listed = len(Manifest.load(root).shards)
-    manifest = scan_store(root)
-    if len(manifest.shards) > listed:
-        log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
-        manifest.save(root)
-    if quarantine_corrupt(root, manifest, key_columns):
-        manifest.save(root)
+    with output_lock(root, run_id="open-store"):  # the store's own lock; reentrant for its writer
+        _rebuild_torn(root)
+        _drop_uncommitted(root, Manifest.load(root))
+        if root.local:
+            _quarantine_unreadable_unlisted(root, Manifest.load(root))
+        listed = len(Manifest.load(root).shards)
+        manifest = scan_store(root)
+        if len(manifest.shards) > listed:
+            log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
+            manifest.save(root)
+        if quarantine_corrupt(root, manifest, key_columns):
+            manifest.save(root)
     return manifest
 
 
@@ -383,7 +389,13 @@ class KnowledgeWriter:
         self.shard_rows = shard_rows
         self.run_id = run_id
         self.run_seq = run_seq
-        self.manifest = open_store(self.store, self.key_columns)
+        self._lock = ExitStack()  # the store folder's lock, held until close (module docstring)
+        self._lock.enter_context(output_lock(self.store, run_id=run_id))
+        try:
+            self.manifest = open_store(self.store, self.key_columns)
+        except BaseException:
+            self._lock.close()
+            raise
         self._buffer: list[dict[str, Any]] = []
         self.rows_written = 0
         self.failures_written = 0
@@ -452,7 +464,11 @@ class KnowledgeWriter:
         log.debug("%s: wrote %s (%d rows)", self.store, name, table.num_rows)
 
     def close(self) -> None:
-        self.flush()
+        """Flush the last rows, then let go of the store's lock."""
+        try:
+            self.flush()
+        finally:
+            self._lock.close()
 
     def __enter__(self) -> "KnowledgeWriter":
         return self

@@ -10,11 +10,12 @@ import logging
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
 import polars as pl
 
-from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.config import RecommendJobConfig
 from pipelines.recommend.items import RECOMMEND_PROMPT_VERSION, item_identifiers
@@ -22,6 +23,8 @@ from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
 from pipelines.recommend.worker import RecommendReport, RecommendTask, RecommendWorker, record
 from pipelines.knowledge.validation import JobInputError, load_inputs
+from pipelines.lock import output_lock
+from pipelines.storage import Location
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
 from pipelines.workers.layout import job_actors
 
@@ -66,11 +69,21 @@ def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> Non
 
 
 def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup | None = None) -> RecommendSummary:
+    """Check the inputs, then recommend under the output's lock (one writer per output, pipelines/lock.py;
+    a ``recommend.path`` elsewhere is also held by its own folder's lock while written). Raises
+    ``LockHeld`` when another run holds it."""
     check_recommend_decoder(cfg)
-    data = load_inputs(load_job_data, cfg)
+    data = load_inputs(partial(load_job_data, mode="paper"), cfg)  # recommendations are scored on held-out items
     identifiers = item_identifiers(data.dataset.items, cfg.recommend.item_code_column)
     check_catalogue(cfg, identifiers)
     run_id = cfg.resolved_run_id()
+    with output_lock(cfg.output.path, run_id=run_id):
+        return _recommend(cfg, data, identifiers, run_id, group)
+
+
+def _recommend(cfg: RecommendJobConfig, data: JobData, identifiers: dict[str, str], run_id: str,
+               group: WorkerGroup | LocalGroup | None) -> RecommendSummary:
+    """Rank for the users not yet written, then evaluate this run's rows."""
     store = store_path(cfg)
     requests = recommend_requests(data.split.old_interactions, data.split.new_interactions, data.dataset.items)
     done = done_users(store)
@@ -91,7 +104,7 @@ def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup |
     recs = read_recommendations(store).filter(pl.col("run_id") == run_id)
     metrics = evaluate(recs, held_out_items(data.split.new_interactions), sorted({1, 5, cfg.recommend.K}))
     summary = RecommendSummary(run_id, str(store), report, metrics)
-    (store.parent / "recommend_eval.json").write_text(json.dumps(
+    Location.of(store.parent / "recommend_eval.json").write_text(json.dumps(  # atomic: temp file + rename
         {"run_id": run_id, "decoder": cfg.decoder.name, "K": cfg.recommend.K, **metrics, "report": asdict(report)},
         indent=1))
     return summary

@@ -167,3 +167,23 @@ def test_writer_killed_while_rebuilding_leaves_the_manifest_torn_for_the_next(tm
     assert (store / "manifest.json").read_text() == '{"shards": ['  # never half-replaced
     kn.KnowledgeWriter(store)
     assert len(json.loads((store / "manifest.json").read_text())["shards"]) == 2
+
+
+# ---- one writer per store: a writer holds the lock of the store's folder (a shared old_knowledge.path) ----
+
+def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
+    from pipelines.lock import LockHeld, RunLock
+
+    store = tmp_path / "shared_old"
+    with RunLock(store, run_id="other job"):  # another job writing the shared store
+        with pytest.raises(LockHeld, match=r"shared_old/\.run\.lock: another run holds"):
+            kn.KnowledgeWriter(store)
+        with pytest.raises(LockHeld):
+            kn.open_store(store)
+    assert not (store / "manifest.json").exists()  # nothing written while the other held it
+    w = write_run(store, range(2), close=False)
+    with pytest.raises(LockHeld):  # held while it writes
+        RunLock(store, run_id="other job").acquire()
+    w.close()
+    RunLock(store, run_id="other job").acquire().release()  # let go on close
+    assert len(kn.done_keys(store)) == 2
