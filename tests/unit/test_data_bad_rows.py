@@ -67,7 +67,8 @@ def test_integer_ids_in_one_file_match_text_ids_in_another(tmp_path):
     ds = load_dataset(DatasetConfig(format="table", path=str(tmp_path), interactions_file="inter.parquet",
                                     items_file="items.csv"))
     assert sorted(ds.interactions.select("user_id", "item_id").rows()) == [("1", "10"), ("2", "20")]
-    assert ds.notes == {"inter.parquet: malformed rows (empty or invalid 'item_id'), skipped": {"count": 1, "lines": [2]}}
+    assert ds.notes == {"inter.parquet: malformed rows (empty or invalid 'item_id'), skipped":
+                        {"count": 1, "lines": [2]}}
 
 
 def test_unbalanced_quote_skips_that_row_only(tmp_path):
@@ -93,7 +94,7 @@ def test_missing_or_list_typed_title_column_stops_naming_file_and_column(tmp_pat
     with pytest.raises(DataFileError, match=r"items\.csv: missing title \(column 'name'\)"):
         load_dataset(_table(tmp_path, "item_id,title\na,A\n", columns={"title": "name"}))
     pl.DataFrame({"item_id": ["a"], "title": [["A", "B"]]}).write_parquet(tmp_path / "items.parquet")
-    with pytest.raises(DataFileError, match=r"items\.parquet: column 'title' holds List\(String\) values, not one title"):
+    with pytest.raises(DataFileError, match=r"items\.parquet: column 'title' holds List\(String\) values, not one"):
         load_dataset(_table(tmp_path, items_file="items.parquet"))
 
 
