@@ -333,6 +333,26 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
+@bench_app.command("refresh")
+def bench_refresh(json_out: Path = typer.Option(Path("docs/results/refresh.json"), "--json",
+                                                help="JSON output (run logs beside it)."),
+                  config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
+                  work: Path = typer.Option(..., help="A fresh directory for the data tables and the outputs."),
+                  users: int = typer.Option(50, help="Users that get one new interaction on day 2."),
+                  min_history: int = typer.Option(100, help="Interactions those users have at least."),
+                  seed: int = typer.Option(0, help="Seed of the choice of changed users."),
+                  set_: list[str] | None = typer.Option(None, "--set", "-s", help=(
+                      "Override a config key in every run: --set dataset.path=/data/ml-100k (repeatable)."))) -> None:
+    """A scheduled sequence (day 1, one new interaction for `users` heavy users and one new item, day 2),
+    drafting on and off side by side: day 2 decode tok/s (target >= 1.5x), day 1 entities/min (>= 1.1x)."""
+    from jobs.config import bundled_config, load_config
+    from pipelines.tools.bench.refresh import run_refresh_bench
+
+    config = config or bundled_config("demo")
+    run_refresh_bench(json_out, config, load_config(config, set_ or []).dataset, work, users, min_history, seed,
+                      list(set_ or []))
+
+
 @bench_app.command("engines")
 def bench_engines(json_out: Path = typer.Option(Path("docs/results/engines.json"), "--json",
                                                 help="JSON output (Markdown, PNG and run logs beside it)."),

@@ -56,7 +56,7 @@ tests() {
     tests/unit/test_core_lossless.py tests/unit/test_core_engine.py tests/unit/test_core_verify.py \
     tests/unit/test_core_decoders.py tests/unit/test_core_tree.py tests/unit/test_core_stop_strings.py \
     tests/unit/test_atspeed.py tests/unit/test_dsbd.py tests/unit/test_topk_imp.py tests/unit/test_redrafter.py \
-    tests/unit/test_draft_model_decoders.py 2>&1 | tee "$OUT/tests-cuda.log" | tail -25
+    tests/unit/test_draft_model_decoders.py tests/unit/test_earlier_text.py 2>&1 | tee "$OUT/tests-cuda.log" | tail -25
   # the vLLM plug-in's relaxed rule is plain torch on vLLM's logits: its device code runs here without vLLM
   LASER_TEST_DEVICE=cuda python3 -m pytest -p no:cacheprovider -q --timeout 300 -k "relaxed or chain_output" \
     tests/unit/test_vllm_plugin_unit.py 2>&1 | tee "$OUT/tests-cuda-relaxed.log" | tail -8
