@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 import polars as pl
@@ -151,6 +153,9 @@ def _new_knowledge(job: JobRun) -> None:
         task = replace(task, pool_store=str(rebuilt))
     write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
                     job.new)
+    if job.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
+        shutil.rmtree(job.paths.pools, ignore_errors=True)
+        Path(task.pool_store).rename(job.paths.pools)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
 

@@ -171,11 +171,12 @@ def test_resumed_run_counts_its_whole_work():
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
     rows = pl.DataFrame({
         "entity_type": ["user"] * 4, "entity_id": ["a", "b", "c", "b"], "source_hash": ["ha", "old", "hc", "hb"],
-        "run_id": ["r0", "r0", "r0", "r1"], "generated_at": [t0, t0, t0, t0 + timedelta(hours=1)]})
+        "config_hash": ["c"] * 4, "knowledge": ["t"] * 4, "run_id": ["r0", "r0", "r0", "r1"],
+        "run_seq": [0, 0, 0, 1], "generated_at": [t0, t0, t0, t0 + timedelta(hours=1)]})
     requests = [GenerationRequest("user", i, source_hash=h) for i, h in (("a", "ha"), ("b", "hb"), ("c", "new"),
                                                                         ("d", "hd"))]
-    plan = plan_changes(requests, rows, "r1")  # r1 wrote b before it was killed
+    plan = plan_changes(requests, rows, "c", resuming="r1")  # r1 wrote b before it was killed
     assert (plan.new, plan.changed, plan.unchanged, plan.resumed) == (1, 2, 1, 1)
     assert [r.entity_id for r in plan.todo] == ["c", "d"]
-    fresh = plan_changes(requests, rows, "r2")  # another run sees r1's row for b as its base
+    fresh = plan_changes(requests, rows, "c")  # another run sees r1's row for b as its base
     assert (fresh.new, fresh.changed, fresh.unchanged, fresh.resumed) == (1, 1, 2, 0)
