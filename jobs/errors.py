@@ -1,6 +1,7 @@
 """Clean command-line endings: bad input prints one red line and exits 2, never a traceback; an
 environment failure (read-only folder, disk full, refused connection, a lost lease) one line and exit 1;
-another run holding the output's lock one line and exit 75; SIGINT or SIGTERM keeps the rows already
+another run holding the output's lock one line and exit 75; workers whose engine cannot start or cannot run
+the model one line naming the engine's error and exit 1; SIGINT or SIGTERM keeps the rows already
 generated, says what was kept and how to resume, and exits 130 or 143."""
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a typer command: an input error becomes its one-line message on stderr and exit code 2."""
     from pipelines.interrupts import JobInterrupted, catch_signals
     from pipelines.lock import LockHeld, LockLost
+    from pipelines.workers import EngineUnusable
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -65,7 +67,7 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except LockHeld as exc:
             typer.secho(str(exc), fg=typer.colors.YELLOW, err=True)
             raise typer.Exit(EXIT_LOCKED) from None
-        except LockLost as exc:
+        except (LockLost, EngineUnusable) as exc:
             typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(EXIT_ENVIRONMENT) from None
         except input_error_types() as exc:

@@ -2,6 +2,7 @@
 
 Exit codes (``pipelines.ops.schedule.exitcodes``): 0 done; 1 unexpected error; 2 invalid config or input
 data; 3 finished with failed entities (retried by the next run); 75 another run holds the output's lock.
+Workers whose engine cannot start or cannot run the model end the run with one line and exit 1.
 Entities given up on after ``generation.give_up_after`` identical failures are not retried: they leave 0.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
     from pipelines.knowledge.summary import print_summary
     from pipelines.knowledge.validation import JobInputError
     from pipelines.lock import LockError, LockHeld
+    from pipelines.workers import EngineUnusable
 
     try:  # configuration errors first, before the lock and hours of work
         check_job(cfg)
@@ -44,6 +46,9 @@ def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
         line, code = os_error_line(exc)
         typer.secho(f"laser: {line}", fg=typer.colors.RED, err=True)
         return code
+    except EngineUnusable as exc:  # the engine cannot start or cannot run the model: its error, no traceback
+        typer.secho(f"laser: {exc}", fg=typer.colors.RED, err=True)
+        return exitcodes.ERROR
     except Exception as exc:  # noqa: BLE001  (the ledger row says failed; the scheduler sees 1)
         log.exception("run failed")
         typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)

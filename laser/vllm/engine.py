@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -210,6 +211,7 @@ class VllmEngine:
             f"{self.compile_cache_dir})"))
         self.tokenizer = self.llm.get_tokenizer()
         self.proposer = self._find_proposer() if speculation == "laser" else None
+        self._watch_engine_core()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
         self._halts: dict[str, Halt] = {}  # tag -> the caller's stop check
@@ -325,12 +327,42 @@ class VllmEngine:
             done.append((tag, self._result(out, prompt_tokens, time.perf_counter() - t0, stop)))
         return done
 
+    @property
+    def dead(self) -> bool:
+        """Whether this engine can run nothing more: closed, or its engine-core process is gone (then every
+        call fails; build a new engine). An engine core in this process lives and dies with it."""
+        if self.llm is None:
+            return True
+        res = getattr(self.llm.llm_engine.engine_core, "resources", None)
+        procs = getattr(getattr(res, "engine_manager", None), "processes", None) or []
+        return bool(getattr(res, "engine_dead", False)) or any(not p.is_alive() for p in procs)
+
+    def _watch_engine_core(self) -> None:
+        """With the engine core in another process, vLLM 0.32's client waits for its outputs with no timeout,
+        so a step in flight when that process dies (killed, out of memory) would wait forever: a daemon
+        thread wakes it with vLLM's ``EngineDeadError`` once an engine-core process exits."""
+        core = self.llm.llm_engine.engine_core
+        outputs = getattr(core, "outputs_queue", None)
+        procs = getattr(getattr(getattr(core, "resources", None), "engine_manager", None), "processes", None)
+        if outputs is None or not procs:
+            return
+
+        def watch() -> None:
+            from multiprocessing.connection import wait
+
+            from vllm.v1.engine.exceptions import EngineDeadError
+
+            wait([p.sentinel for p in procs])
+            outputs.put_nowait(EngineDeadError())
+
+        threading.Thread(target=watch, daemon=True, name="laser-engine-core-watch").start()
+
     def abort_all(self) -> None:
         """Drop every request in flight (after a failed step)."""
-        if self._pending:
-            self.llm.llm_engine.abort_request(list(self._pending))
-            self._pending.clear()
-            self._halts.clear()
+        pending, self._pending = list(self._pending), {}
+        self._halts.clear()
+        if pending:
+            self.llm.llm_engine.abort_request(pending)
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
                  pool_keys: Sequence[Hashable | None] | None = None,

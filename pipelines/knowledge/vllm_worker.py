@@ -102,6 +102,8 @@ class VllmAdapter(EngineAdapter):
 
         self.task, self.slots = task, slots
         self.ready(slots)
+        if self.engine.in_flight or self.live:  # left by a pass that broke off
+            self.abort()
         want = draft_length(self._settings(task.decoder, task.decoder_params)[1])
         if want != self.draft_len:
             self.engine.set_draft_len(want)

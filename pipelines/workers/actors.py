@@ -162,14 +162,14 @@ class ModelWorker:
         """Queue ``requests`` for the background thread, wait up to ``wait_s`` for finished ones, and return
         them with the keys of every request this actor still holds (queued or in work). The driver calls
         it once at a time per actor; a key it sent that is neither returned nor held was lost (restart).
-        Raises :class:`WorkerDead` once the worker is dead (every key it held is then lost)."""
+        A dead worker returns what it finished, holding nothing; then raises :class:`WorkerDead`."""
         with self._lock:
-            if self._dead is not None:
+            if self._dead is not None and self._outbox.empty():
                 raise WorkerDead(self._dead)
-            for req in requests:
+            for req in requests if self._dead is None else []:
                 self._inbox.append((task, req))
                 self._held.add(req.key)
-            if self._worker is None or not self._worker.is_alive():
+            if self._dead is None and (self._worker is None or not self._worker.is_alive()):
                 self._worker = threading.Thread(target=self._serve_inbox, args=(slots,), daemon=True)
                 self._worker.start()
         out = self.result_cls()
@@ -181,7 +181,7 @@ class ModelWorker:
             pass
         with self._lock:
             self._held.difference_update(out.keys())
-            return out, set(self._held)
+            return out, set(self._held) if self._dead is None else set()  # a dead worker's work is lost
 
     def _serve_inbox(self, slots: int) -> None:
         """Background thread: serve the inbox task by task (passes never mix in one stream). When ``serve``

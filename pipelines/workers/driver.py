@@ -6,21 +6,95 @@ of its slots), finished results out. A request an actor lost (its process died a
 is sent again, up to ``ACTOR_RESTARTS`` times; an actor that stays dead hands its requests to the
 others. The caller writes each result as it comes (crash-safe stores), so a retried request is never
 written twice. Local Ray is started in-process when no address is configured.
+
+A run that cannot work stops with :class:`EngineUnusable` (one line naming the engine's error) instead of
+one failure per entity: no actor started its engine, every actor is dead, or the first batch's worth of
+every actor failed with one identical reason and nothing succeeded (:class:`FirstFailures`).
 """
 from __future__ import annotations
 
 import logging
+import re
 from collections import Counter, defaultdict, deque
 from typing import Any, Iterable, Iterator
 
 from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
-from pipelines.workers.actors import GenerationRequest, Key, ModelSpec, ModelWorker, WorkResult, actor_options
+from pipelines.workers.actors import (GenerationRequest, Key, ModelSpec, ModelWorker, WorkerDead, WorkResult,
+                                      actor_options)
 
 log = logging.getLogger(__name__)
 
 ACTOR_RESTARTS = 3  # restarts of a worker actor whose process died, and re-sends of a request it lost
+
+
+class EngineUnusable(RuntimeError):
+    """The workers cannot run the job at all (their engine cannot start, cannot run the model, or died):
+    ``reason`` is the engine's error in one line. The run stops; what it wrote is kept."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.reason = one_line(reason)
+        super().__init__(f"engine unusable ({what}): {self.reason}")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """``text`` on one line (whitespace collapsed), cut at ``limit`` characters."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*: ")  # a traceback's last line: "ValueError: ..."
+
+
+def error_line(exc: BaseException) -> str:
+    """An error as one line, ``Type: message``: what the worker raised, for a Ray error wrapping it."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):  # a Ray task error: the worker's own exception
+        exc = cause
+    if isinstance(exc, WorkerDead):
+        return one_line(str(exc))
+    if type(exc).__module__.startswith("ray."):  # an actor that died in its constructor: its traceback's end
+        lines = str(exc).splitlines()
+        last = max((i for i, ln in enumerate(lines) if _RAISED.match(ln)), default=None)
+        if last is not None:
+            return one_line(" ".join(lines[last:]))
+    return one_line(f"{type(exc).__name__}: {exc}")
+
+
+class FirstFailures:
+    """Holds back a stream's failures while nothing has succeeded and every failure has one reason; raises
+    :class:`EngineUnusable` once each actor sent work failed its first ``slots`` (or all it was sent) so.
+
+    A row, a failure with another reason or one that judged a decoded text (``decoded`` set) releases what
+    was held and ends the watch."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.reason, self.held = slots, None, []
+        self.watching = True
+        self.sent: Counter[int] = Counter()
+        self.failed: Counter[int] = Counter()
+
+    def see(self, actor: int, result: WorkResult, alive: set[int]) -> list[WorkResult]:
+        """The results to hand on now (none while held back)."""
+        if not self.watching:
+            return [result]
+        reasons = {f["reason"] for f in result.failures} | ({self.reason} if self.reason else set())
+        if result.rows or len(reasons) > 1 or any(f.get("decoded") for f in result.failures):
+            return self.release() + [result]  # the engine works (a failure marked "decoded" judged its text)
+        if not result.failures:
+            return [result]
+        self.reason = reasons.pop()
+        self.held.append(result)
+        self.failed[actor] += len(result.failures)
+        if all(self.failed[a] >= min(self.slots, self.sent[a]) for a in alive if self.sent[a]):
+            raise EngineUnusable("every request of the first batch failed with one error", self.reason)
+        return []
+
+    def release(self) -> list[WorkResult]:
+        """What was held back; the watch ends."""
+        out, self.held, self.watching = self.held, [], False
+        return out
 
 
 def ensure_ray(address: str | None, num_cpus: int) -> None:
@@ -108,6 +182,7 @@ class WorkerGroup:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.actors: list[Any] = []
         self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
+        self.broken: dict[int, str] = {}  # actors that failed to start or died -> why
         self.resent = 0  # requests a dead actor lost and the driver sent again
 
     def start(self, slots: int, n: int | None = None) -> None:
@@ -130,7 +205,8 @@ class WorkerGroup:
             self.starting[self.actors[-1].ready.remote(slots)] = len(self.actors) - 1
 
     def _wait_ready(self) -> None:
-        """Wait for the actors still starting, under a progress bar that names what they do."""
+        """Wait for the actors still starting, under a progress bar that names what they do. An actor that
+        fails to start is left out of the work; when none started, raises :class:`EngineUnusable`."""
         import ray
 
         if not self.starting:
@@ -143,9 +219,12 @@ class WorkerGroup:
                     try:
                         info = ray.get(ref)
                         log.info("worker %d ready: %s", a, info)
-                    except Exception as exc:  # noqa: BLE001 - the stream's own error handling reports it
-                        log.error("worker %d failed to start: %s", a, exc)
+                    except Exception as exc:  # noqa: BLE001 - left out; the run stops if none started
+                        self.broken[a] = error_line(exc)
+                        log.error("worker %d failed to start: %s", a, self.broken[a])
                     bar.update(1)
+        if self.actors and len(self.broken) == len(self.actors):
+            raise EngineUnusable("no worker could start", next(iter(self.broken.values())))
 
     def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str,
                unit: str = "entity") -> Iterator[WorkResult]:
@@ -164,8 +243,11 @@ class WorkerGroup:
         outstanding: list[dict[Key, GenerationRequest]] = [{} for _ in self.actors]
         retry: deque[GenerationRequest] = deque()
         losses: Counter[Key] = Counter()
-        alive = set(range(len(self.actors)))
+        alive = set(range(len(self.actors))) - set(self.broken)
+        if not alive:  # every actor failed to start or died in an earlier pass
+            raise EngineUnusable("no worker is left", next(iter(self.broken.values())))
         calls: dict[Any, int] = {}
+        first = FirstFailures(slots)
 
         def call(a: int) -> None:
             new: list[GenerationRequest] = []
@@ -175,6 +257,7 @@ class WorkerGroup:
                 new += scheduler.next_for(a)
             for req in new:
                 outstanding[a][req.key] = req
+            first.sent[a] += len(new)
             if outstanding[a]:
                 calls[self.actors[a].exchange.remote(task_ref, new, slots)] = a
 
@@ -189,10 +272,13 @@ class WorkerGroup:
                 a = calls.pop(ref)
                 try:
                     result, held = ray.get(ref)
-                except RayActorError as exc:  # dead beyond its restarts: the others take over its requests
-                    log.error("worker actor %d died (%s); %d requests go to the others", a, exc, len(outstanding[a]))
+                except (RayActorError, WorkerDead) as exc:  # dead for good: the others take over its requests
+                    self.broken[a] = error_line(exc)
+                    log.error("worker actor %d died (%s); %d requests go to the others", a, self.broken[a],
+                              len(outstanding[a]))
                     result, held = WorkResult(), set()
                     alive.discard(a)
+                    ray.kill(self.actors[a])  # a worker that declared itself dead still holds its resources
                 for key in result.keys():
                     outstanding[a].pop(key, None)
                 for key in [k for k in outstanding[a] if k not in held]:  # lost with a dead process
@@ -204,12 +290,17 @@ class WorkerGroup:
                     else:
                         retry.append(req)
                         self.resent += 1
-                yield result
-                bar.update(len(result.rows) + len(result.failures))
+                for part in first.see(a, result, alive):
+                    yield part
+                    bar.update(len(part.rows) + len(part.failures))
                 for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
                     call(b)
                 if not calls and (scheduler or retry):
-                    raise RuntimeError(f"all worker actors died; {len(retry) + scheduler.left()} requests left")
+                    raise EngineUnusable(f"every worker died, {len(retry) + scheduler.left()} requests left",
+                                         self.broken.get(a, "unknown"))
+            for part in first.release():
+                yield part
+                bar.update(len(part.failures))
 
     def close(self) -> None:
         import ray
@@ -217,6 +308,8 @@ class WorkerGroup:
         for actor in self.actors:
             ray.kill(actor)
         self.actors.clear()
+        self.starting.clear()
+        self.broken.clear()
 
     def __enter__(self) -> "WorkerGroup":
         return self
