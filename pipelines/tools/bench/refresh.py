@@ -75,6 +75,7 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
         raise RuntimeError(f"only {len(heavy)} users have {min_history}+ interactions; asked for {users}")
     t = int(inter["timestamp"].max()) + 3600
     counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])["item_id"].to_list()
+    counts += sorted(set(items["item_id"].to_list()) - set(counts))  # then the items nobody rated
     added = []
     for k, user in enumerate(heavy):  # the most popular item the user has not seen
         seen = set(inter.filter(pl.col("user_id") == user)["item_id"].to_list())
@@ -85,6 +86,24 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
     pl.concat([items, items.head(1).with_columns(item_id=pl.lit(new_id, dtype=items.schema["item_id"]))],
               how="vertical_relaxed").write_parquet(items_path)
     return heavy, new_id
+
+
+def text_quality(rows: pl.DataFrame) -> dict[str, Any]:
+    """How a run's texts read (pipelines/quality.py columns): rows, the share ended (by EOS or at a sentence
+    end), degenerate, and grounding (mean over rows that mention facts)."""
+    grounded = rows["grounding"].drop_nulls()
+    return {"rows": rows.height, "ended_share": rows["ended"].mean() if rows.height else None,
+            "degenerate_share": rows["degenerate"].mean() if rows.height else None,
+            "grounding": grounded.mean() if grounded.len() else None}
+
+
+def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
+    """:func:`text_quality` of each run's rows, read from its output."""
+    from pipelines.knowledge_store import read_knowledge
+
+    outs = {"day1_plain": "plain", "day1_laser": "laser", "day2_laser": "laser", "day2_plain": "laser-then-plain"}
+    return {name: text_quality(read_knowledge(work / outs[name] / "knowledge")
+                               .filter(pl.col("run_id") == runs[name]["run_id"])) for name in runs}
 
 
 def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
@@ -120,11 +139,15 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
               "regenerated": len(got), "user_texts_changed": changed_texts,
               "refresh_ratio": _ratio(runs["day2_laser"]["tok_s_decode"], runs["day2_plain"]["tok_s_decode"]),
               "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
-              "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
+              "quality": run_quality(work, runs), "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
               "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
     json_out.write_text(json.dumps(result, indent=1, default=str))
     print_result(result)
     return result
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0%}"
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -150,6 +173,9 @@ def print_result(result: dict[str, Any]) -> None:
     fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
     console.print(f"day 2 regenerated exactly the changed users and the new item: {result['regenerated_exactly']} "
                   f"({result['regenerated']} rows; {result['user_texts_changed']} user texts changed)")
+    for name, q in result.get("quality", {}).items():
+        console.print(f"{name}: {q['rows']} texts, ended {_share(q['ended_share'])}, degenerate "
+                      f"{_share(q['degenerate_share'])}, grounding {_share(q['grounding'])}")
     console.print(f"day 2 decode tok/s, drafting / none: {fmt(result['refresh_ratio'])} (target >= "
                   f"{TARGET_REFRESH}x); day 1 entities/min, drafting / none: {fmt(result['first_run_ratio'])} "
                   f"(target >= {TARGET_FIRST}x); load average {result['machine']['load_average']}")
