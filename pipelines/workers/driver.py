@@ -229,7 +229,8 @@ class WorkerGroup:
     def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str,
                unit: str = "entity") -> Iterator[WorkResult]:
         """Work on ``requests`` with ``slots`` in flight per actor; yield results as they finish, under a
-        progress bar. Every request ends in exactly one yielded row or failure."""
+        progress bar. Every request ends in exactly one yielded row or failure, unless the workers cannot
+        run at all: then :class:`EngineUnusable` (the failures held back are not yielded)."""
         if not requests:
             return
         import ray

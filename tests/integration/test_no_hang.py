@@ -19,12 +19,15 @@ from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.workers import EngineUnusable, GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkerGroup
 from tests.helpers import save_tiny_model
 
+ray = pytest.importorskip("ray")
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake worker reaches the actors by value
+
 
 class FakeWorker(ModelWorker):
     """No model: a request's row is :func:`_row`. The task says what goes wrong:
     ``raise`` (serve writes one row, then raises), ``die`` (dies after its first ``slots`` rows), ``die-one``
     (the first actor to start dies so, the others work), ``same`` (every request fails with one reason),
-    ``each`` (every request fails with a reason of its own), ``ok``."""
+    ``each`` (every request fails with a reason of its own)."""
 
     def load(self, spec: ModelSpec) -> None:
         self.taken = 0
@@ -68,10 +71,6 @@ def _row(req: GenerationRequest) -> dict:
 
 def _fail(req: GenerationRequest, reason: str) -> dict[str, str]:
     return {"entity_type": req.entity_type, "entity_id": req.entity_id, "reason": reason}
-
-
-ray = pytest.importorskip("ray")
-ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake reaches the actors by value
 
 
 def _users(n: int) -> list[GenerationRequest]:
