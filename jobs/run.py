@@ -40,12 +40,20 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
             "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py).")),
         keep_existing: bool = typer.Option(False, "--keep-existing", help=(
             "Keep rows that another config (model, decoder, generation rules, prompt version) wrote for "
-            "unchanged inputs instead of regenerating them; the run says how many it kept."))) -> None:
-    """Run the whole job: old knowledge, route, build pools, generate new knowledge, summary. Exits 3 when
-    entities failed (`laser failures CONFIG` lists them; a re-run retries them)."""
+            "unchanged inputs instead of regenerating them; the run says how many it kept.")),
+        dry_run: bool = typer.Option(False, "--dry-run", help=(
+            "Every step but generation, then the plan: entities by type, pool and reason, prompt tokens, and the "
+            "tokens and time the run would take (estimated); writes nothing."))) -> None:
+    """Run the whole job: route, plan, build pools, generate knowledge, summary. Exits 3 when entities
+    failed (`laser failures CONFIG` lists them; a re-run retries them)."""
     from pipelines.knowledge.job import run_job
     from pipelines.knowledge.summary import print_summary
 
+    if dry_run:
+        from pipelines.knowledge.dry_run import dry_run as plan_run, print_estimate
+
+        print_estimate(plan_run(_load(config, set_), keep_existing=keep_existing))
+        return
     if incremental:
         from jobs.scheduled import run_scheduled
 
@@ -72,7 +80,7 @@ def _finished(rec: RunRecord, config: Path) -> int:
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
     """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
-    run(bundled_config("demo"), set_, incremental=False, keep_existing=False)
+    run(bundled_config("demo"), set_, incremental=False, keep_existing=False, dry_run=False)
 
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:

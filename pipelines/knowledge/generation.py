@@ -98,6 +98,18 @@ class Attempt:
     compare: bool = True  # a retry replaces the first row only when it does not read worse
 
 
+def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: Any) -> str:
+    """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
+    tokens)."""
+    words = words_for_budget(task.max_new_tokens)
+    if req.entity_type == "user":
+        return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
+                           tokenizer=tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
+    if req.entity_type == "item":
+        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
+    raise ValueError(f"unknown entity_type {req.entity_type!r}")
+
+
 class EngineAdapter:
     """What the serve skeleton asks of an engine (one per worker actor; module docstring).
 
@@ -205,14 +217,8 @@ class GenerationWorker(ModelWorker):
         return {"model": self.spec.model, **info, "ready_s": round(time.perf_counter() - t0, 1)}
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
-        """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens``)."""
-        words = words_for_budget(task.max_new_tokens)
-        if req.entity_type == "user":
-            return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
-                               tokenizer=self.lm.tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
-        if req.entity_type == "item":
-            return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
-        raise ValueError(f"unknown entity_type {req.entity_type!r}")
+        """The chat message for ``req`` (:func:`entity_prompt`)."""
+        return entity_prompt(task, req, self.lm.tokenizer)
 
     def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
         return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,

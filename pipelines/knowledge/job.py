@@ -134,6 +134,8 @@ def _plan(job: JobRun) -> None:
 
 
 def _pools(job: JobRun) -> None:
+    if job.decoder.cls.pool == "none":  # a decoder that drafts from no pool: none to build
+        return
     sizes = step_build_pools(job.cfg, _earlier_knowledge(job))
     if job.decoder.cls.pool == "routed":
         job.todo, job.first_wave = split_first_wave(job.todo, set(sizes), job.cfg.routing.first_wave)

@@ -41,6 +41,8 @@ class ChangePlan:
     resumed: int = 0
     other_config: int = 0  # changed (or, with keep_existing, kept) only because another config wrote the row
     earlier: dict[tuple[str, str], str] = field(default_factory=dict)  # each known entity's newest text
+    why: dict[tuple[str, str], str] = field(default_factory=dict)  # each request's reason: new, changed, config,
+    #                                                                 unchanged (or kept: keep_existing)
 
 
 def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_hash: str | None,
@@ -55,19 +57,15 @@ def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_h
     plan = ChangePlan(earlier={key: k for key, (_, _, k) in known.items()})
     for req in requests:
         key, want = req.key, (req.source_hash, config_hash)
-        if key not in known:
-            plan.new += 1
-        elif known[key][0] is None or known[key][0] != req.source_hash:
-            plan.changed += 1
-        elif known[key][1] != config_hash:
-            plan.other_config += 1
-            if keep_existing:
-                plan.unchanged += 1
-                continue
-            plan.changed += 1
-        else:
+        plan.why[key] = why = _reason(known.get(key), req.source_hash, config_hash, keep_existing)
+        plan.other_config += why in ("config", "kept")
+        if why in ("unchanged", "kept"):
             plan.unchanged += 1
             continue
+        if why == "new":
+            plan.new += 1
+        else:
+            plan.changed += 1
         if done.get(key) == want:
             plan.resumed += 1
             continue
@@ -76,6 +74,17 @@ def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_h
 
 
 _KEYS = ("entity_type", "entity_id")
+
+
+def _reason(newest: tuple | None, source_hash: str | None, config_hash: str | None, keep_existing: bool) -> str:
+    """Why an entity is (or is not) generated, from its newest row's (source_hash, config_hash, ...)."""
+    if newest is None:
+        return "new"
+    if newest[0] is None or newest[0] != source_hash:
+        return "changed"
+    if newest[1] != config_hash:
+        return "kept" if keep_existing else "config"
+    return "unchanged"
 
 
 def users_after(interactions: pl.DataFrame, watermark: int | None) -> int:

@@ -59,8 +59,9 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     return out
 
 
-def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
-    """Step 2: route every user and item (routing table saved as Parquet) and save group memberships."""
+def step_route(cfg: JobConfig, data: JobData, write: bool = True) -> pl.DataFrame:
+    """Step 2: route every user and item; with ``write`` (not in a dry run) the routing table and the group
+    memberships are saved as Parquet."""
     import router
 
     paths = JobPaths.of(cfg)
@@ -74,8 +75,9 @@ def step_route(cfg: JobConfig, data: JobData) -> pl.DataFrame:
                                    policy=policies[etype], warm_threshold=cfg.routing.warm_threshold))
         members.append(router.group_memberships(etype, attr, collab))
     table = pa.concat_tables(tables)
-    router.write_routing(table, paths.routing)
-    router.write_routing(pa.concat_tables(members), paths.memberships)
+    if write:
+        router.write_routing(table, paths.routing)
+        router.write_routing(pa.concat_tables(members), paths.memberships)
     frame = pl.from_arrow(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}

@@ -1,0 +1,134 @@
+"""`laser run CONFIG --dry-run`: every step but generation, then what the run would generate and cost.
+
+It loads and splits the data, routes every entity (nothing saved), and plans as the run would
+(pipelines/knowledge/plan.py), then reports the entities by type, pool kind and reason (new, changed,
+config: another config wrote the row, unchanged, kept: --keep-existing), the prompt tokens of the planned
+entities in the model's tokens, and an estimate of the tokens to generate and the seconds the configured
+workers would take. Nothing is written: no knowledge, no pools, no routing files, no ledger row.
+
+The estimate comes from what was measured: the tokens per entity of the rows the output already holds
+(else ``generation.max_new_tokens``, an upper bound), and the engine throughput of the output's last run
+(``summary.json``: every step, prefill included), else the shipped vLLM step-cost table scaled to the
+model and the workers' threads (decode steps of ``execution.batch_size`` rows, and the prompts' prefill at
+the table's widest per-token cost).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipelines.config import JobConfig
+from pipelines.knowledge.decoders import check_job_decoders
+from pipelines.knowledge.generation import entity_prompt
+from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.paths import JobPaths
+from pipelines.knowledge.plan import plan_changes
+from pipelines.knowledge.prompts import count_prompt_tokens
+from pipelines.knowledge.requests import new_requests, pool_routes
+from pipelines.knowledge.routing import load_tokenizer, step_route
+from pipelines.knowledge.validation import load_inputs
+from pipelines.knowledge_store import read_knowledge
+from pipelines.ops.schedule.ledger import RunLedger
+from pipelines.workers.layout import job_actors
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunEstimate:
+    """What a run would do: entity counts by (type, pool kind, reason), tokens and seconds (estimated)."""
+
+    entities: list[dict[str, Any]] = field(default_factory=list)
+    planned: int = 0
+    prompt_tokens: int = 0
+    new_tokens: int = 0  # estimated
+    seconds: float = 0.0  # estimated generation time with the configured workers
+    workers: int = 1
+    basis: str = ""  # where the rates came from
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
+    """The plan and cost of the next run of ``cfg`` (module docstring); writes nothing."""
+    from pipelines.knowledge.job import knowledge_task
+
+    decoder = check_job_decoders(cfg)
+    paths = JobPaths.of(cfg)
+    data = load_inputs(load_job_data, cfg)
+    routing = step_route(cfg, data, write=False)
+    requests = new_requests(data.dataset, data.split, pool_routes(decoder.cls.pool, routing))
+    task = knowledge_task(cfg, decoder, "dry-run", data.dataset.domain, paths.pools)
+    rows = read_knowledge(paths.knowledge) if (paths.knowledge / "manifest.json").exists() else None
+    unfinished = RunLedger(paths.root).unfinished(cfg.resolved_run_id()) if paths.root.exists() else None
+    plan = plan_changes(requests, rows if rows is not None else _empty(), task.config_hash,
+                        resuming=unfinished.run_id if unfinished else None, keep_existing=keep_existing)
+    counts = Counter((r.entity_type, r.pool_kind or "none", plan.why[r.key]) for r in requests)
+    est = RunEstimate(entities=[{"entity_type": t, "pool_kind": k, "reason": why, "entities": n}
+                                for (t, k, why), n in sorted(counts.items())], planned=len(plan.todo))
+    tokenizer = load_tokenizer(cfg.model.name)
+    est.prompt_tokens = sum(count_prompt_tokens(tokenizer, entity_prompt(task, r, tokenizer)) for r in plan.todo)
+    per_entity = _tokens_per_entity(rows, cfg.generation.max_new_tokens)
+    est.new_tokens = int(sum(per_entity.get(r.entity_type, cfg.generation.max_new_tokens) for r in plan.todo))
+    spec, est.workers = job_actors(cfg, len(requests))
+    est.seconds, est.basis = _seconds(cfg, paths, est, spec.threads)
+    return est
+
+
+def _empty() -> pl.DataFrame:
+    cols = ("entity_type", "entity_id", "source_hash", "config_hash", "knowledge", "run_id")
+    return pl.DataFrame({c: [] for c in cols}, schema={c: pl.Utf8 for c in cols}).with_columns(
+        run_seq=pl.lit(None, pl.Int64), generated_at=pl.lit(None, pl.Datetime("us", "UTC")))
+
+
+def _tokens_per_entity(rows: pl.DataFrame | None, default: int) -> dict[str, float]:
+    """Mean generated tokens per entity type over the rows the output holds."""
+    if rows is None or rows.height == 0:
+        return {}
+    return dict(rows.group_by("entity_type").agg(pl.col("n_tokens").mean()).iter_rows())
+
+
+def _seconds(cfg: JobConfig, paths: JobPaths, est: RunEstimate, threads: int) -> tuple[float, str]:
+    """Estimated generation seconds and what the rate is based on."""
+    summary = paths.summary
+    if summary.exists():
+        rate = json.loads(summary.read_text()).get("new", {}).get("tokens_per_s_engine") or 0.0
+        if rate > 0:
+            return est.new_tokens / (rate * est.workers), f"the last run's engine rate, {rate:.1f} tok/s a worker"
+    cost = _prior(cfg, threads)
+    slots = cfg.execution.batch_size
+    decode = cost.time(slots, 1) / slots  # seconds a token when slots rows decode together
+    prefill = cost.time(cost.rows[-1], cost.nodes[-1]) / (cost.rows[-1] * cost.nodes[-1])
+    seconds = (est.new_tokens * decode + est.prompt_tokens * prefill) / est.workers
+    return seconds, (f"the shipped vLLM step-cost table for {threads} thread(s): {1 / decode:.0f} decode tok/s "
+                     f"a worker at {slots} in flight, prefill {1 / prefill:.0f} tok/s")
+
+
+def _prior(cfg: JobConfig, threads: int) -> Any:
+    from laser.models import model_dir
+    from laser.vllm.budget import prior_cost
+
+    config = json.loads((Path(model_dir(cfg.model.name)) / "config.json").read_text())
+    return prior_cost(config, threads)
+
+
+def print_estimate(est: RunEstimate) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="dry run: what the run would generate (nothing written)")
+    for col in ("entity type", "pool", "reason", "entities"):
+        table.add_column(col, justify="right" if col == "entities" else "left")
+    for row in est.entities:
+        table.add_row(row["entity_type"], row["pool_kind"], row["reason"], str(row["entities"]))
+    console = Console()
+    console.print(table)
+    console.print(f"to generate: {est.planned} entities, {est.prompt_tokens} prompt tokens, about {est.new_tokens} "
+                  f"new tokens; about {est.seconds / 60:.1f} minutes on {est.workers} worker(s) ({est.basis})")
