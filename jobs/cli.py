@@ -333,6 +333,20 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
+@bench_app.command("lightgcn")
+def bench_lightgcn(json_out: Path = typer.Option(Path("docs/results/lightgcn-ml100k.json"), "--json",
+                                                 help="JSON output."),
+                   data: Path = typer.Option(Path("data/ml-100k"), help="A MovieLens folder (ml-100k: u.data, ...)."),
+                   seed: int = typer.Option(0, help="Seed of the split, the training and K-means."),
+                   n_clusters: int = typer.Option(8, help="K-means groups whose agreement is measured."),
+                   warm_share: float = typer.Option(0.1, help="Newest share of the interactions the warm row adds.")
+                   ) -> None:
+    """LightGCN per-batch propagation (before) vs linear vs warm: epoch s, peak RSS, recall@20, group agreement."""
+    from pipelines.tools.bench.lightgcn import run_lightgcn_bench
+
+    run_lightgcn_bench(json_out, data, seed, n_clusters, warm_share)
+
+
 @bench_app.command("refresh")
 def bench_refresh(json_out: Path = typer.Option(Path("docs/results/refresh.json"), "--json",
                                                 help="JSON output (run logs beside it)."),

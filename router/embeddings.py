@@ -1,10 +1,11 @@
-"""Entity embeddings (ids + matrix): the validated container, and loading a recommender's own from Parquet.
+"""Entity embeddings (ids + matrix): the validated container, saving and loading them as Parquet.
 
 Teams that already train a recommender can skip LightGCN and hand its vectors in: one Parquet file with
 an id column and a vector column (list or fixed-size list of floats).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,18 @@ class Embeddings:
         if unknown:
             raise EmbeddingError(f"no embedding for ids: {_name_some(unknown)}")
         return Embeddings(list(ids), self.vectors[[position[e] for e in ids]])
+
+
+def save_embeddings(embeddings: Embeddings, path: str | Path, id_column: str = "id",
+                    vector_column: str = "embedding") -> None:
+    """Write ``embeddings`` to ``path`` (Parquet, the layout :func:`load_embeddings` reads); atomic: a
+    temporary file beside it, then renamed."""
+    path = Path(path)
+    frame = pl.DataFrame({id_column: pl.Series(embeddings.ids, dtype=pl.Utf8),
+                          vector_column: pl.Series(embeddings.vectors, dtype=pl.Array(pl.Float32, embeddings.dim))})
+    partial = path.with_name(f".{path.name}.partial")
+    frame.write_parquet(partial)
+    os.replace(partial, path)
 
 
 def load_embeddings(path: str | Path, id_column: str = "id", vector_column: str = "embedding",

@@ -1,16 +1,25 @@
 """LightGCN (He et al., 2020) in torch: user and item embeddings with collaborative signal.
 
-Propagation over the symmetric-normalised user-item graph ``A_hat = D^-1/2 A D^-1/2``:
-``E^(l+1) = A_hat E^(l)``; the final embedding is the mean of layers ``0..L`` (the propagated output,
-not the layer-0 ids). Trained with BPR on positive interactions (rating >= ``positive_threshold``),
+Propagation over the symmetric-normalised user-item graph ``A_hat = D^-1/2 A D^-1/2`` (a torch sparse
+matrix): ``E^(l+1) = A_hat E^(l)``; the final embedding is the mean of layers ``0..L`` (the propagated
+output, not the layer-0 ids). Trained with BPR on positive interactions (rating >= ``positive_threshold``),
 one uniformly sampled negative item per positive, Adam, early stopping on recall@k of a per-user
 held-out share of the positives. The best-scoring epoch's embeddings are returned.
+
+Cost: an epoch is ``propagations_per_epoch`` optimizer steps, each one full-graph propagation (forward and
+backward, ``O(L * nnz * d)``) over an equal share of the positives, whose BPR loss is summed in chunks of
+``batch_size`` triples; so an epoch is linear in the positives and its memory is the graph's plus a chunk's.
+Early stopping scores a seeded sample of at most ``eval_users`` users, ``eval_chunk`` users x all items at
+a time. ``train_lightgcn(..., init=...)`` starts from an earlier run's layer-0 embeddings (matched by id)
+and trains ``warm_epochs`` epochs.
 """
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -18,7 +27,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from router.embeddings import Embeddings
+from router.embeddings import Embeddings, load_embeddings, save_embeddings
 
 log = logging.getLogger(__name__)
 
@@ -31,21 +40,65 @@ class LightGCNConfig:
     num_layers: int = 3
     positive_threshold: float = 4.0   # rating >= this is a positive interaction
     lr: float = 1e-2
-    weight_decay: float = 1e-4        # L2 on the layer-0 embeddings of the batch (BPR regulariser)
-    batch_size: int = 4096
+    weight_decay: float = 1e-4        # L2 on the layer-0 embeddings of the step's triples (BPR regulariser)
+    propagations_per_epoch: int = 1   # optimizer steps an epoch, each one full-graph propagation
+    batch_size: int = 4096            # BPR triples scored at once within a step (memory, not the step size)
     max_epochs: int = 300
+    warm_epochs: int = 30             # most epochs of a warm start (``init``); 0: always train from scratch
     eval_every: int = 5               # epochs between recall@k evaluations
     patience: int = 4                 # evaluations without improvement before stopping
     holdout_fraction: float = 0.2     # share of each user's positives held out for early stopping
     k: int = 20
+    eval_users: int = 2000            # users (with held-out positives) sampled, seeded, for recall@k
+    eval_chunk: int = 256             # users scored at once against every item (fewer for large catalogues)
     seed: int = 0
     device: str = "cpu"               # "cpu", "cuda" or "auto"
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        for name in ("propagations_per_epoch", "batch_size", "max_epochs", "eval_every", "eval_users", "eval_chunk"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"LightGCNConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.warm_epochs < 0:
+            raise ValueError(f"LightGCNConfig.warm_epochs must be >= 0, got {self.warm_epochs}")
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Layer-0 embeddings (the model's parameters) of an earlier run, to start the next one from.
+
+    Saved as two Parquet files (``users.parquet``, ``items.parquet``: columns ``id``, ``embedding``).
+    """
+
+    users: Embeddings
+    items: Embeddings
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        save_embeddings(self.users, directory / "users.parquet")
+        save_embeddings(self.items, directory / "items.parquet")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> WarmStart | None:
+        """The warm start saved in ``directory``; None when there is none or it cannot be read (logged)."""
+        directory = Path(directory)
+        if not (directory / "users.parquet").exists() or not (directory / "items.parquet").exists():
+            return None
+        try:
+            return cls(load_embeddings(directory / "users.parquet"), load_embeddings(directory / "items.parquet"))
+        except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+            log.warning("LightGCN warm start in %s unreadable (%s); training from scratch", directory, exc)
+            return None
+
 
 @dataclass
 class LightGCNResult:
-    """Trained embeddings plus the early-stopping trace ``history`` = [(epoch, recall@k), ...]."""
+    """Trained embeddings plus the early-stopping trace ``history`` = [(epoch, recall@k), ...].
+
+    ``layer0`` holds the best epoch's parameters (pass the result as ``init`` to warm-start the next run);
+    ``epochs`` the epochs trained and ``epoch_seconds`` their mean time without evaluation.
+    """
 
     users: Embeddings
     items: Embeddings
@@ -53,6 +106,10 @@ class LightGCNResult:
     best_epoch: int
     history: list[tuple[int, float]] = field(default_factory=list)
     train_seconds: float = 0.0
+    layer0: WarmStart | None = None
+    epochs: int = 0
+    epoch_seconds: float = 0.0
+    warm_started: bool = False
 
 
 @dataclass
@@ -127,6 +184,26 @@ def normalized_adjacency(train: np.ndarray, num_users: int, num_items: int) -> t
     return torch.sparse_coo_tensor(torch.stack([rows, cols]), values, (n, n), check_invariants=False).coalesce()
 
 
+class _Propagate(torch.autograd.Function):
+    """``A_hat @ x`` for a symmetric sparse ``A_hat``: the backward is ``A_hat @ grad`` (no transpose built)."""
+
+    @staticmethod
+    def forward(ctx, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.adjacency = adjacency
+        return adjacency @ x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+        return None, ctx.adjacency @ grad
+
+
+def sparse_csr(adjacency: torch.Tensor) -> torch.Tensor:
+    """``adjacency`` in CSR, the faster layout for ``A @ X`` (torch calls its CSR support beta)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Sparse CSR tensor support is in beta.*")
+        return adjacency.to_sparse_csr()
+
+
 class LightGCN(nn.Module):
     """Layer-0 embeddings for ``num_users + num_items`` nodes, propagated ``num_layers`` times."""
 
@@ -137,11 +214,14 @@ class LightGCN(nn.Module):
         nn.init.normal_(self.embedding.weight, std=0.1)
 
     def forward(self, adjacency: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Final (mean over layers 0..L) user ``[U, d]`` and item ``[I, d]`` embeddings."""
+        """Final (mean over layers 0..L) user ``[U, d]`` and item ``[I, d]`` embeddings.
+
+        ``adjacency`` is the symmetric sparse ``A_hat`` (COO or CSR) of :func:`normalized_adjacency`.
+        """
         layer = self.embedding.weight
         total = layer
         for _ in range(self.num_layers):
-            layer = adjacency @ layer
+            layer = _Propagate.apply(adjacency, layer)
             total = total + layer
         final = total / (self.num_layers + 1)
         return final[: self.num_users], final[self.num_users:]
@@ -184,32 +264,65 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def _train_step(model: LightGCN, adjacency: torch.Tensor, triples: torch.Tensor, config: LightGCNConfig) -> float:
+    """One optimizer step's gradient on ``triples`` [n, 3] (user, positive, negative): one propagation.
+
+    The BPR loss (mean over the triples) and the L2 term are summed in chunks of ``batch_size`` triples
+    against detached copies of the propagated embeddings; their gradient then flows back through the
+    propagation once. Returns the summed BPR loss.
+    """
+    user_final, item_final = model(adjacency)
+    users, items = user_final.detach().requires_grad_(), item_final.detach().requires_grad_()
+    layer0, n, total = model.embedding.weight, len(triples), 0.0
+    for chunk in triples.split(config.batch_size):
+        u, p, q = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+        loss = bpr_loss(users[u], items[p], items[q]) * (len(chunk) / n)
+        reg = (layer0[u].pow(2).sum() + layer0[p + model.num_users].pow(2).sum()
+               + layer0[q + model.num_users].pow(2).sum()) / (2 * n)
+        (loss + config.weight_decay * reg).backward()
+        total += float(loss.detach()) * n
+    torch.autograd.backward([user_final, item_final], [users.grad, items.grad])
+    return total
+
+
 def _train_epoch(model: LightGCN, adjacency: torch.Tensor, train: torch.Tensor, optimizer: torch.optim.Optimizer,
                  config: LightGCNConfig, generator: torch.Generator) -> float:
+    """Every training positive once, with a fresh negative, in ``propagations_per_epoch`` steps; mean loss."""
     order = torch.randperm(len(train), generator=generator, device="cpu").to(train.device)
-    negatives_all = torch.randint(model.num_items, (len(train),), generator=generator, device="cpu").to(train.device)
+    negatives = torch.randint(model.num_items, (len(train),), generator=generator, device="cpu").to(train.device)
+    triples = torch.cat([train, negatives[:, None]], dim=1)
     total = 0.0
-    for start in range(0, len(train), config.batch_size):
-        batch = order[start:start + config.batch_size]
-        u, p, n = train[batch, 0], train[batch, 1], negatives_all[batch]
-        user_final, item_final = model(adjacency)
-        loss = bpr_loss(user_final[u], item_final[p], item_final[n])
-        layer0 = model.embedding.weight
-        reg = (layer0[u].pow(2).sum() + layer0[p + model.num_users].pow(2).sum()
-               + layer0[n + model.num_users].pow(2).sum()) / (2 * len(batch))
+    for step in order.tensor_split(min(config.propagations_per_epoch, len(train))):
         optimizer.zero_grad()
-        (loss + config.weight_decay * reg).backward()
+        total += _train_step(model, adjacency, triples[step], config)
         optimizer.step()
-        total += float(loss.detach()) * len(batch)
     return total / len(train)
 
 
+def _warm_start(model: LightGCN, graph: InteractionGraph, init: WarmStart, dim: int) -> int:
+    """Copy ``init``'s vectors into the rows of the ids it knows; returns how many rows it set."""
+    if init.users.dim != dim or init.items.dim != dim:
+        log.warning("LightGCN warm start has dimension %d, the config %d: training from scratch", init.users.dim, dim)
+        return 0
+    known = 0
+    with torch.no_grad():
+        for ids, start, offset in ((graph.user_ids, init.users, 0), (graph.item_ids, init.items, graph.num_users)):
+            rows = (pl.DataFrame({"id": ids, "row": np.arange(len(ids))})
+                    .join(pl.DataFrame({"id": start.ids, "at": np.arange(len(start))}), on="id"))
+            vectors = torch.as_tensor(start.vectors[rows["at"].to_numpy()], device=model.embedding.weight.device)
+            model.embedding.weight[torch.as_tensor(rows["row"].to_numpy() + offset, dtype=torch.long)] = vectors
+            known += rows.height
+    return known
+
+
 def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = None,
-                   known_users: list[str] | None = None, known_items: list[str] | None = None) -> LightGCNResult:
+                   known_users: list[str] | None = None, known_items: list[str] | None = None,
+                   init: LightGCNResult | WarmStart | None = None) -> LightGCNResult:
     """Train LightGCN on canonical ``interactions`` (user_id, item_id, rating, ...) and return embeddings.
 
-    Only users/items with at least one positive interaction get an embedding. Deterministic for a seed
-    on CPU.
+    Only users/items with at least one positive interaction get an embedding. With ``init`` (an earlier
+    result or its ``layer0``) and ``warm_epochs`` > 0, the ids it knows start from its vectors, new ids as
+    a cold start would, and training runs at most ``warm_epochs`` epochs. Deterministic for a seed on CPU.
     """
     config = config or LightGCNConfig()
     started = time.perf_counter()
@@ -217,21 +330,27 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
     device = _resolve_device(config.device)
     graph = build_graph(interactions, config.positive_threshold, config.holdout_fraction, config.seed,
                         known_users, known_items)
-    adjacency = normalized_adjacency(graph.train, graph.num_users, graph.num_items).to(device)
+    adjacency = sparse_csr(normalized_adjacency(graph.train, graph.num_users, graph.num_items)).to(device)
     model = LightGCN(graph.num_users, graph.num_items, config.embedding_dim, config.num_layers).to(device)
+    init = init.layer0 if isinstance(init, LightGCNResult) else init
+    warm = init is not None and config.warm_epochs > 0 and _warm_start(model, graph, init, config.embedding_dim) > 0
+    max_epochs = config.warm_epochs if warm else config.max_epochs
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     train = torch.as_tensor(graph.train, dtype=torch.long, device=device)
     generator = torch.Generator().manual_seed(config.seed)
+    sample = eval_sample(graph, config.eval_users, config.seed)
     best = (-1.0, 0, model.embedding.weight.detach().clone())
     history: list[tuple[int, float]] = []
-    waited = 0
-    bar = tqdm(range(1, config.max_epochs + 1), desc="LightGCN", disable=not config.progress, leave=False)
+    waited, epoch_time, epoch = 0, 0.0, 0
+    bar = tqdm(range(1, max_epochs + 1), desc="LightGCN", disable=not config.progress, leave=False)
     for epoch in bar:
         model.train()
+        tick = time.perf_counter()
         loss = _train_epoch(model, adjacency, train, optimizer, config, generator)
-        if epoch % config.eval_every and epoch != config.max_epochs:
+        epoch_time += time.perf_counter() - tick
+        if epoch % config.eval_every and epoch != max_epochs:
             continue
-        recall = _evaluate(model, adjacency, graph, config.k)
+        recall = _evaluate(model, adjacency, sample, config)
         history.append((epoch, recall))
         bar.set_postfix(loss=f"{loss:.4f}", recall=f"{recall:.4f}")
         if recall > best[0]:
@@ -246,13 +365,77 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
     with torch.no_grad():
         model.embedding.weight.copy_(best[2])
         user_final, item_final = (t.cpu().numpy() for t in model(adjacency))
+    layer0 = best[2].cpu().numpy()
+    start = WarmStart(Embeddings(graph.user_ids, layer0[: graph.num_users]),
+                      Embeddings(graph.item_ids, layer0[graph.num_users:]))
     return LightGCNResult(Embeddings(graph.user_ids, user_final), Embeddings(graph.item_ids, item_final),
                           best_recall=best[0], best_epoch=best[1], history=history,
-                          train_seconds=time.perf_counter() - started)
+                          train_seconds=time.perf_counter() - started, layer0=start, epochs=epoch,
+                          epoch_seconds=epoch_time / max(epoch, 1), warm_started=warm)
+
+
+@dataclass
+class EvalSample:
+    """The users recall@k is measured on, and their train/held-out positives as (sample row, item) pairs
+    sorted by row (so a chunk of users is a slice)."""
+
+    users: np.ndarray  # [S] user indices
+    train: np.ndarray  # [n, 2] (row in ``users``, item index)
+    test: np.ndarray   # [m, 2]
+
+
+def eval_sample(graph: InteractionGraph, max_users: int, seed: int) -> EvalSample:
+    """A seeded sample of at most ``max_users`` of the users with held-out positives."""
+    users = np.unique(graph.test[:, 0]) if len(graph.test) else np.zeros(0, dtype=np.int64)
+    if len(users) > max_users:
+        users = np.sort(np.random.default_rng(seed).choice(users, max_users, replace=False))
+    row = np.full(graph.num_users, -1, dtype=np.int64)
+    row[users] = np.arange(len(users))
+
+    def pick(pairs: np.ndarray) -> np.ndarray:
+        rows = row[pairs[:, 0]]
+        keep = rows >= 0
+        picked = np.column_stack([rows[keep], pairs[keep, 1]])
+        return picked[np.argsort(picked[:, 0], kind="stable")]
+
+    return EvalSample(users, pick(graph.train), pick(graph.test))
+
+
+_EVAL_SCORES = 1 << 24  # most scores (chunk users x items) held at once: 64 MiB of float32
+
+
+def _chunk_scores(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+    """Scores ``[chunk, I]`` of a chunk of users against every item (a seam for tests)."""
+    return users @ items.T
+
+
+def chunked_recall(users: torch.Tensor, items: torch.Tensor, sample: EvalSample, k: int, chunk: int) -> float:
+    """Recall@k (as :func:`recall_at_k`) over ``sample``'s users, scoring ``chunk`` users at a time."""
+    if len(sample.users) == 0:
+        return 0.0
+    chunk = max(1, min(chunk, _EVAL_SCORES // max(items.shape[0], 1)))
+    k = min(k, items.shape[0])
+    train_rows, test_rows = sample.train[:, 0], sample.test[:, 0]
+    total = 0.0
+    for lo in range(0, len(sample.users), chunk):
+        hi = min(lo + chunk, len(sample.users))
+        scores = _chunk_scores(users[torch.as_tensor(sample.users[lo:hi], device=users.device)], items)
+        a, b = np.searchsorted(train_rows, [lo, hi])
+        seen = torch.as_tensor(sample.train[a:b], device=scores.device)
+        scores[seen[:, 0] - lo, seen[:, 1]] = -torch.inf
+        top = scores.topk(k, dim=1).indices
+        a, b = np.searchsorted(test_rows, [lo, hi])
+        held = torch.as_tensor(sample.test[a:b], device=scores.device)
+        hit = (top[held[:, 0] - lo] == held[:, 1:]).any(dim=1).double()
+        rows = held[:, 0] - lo
+        hits = torch.zeros(hi - lo, dtype=torch.float64, device=scores.device).index_add_(0, rows, hit)
+        counts = torch.bincount(rows, minlength=hi - lo).double()
+        total += float((hits / counts).sum())
+    return total / len(sample.users)
 
 
 @torch.no_grad()
-def _evaluate(model: LightGCN, adjacency: torch.Tensor, graph: InteractionGraph, k: int) -> float:
+def _evaluate(model: LightGCN, adjacency: torch.Tensor, sample: EvalSample, config: LightGCNConfig) -> float:
     model.eval()
     users, items = model(adjacency)
-    return recall_at_k((users @ items.T).cpu().numpy(), graph.train, graph.test, k)
+    return chunked_recall(users, items, sample, config.k, config.eval_chunk)

@@ -37,8 +37,10 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     ds, split, rc = data.dataset, data.split, cfg.routing
     lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
                                **rc.lightgcn)
+    warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
     try:
-        emb = router.train_lightgcn(split.routing_interactions, lg)
+        emb = router.train_lightgcn(split.routing_interactions, lg, init=router.WarmStart.load(warm))
+        emb.layer0.save(warm)
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
