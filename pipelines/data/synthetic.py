@@ -143,3 +143,83 @@ def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Data
 def synthetic_dataset(params: SyntheticParams | None = None, seed: int = 0) -> Dataset:
     """The embedded demo dataset (see the module docstring); deterministic per ``seed``."""
     return generate(params, seed)[0]
+
+
+def _ids(prefix: str, n: int) -> pl.Series:
+    """``prefix`` + zero-padded 0..n-1 (so string order is numeric order)."""
+    width = len(str(max(n - 1, 0)))
+    digits = pl.int_range(n, dtype=pl.Int64).cast(pl.Utf8).str.zfill(width)
+    return pl.select(pl.format(f"{prefix}{{}}", digits)).to_series()
+
+
+def _scale_items(rng: np.random.Generator, n_items: int) -> pl.DataFrame:
+    """Items with 1-3 genres (primary drawn by a skewed genre popularity), a unique title and a year."""
+    genre_p = 1.0 / np.arange(1, len(GENRES) + 1)
+    primary = rng.choice(len(GENRES), size=n_items, p=genre_p / genre_p.sum())
+    offsets = rng.permuted(np.tile(np.arange(1, len(GENRES)), (n_items, 1)), axis=1)[:, :2]  # two distinct others
+    n_extra = rng.integers(0, 3, size=n_items)
+    names = np.array(GENRES)
+    frame = pl.DataFrame({
+        "item_id": _ids("i", n_items), "n_extra": n_extra,
+        "g0": names[primary], "x1": names[(primary + offsets[:, 0]) % len(GENRES)],
+        "x2": names[(primary + offsets[:, 1]) % len(GENRES)],
+        "adj": np.array(_ADJECTIVES)[rng.integers(len(_ADJECTIVES), size=n_items)],
+        "noun": np.array(_NOUNS)[rng.integers(len(_NOUNS), size=n_items)],
+        "year": rng.integers(1950, 2021, size=n_items).astype(np.int32),
+    })
+    frame = frame.with_columns(g1=pl.when(pl.col("n_extra") > 0).then("x1"),
+                               g2=pl.when(pl.col("n_extra") > 1).then("x2"))
+    return frame.select(
+        "item_id",
+        title=pl.concat_str("adj", "noun", pl.col("item_id").str.slice(1), separator=" "),  # the id keeps it unique
+        genres=pl.concat_list("g0", "g1", "g2").list.drop_nulls(),
+        category="g0", sub_category="g1", year="year",
+    ).cast(ITEM_COLUMNS)
+
+
+def scale_catalogue(n_users: int, n_items: int, mean_history: float = 20.0, seed: int = 0,
+                    popularity_exponent: float = 1.0, activity_sigma: float = 1.0) -> Dataset:
+    """A large synthetic catalogue in time and memory linear in users + items + interactions (no users x items).
+
+    - activity: each user's interaction count is lognormal (``activity_sigma``) with mean ``mean_history``,
+      at least 1 and at most ``n_items``: heavy-tailed, most users have a few, a few have thousands;
+    - popularity: every interaction picks its item from a power law over a random rank order of the items,
+      P(rank r) ~ 1 / r ** ``popularity_exponent`` (numpy's vectorised ``choice``); a user's repeated picks
+      of one item collapse to one interaction, so a user has at most their count;
+    - ratings: a user bias, an item quality and a bonus on the user's favourite genre, plus noise, 1-5;
+    - timestamps strictly increasing per user; user attributes gender, age, occupation.
+    Canonical tables (pipelines/data/schema.py); same arguments, same tables.
+    """
+    if n_users < 1 or n_items < 1 or mean_history <= 0:
+        raise ValueError(f"scale_catalogue needs n_users, n_items >= 1 and mean_history > 0, got "
+                         f"{n_users}, {n_items}, {mean_history}")
+    rng = np.random.default_rng(seed)
+    items = _scale_items(rng, n_items)
+    mu = np.log(mean_history) - activity_sigma ** 2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
+    counts = np.clip(np.rint(rng.lognormal(mu, activity_sigma, size=n_users)), 1, n_items).astype(np.int64)
+    total = int(counts.sum())
+    user = np.repeat(np.arange(n_users, dtype=np.int64), counts)
+    weights = 1.0 / np.arange(1, n_items + 1) ** popularity_exponent
+    item = rng.permutation(n_items)[rng.choice(n_items, size=total, p=weights / weights.sum())]
+    favourite = rng.integers(len(GENRES), size=n_users)
+    primary = pl.Series(items["category"]).replace_strict(GENRES, list(range(len(GENRES))), return_dtype=pl.Int64)
+    score = (3.2 + rng.normal(0, 0.5, n_users)[user] + rng.normal(0, 0.6, n_items)[item]
+             + 0.8 * (primary.to_numpy()[item] == favourite[user]) + rng.normal(0, 0.7, total))
+    gaps = rng.integers(60, 7 * 86_400, size=total)
+    clock = np.cumsum(gaps)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    start = _T0 + rng.integers(0, 3 * 365 * 86_400, size=n_users)
+    timestamp = start[user] + clock - (clock - gaps)[first][user]  # each user's clock from their own start
+    user_ids, item_ids = _ids("u", n_users), _ids("i", n_items)
+    interactions = pl.DataFrame({
+        "user_id": user_ids.gather(user), "item_id": item_ids.gather(item),
+        "rating": np.clip(np.rint(score), 1, 5), "timestamp": timestamp,
+    }, schema=INTERACTIONS_SCHEMA).unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
+    users = pl.DataFrame({
+        "user_id": user_ids,
+        "age": rng.integers(16, 70, size=n_users).astype(np.int32),
+        "gender": np.array(["F", "M"])[rng.integers(2, size=n_users)],
+        "occupation": np.array(OCCUPATIONS)[rng.integers(len(OCCUPATIONS), size=n_users)],
+    }, schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8})
+    return Dataset(name=f"scale-{n_users}u-{n_items}i", domain="movie", interactions=interactions, items=items,
+                   users=users, notes={"generator": "scale_catalogue", "seed": seed, "mean_history": mean_history})
