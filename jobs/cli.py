@@ -415,5 +415,36 @@ def bench_quality(json_out: Path = typer.Option(Path("docs/results/quality.json"
     run_quality_bench(json_out, cfg, settings, path.name)
 
 
+@bench_app.command("scale")
+def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "--json",
+                                              help="JSON output (PNG beside it)."),
+                sizes: str = typer.Option("10000,100000,1000000", help="Entities (users + items), comma-separated."),
+                stages: str | None = typer.Option(None, help=(
+                    "Stages, comma-separated (default: all): load_split, lightgcn, route, pools, plan, store_write, "
+                    "latest_view, incremental.")),
+                budget_s: float = typer.Option(1800.0, "--budget-s", help=(
+                    "Seconds a size's stages may take together; a size projected past it is skipped.")),
+                max_gb: float = typer.Option(12.0, "--max-gb", help="A stage process resident above this is killed."),
+                lightgcn_epochs: int = typer.Option(1, help="LightGCN epochs (recall@k evaluated once at the end)."),
+                mean_history: float = typer.Option(20.0, help="Synthetic interactions a user, on average."),
+                dataset_config: Path | None = typer.Option(None, "--dataset-config", help=(
+                    "YAML with a DatasetConfig: measure that dataset (one size) instead of synthetic catalogues.")),
+                work: Path | None = typer.Option(None, help="Folder for the sizes' data and outputs (default: a "
+                                                 "temporary one, removed after)."),
+                seed: int = typer.Option(0, help="Seed of the catalogue, split, groups and changed users.")) -> None:
+    """Seconds and peak memory of every stage but generation at growing catalogue sizes, with log-log slopes."""
+    from pipelines.tools.bench.scale import STAGES, ScaleSettings, run_scale_bench
+
+    dataset = _dataset(dataset_config)
+    try:
+        settings = ScaleSettings(sizes=tuple(int(s) for s in _names(sizes)), stages=_names(stages) or STAGES,
+                                 budget_s=budget_s, max_gb=max_gb, lightgcn_epochs=lightgcn_epochs,
+                                 mean_history=mean_history, seed=seed,
+                                 dataset=dataset.model_dump() if dataset is not None else None)
+    except ValueError as err:
+        raise typer.BadParameter(str(err)) from err
+    run_scale_bench(json_out, settings, work)
+
+
 if __name__ == "__main__":
     app()
