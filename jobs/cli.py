@@ -431,7 +431,10 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
                     "YAML with a DatasetConfig: measure that dataset (one size) instead of synthetic catalogues.")),
                 work: Path | None = typer.Option(None, help="Folder for the sizes' data and outputs (default: a "
                                                  "temporary one, removed after)."),
-                seed: int = typer.Option(0, help="Seed of the catalogue, split, groups and changed users.")) -> None:
+                seed: int = typer.Option(0, help="Seed of the catalogue, split, groups and changed users."),
+                merge: bool = typer.Option(False, "--merge", help=(
+                    "Keep the sizes --json already holds; what this run measures replaces them stage by stage."))
+                ) -> None:
     """Seconds and peak memory of every stage but generation at growing catalogue sizes, with log-log slopes."""
     from pipelines.tools.bench.scale import STAGES, ScaleSettings, run_scale_bench
 
@@ -443,7 +446,7 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
                                  dataset=dataset.model_dump() if dataset is not None else None)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
-    run_scale_bench(json_out, settings, work)
+    run_scale_bench(json_out, settings, work, merge)
 
 
 if __name__ == "__main__":

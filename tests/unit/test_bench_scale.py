@@ -125,6 +125,23 @@ def test_sizes_projected_past_the_budget_are_skipped_and_failed_stages_not_retri
     assert calls.count("pools") == 1
 
 
+def test_merge_keeps_earlier_sizes_replaces_rerun_stages_and_projects_from_them(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({}, calls))
+    out = tmp_path / "scale.json"
+    scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("load_split", "plan")), work=tmp_path / "w")
+    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100_000,), stages=("plan",), budget_s=500),
+                                   work=tmp_path / "w", merge=True)
+    assert result["skipped_sizes"]["100000"].startswith("projected 1000 s")  # from the file's 100
+    assert result["sizes"]["100"]["total_s"] == 2.0
+    monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({"plan": {"s": 3.0, "peak_gb": 0.5}}, calls))
+    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("plan",)), work=tmp_path / "w",
+                                   merge=True)
+    entry = result["sizes"]["100"]
+    assert entry["stages"]["load_split"]["s"] == 1.0 and entry["stages"]["plan"]["s"] == 3.0
+    assert entry["total_s"] == 4.0
+
+
 def test_slopes_between_consecutive_sizes():
     sizes = {str(n): {"total_s": s, "peak_gb": 1.0, "stages": {"plan": {"s": s, "peak_gb": 1.0}}}
              for n, s in ((10, 1.0), (100, 10.0), (1000, 1000.0))}

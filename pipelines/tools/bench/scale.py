@@ -544,14 +544,29 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
         into[stage] = run.result
         if stage == "load_split" and "users" in run.result:
             entry.update({k: run.result[k] for k in ("users", "items", "interactions")})
-    done = [v for v in entry["stages"].values() if "s" in v]
-    entry["total_s"] = sum(v["s"] for v in done)
-    entry["peak_gb"] = max((v["peak_gb"] for v in done), default=0.0)
-    inc = entry["stages"].get("incremental", {})
-    full = sum(v["s"] for k, v in entry["stages"].items() if "s" in v and k != "incremental")
-    if "s" in inc and full > 0:
-        entry["incremental_ratio"] = inc["s"] / full
+    return with_totals(entry)
+
+
+def with_totals(entry: dict[str, Any]) -> dict[str, Any]:
+    """``total_s`` and ``peak_gb`` over the stages that finished; ``incremental_ratio``: the incremental stage's
+    seconds over the other stages' together."""
+    done = {k: v for k, v in entry["stages"].items() if "s" in v}
+    entry["total_s"] = sum(v["s"] for v in done.values())
+    entry["peak_gb"] = max((v["peak_gb"] for v in done.values()), default=0.0)
+    full = sum(v["s"] for k, v in done.items() if k != "incremental")
+    entry.pop("incremental_ratio", None)
+    if "incremental" in done and full > 0:
+        entry["incremental_ratio"] = done["incremental"]["s"] / full
     return entry
+
+
+def merge_sizes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` sizes with ``new`` measured over them, stage by stage (a rerun of some stages keeps the rest)."""
+    merged = {k: dict(v, stages=dict(v.get("stages", {}))) for k, v in old.items()}
+    for key, entry in new.items():
+        stages = {**merged.get(key, {}).get("stages", {}), **entry.get("stages", {})}
+        merged[key] = with_totals({**merged.get(key, {}), **entry, "stages": stages})
+    return merged
 
 
 def _outcome(entry: dict[str, Any], stage: str) -> dict[str, Any]:
@@ -574,17 +589,23 @@ def slopes(sizes: dict[str, Any], key: str = "s") -> dict[str, dict[str, float]]
     return out
 
 
-def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None = None) -> dict[str, Any]:
-    """Measure every size (module docstring); prints a table, writes ``json_out`` and a PNG beside it."""
+def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None = None,
+                    merge: bool = False) -> dict[str, Any]:
+    """Measure every size (module docstring); prints a table, writes ``json_out`` and a PNG beside it. With
+    ``merge`` the sizes ``json_out`` already holds are kept (what this run measures replaces them stage by
+    stage) and project the sizes of this run."""
     from pipelines.tools.bench.report import machine_info, versions
 
+    json_out = Path(json_out)
+    earlier = json.loads(json_out.read_text())["sizes"] if merge and json_out.exists() else {}
     own = work is None
     work = Path(tempfile.mkdtemp(prefix="laser-bench-scale-")) if own else Path(work)
     sizes: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     try:
         for n in ([0] if settings.dataset is not None else sorted(settings.sizes)):
-            projected = {s: project(sizes, s, n) for s in settings.stages if not _failed_before(sizes, s)}
+            known = merge_sizes(earlier, sizes)
+            projected = {s: project(known, s, n) for s in settings.stages if not _failed_before(sizes, s)}
             total = sum(p for p in projected.values() if p is not None)
             if total > settings.budget_s:
                 skipped[str(n)] = f"projected {total:.0f} s > --budget-s {settings.budget_s:g}"
@@ -598,15 +619,26 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
     finally:
         if own:
             shutil.rmtree(work, ignore_errors=True)
+    sizes = merge_sizes(earlier, sizes)
     result = {"settings": asdict(settings), "targets": TARGETS, "sizes": sizes, "skipped_sizes": skipped,
               "slopes": slopes(sizes), "peak_slopes": slopes(sizes, "peak_gb"),
-              "machine": machine_info(), "versions": versions()}
-    json_out = Path(json_out)
+              "machine": machine_info(), "versions": versions(), "code": code_version()}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=1, default=str))
     plot(result, json_out.with_suffix(".png"))
     print_result(result)
     return result
+
+
+def code_version() -> dict[str, Any] | None:
+    """The commit the stage processes ran (the working directory's) and whether files differed from it."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {"commit": commit.strip(), "modified_files": dirty.count("\n")}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
