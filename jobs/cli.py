@@ -424,6 +424,8 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
                     "latest_view, incremental.")),
                 budget_s: float = typer.Option(1800.0, "--budget-s", help=(
                     "Seconds a size's stages may take together; a size projected past it is skipped.")),
+                stage_timeout_s: float | None = typer.Option(None, "--stage-timeout-s", help=(
+                    "A stage process running longer is killed (default: what is left of --budget-s).")),
                 max_gb: float = typer.Option(12.0, "--max-gb", help="A stage process resident above this is killed."),
                 lightgcn_epochs: int = typer.Option(1, help="LightGCN epochs (recall@k evaluated once at the end)."),
                 mean_history: float = typer.Option(20.0, help="Synthetic interactions a user, on average."),
@@ -441,7 +443,8 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
     dataset = _dataset(dataset_config)
     try:
         settings = ScaleSettings(sizes=tuple(int(s) for s in _names(sizes)), stages=_names(stages) or STAGES,
-                                 budget_s=budget_s, max_gb=max_gb, lightgcn_epochs=lightgcn_epochs,
+                                 budget_s=budget_s, stage_timeout_s=stage_timeout_s, max_gb=max_gb,
+                                 lightgcn_epochs=lightgcn_epochs,
                                  mean_history=mean_history, seed=seed,
                                  dataset=dataset.model_dump() if dataset is not None else None)
     except ValueError as err:

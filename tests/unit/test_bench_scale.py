@@ -150,13 +150,15 @@ def test_slopes_between_consecutive_sizes():
     assert scale.project(sizes, "plan", 10_000) == pytest.approx(1000.0 * 100)  # slope 2 carried on
 
 
-def test_a_stage_process_over_max_memory_is_killed_and_recorded(tmp_path):
+def test_a_stage_process_over_max_memory_or_time_is_killed_and_recorded(tmp_path):
     root = tmp_path / "1000"
     (root / "results").mkdir(parents=True)
     (root / "settings.json").write_text(json.dumps({"sizes": [1000]}))
     run = scale.spawn_stage("generate", root, timeout_s=60, max_gb=0.001)
     assert run.result["error"].startswith("out of memory")
     assert json.loads((root / "results" / "generate.json").read_text())["error"] == run.result["error"]
+    slow = scale.spawn_stage("generate", root, timeout_s=0.3, max_gb=8)  # imports alone take longer
+    assert slow.result["error"].startswith("too slow: still running after 0 s")
     crashed = scale.spawn_stage("load_split", root, timeout_s=60, max_gb=8)  # no tables: it raises
     assert "error" in crashed.result and "Error" in crashed.result["error"]
 

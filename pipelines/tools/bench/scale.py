@@ -21,12 +21,12 @@ Each stage process reads its inputs from the size's work folder (untimed), reset
 (Linux ``/proc/self/clear_refs``; ``VmHWM``), runs the stage (timed) and reports the peak resident set
 during the stage: inputs held plus what the stage allocated (``start_gb``: resident at its start). Where the
 peak cannot be reset, ``ru_maxrss`` of the stage process is reported (it also counts the inputs' loading).
-The parent kills a stage whose resident memory passes ``max_gb`` or that runs past the size's budget and
-records it as failed; stages that need it are skipped, the rest run. Sizes whose projected time (each
-stage extrapolated from the smaller sizes by its log-log slope, at least linear) passes ``budget_s``
-are skipped and say so. ``stages`` picks stages: the ones they need run too (outside the totals, under
-``setup``); lightgcn (for route) and route (for plan) only when picked. Writes JSON (``sizes``,
-``slopes``), a PNG beside it and prints a table.
+The parent kills a stage whose resident memory passes ``max_gb`` or that runs past ``stage_timeout_s`` or
+the size's budget and records it as failed; stages that need it are skipped, the rest run. Sizes whose
+projected time (each stage extrapolated from the smaller sizes by its log-log slope, at least linear)
+passes ``budget_s`` are skipped and say so. ``stages`` picks stages: the ones they need run too (outside
+the totals, under ``setup``); lightgcn (for route) and route (for plan) only when picked. Writes JSON
+(``sizes``, ``slopes``), a PNG beside it and prints a table.
 """
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ class ScaleSettings:
 
     sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
     stages: tuple[str, ...] = STAGES
-    budget_s: float = 1800.0      # a size's selected stages together; also each stage process's time limit
+    budget_s: float = 1800.0      # a size's selected stages together
+    stage_timeout_s: float | None = None  # one stage process's time limit (default: what is left of budget_s)
     max_gb: float = 12.0          # a stage process resident above this is killed (recorded out of memory)
     mean_history: float = 20.0
     item_share: float = 0.1
@@ -466,7 +467,7 @@ def spawn_stage(stage: str, root: Path, timeout_s: float, max_gb: float) -> Stag
             if rss > max_gb:
                 killed = f"out of memory: resident {rss:.1f} GB > max {max_gb:g} GB after {elapsed:.0f} s (killed)"
             elif elapsed > timeout_s:
-                killed = f"too slow: still running after {timeout_s:.0f} s, the size's budget left (killed)"
+                killed = f"too slow: still running after {timeout_s:.0f} s (killed)"
             if killed:
                 proc.kill()
                 proc.wait()
@@ -539,7 +540,7 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
             into[stage] = {"skipped": f"the size's budget ({settings.budget_s:g} s) was spent"}
             continue
         log.info("%d entities: %s", n, stage)
-        run = spawn_stage(stage, root, left, settings.max_gb)
+        run = spawn_stage(stage, root, min(left, settings.stage_timeout_s or left), settings.max_gb)
         used += run.wall_s
         into[stage] = run.result
         if stage == "load_split" and "users" in run.result:
