@@ -1,23 +1,42 @@
-"""Knowledge Parquet: the job's output format, written in atomic shards with a manifest.
+"""Knowledge Parquet: the job's output format, written in atomic shards committed to an append-only log.
 
 A knowledge store is a directory, local or at an fsspec URI (``s3://``, ``gs://``, ``memory://``;
 :mod:`pipelines.storage`)::
 
-    <store>/manifest.json               shards, row counts and sha256s (atomically replaced)
     <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (``part-00000-<8 hex>.parquet``
-                                        off local disks)
+                                        off local disks); ``part-00063-c-<8 hex>.parquet``: a compaction
+    <store>/log/000000000042.json       one small entry per commit: a shard added (file, rows, run_id,
+                                        sha256), or small shards replaced by their compaction
+    <store>/manifest.json               a checkpoint: the shard list up to a log entry (``log_seq``)
     <store>/failures.jsonl              entities that could not be generated (id, reason, run_id)
 
-Crash safety, local: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp
-file, so a shard on disk is always complete. The manifest is replaced after each shard; a shard renamed
-just before a crash but missing from the manifest is read anyway and adopted when a writer next opens
-the store. On filesystems without atomic rename (object stores): each shard is one put under a unique
-name, then the manifest is put: that put is the commit. Readers trust only what the manifest lists; a
-shard object a crash left unlisted is ignored by readers and deleted by the next writer, and its
-entities are generated again. Either way readers never modify the store, so they may run while a job
-writes, and resume reads :func:`done_keys` (the manifest's shards) and skips those entities, so a
-re-run neither loses nor duplicates rows.
-Old knowledge (the pools' source) lives in the same format in its own store directory.
+The committed shard list is the checkpoint plus the log entries after it, in order. A commit writes one
+log entry, so its cost does not grow with the store; a writer folds the log into a new checkpoint once
+the log is as long as the checkpoint (at least :data:`CHECKPOINT_MIN` entries) and when it closes, then
+deletes the folded entries. Stores written before the log (a manifest alone) read as a checkpoint.
+
+Crash safety, local: a shard or log entry becomes visible only by ``os.replace`` of a fully written,
+fsynced temp file, so both are always complete. A shard renamed just before a crash but missing from the
+log is read anyway and adopted when a writer next opens the store. On filesystems without atomic rename
+(object stores): each shard is one put under a unique name, then its log entry is put (an exclusive
+create): that put is the commit. Readers trust only what is committed there; a shard object a crash left
+uncommitted is ignored by readers and deleted by the next writer, and its entities are generated again.
+Either way readers never modify the store, so they may run while a job writes, and resume reads
+:func:`done_keys` (the committed shards) and skips those entities, so a re-run neither loses nor
+duplicates rows. Old knowledge (the pools' source) lives in the same format in its own store directory.
+
+Compaction (:func:`compact_store`; a writer runs it once :data:`COMPACT_AFTER` small shards have piled
+up) merges runs of neighbouring small shards into one, in order, so row positions do not move: it writes
+the merged shard, commits a log entry that replaces the small ones, then deletes them. Killed before the
+commit, the merged shard is uncommitted (ignored, deleted by the next writer); after it, the replaced
+shards are ``retired`` (never read, deleted by the next writer). A reader whose shard a compaction
+deleted under it goes on from the same row in the merged shard.
+
+Checksums: each shard's sha256 is committed with it and checked when the shard is read (local files
+once per file version per process), not when a store is opened; ``open_store(verify=True)`` checks every
+shard and moves corrupt ones to ``quarantine/`` so that their entities are generated again. A torn
+checkpoint or log entry is rebuilt from the shards (sha256 computed) by the next writer; readers rebuild
+it in memory.
 
 One writer per store: a writer (and :func:`open_store`) holds the lock of the store's own folder
 (``<store>/.run.lock``, :mod:`pipelines.lock`) besides the output's, so jobs that share a store (a shared
@@ -25,24 +44,27 @@ One writer per store: a writer (and :func:`open_store`) holds the lock of the st
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
 import os
 import re
+import time
 import uuid
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.lock import check_held, output_lock
-from pipelines.storage import Location, atomic_write_local, file_mode  # noqa: F401  (file_mode: re-exported)
+from pipelines.storage import Location, StorageError, atomic_write_local
+from pipelines.storage import file_mode  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +122,25 @@ OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry"
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
-MANIFEST = "manifest.json"
+# what change detection and the latest view read instead of the texts (:func:`read_index`); ``_pos`` is added:
+# the row's position in the store's write order (compaction keeps it), to fetch chosen rows' texts later
+INDEX_COLUMNS = ("entity_type", "entity_id", "source_hash", "config_hash", "run_id", "run_seq", "generated_at")
+POSITION = "_pos"
+
+MANIFEST = "manifest.json"  # the checkpoint
+LOG = "log"
+FORMAT = "laser-knowledge/2"
 FAILURES = "failures.jsonl"
 QUARANTINE = "quarantine"  # corrupt shards are moved here by the next writer; their entities are regenerated
-_SHARD_RE = re.compile(r"^part-(\d{5,})(?:-[0-9a-f]{8})?\.parquet$")  # the suffix: unique names off local disks
+CHECKPOINT_MIN = 64  # log entries a writer lets pile up at least before it writes a checkpoint
+COMPACT_AFTER = 64  # small shards (under half COMPACT_ROWS rows) that make a writer compact
+COMPACT_ROWS = 65536  # rows of a merged shard, at most
+# the 8 hex digits: unique names off local disks; "-c": a compaction's merged shard (its number is its last
+# source's, so shard numbers keep the write order)
+_SHARD_RE = re.compile(r"^part-(\d{5,})(-c)?(?:-[0-9a-f]{8})?\.parquet$")
+_LOG_RE = re.compile(r"^(\d{12})\.json$")
+_REPLACES = b"laser.replaces"  # a merged shard's Parquet metadata: the shards it replaces (for a rebuild)
+_VERIFY_SLACK_NS = 2_000_000_000  # a file modified this close to its check is checked again on the next read
 
 
 def encode_params(params: Mapping[str, Any]) -> str:
@@ -117,39 +154,79 @@ def utc_now() -> datetime:
 
 
 class CorruptShardError(ValueError):
-    """A shard whose bytes do not match the manifest's sha256, or that Parquet cannot read."""
+    """A shard whose bytes do not match its committed sha256, or that Parquet cannot read."""
 
 
 class TornManifestError(ValueError):
-    """A manifest that is no readable shard list (a torn or hand-edited file): :func:`open_store` rebuilds it
-    from the shards, readers (:func:`scan_store`) rebuild it in memory."""
+    """A checkpoint or log entry that is no readable shard list (a torn or hand-edited file): :func:`open_store`
+    rebuilds the store's checkpoint from the shards, readers (:func:`scan_store`) rebuild it in memory."""
+
+
+class _LogMoved(Exception):
+    """A log entry vanished while it was read (a writer folded it into a checkpoint): read again."""
 
 
 def file_sha256(path: str | Path | Location) -> str:
     return hashlib.sha256(Location.of(path).read_bytes()).hexdigest()
 
 
-def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: list[str] | None = None,
-               schema: pa.Schema = KNOWLEDGE_SCHEMA) -> pa.Table:
-    """One shard, checked against the manifest's sha256 (when recorded) before Parquet reads it.
+# local shard path -> (size, mtime_ns, sha256, checked at) of a shard whose bytes matched its sha256
+_VERIFIED: dict[str, tuple[int, int, str, int]] = {}
 
-    ``schema`` is the store's row schema (knowledge by default; other stores reuse this machinery)."""
-    root = Location.of(root)
+
+def _verified_local(path: Location, expected: str) -> bool:
+    """Whether this file version was checked already: same size and mtime, modified well before the check
+    (a write in the same clock tick as the check could keep the mtime)."""
+    try:
+        st = os.stat(path.path)
+    except FileNotFoundError:
+        return False
+    seen = _VERIFIED.get(path.path)
+    return seen is not None and seen[:3] == (st.st_size, st.st_mtime_ns, expected) \
+        and st.st_mtime_ns < seen[3] - _VERIFY_SLACK_NS
+
+
+def _shard_source(root: Location, shard: Mapping[str, Any]) -> str | pa.BufferReader:
+    """What Parquet reads a shard from, once its bytes match the committed sha256 (when recorded)."""
     path = root / shard["file"]
+    expected = shard.get("sha256")
+    if path.local and (not expected or _verified_local(path, expected)):
+        if not os.path.exists(path.path):
+            raise CorruptShardError(f"{path}: committed in {root} but missing")
+        return path.path  # Parquet then reads only the columns asked for
     try:
         data = path.read_bytes()
     except FileNotFoundError as exc:
-        raise CorruptShardError(f"{path}: listed in {root / MANIFEST} but missing") from exc
-    expected = shard.get("sha256")
+        raise CorruptShardError(f"{path}: committed in {root} but missing") from exc
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise CorruptShardError(f"{path}: checksum mismatch with {root / MANIFEST}; the shard is corrupt (the next "
+        raise CorruptShardError(f"{path}: checksum mismatch with {root / LOG}; the shard is corrupt (the next "
                                 f"run moves it to {QUARANTINE}/ and regenerates its entities)")
+    if path.local and expected:
+        st = os.stat(path.path)
+        if len(_VERIFIED) > 200_000:
+            _VERIFIED.clear()
+        _VERIFIED[path.path] = (st.st_size, st.st_mtime_ns, expected, time.time_ns())
+    return pa.BufferReader(data)
+
+
+def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: Sequence[str] | None = None,
+               schema: pa.Schema | None = KNOWLEDGE_SCHEMA) -> pa.Table:
+    """One shard, checked against its committed sha256 (when recorded) before Parquet reads it; only
+    ``columns`` when given (columns of ``schema`` a shard lacks read as null).
+
+    ``schema`` is the store's row schema (knowledge by default; other stores reuse this machinery)."""
+    root = Location.of(root)
+    source = _shard_source(root, shard)
+    cols = list(columns) if columns is not None else None
+    if schema is not None and cols is not None and not set(cols) <= set(schema.names):
+        schema = None  # another store's key columns
     try:
-        if columns is not None:
-            return pq.read_table(pa.BufferReader(data), columns=columns)
-        return pq.read_table(pa.BufferReader(data), schema=schema)
+        table = pq.read_table(source, columns=cols, schema=schema)
+    except FileNotFoundError as exc:  # deleted between the check and the read (a compaction)
+        raise CorruptShardError(f"{root / shard['file']}: committed in {root} but missing") from exc
     except (pa.ArrowInvalid, OSError) as exc:
-        raise CorruptShardError(f"{path}: unreadable shard ({exc})") from exc
+        raise CorruptShardError(f"{root / shard['file']}: unreadable shard ({exc})") from exc
+    return table.replace_schema_metadata(None)
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
@@ -174,54 +251,118 @@ def _atomic_write_bytes(path: Path, write: Any) -> None:
     atomic_write_local(Path(path), write)
 
 
+# ---- the committed shard list: checkpoint + log ----------------------------------------------------------
+
 @dataclass
 class Manifest:
-    """The store's table of contents: shard file names in write order, with their row counts."""
+    """The store's table of contents: shard file names in write order, with their row counts (and sha256s);
+    ``log_seq``: the newest log entry it includes; ``retired``: shards a committed compaction replaced, perhaps
+    not deleted yet (never read, never adopted)."""
 
     shards: list[dict[str, Any]] = field(default_factory=list)
+    log_seq: int = -1
+    retired: list[str] = field(default_factory=list)
+    checkpoint_seq: int = -1  # the log_seq of the checkpoint it was read from: entries after it are pending
+    checkpoint_shards: int = 0  # shards in that checkpoint
 
     @property
     def n_rows(self) -> int:
         return sum(s["rows"] for s in self.shards)
 
+    @property
+    def pending(self) -> int:
+        """Log entries not yet folded into a checkpoint."""
+        return self.log_seq - self.checkpoint_seq
+
     @classmethod
     def load(cls, store: str | Path | Location) -> "Manifest":
-        """The manifest on disk (empty when there is none); :class:`TornManifestError` when it is not a list of
-        shard entries (``file``, ``rows``)."""
-        path = Location.of(store) / MANIFEST
+        """The committed shard list: the checkpoint (empty when there is none) and the log entries after it;
+        :class:`TornManifestError` when either is not a readable list of shard entries (``file``, ``rows``)."""
+        root = Location.of(store)
+        for _ in range(5):
+            try:
+                return cls._load(root)
+            except _LogMoved:
+                continue
+        raise TornManifestError(f"{root / LOG}: the log keeps changing or has a gap in its sequence")
+
+    @classmethod
+    def _load(cls, root: Location) -> "Manifest":
+        manifest = cls._checkpoint(root / MANIFEST)
+        seqs = [seq for seq in _log_seqs(root) if seq > manifest.log_seq]
+        for expected, seq in enumerate(seqs, manifest.log_seq + 1):
+            if seq != expected:  # a gap: entries folded (deleted) while listed, or lost
+                raise _LogMoved()
+            path = _log_path(root, seq)
+            try:
+                entry = json.loads(path.read_text())
+                manifest.apply(entry)
+            except FileNotFoundError:
+                raise _LogMoved() from None
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise TornManifestError(f"{path}: unreadable knowledge log entry ({exc})") from exc
+            manifest.log_seq = seq
+        return manifest
+
+    @classmethod
+    def _checkpoint(cls, path: Location) -> "Manifest":
         if not path.exists():
             return cls()
         try:
-            shards = json.loads(path.read_text())["shards"]
+            body = json.loads(path.read_text())
+            shards, seq, retired = body["shards"], body.get("log_seq", -1), body.get("retired", [])
             if not isinstance(shards, list) or not all(_is_entry(s) for s in shards):
                 raise TypeError("shards is not a list of {file, rows} entries")
-            return cls(shards=list(shards))
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
+            if not isinstance(seq, int) or not isinstance(retired, list):
+                raise TypeError("log_seq or retired of the wrong type")
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
             raise TornManifestError(f"{path}: unreadable knowledge manifest ({exc})") from exc
+        return cls(list(shards), seq, [str(r) for r in retired], seq, len(shards))
+
+    def apply(self, entry: Mapping[str, Any]) -> None:
+        """One log entry: ``add`` appends its shard; ``compact`` puts its shard where the first shard it
+        replaces was and drops the others (their rows, in the same order)."""
+        shard = entry["shard"]
+        if not _is_entry(shard):
+            raise TypeError(f"not a shard entry: {shard!r}")
+        if entry["op"] == "add":
+            self.shards.append(shard)
+        elif entry["op"] == "compact":
+            gone = set(entry["remove"])
+            at = next((i for i, s in enumerate(self.shards) if s["file"] in gone), len(self.shards))
+            kept = [s for s in self.shards if s["file"] not in gone]
+            self.shards = kept[:at] + [shard] + kept[at:]
+            self.retired.extend(sorted(gone - set(self.retired)))
+        else:
+            raise ValueError(f"unknown log operation {entry['op']!r}")
 
     @classmethod
     def rebuild(cls, store: str | Path | Location) -> tuple["Manifest", list[str]]:
         """The manifest the shard files make, in write (shard number) order, each with its row count, sha256 and
-        run_id (when its rows share one); returns it and the names of the shards Parquet cannot read."""
+        run_id (when its rows share one); shards that a merged shard replaces are left out (``retired``).
+        Returns it and the names of the shards Parquet cannot read."""
         root = Location.of(store)
-        shards, unreadable = [], []
-        for name in sorted(_shard_files(root), key=lambda n: (int(_SHARD_RE.match(n).group(1)), n)):
+        shards, unreadable, replaced = [], [], set()
+        for name in sorted(_shard_files(root), key=lambda n: (_shard_number(n), n)):
             data = (root / name).read_bytes()
             try:
-                meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-                runs = (pq.read_table(pa.BufferReader(data), columns=["run_id"]).column("run_id").unique().to_pylist()
-                        if "run_id" in meta.schema.names else [])
-            except (pa.ArrowInvalid, OSError) as exc:
+                pf = pq.ParquetFile(pa.BufferReader(data))
+                runs = (pf.read(columns=["run_id"]).column("run_id").unique().to_pylist()
+                        if "run_id" in pf.schema_arrow.names else [])
+                replaced.update(json.loads((pf.schema_arrow.metadata or {}).get(_REPLACES, b"[]")))
+            except (pa.ArrowInvalid, OSError, json.JSONDecodeError) as exc:
                 log.error("%s: unreadable shard (%s)", root / name, exc)
                 unreadable.append(name)
                 continue
-            shards.append({"file": name, "rows": meta.num_rows, "run_id": runs[0] if len(runs) == 1 else None,
+            shards.append({"file": name, "rows": pf.metadata.num_rows, "run_id": runs[0] if len(runs) == 1 else None,
                            "sha256": hashlib.sha256(data).hexdigest()})
-        return cls(shards), unreadable
+        kept = [s for s in shards if s["file"] not in replaced]
+        return cls(kept, retired=sorted(s["file"] for s in shards if s["file"] in replaced)), unreadable
 
     def save(self, store: str | Path | Location) -> None:
-        """Replace the manifest atomically: the commit point of every shard it lists."""
-        body = json.dumps({"format": "laser-knowledge/1", "shards": self.shards}, indent=1)
+        """Write the checkpoint atomically: the shard list through log entry ``log_seq``."""
+        body = json.dumps({"format": FORMAT, "log_seq": self.log_seq, "shards": self.shards,
+                           "retired": self.retired}, indent=1)
         (Location.of(store) / MANIFEST).write_text(body)
 
 
@@ -230,15 +371,64 @@ def _is_entry(shard: Any) -> bool:
         and isinstance(shard.get("rows"), int)
 
 
+def _shard_number(name: str) -> int:
+    return int(_SHARD_RE.match(name).group(1))  # type: ignore[union-attr]  (names are matched first)
+
+
+def _is_merged(name: str) -> bool:
+    return _SHARD_RE.match(name).group(2) is not None  # type: ignore[union-attr]
+
+
 def _shard_files(root: Location) -> list[str]:
     return [n for n in root.names("part-*.parquet") if _SHARD_RE.match(n)]
 
 
+def _log_path(root: Location, seq: int) -> Location:
+    return root / LOG / f"{seq:012d}.json"
+
+
+def _log_seqs(root: Location) -> list[int]:
+    return sorted(int(m.group(1)) for m in map(_LOG_RE.match, (root / LOG).names("*.json")) if m)
+
+
+def _put_log_entry(path: Location, data: bytes) -> None:
+    """Write one log entry: local, atomically (temp + fsync + rename); elsewhere one exclusive put."""
+    if path.local:
+        path.write_bytes(data)
+    elif not path.create(data):
+        raise StorageError(f"{path}: already committed by another writer; one writer per store")
+
+
+def commit(root: Location, manifest: Manifest, entry: dict[str, Any]) -> None:
+    """Append ``entry`` to the store's log (the commit point), then to ``manifest`` in memory."""
+    seq = manifest.log_seq + 1
+    _put_log_entry(_log_path(root, seq), json.dumps({"seq": seq, **entry}).encode())
+    manifest.apply(entry)  # only once committed: a failed commit leaves nothing listed twice
+    manifest.log_seq = seq
+
+
+def checkpoint(root: Location, manifest: Manifest) -> None:
+    """Fold the log into a new checkpoint (atomic), then delete the folded entries; killed between the two,
+    readers skip the entries the checkpoint already holds."""
+    manifest.save(root)
+    for seq in _log_seqs(root):
+        if seq <= manifest.log_seq:
+            _log_path(root, seq).remove()
+    manifest.checkpoint_seq, manifest.checkpoint_shards = manifest.log_seq, len(manifest.shards)
+
+
+def _unlisted(root: Location, manifest: Manifest) -> list[str]:
+    """Shards on disk that are not committed and may hold rows not committed elsewhere: not merged shards
+    (an uncommitted compaction: its rows are in its sources) and not retired ones."""
+    skip = {s["file"] for s in manifest.shards} | set(manifest.retired)
+    return [n for n in _shard_files(root) if n not in skip and not _is_merged(n)]
+
+
 def scan_store(store: str | Path | Location) -> Manifest:
-    """The store's shards, read-only: the manifest, plus (local stores only) complete shards it does not
-    list yet: a local shard is renamed into place whole before the manifest is replaced. On other
-    filesystems an unlisted shard object was never committed and is ignored. A torn manifest is rebuilt
-    in memory from the shards (:meth:`Manifest.rebuild`); the next writer writes it back."""
+    """The store's shards, read-only: the committed ones, plus (local stores only) complete shards not
+    committed yet: a local shard is renamed into place whole before its log entry is written. On other
+    filesystems an uncommitted shard object is ignored. A torn checkpoint or log is rebuilt in memory from
+    the shards (:meth:`Manifest.rebuild`); the next writer writes it back."""
     root = Location.of(store)
     if not root.exists():
         return Manifest()
@@ -252,7 +442,7 @@ def scan_store(store: str | Path | Location) -> Manifest:
     for name in _unlisted(root, manifest):
         try:
             rows = pq.ParquetFile(root.local_path / name).metadata.num_rows
-        except (pa.ArrowInvalid, OSError) as exc:  # not listed, so never committed: skipped, and moved aside
+        except (pa.ArrowInvalid, OSError) as exc:  # not committed: skipped, and moved aside
             log.error("%s: unreadable shard not in the manifest, skipped (%s); the next writer moves it to %s/",
                       root / name, exc, QUARANTINE)
             continue
@@ -260,44 +450,50 @@ def scan_store(store: str | Path | Location) -> Manifest:
     return manifest
 
 
-def _unlisted(root: Location, manifest: Manifest) -> list[str]:
-    listed = {s["file"] for s in manifest.shards}
-    return [n for n in _shard_files(root) if n not in listed]
+def _quarantine(root: Location, name: str) -> None:
+    (root / QUARANTINE).mkdir(exist_ok=True)
+    (root / name).move_to(root / QUARANTINE / name)
 
 
 def _quarantine_unreadable_unlisted(root: Location, manifest: Manifest) -> list[str]:
-    """Local stores: move shards that the manifest does not list and Parquet cannot read to ``quarantine/``."""
+    """Local stores: move shards that are not committed and Parquet cannot read to ``quarantine/``."""
     moved = []
     for name in _unlisted(root, manifest):
         try:
             pq.ParquetFile(root.local_path / name)
         except (pa.ArrowInvalid, OSError) as exc:
-            (root / QUARANTINE).mkdir(exist_ok=True)
-            (root / name).move_to(root / QUARANTINE / name)
+            _quarantine(root, name)
             log.error("%s: unreadable shard not in the manifest (%s); moved to %s/", root / name, exc, QUARANTINE)
             moved.append(name)
     return moved
 
 
-def _drop_uncommitted(root: Location, manifest: Manifest) -> None:
-    """Delete what a crashed writer left uncommitted: local temp files; elsewhere shard objects that the
-    manifest does not list (put before the crash, never committed; their entities are regenerated)."""
-    if root.local:
-        for tmp in root.local_path.glob(".*.tmp"):
-            tmp.unlink(missing_ok=True)
-        return
+def _drop_uncommitted(root: Location, manifest: Manifest) -> bool:
+    """Delete what a crashed writer left: local temp files and merged shards never committed; retired shards
+    (a compaction committed, then killed before it deleted them); elsewhere every shard object not committed
+    (put before the crash; its entities are regenerated). Returns whether ``manifest.retired`` changed."""
     listed = {s["file"] for s in manifest.shards}
-    orphans = [n for n in _shard_files(root) if n not in listed]
-    for name in orphans:
+    if root.local:
+        for folder in (root.local_path, root.local_path / LOG):
+            for tmp in folder.glob(".*.tmp"):
+                tmp.unlink(missing_ok=True)
+        doomed = [n for n in _shard_files(root) if n not in listed and (_is_merged(n) or n in manifest.retired)]
+    else:
+        doomed = [n for n in _shard_files(root) if n not in listed]
+    for name in doomed:
         (root / name).remove()
-    if orphans:
-        log.warning("%s: deleted %d uncommitted shard objects", root, len(orphans))
+    if doomed:
+        log.warning("%s: deleted %d uncommitted or replaced shard files", root, len(doomed))
+    changed = bool(manifest.retired)
+    manifest.retired = []
+    return changed
 
 
 def _rebuild_torn(root: Location) -> None:
-    """Writers: replace a torn manifest by one rebuilt from the shards (:meth:`Manifest.rebuild`), the shards
-    Parquet cannot read moved to ``quarantine/`` first; one warning line. Killed half way, the manifest is
-    still torn (it is replaced atomically, last) and the next writer rebuilds it again."""
+    """Writers: replace a torn checkpoint or log by a checkpoint rebuilt from the shards
+    (:meth:`Manifest.rebuild`), the shards Parquet cannot read moved to ``quarantine/`` first; one warning
+    line. Killed half way, the checkpoint is still torn (it is replaced atomically, last) and the next writer
+    rebuilds it again."""
     try:
         Manifest.load(root)
         return
@@ -305,32 +501,43 @@ def _rebuild_torn(root: Location) -> None:
         torn = exc
     manifest, unreadable = Manifest.rebuild(root)
     for name in unreadable:
-        (root / QUARANTINE).mkdir(exist_ok=True)
-        (root / name).move_to(root / QUARANTINE / name)
-    manifest.save(root)
+        _quarantine(root, name)
+    logged = [int(m.group(1)) for m in map(_LOG_RE.match, (root / LOG).names("*")) if m]
+    manifest.log_seq = max(logged, default=-1)  # every log entry is folded in (the shards were read instead)
+    checkpoint(root, manifest)
     moved = f"; {len(unreadable)} unreadable moved to {QUARANTINE}/" if unreadable else ""
     log.warning("%s; rebuilt from the %d shards in the store (%d rows)%s", torn, len(manifest.shards),
                 manifest.n_rows, moved)
 
 
-def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS) -> Manifest:
-    """For a writer (one per store: the run lock): create ``store``, rebuild a torn manifest from the shards,
-    drop what a crash left uncommitted, adopt complete local shards missing from the manifest, quarantine
-    corrupt shards (``key_columns``, the store's row key, are read to check each shard)."""
+def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS,
+               verify: bool = True) -> Manifest:
+    """For a writer (one per store: the run lock): create ``store``, rebuild a torn checkpoint from the shards,
+    drop what a crash left uncommitted, adopt complete local shards not committed, and fold the log into a
+    checkpoint when it holds entries. ``verify`` (a job does it once a run, before it reads the store) checks
+    every shard's sha256 and quarantines corrupt ones (``key_columns``, the store's row key, are read to check
+    each); the hashes it checked are not checked again by reads in the same process. A writer opens without
+    it: reads check checksums anyway."""
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
     with output_lock(root, run_id="open-store"):  # the store's own lock; reentrant for its writer
         _rebuild_torn(root)
-        _drop_uncommitted(root, Manifest.load(root))
+        manifest = Manifest.load(root)
+        dirty = manifest.pending > 0 or not (root / MANIFEST).exists()
+        dirty = _drop_uncommitted(root, manifest) or dirty
         if root.local:
-            _quarantine_unreadable_unlisted(root, Manifest.load(root))
-        listed = len(Manifest.load(root).shards)
-        manifest = scan_store(root)
-        if len(manifest.shards) > listed:
-            log.warning("%s: adopted %d shards missing from the manifest", root, len(manifest.shards) - listed)
-            manifest.save(root)
-        if quarantine_corrupt(root, manifest, key_columns):
-            manifest.save(root)
+            (root / LOG).mkdir(exist_ok=True)
+            _quarantine_unreadable_unlisted(root, manifest)
+            adopted = [{"file": n, "rows": pq.ParquetFile(root.local_path / n).metadata.num_rows, "run_id": None,
+                        "sha256": file_sha256(root / n)} for n in _unlisted(root, manifest)]
+            if adopted:
+                log.warning("%s: adopted %d shards missing from the manifest", root, len(adopted))
+                manifest.shards.extend(adopted)
+                dirty = True
+        if verify and quarantine_corrupt(root, manifest, key_columns):
+            dirty = True
+        if dirty:
+            checkpoint(root, manifest)
     return manifest
 
 
@@ -362,11 +569,76 @@ def quarantine_corrupt(root: str | Path | Location, manifest: Manifest,
         except CorruptShardError as exc:
             log.error("%s; quarantined", exc)
             if (root / shard["file"]).exists():
-                (root / QUARANTINE).mkdir(exist_ok=True)
-                (root / shard["file"]).move_to(root / QUARANTINE / shard["file"])
+                _quarantine(root, shard["file"])
             manifest.shards.remove(shard)
             moved.append(shard["file"])
     return moved
+
+
+# ---- compaction ----------------------------------------------------------------------------------------
+
+def _small(shard: Mapping[str, Any], target_rows: int) -> bool:
+    return shard["rows"] < target_rows // 2
+
+
+def _compaction_groups(shards: list[dict[str, Any]], target_rows: int) -> list[list[dict[str, Any]]]:
+    """Runs of neighbouring small shards, each cut at ``target_rows`` rows; only runs of two or more."""
+    groups: list[list[dict[str, Any]]] = [[]]
+    for shard in shards:
+        if not _small(shard, target_rows) or sum(s["rows"] for s in groups[-1]) + shard["rows"] > target_rows:
+            groups.append([])
+        if _small(shard, target_rows):
+            groups[-1].append(shard)
+    return [g for g in groups if len(g) > 1]
+
+
+def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any]], schema: pa.Schema) -> bool:
+    """Write the group's rows as one shard, commit it in their place, delete them (module docstring)."""
+    check_held()
+    try:
+        table = pa.concat_tables([read_shard(root, s, schema=schema) for s in group])
+    except CorruptShardError as exc:  # left as it is: a verifying open quarantines it
+        log.error("%s; not compacted", exc)
+        return False
+    files = [s["file"] for s in group]
+    runs = {s.get("run_id") for s in group}
+    name = f"part-{_shard_number(files[-1]):05d}-c-{uuid.uuid4().hex[:8]}.parquet"
+    marked = table.replace_schema_metadata({_REPLACES: json.dumps(files).encode()})
+    entry = {"file": name, "rows": table.num_rows, "run_id": runs.pop() if len(runs) == 1 else None,
+             "sha256": _write_shard(root / name, marked)}
+    commit(root, manifest, {"op": "compact", "remove": files, "shard": entry})
+    for file in files:
+        (root / file).remove()
+        manifest.retired.remove(file)
+    return True
+
+
+def compact_shards(root: str | Path | Location, manifest: Manifest, schema: pa.Schema = KNOWLEDGE_SCHEMA,
+                   target_rows: int = COMPACT_ROWS) -> int:
+    """Merge every run of neighbouring small shards in ``manifest`` (committed; the caller holds the store's
+    lock); returns the number of shards replaced."""
+    root = Location.of(root)
+    replaced = 0
+    for group in _compaction_groups(manifest.shards, target_rows):
+        if _compact_group(root, manifest, group, schema):
+            replaced += len(group)
+    return replaced
+
+
+def compact_store(store: str | Path | Location, schema: pa.Schema = KNOWLEDGE_SCHEMA,
+                  key_columns: tuple[str, ...] = KEY_COLUMNS, target_rows: int = COMPACT_ROWS) -> int:
+    """Merge the store's small shards into shards of up to ``target_rows`` rows, under the store's lock, and
+    write a checkpoint; returns the number of shards replaced. Every row stays, once, in its place."""
+    root = Location.of(store)
+    root.mkdir(parents=True, exist_ok=True)
+    with output_lock(root, run_id="compact"):
+        manifest = open_store(root, key_columns, verify=False)
+        replaced = compact_shards(root, manifest, schema, target_rows)
+        if manifest.pending:
+            checkpoint(root, manifest)
+    if replaced:
+        log.info("%s: compacted %d shards into %d", root, replaced, len(manifest.shards))
+    return replaced
 
 
 class KnowledgeWriter:
@@ -374,7 +646,8 @@ class KnowledgeWriter:
 
     Use as a context manager (``close`` flushes the last partial shard); ``add`` validates each row
     against :data:`KNOWLEDGE_SCHEMA` so a malformed row fails loudly naming the entity. Other stores in
-    the same format subclass it with their own ``schema``, ``key_columns`` and ``prepare``.
+    the same format subclass it with their own ``schema``, ``key_columns`` and ``prepare``. Once
+    ``compact_after`` small shards have piled up, the writer merges them (``None``: never).
     """
 
     schema: pa.Schema = KNOWLEDGE_SCHEMA
@@ -382,24 +655,25 @@ class KnowledgeWriter:
 
     stamped: tuple[str, ...] = ("generated_at",)  # set by the writer (the driver's clock), not by the row's maker
 
-    def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "", run_seq: int | None = None) -> None:
+    def __init__(self, store: str | Path, shard_rows: int = 256, run_id: str = "", run_seq: int | None = None,
+                 compact_after: int | None = COMPACT_AFTER, compact_rows: int = COMPACT_ROWS) -> None:
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
         self.store = Location.of(store)
         self.shard_rows = shard_rows
         self.run_id = run_id
         self.run_seq = run_seq
+        self.compact_after, self.compact_rows = compact_after, compact_rows
         self._lock = ExitStack()  # the store folder's lock, held until close (module docstring)
         self._lock.enter_context(output_lock(self.store, run_id=run_id))
         try:
-            self.manifest = open_store(self.store, self.key_columns)
+            self.manifest = open_store(self.store, self.key_columns, verify=False)
         except BaseException:
             self._lock.close()
             raise
         self._buffer: list[dict[str, Any]] = []
         self.rows_written = 0
         self.failures_written = 0
-
     def add(self, row: Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
         self.add_rows([row])
@@ -443,7 +717,7 @@ class KnowledgeWriter:
         self.failures_written += 1
 
     def flush(self) -> None:
-        """Write the queued rows as one shard (temp file, fsync, rename), then replace the manifest."""
+        """Write the queued rows as one shard (temp file, fsync, rename), then commit it with one log entry."""
         if not self._buffer:
             return
         check_held()  # a lost lease on the output stops the run before it writes again
@@ -451,22 +725,34 @@ class KnowledgeWriter:
             table = pa.Table.from_pylist(self._buffer, schema=self.schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise ValueError(f"{self.store}: rows do not match the schema: {exc}") from exc
-        existing = [int(_SHARD_RE.match(s["file"]).group(1)) for s in self.manifest.shards]
-        number = max(existing, default=-1) + 1
+        taken = [_shard_number(n) for n in [s["file"] for s in self.manifest.shards] + self.manifest.retired]
+        number = max(taken, default=-1) + 1
         # local: the rename makes the name safe; elsewhere a unique name never meets an uncommitted object
         name = f"part-{number:05d}.parquet" if self.store.local else f"part-{number:05d}-{uuid.uuid4().hex[:8]}.parquet"
         entry = {"file": name, "rows": table.num_rows, "run_id": self.run_id,
                  "sha256": _write_shard(self.store / name, table)}
-        Manifest(self.manifest.shards + [entry]).save(self.store)  # the commit: readers trust only what it lists
-        self.manifest.shards.append(entry)  # only once committed: a failed commit leaves nothing listed twice
+        commit(self.store, self.manifest, {"op": "add", "shard": entry})  # readers trust only what is committed
         self.rows_written += table.num_rows
         self._buffer.clear()
         log.debug("%s: wrote %s (%d rows)", self.store, name, table.num_rows)
+        self._upkeep()
+
+    def _upkeep(self) -> None:
+        """Merge small shards once enough piled up; fold the log into a checkpoint once it is as long as the
+        checkpoint (so a checkpoint's cost, spread over the commits since the last, stays constant)."""
+        shards = self.manifest.shards
+        if self.compact_after and sum(_small(s, self.compact_rows) for s in shards) >= self.compact_after:
+            compact_shards(self.store, self.manifest, self.schema, self.compact_rows)
+        if self.manifest.pending >= max(CHECKPOINT_MIN, self.manifest.checkpoint_shards):
+            checkpoint(self.store, self.manifest)
 
     def close(self) -> None:
-        """Flush the last rows, then let go of the store's lock."""
+        """Flush the last rows, write a checkpoint, then let go of the store's lock."""
         try:
             self.flush()
+            if self.manifest.pending:
+                check_held()
+                checkpoint(self.store, self.manifest)
         finally:
             self._lock.close()
 
@@ -477,20 +763,76 @@ class KnowledgeWriter:
         self.close()  # rows already generated are kept even when the job fails
 
 
-def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
-    """All shards listed in the store's manifest as one Arrow table in write order.
+# ---- readers: never modify the store ---------------------------------------------------------------------
 
-    ``dedup`` keeps the first row per (entity_type, entity_id, run_id): a safeguard, since the writer
-    never writes a key twice within a resumed run.
-    """
+def _locate(shards: list[dict[str, Any]], pos: int) -> tuple[int, int, int]:
+    """(index, first row position) of the shard holding row ``pos``, and how many of its rows come before."""
+    start = 0
+    for i, shard in enumerate(shards):
+        if pos < start + shard["rows"]:
+            return i, start, pos - start
+        start += shard["rows"]
+    return len(shards), start, 0
+
+
+def _iter_tables(root: Location, manifest: Manifest, columns: Sequence[str] | None, schema: pa.Schema | None,
+                 rows: Sequence[int] | None = None) -> Iterator[tuple[int, pa.Table]]:
+    """(first row position, table) per committed shard, in write order: ``columns`` only, and only the rows at
+    the sorted positions ``rows`` when given (shards without any are not read). A shard that a compaction
+    replaced while it was read is followed into the merged shard, from the same row (positions stay)."""
+    shards, end = list(manifest.shards), manifest.n_rows
+    i, start, skip = 0, 0, 0
+    while i < len(shards) and start + skip < end:
+        shard = shards[i]
+        stop = min(start + shard["rows"], end)
+        lo = hi = 0
+        if rows is not None:
+            lo, hi = bisect.bisect_left(rows, start + skip), bisect.bisect_left(rows, stop)
+        if rows is None or hi > lo:
+            try:
+                table = read_shard(root, shard, columns, schema)
+            except CorruptShardError:
+                fresh = scan_store(root)
+                if shard["file"] in {s["file"] for s in fresh.shards} or fresh.n_rows < end:
+                    raise
+                shards = fresh.shards
+                i, start, skip = _locate(shards, start + skip)
+                continue
+            table = table.slice(skip, stop - start - skip)
+            if rows is not None:
+                table = table.take(pa.array([p - start - skip for p in rows[lo:hi]], pa.int64()))
+            yield start + skip, table
+        i, start, skip = i + 1, start + shard["rows"], 0
+
+
+def iter_knowledge(store: str | Path | Location, columns: Sequence[str] | None = None, batch_rows: int = 65536,
+                   rows: Sequence[int] | None = None) -> Iterator[pa.RecordBatch]:
+    """The store's rows as Arrow record batches of at most ``batch_rows`` rows, in write order, without
+    dedup: ``columns`` only (all of :data:`KNOWLEDGE_SCHEMA` by default), and only the rows at the sorted
+    positions ``rows`` when given (the ``_pos`` of :func:`read_index`). Memory holds one shard at a time."""
     root = Location.of(store)
-    manifest = scan_store(root)
-    tables = [read_shard(root, s) for s in manifest.shards]  # a corrupt shard raises, never read silently
+    cols = list(columns) if columns is not None else None
+    for _, table in _iter_tables(root, scan_store(root), cols, KNOWLEDGE_SCHEMA, rows):
+        yield from table.to_batches(max_chunksize=batch_rows)
+
+
+def _dedup(frame: pl.DataFrame, root: Location) -> pl.DataFrame:
+    """The first row per (entity_type, entity_id, run_id): a safeguard, since the writer never writes a
+    key twice within a resumed run."""
+    kept = frame.unique(subset=[*KEY_COLUMNS, "run_id"], keep="first", maintain_order=True)
+    if kept.height < frame.height:
+        log.warning("%s: dropped %d duplicate knowledge rows", root, frame.height - kept.height)
+    return kept
+
+
+def read_knowledge_arrow(store: str | Path, dedup: bool = True) -> pa.Table:
+    """All committed shards as one Arrow table in write order (``dedup``: see :func:`_dedup`)."""
+    root = Location.of(store)
+    tables = [t for _, t in _iter_tables(root, scan_store(root), None, KNOWLEDGE_SCHEMA)]
     table = pa.concat_tables(tables) if tables else KNOWLEDGE_SCHEMA.empty_table()
     if dedup and table.num_rows:
-        frame = pl.from_arrow(table).unique(subset=[*KEY_COLUMNS, "run_id"], keep="first", maintain_order=True)
+        frame = _dedup(pl.from_arrow(table), root)
         if frame.height < table.num_rows:
-            log.warning("%s: dropped %d duplicate knowledge rows", root, table.num_rows - frame.height)
             table = frame.to_arrow().cast(KNOWLEDGE_SCHEMA)
     return table
 
@@ -500,19 +842,57 @@ def read_knowledge(store: str | Path, dedup: bool = True) -> pl.DataFrame:
     return pl.from_arrow(read_knowledge_arrow(store, dedup=dedup))
 
 
-def done_keys(store: str | Path, key_columns: tuple[str, ...] = KEY_COLUMNS) -> set[tuple[str, ...]]:
-    """Keys (by default (entity_type, entity_id) pairs) already written to ``store``: what a resumed run skips."""
+INDEX_SCHEMA = pa.schema([KNOWLEDGE_SCHEMA.field(c) for c in INDEX_COLUMNS] + [pa.field(POSITION, pa.int64())])
+
+
+def read_index(store: str | Path | Location) -> pl.DataFrame:
+    """What change detection and the latest view need of every row, without its text: the columns
+    :data:`INDEX_COLUMNS` (Parquet column projection: no ``knowledge`` bytes are decoded) and ``_pos``, the
+    row's position in write order; deduplicated as :func:`read_knowledge` is."""
     root = Location.of(store)
-    manifest = scan_store(root)
+    tables = []
+    for start, table in _iter_tables(root, scan_store(root), INDEX_COLUMNS, KNOWLEDGE_SCHEMA):
+        tables.append(table.append_column(POSITION, pa.array(range(start, start + table.num_rows), pa.int64())))
+    index = pa.concat_tables(tables).cast(INDEX_SCHEMA) if tables else INDEX_SCHEMA.empty_table()
+    return _dedup(pl.from_arrow(index), root)
+
+
+def knowledge_at(store: str | Path | Location, rows: pl.DataFrame) -> dict[tuple[str, str], str]:
+    """{(entity_type, entity_id): knowledge} of the rows of :func:`read_index` in ``rows`` (their ``_pos``):
+    only the shards that hold them are read, and of those only the key and text columns."""
+    if rows.height == 0:
+        return {}
+    positions = sorted(rows[POSITION].to_list())
+    batches = iter_knowledge(store, [*KEY_COLUMNS, "knowledge"], rows=positions)
+    found = {(t, i): k for b in batches for t, i, k in zip(*(b.column(c).to_pylist() for c in b.schema.names))}
+    if set(found) != set(zip(rows["entity_type"], rows["entity_id"])):
+        raise ValueError(f"{store}: the store changed between its index and its texts; read it again")
+    return found
+
+
+def done_keys(store: str | Path, key_columns: tuple[str, ...] = KEY_COLUMNS) -> set[tuple[str, ...]]:
+    """Keys (by default (entity_type, entity_id) pairs) already written to ``store``: what a resumed run skips.
+    A corrupt shard's keys are not done: its entities are generated again."""
+    root = Location.of(store)
     keys: set[tuple[str, ...]] = set()
+    for _ in range(5):  # again when a compaction replaced a shard while it was read (its keys are in the merged)
+        if _add_keys(root, scan_store(root), key_columns, keys):
+            break
+    return keys
+
+
+def _add_keys(root: Location, manifest: Manifest, key_columns: tuple[str, ...], keys: set) -> bool:
+    """Add the keys of ``manifest``'s shards to ``keys``; False when a shard was replaced under the reader."""
     for shard in manifest.shards:
         try:
             t = read_shard(root, shard, columns=list(key_columns))
-        except CorruptShardError as exc:  # not done: its entities are generated again
-            log.error("%s", exc)
+        except CorruptShardError as exc:
+            if shard["file"] not in {s["file"] for s in scan_store(root).shards}:
+                return False
+            log.error("%s", exc)  # not done: its entities are generated again
             continue
         keys.update(zip(*(t.column(c).to_pylist() for c in key_columns)))
-    return keys
+    return True
 
 
 # what failures.jsonl lines may carry besides FAILURE_COLUMNS (absent in lines written before them: null):

@@ -45,7 +45,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
 from pipelines.knowledge.requests import new_requests, old_requests, pending, pool_routes
 from pipelines.knowledge.routing import read_routing, step_build_pools, step_route
-from pipelines.knowledge_store import KnowledgeWriter, open_store, read_knowledge, utc_now
+from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, open_store, read_index, read_knowledge, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
@@ -109,15 +109,18 @@ def _earlier_knowledge(job: JobRun) -> pa.Table:
     paths = job.paths
     if job.data.split.mode == "paper" and not job.incremental:
         return read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
-    return latest_view(paths.knowledge, paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
+    return latest_view(paths.knowledge, paths.old_knowledge, ["entity_type", "entity_id", "knowledge"]).drop(
+        "store").to_arrow()
 
 
 def _plan(job: JobRun) -> None:
     requests = new_requests(job.data.dataset, job.data.split, pool_routes(job.decoder.cls.pool, job.routing))
     rec = job.record
     job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, job.data.dataset.domain, job.paths.pools)
-    plan = plan_changes(requests, read_knowledge(job.paths.knowledge), job.task.config_hash,
-                        resuming=rec.run_id if job.resuming else None, keep_existing=job.keep_existing)
+    store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
+    plan = plan_changes(requests, read_index(store), job.task.config_hash,
+                        resuming=rec.run_id if job.resuming else None, keep_existing=job.keep_existing,
+                        texts=lambda rows: knowledge_at(store, rows))
     job.todo, job.resumed = plan.todo, plan.resumed
     job.todo, rec.given_up = drop_given_up(job.todo, job.paths.knowledge, job.cfg.generation.give_up_after,
                                            job.task.config_hash, rec.run_id)

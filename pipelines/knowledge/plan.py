@@ -17,7 +17,7 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import polars as pl
 
@@ -40,21 +40,24 @@ class ChangePlan:
     unchanged: int = 0
     resumed: int = 0
     other_config: int = 0  # changed (or, with keep_existing, kept) only because another config wrote the row
-    earlier: dict[tuple[str, str], str] = field(default_factory=dict)  # each known entity's newest text
+    earlier: dict[tuple[str, str], str] = field(default_factory=dict)  # newest text: each known entity's (each
+    #                                                                     planned one's, planned from an index)
     why: dict[tuple[str, str], str] = field(default_factory=dict)  # each request's reason: new, changed, config,
     #                                                                 unchanged (or kept: keep_existing)
 
 
 def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_hash: str | None,
-                 resuming: str | None = None, keep_existing: bool = False) -> ChangePlan:
+                 resuming: str | None = None, keep_existing: bool = False,
+                 texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None = None) -> ChangePlan:
     """Split requests by their entity's newest row in ``rows`` (module docstring); rows of run ``resuming``
-    (a killed run being resumed) with the same hashes are done. A row without a hash differs."""
+    (a killed run being resumed) with the same hashes are done. A row without a hash differs. ``rows`` may
+    be the store's index (no ``knowledge``: pipelines/knowledge_store.py ``read_index``); ``texts`` then
+    reads the newest rows of the planned entities' texts (``knowledge_at``)."""
     mine = rows.filter(pl.col("run_id") == resuming) if resuming else rows.clear()
     done = {(t, i): (h, c) for t, i, h, c in mine.select(*_KEYS, "source_hash", "config_hash").iter_rows()}
     base = newest_per_entity(rows.filter(pl.col("run_id") != resuming) if resuming else rows)
-    known = {(t, i): (h, c, k) for t, i, h, c, k in base.select(*_KEYS, "source_hash", "config_hash",
-                                                                  "knowledge").iter_rows()}
-    plan = ChangePlan(earlier={key: k for key, (_, _, k) in known.items()})
+    known = {(t, i): (h, c) for t, i, h, c in base.select(*_KEYS, "source_hash", "config_hash").iter_rows()}
+    plan = ChangePlan()
     for req in requests:
         key, want = req.key, (req.source_hash, config_hash)
         plan.why[key] = why = _reason(known.get(key), req.source_hash, config_hash, keep_existing)
@@ -70,10 +73,21 @@ def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_h
             plan.resumed += 1
             continue
         plan.todo.append(req)
+    plan.earlier = _earlier_texts(base, plan.todo, texts)
     return plan
 
 
 _KEYS = ("entity_type", "entity_id")
+
+
+def _earlier_texts(base: pl.DataFrame, todo: list[GenerationRequest],
+                   texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None) -> dict[tuple[str, str], str]:
+    """Newest texts: every entity's when ``base`` holds them, else the planned entities' through ``texts``."""
+    if "knowledge" in base.columns:
+        return dict(zip(zip(base["entity_type"], base["entity_id"]), base["knowledge"]))
+    keys = pl.DataFrame([r.key for r in todo], schema={k: pl.Utf8 for k in _KEYS}, orient="row")
+    wanted = base.join(keys, on=list(_KEYS), how="semi")
+    return texts(wanted) if texts is not None and wanted.height else {}
 
 
 def _reason(newest: tuple | None, source_hash: str | None, config_hash: str | None, keep_existing: bool) -> str:

@@ -45,21 +45,21 @@ def test_store_round_trip_on_memory_uri(mem_uri):
     assert kn.done_keys(store) == {("user", f"u{i}") for i in range(7)}
 
 
-def test_crash_before_manifest_put_commits_nothing_and_resume_completes(mem_uri, monkeypatch):
+def test_crash_before_log_put_commits_nothing_and_resume_completes(mem_uri, monkeypatch):
     store = f"{mem_uri}/knowledge"
     write(store, range(3))  # one committed shard
-    saves = {"n": 0}
-    real_save = kn.Manifest.save
+    puts = {"n": 0}
+    real_put = kn._put_log_entry
 
-    def dies_on_second_commit(self, where):
-        saves["n"] += 1
-        if saves["n"] >= 2:
+    def dies_on_second_commit(path, data):
+        puts["n"] += 1
+        if puts["n"] >= 2:
             raise OSError("connection reset")
-        real_save(self, where)
+        real_put(path, data)
 
-    monkeypatch.setattr(kn.Manifest, "save", dies_on_second_commit)
+    monkeypatch.setattr(kn, "_put_log_entry", dies_on_second_commit)
     with pytest.raises(OSError):
-        write(store, range(3, 12))  # shard 1 commits; shard 2 is put, its manifest put fails
+        write(store, range(3, 12))  # shard 1 commits; shard 2 is put, its log entry put fails
     monkeypatch.undo()
     root = Location.of(store)
     assert len(root.names("part-*.parquet")) > len(kn.Manifest.load(store).shards) == 2  # uncommitted objects...
@@ -80,7 +80,7 @@ def test_corrupt_shard_on_memory_uri_is_quarantined(mem_uri):
     first.write_bytes(bytes(data))
     with pytest.raises(kn.CorruptShardError, match="checksum mismatch"):
         kn.read_knowledge(store)
-    kn.KnowledgeWriter(store)  # the next writer moves it aside
+    kn.open_store(store)  # the next run's verifying open moves it aside
     assert (Location.of(store) / "quarantine" / first.name).exists()
     assert kn.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
 

@@ -1,7 +1,10 @@
 """Knowledge Parquet store: schema, atomic shards, manifest, resume after a crash, failures."""
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -187,3 +190,194 @@ def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
     w.close()
     RunLock(store, run_id="other job").acquire().release()  # let go on close
     assert len(kn.done_keys(store)) == 2
+
+
+# ---- the commit log: O(1) commits, checkpoints, compaction, lazy checksums, the index (issue 47) ----
+
+def _log_bytes(store) -> dict[str, int]:
+    return {p.name: p.stat().st_size for p in (store / "log").glob("*.json")}
+
+
+def test_a_commit_writes_one_small_log_entry_whatever_the_number_of_shards(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    monkeypatch.setattr(kn, "CHECKPOINT_MIN", 10_000)  # no checkpoint in between: every entry stays to be measured
+    written: list[tuple[str, int]] = []
+    real = kn.Location.write_bytes
+
+    def spy(self, data):
+        written.append((self.name, len(data)))
+        return real(self, data)
+
+    monkeypatch.setattr(kn.Location, "write_bytes", spy)
+    w = kn.KnowledgeWriter(store, shard_rows=1, run_id="r1", compact_after=None)
+    manifest_before = (store / "manifest.json").read_bytes()
+    per_commit = []
+    for i in range(300):
+        written.clear()
+        w.add(row(i))
+        assert [n for n, _ in written] == [f"{i:012d}.json"]  # one small file; the manifest is not rewritten
+        per_commit.append(written[0][1])
+    assert (store / "manifest.json").read_bytes() == manifest_before
+    assert max(per_commit) - min(per_commit) <= 4  # digits of the shard number grow, nothing else
+    assert max(per_commit) < 300
+    assert sorted(_log_bytes(store).values()) == sorted(per_commit)
+    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(300)}  # readers see checkpoint + log
+    w.close()  # folded into a checkpoint, the log emptied
+    assert not _log_bytes(store) and len(kn.Manifest.load(store).shards) == 300
+
+
+def test_checkpoints_come_once_the_log_is_as_long_as_the_checkpoint(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    monkeypatch.setattr(kn, "CHECKPOINT_MIN", 4)
+    saves = []
+    real = kn.Manifest.save
+    monkeypatch.setattr(kn.Manifest, "save", lambda self, where: (saves.append(len(self.shards)), real(self, where)))
+    with kn.KnowledgeWriter(store, shard_rows=1, compact_after=None) as w:
+        for i in range(40):
+            w.add(row(i))
+    assert saves == [0, 4, 8, 16, 32, 40]  # the open (a new store), doubling, the close: O(1) a commit on average
+    assert kn.read_knowledge(store).height == 40
+
+
+def test_a_store_in_the_old_manifest_format_still_reads_and_takes_new_rows(tmp_path):
+    store = tmp_path / "old"
+    store.mkdir()
+    shards = []
+    for n, ids in enumerate([range(0, 3), range(3, 5)]):  # as the writer before the log wrote them
+        name = f"part-{n:05d}.parquet"
+        table = pa.Table.from_pylist([kn.with_quality(row(i)) for i in ids], schema=kn.KNOWLEDGE_SCHEMA)
+        pq.write_table(table.drop(["config_hash", "run_seq", "source_hash"]), store / name)  # older columns too
+        shards.append({"file": name, "rows": table.num_rows, "run_id": "r1", "sha256": kn.file_sha256(store / name)})
+    (store / "manifest.json").write_text(json.dumps({"format": "laser-knowledge/1", "shards": shards}, indent=1))
+    assert kn.read_knowledge(store)["entity_id"].to_list() == [f"u{i}" for i in range(5)]
+    index = kn.read_index(store)
+    assert index["entity_id"].to_list() == [f"u{i}" for i in range(5)] and index["source_hash"].null_count() == 5
+    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(5)}
+    write_run(store, range(8))
+    assert kn.read_knowledge(store)["entity_id"].to_list() == [f"u{i}" for i in range(8)]
+    assert json.loads((store / "manifest.json").read_text())["format"] == "laser-knowledge/2"
+
+
+def test_the_index_reads_no_text(tmp_path, monkeypatch):
+    write_run(tmp_path, range(7), shard_rows=2)
+    asked = []
+    real = pq.read_table
+
+    def spy(source, **kw):
+        asked.append(kw.get("columns"))
+        return real(source, **kw)
+
+    monkeypatch.setattr(kn.pq, "read_table", spy)
+    index = kn.read_index(tmp_path)
+    assert len(asked) == 4 and all(cols is not None and "knowledge" not in cols for cols in asked)
+    assert index.columns == [*kn.INDEX_COLUMNS, kn.POSITION] and index[kn.POSITION].to_list() == list(range(7))
+    asked.clear()
+    rows = index.filter(index["entity_id"].is_in(["u1", "u5"]))
+    assert kn.knowledge_at(tmp_path, rows) == {("user", "u1"): "likes film 1", ("user", "u5"): "likes film 5"}
+    assert len(asked) == 2  # only the two shards that hold them
+
+
+def test_plan_from_the_index_fetches_only_the_planned_entities_texts(tmp_path):
+    from pipelines.knowledge.plan import plan_changes
+    from pipelines.workers import GenerationRequest
+
+    with kn.KnowledgeWriter(tmp_path, shard_rows=2, run_id="r1") as w:
+        for i in range(6):
+            w.add({**row(i), "source_hash": f"h{i}", "config_hash": "c"})
+    asked = []
+    reqs = [GenerationRequest("user", f"u{i}", source_hash=f"h{i}" if i != 2 else "new") for i in range(7)]
+    plan = plan_changes(reqs, kn.read_index(tmp_path), "c",
+                        texts=lambda rows: (asked.append(rows.height), kn.knowledge_at(tmp_path, rows))[1])
+    assert [r.entity_id for r in plan.todo] == ["u2", "u6"] and (plan.new, plan.changed) == (1, 1)
+    assert plan.earlier == {("user", "u2"): "likes film 2"} and asked == [1]
+    full = plan_changes(reqs, kn.read_knowledge(tmp_path), "c")  # the texts in the rows: as before
+    assert [r.entity_id for r in full.todo] == ["u2", "u6"] and len(full.earlier) == 6
+
+
+def test_compaction_keeps_every_row_once_and_in_order(tmp_path):
+    store = tmp_path / "k"
+    for run in range(3):  # three runs of small shards, the same entities rewritten
+        with kn.KnowledgeWriter(store, shard_rows=3, run_id=f"r{run}", compact_after=None) as w:
+            for i in range(10):
+                w.add(row(i, run_id=f"r{run}"))
+    before = kn.read_knowledge(store, dedup=False)
+    assert len(kn.Manifest.load(store).shards) == 12
+    assert kn.compact_store(store, target_rows=16) == 12
+    shards = kn.Manifest.load(store).shards
+    assert [s["rows"] for s in shards] == [16, 14] and all("-c-" in s["file"] for s in shards)
+    assert sorted(p.name for p in store.glob("part-*.parquet")) == sorted(s["file"] for s in shards)
+    assert kn.read_knowledge(store, dedup=False).equals(before)  # every row once, in write order
+    assert kn.read_index(store)[kn.POSITION].to_list() == list(range(30))
+    assert kn.compact_store(store, target_rows=16) == 0  # nothing small left
+    assert kn.compact_store(store, target_rows=64) == 2  # merged shards merge again
+    assert kn.read_knowledge(store, dedup=False).equals(before)
+
+
+def test_a_writer_compacts_once_small_shards_pile_up(tmp_path):
+    store = tmp_path / "k"
+    with kn.KnowledgeWriter(store, shard_rows=2, compact_after=5, compact_rows=12) as w:
+        for i in range(40):
+            w.add(row(i))
+    shards = kn.Manifest.load(store).shards
+    assert len(shards) < 10 and sum(s["rows"] for s in shards) == 40
+    assert kn.read_knowledge(store, dedup=False)["entity_id"].to_list() == [f"u{i}" for i in range(40)]
+    assert len(list(store.glob("part-*.parquet"))) == len(shards)
+
+
+def test_a_reader_follows_a_shard_that_a_compaction_replaced_under_it(tmp_path):
+    store = tmp_path / "k"
+    write_run(store, range(9), shard_rows=3)
+    stream = kn.iter_knowledge(store, ["entity_id"], batch_rows=2)
+    first = next(stream)  # the reader is inside shard 0
+    kn.compact_store(store)  # shards 0..2 become one
+    ids = first.column(0).to_pylist() + [i for b in stream for i in b.column(0).to_pylist()]
+    assert ids == [f"u{i}" for i in range(9)]
+    assert len(kn.done_keys(store)) == 9
+
+
+def test_opening_checks_no_checksum_reading_does(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    write_run(store, range(6), shard_rows=2)
+    data = bytearray((store / "part-00001.parquet").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (store / "part-00001.parquet").write_bytes(bytes(data))
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(kn.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
+    kn.KnowledgeWriter(store).close()  # a writer's open: no shard hashed
+    assert hashed == []
+    with pytest.raises(kn.CorruptShardError, match="part-00001.parquet: checksum mismatch"):
+        kn.read_index(store)
+    kn.open_store(store)  # the run's verifying open moves it aside
+    assert (store / "quarantine" / "part-00001.parquet").exists()
+    assert kn.read_index(store)["entity_id"].to_list() == ["u0", "u1", "u4", "u5"]
+
+
+def test_a_verified_file_is_not_hashed_again_until_it_changes(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    write_run(store, range(4), shard_rows=2)
+    old = time.time() - 60
+    for p in store.glob("part-*.parquet"):
+        os.utime(p, (old, old))  # written a while ago
+    kn.read_index(store)
+    hashed = []
+    real = hashlib.sha256
+    monkeypatch.setattr(kn.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
+    kn.read_index(store)
+    kn.read_knowledge(store)
+    assert hashed == []
+    (store / "part-00000.parquet").write_bytes((store / "part-00000.parquet").read_bytes()[:-1] + b"X")
+    with pytest.raises(kn.CorruptShardError, match="checksum mismatch"):
+        kn.read_knowledge(store)
+
+
+def test_a_torn_log_entry_is_rebuilt_from_the_shards(tmp_path, caplog):
+    store = tmp_path / "k"
+    w = write_run(store, range(6), shard_rows=2, close=False)  # entries in the log, no checkpoint of them yet
+    w._lock.close()
+    (store / "log" / "000000000001.json").write_text('{"seq": 1, "op": "add", "shard": {"fi')
+    with caplog.at_level("WARNING"):
+        assert len(kn.done_keys(store)) == 6  # a reader: from the shards
+    assert "000000000001.json: unreadable knowledge log entry" in caplog.text
+    kn.KnowledgeWriter(store).close()
+    assert not list((store / "log").glob("*.json")) and len(kn.Manifest.load(store).shards) == 3

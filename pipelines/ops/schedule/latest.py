@@ -5,15 +5,20 @@ old knowledge, e.g. existing items); the row of the newest run wins: ordered by 
 run sequence, so no node's clock decides), then by ``generated_at`` (the driver's UTC clock; rows
 written before ``run_seq`` existed have none and count as older than every row that has one). Written atomically as
 ``<output>/latest.parquet`` at the end of every scheduled run (``laser latest CONFIG`` rebuilds it).
+
+The newest row per entity is chosen from the stores' index (no texts); then only those rows are read,
+streamed shard by shard, so memory holds the index, one shard and the view.
 """
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Sequence
 
 import polars as pl
+import pyarrow as pa
 
-from pipelines.knowledge_store import KEY_COLUMNS, parquet_bytes, read_knowledge
+from pipelines.knowledge_store import KEY_COLUMNS, KNOWLEDGE_SCHEMA, POSITION, iter_knowledge, parquet_bytes, read_index
 from pipelines.lock import check_held
 from pipelines.storage import Location
 
@@ -29,12 +34,21 @@ def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
             .sort(list(KEY_COLUMNS)))
 
 
-def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None) -> pl.DataFrame:
-    """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column."""
-    frames = [read_knowledge(knowledge).with_columns(store=pl.lit("knowledge"))]
-    if old_knowledge is not None:
-        frames.append(read_knowledge(old_knowledge).with_columns(store=pl.lit("old_knowledge")))
-    return newest_per_entity(pl.concat(frames))
+def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None,
+                columns: Sequence[str] | None = None) -> pl.DataFrame:
+    """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column;
+    ``columns`` only (every knowledge column by default)."""
+    stores = {"knowledge": knowledge} | ({"old_knowledge": old_knowledge} if old_knowledge is not None else {})
+    index = pl.concat([read_index(where).with_columns(store=pl.lit(name)) for name, where in stores.items()])
+    newest = newest_per_entity(index)
+    names = list(columns) if columns is not None else KNOWLEDGE_SCHEMA.names
+    frames = []
+    for name, where in stores.items():
+        rows = newest.filter(pl.col("store") == name)[POSITION].sort().to_list()
+        batches = list(iter_knowledge(where, names, rows=rows))
+        table = pa.Table.from_batches(batches, schema=pa.schema([KNOWLEDGE_SCHEMA.field(c) for c in names]))
+        frames.append(pl.from_arrow(table).with_columns(store=pl.lit(name)))
+    return pl.concat(frames).sort(list(KEY_COLUMNS))
 
 
 def write_latest(path: str | Path | Location, view: pl.DataFrame) -> Location:
