@@ -632,7 +632,10 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
 
 
 def code_version() -> dict[str, Any] | None:
-    """The commit the stage processes ran (the working directory's) and whether files differed from it."""
+    """The commit the stage processes ran (the working directory's, or ``$LASER_BENCH_COMMIT`` for a checkout
+    without git) and how many tracked files differed from it."""
+    if os.environ.get("LASER_BENCH_COMMIT"):
+        return {"commit": os.environ["LASER_BENCH_COMMIT"], "modified_files": 0}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
