@@ -195,14 +195,14 @@ def _shard_source(root: Location, shard: Mapping[str, Any]) -> str | pa.BufferRe
             raise CorruptShardError(f"{path}: committed in {root} but missing")
         return path.path  # Parquet then reads only the columns asked for
     try:
+        st = os.stat(path.path) if path.local else None  # before the read: a later change is checked again
         data = path.read_bytes()
     except FileNotFoundError as exc:
         raise CorruptShardError(f"{path}: committed in {root} but missing") from exc
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise CorruptShardError(f"{path}: checksum mismatch with {root / LOG}; the shard is corrupt (the next "
-                                f"run moves it to {QUARANTINE}/ and regenerates its entities)")
-    if path.local and expected:
-        st = os.stat(path.path)
+        raise CorruptShardError(f"{path}: checksum mismatch with its committed sha256; the shard is corrupt (the "
+                                f"next run moves it to {QUARANTINE}/ and regenerates its entities)")
+    if st is not None and expected:
         if len(_VERIFIED) > 200_000:
             _VERIFIED.clear()
         _VERIFIED[path.path] = (st.st_size, st.st_mtime_ns, expected, time.time_ns())

@@ -381,3 +381,25 @@ def test_a_torn_log_entry_is_rebuilt_from_the_shards(tmp_path, caplog):
     assert "000000000001.json: unreadable knowledge log entry" in caplog.text
     kn.KnowledgeWriter(store).close()
     assert not list((store / "log").glob("*.json")) and len(kn.Manifest.load(store).shards) == 3
+
+
+def test_latest_view_from_the_index_is_the_view_of_every_row(tmp_path):
+    import polars as pl
+
+    from pipelines.ops.schedule.latest import latest_view, newest_per_entity
+    from tests.helpers import run_row
+
+    for seq, ids in ((1, range(7)), (2, range(0, 7, 3)), (None, range(5, 9))):  # None: rows before run_seq
+        with kn.KnowledgeWriter(tmp_path / "k", shard_rows=2, run_id=f"r{seq}", run_seq=seq) as w:
+            for i in ids:
+                w.add(run_row("user", f"u{i}", f"text {i} of run {seq}", f"r{seq}"))
+    with kn.KnowledgeWriter(tmp_path / "o", shard_rows=3, run_id="old") as w:
+        for i in range(4, 12):
+            w.add(run_row("user" if i < 9 else "item", f"u{i}", f"old {i}", "old"))
+    every = pl.concat([kn.read_knowledge(tmp_path / s).with_columns(store=pl.lit(n))
+                       for s, n in (("k", "knowledge"), ("o", "old_knowledge"))])
+    view = latest_view(tmp_path / "k", tmp_path / "o")
+    assert view.equals(newest_per_entity(every)) and view.height == 12
+    assert view.filter(pl.col("entity_id") == "u3")["knowledge"].item() == "text 3 of run 2"
+    texts = latest_view(tmp_path / "k", columns=["entity_id", "knowledge"])
+    assert texts.columns == ["entity_type", "entity_id", "knowledge", "store"] and texts.height == 9

@@ -37,11 +37,11 @@ def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
 def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None,
                 columns: Sequence[str] | None = None) -> pl.DataFrame:
     """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column;
-    ``columns`` only (every knowledge column by default)."""
+    ``columns`` only, with the key columns (every knowledge column by default)."""
     stores = {"knowledge": knowledge} | ({"old_knowledge": old_knowledge} if old_knowledge is not None else {})
     index = pl.concat([read_index(where).with_columns(store=pl.lit(name)) for name, where in stores.items()])
     newest = newest_per_entity(index)
-    names = list(columns) if columns is not None else KNOWLEDGE_SCHEMA.names
+    names = KNOWLEDGE_SCHEMA.names if columns is None else [c for c in KEY_COLUMNS if c not in columns] + list(columns)
     frames = []
     for name, where in stores.items():
         rows = newest.filter(pl.col("store") == name)[POSITION].sort().to_list()
