@@ -333,6 +333,17 @@ def bench_incremental(json_out: Path = typer.Option(Path("docs/results/increment
     run_incremental_bench(json_out, config, load_config(config).dataset, work, share, seed)
 
 
+@bench_app.command("store")
+def bench_store(json_out: Path = typer.Option(Path("docs/results/store-scale.json"), "--json", help="JSON output."),
+                sizes: str = typer.Option("10000,100000,1000000", help="Rows per store, comma-separated."),
+                work: Path | None = typer.Option(None, help="Folder for the stores (default: a temporary one, "
+                                                 "removed after).")) -> None:
+    """Knowledge-store cost as it grows: commits (log entry vs the old manifest rewrite), open, index, latest."""
+    from pipelines.tools.bench.store import run_store_bench
+
+    run_store_bench(json_out, tuple(int(s) for s in sizes.split(",")), work)
+
+
 @bench_app.command("lightgcn")
 def bench_lightgcn(json_out: Path = typer.Option(Path("docs/results/lightgcn-ml100k.json"), "--json",
                                                  help="JSON output."),

@@ -3,6 +3,7 @@ readers see every row once, the next writer clears what the crash left, a resume
 nothing (issue 47; the job-level kill -9 per write phase is in tests/e2e/test_faults.py)."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -70,7 +71,7 @@ COMPACT = {"merged shard half written": ("atomic_write_local", "-c-", 1),
 
 def _kill(store: Path, action: str, hook: str, match: str, nth: int) -> None:
     res = subprocess.run([sys.executable, "-c", CHILD, str(store), action, hook, match, str(nth)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(REPO), "PATH": ""})
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
 
 

@@ -149,23 +149,27 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
     }
 
 
-COLUMNS = (("rows", "rows", "{:,}"), ("shards", "shards_written", "{:,}"), ("after compaction", "shards_after", "{:,}"),
-           ("write s", "write_s", "{:.1f}"), ("commit ms", "commit_mean_ms", "{:.2f}"),
-           ("commit B", "commit_bytes_mean", "{:.0f}"), ("old commit ms at S", "old_commit_ms_at_end", "{:.2f}"),
-           ("old commit B at S", "old_commit_bytes_at_end", "{:,.0f}"),
-           ("commits/run s (new)", "new_commits_run_s", "{:.2f}"), ("commits/run s (old)", "old_commits_run_s", "{:.1f}"),
-           ("commits/run MB (old)", "old_commits_run_bytes", "{:,.0f}"),
-           ("open ms", "open_ms", "{:.1f}"), ("verify open s", "verify_open_s", "{:.2f}"),
-           ("index cold s", "index_cold_s", "{:.2f}"), ("index warm s", "index_warm_s", "{:.2f}"),
-           ("read_knowledge s", "read_knowledge_s", "{:.2f}"), ("latest view s", "latest_view_s", "{:.2f}"))
+WRITES = (("rows", "rows", "{:,}"), ("shards", "shards_written", "{:,}"), ("after compaction", "shards_after", "{:,}"),
+          ("write s", "write_s", "{:.1f}"), ("commit ms", "commit_mean_ms", "{:.2f}"),
+          ("commit B", "commit_bytes_mean", "{:.0f}"), ("old commit ms at S", "old_commit_ms_at_end", "{:.2f}"),
+          ("old commit kB at S", "old_commit_kb_at_end", "{:,.1f}"), ("run's commits s", "new_commits_run_s", "{:.2f}"),
+          ("old: run's commits s", "old_commits_run_s", "{:.1f}"), ("run's commits MB", "new_commits_run_mb", "{:.2f}"),
+          ("old: run's commits MB", "old_commits_run_mb", "{:,.1f}"), ("checkpoints s", "checkpoint_s", "{:.2f}"),
+          ("compaction s", "compaction_s", "{:.1f}"))
+READS = (("rows", "rows", "{:,}"), ("writer open ms", "open_ms", "{:.1f}"),
+         ("verifying open s", "verify_open_s", "{:.2f}"),
+         ("index cold s", "index_cold_s", "{:.2f}"), ("index warm s", "index_warm_s", "{:.2f}"),
+         ("read_knowledge s", "read_knowledge_s", "{:.2f}"), ("latest view s", "latest_view_s", "{:.2f}"))
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    """The results as a Markdown table."""
-    lines = ["| " + " | ".join(c[0] for c in COLUMNS) + " |", "|" + "---:|" * len(COLUMNS)]
+def table(results: list[dict[str, Any]], columns: tuple = WRITES) -> str:
+    """The results as a Markdown table of ``columns`` (title, key, format)."""
+    lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---:|" * len(columns)]
     for r in results:
-        vals = [fmt.format(r[key] / 1e6 if key == "old_commits_run_bytes" else r[key]) for _, key, fmt in COLUMNS]
-        lines.append("| " + " | ".join(vals) + " |")
+        derived = {"old_commit_kb_at_end": r["old_commit_bytes_at_end"] / 1e3,
+                   "new_commits_run_mb": r["new_commits_run_bytes"] / 1e6,
+                   "old_commits_run_mb": r["old_commits_run_bytes"] / 1e6}
+        lines.append("| " + " | ".join(fmt.format((r | derived)[key]) for _, key, fmt in columns) + " |")
     return "\n".join(lines)
 
 
@@ -179,7 +183,7 @@ def run_store_bench(json_out: Path, sizes: tuple[int, ...] = SIZES, work: Path |
             log.info("store bench: %d rows", n)
             results.append(bench_size(n, root))
             shutil.rmtree(root / f"store-{n}", ignore_errors=True)
-            print(table(results[-1:]), flush=True)
+            print(table(results[-1:]), "\n", table(results[-1:], READS), flush=True)
     finally:
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -189,5 +193,5 @@ def run_store_bench(json_out: Path, sizes: tuple[int, ...] = SIZES, work: Path |
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": results}
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1))
-    print(table(results))
+    print(table(results), "\n", table(results, READS), sep="\n")
     return results
