@@ -403,3 +403,16 @@ def test_latest_view_from_the_index_is_the_view_of_every_row(tmp_path):
     assert view.filter(pl.col("entity_id") == "u3")["knowledge"].item() == "text 3 of run 2"
     texts = latest_view(tmp_path / "k", columns=["entity_id", "knowledge"])
     assert texts.columns == ["entity_type", "entity_id", "knowledge", "store"] and texts.height == 9
+
+
+def test_a_torn_checkpoint_after_a_compaction_is_rebuilt_with_every_row_once(tmp_path):
+    store = tmp_path / "k"
+    write_run(store, range(9), shard_rows=3)
+    kept = (store / "part-00001.parquet").read_bytes()
+    kn.compact_store(store)
+    (store / "part-00001.parquet").write_bytes(kept)  # a replaced shard a kill left behind
+    (store / "manifest.json").write_text('{"shards": [')
+    assert sorted(kn.read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(9)]
+    kn.KnowledgeWriter(store).close()  # rebuilt: the merged shard kept, the replaced one deleted
+    assert [p.name for p in store.glob("part-*.parquet")] == [s["file"] for s in kn.Manifest.load(store).shards]
+    assert sorted(kn.read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(9)]
