@@ -446,7 +446,8 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
                                                  "temporary one, removed after)."),
                 seed: int = typer.Option(0, help="Seed of the catalogue, split, groups and changed users."),
                 merge: bool = typer.Option(False, "--merge", help=(
-                    "Keep the sizes --json already holds; what this run measures replaces them stage by stage."))
+                    "Keep the sizes --json already holds (what this run measures replaces them stage by stage) and "
+                    "reuse the catalogues and finished stages --work holds from a run on the same data."))
                 ) -> None:
     """Seconds and peak memory of every stage but generation at growing catalogue sizes, with log-log slopes."""
     from pipelines.tools.bench.scale import STAGES, ScaleSettings, run_scale_bench

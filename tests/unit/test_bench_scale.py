@@ -94,9 +94,27 @@ def _fake_spawn(results: dict[str, dict], calls: list[str]):
     def spawn(stage, root, timeout_s, max_gb):
         calls.append(stage)
         if stage == "generate":
-            return StageRun({"s": 0.1, "users": 90, "items": 10, "interactions": 900})
-        return StageRun(dict(results.get(stage, {"s": 1.0, "peak_gb": 0.5})))
+            result = {"s": 0.1, "users": 90, "items": 10, "interactions": 900}
+        else:
+            result = dict(results.get(stage, {"s": 1.0, "peak_gb": 0.5}))
+        (root / "results" / f"{stage}.json").write_text(json.dumps(result))
+        return StageRun(result)
     return spawn
+
+
+def test_merge_resumes_the_work_folder_reusing_what_the_selected_stages_need(tmp_path, monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({}, calls))
+    out, work = tmp_path / "scale.json", tmp_path / "w"
+    scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("plan",)), work=work)
+    assert calls == ["generate", "load_split", "plan"]
+    calls.clear()
+    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("store_write",)), work=work, merge=True)
+    assert calls == ["store_write"]  # the catalogue, load_split and plan are reused
+    assert result["sizes"]["100"]["setup"]["plan"]["reused"]
+    calls.clear()
+    scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("plan",), seed=1), work=work, merge=True)
+    assert calls == ["generate", "load_split", "plan"]  # other data: nothing reused
 
 
 def test_failed_stage_is_recorded_dependents_skipped_rest_run(tmp_path, monkeypatch):

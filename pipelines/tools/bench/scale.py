@@ -15,7 +15,7 @@ plan         ``new_requests`` + ``plan_changes`` against the empty output (a fir
 store_write  ``KnowledgeWriter`` (the job's ``shard_rows``): one row per planned entity
 latest_view  ``latest_view`` of that store
 incremental  after the newest rating of ``changed_share`` of the users was flipped: load + split, requests and
-             ``plan_changes`` against the store, the changed rows written, the latest view again
+             ``plan_changes`` against (a copy of) the store, the changed rows written, the latest view again
 
 Each stage process reads its inputs from the size's work folder (untimed), resets its peak resident memory
 (Linux ``/proc/self/clear_refs``; ``VmHWM``), runs the stage (timed) and reports the peak resident set
@@ -349,6 +349,7 @@ def _write_rows(store: Path, todo: pl.DataFrame, texts: list[str], run_id: str, 
 def stage_store_write(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     todo = pl.read_parquet(ctx.root / "plan.parquet")
     texts = fake_texts(todo.height, ctx.settings.text_words, ctx.settings.seed + 1)
+    shutil.rmtree(ctx.root / "out" / "knowledge", ignore_errors=True)  # a first run's store
     with meter:
         rows = _write_rows(ctx.root / "out" / "knowledge", todo, texts, "bench-full", 1, ctx.job().output.shard_rows)
     shards = len(list((ctx.root / "out" / "knowledge").glob("part-*.parquet")))
@@ -391,7 +392,9 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     ds.interactions = flip_newest(ds.interactions, users)
     _write_tables(ds, edited)
     del ds
-    store, parts = ctx.root / "out" / "knowledge", {}
+    store, parts = ctx.root / "out" / "knowledge-incremental", {}  # a copy: the full run's store stays as it was
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.copytree(ctx.root / "out" / "knowledge", store, ignore=shutil.ignore_patterns(".run.lock*"))
     with meter:
         tick = time.perf_counter()
         ds = load_dataset(_table_config(edited))
@@ -513,13 +516,40 @@ def _failed_before(sizes: dict[str, Any], stage: str) -> str | None:
     return None
 
 
-def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any]) -> dict[str, Any]:
-    """Generate, then run the selected stages (and what they need) for one size."""
+_DATA_KEYS = ("mean_history", "item_share", "seed", "dataset")
+
+
+def reusable(root: Path, settings: ScaleSettings) -> bool:
+    """Whether ``root`` holds the stages of an earlier run on the same data (same generation settings)."""
+    path = root / "settings.json"
+    if not path.exists():
+        return False
+    before = ScaleSettings(**_tuples(json.loads(path.read_text())))
+    return all(getattr(before, k) == getattr(settings, k) for k in _DATA_KEYS)
+
+
+def _reused(root: Path, stage: str, resume: bool) -> dict[str, Any] | None:
+    path = root / "results" / f"{stage}.json"
+    if not resume or not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    return None if "error" in result else result | {"reused": True}
+
+
+def _spawn_or_reuse(stage: str, root: Path, timeout_s: float, max_gb: float, resume: bool) -> StageRun:
+    reused = _reused(root, stage, resume)
+    return StageRun(reused) if reused is not None else spawn_stage(stage, root, timeout_s, max_gb)
+
+
+def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any],
+             resume: bool = False) -> dict[str, Any]:
+    """Generate, then run the selected stages (and what they need) for one size; with ``resume`` the
+    generation and the needed stages an earlier run finished in ``root`` are reused, not run again."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "results").mkdir(exist_ok=True)
     (root / "settings.json").write_text(json.dumps(asdict(settings)))
     entry: dict[str, Any] = {"stages": {}, "setup": {}}
-    gen = spawn_stage("generate", root, settings.budget_s, settings.max_gb)
+    gen = _spawn_or_reuse("generate", root, settings.budget_s, settings.max_gb, resume)
     if "error" in gen.result:
         return entry | {"error": f"generation: {gen.result['error']}"}
     entry.update({k: gen.result[k] for k in ("users", "items", "interactions") if k in gen.result})
@@ -540,7 +570,8 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
             into[stage] = {"skipped": f"the size's budget ({settings.budget_s:g} s) was spent"}
             continue
         log.info("%d entities: %s", n, stage)
-        run = spawn_stage(stage, root, min(left, settings.stage_timeout_s or left), settings.max_gb)
+        run = _spawn_or_reuse(stage, root, min(left, settings.stage_timeout_s or left), settings.max_gb,
+                              resume and stage not in settings.stages)
         used += run.wall_s
         into[stage] = run.result
         if stage == "load_split" and "users" in run.result:
@@ -594,7 +625,8 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
                     merge: bool = False) -> dict[str, Any]:
     """Measure every size (module docstring); prints a table, writes ``json_out`` and a PNG beside it. With
     ``merge`` the sizes ``json_out`` already holds are kept (what this run measures replaces them stage by
-    stage) and project the sizes of this run."""
+    stage) and project the sizes of this run, and a size folder in ``work`` from an earlier run on the same
+    data is resumed: its catalogue and the finished stages the selected ones need are reused."""
     from pipelines.tools.bench.report import machine_info, versions
 
     json_out = Path(json_out)
@@ -613,8 +645,10 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
                 log.warning("%d entities skipped: %s", n, skipped[str(n)])
                 continue
             root = work / (str(n) if n else "dataset")
-            shutil.rmtree(root, ignore_errors=True)
-            entry = run_size(n, root, settings, sizes)
+            resume = merge and reusable(root, settings)
+            if not resume:
+                shutil.rmtree(root, ignore_errors=True)
+            entry = run_size(n, root, settings, sizes, resume)
             key = str(n or entry.get("users", 0) + entry.get("items", 0))
             sizes[key] = entry | ({"projected_s": round(total, 1)} if total else {})
     finally:
