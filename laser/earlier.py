@@ -3,9 +3,10 @@
 On a refresh the likeliest draft of an entity's new knowledge is its own earlier knowledge: a profile
 rewritten after one more interaction keeps most of its sentences. :class:`EarlierFirst` wraps a
 request's draft source (its group's pool, prompt lookup, or none): each step it looks up the context's
-longest suffix (``n_max`` tokens down to 1) in the earlier text, from where the last match left off,
-and drafts what followed it there first; the wrapped drafter fills the rest of the tree (or the whole
-draft when the earlier text has no match). It counts the draft tokens the target accepted from the
+longest suffix (``n_max`` tokens down to ``MIN_MATCH``) in the earlier text, from where the last match
+left off, and drafts what followed it there first; a one-token suffix counts only where the text is
+followed in step (the new text went on as the earlier one did). The wrapped drafter fills the rest of
+the tree (or the whole draft when the earlier text has no match). It counts the draft tokens the target accepted from the
 earlier text (``own_accepted``: accepted tokens that followed the earlier text's branch) for the report.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from laser.own_text import OwnText
 from laser.tree import DraftTree
 
 CHAIN = 8  # earlier-text draft tokens when the caller sets no budget
+MIN_MATCH = 2  # shortest suffix looked up anywhere in the earlier text (a single token matches too often)
 
 
 class EarlierFirst:
@@ -45,6 +47,7 @@ class EarlierFirstDrafter(Drafter):
         self.inner, self.n_max, self.max_nodes = inner, max(1, n_max), max_nodes
         self.needs_hidden = bool(inner is not None and inner.needs_hidden)
         self.cursor = 0  # where the last match's continuation began: the text is read forward from there
+        self.expect = -1  # where the earlier text stands if the new text followed it since the last match
         self.chain: list[int] = []  # the earlier-text draft of the last proposal
         self.own_accepted = 0
 
@@ -53,9 +56,11 @@ class EarlierFirstDrafter(Drafter):
         the cursor, else the last one), up to ``limit`` tokens."""
         for n in range(min(self.n_max, len(context)), 0, -1):
             ends = [e for e in self.text.ends(context[-n:]) if e < len(self.text)]
+            if n < MIN_MATCH:  # a single token: only where the new text is following the earlier one
+                ends = [e for e in ends if e == self.expect]
             if ends:
                 end = next((e for e in ends if e >= self.cursor), ends[-1])
-                self.cursor = end
+                self.cursor = self.expect = end
                 return self.text.tokens[end:end + limit]
         return []
 
@@ -79,6 +84,7 @@ class EarlierFirstDrafter(Drafter):
         while n < min(len(self.chain), len(new_tokens) - 1) and self.chain[n] == new_tokens[n]:
             n += 1
         self.own_accepted += n
+        self.expect = self.expect + len(new_tokens) if n == len(new_tokens) - 1 and self.chain else -1
         self.chain = []
         if self.inner is not None:
             self.inner.commit(new_tokens, hidden)
@@ -87,6 +93,8 @@ class EarlierFirstDrafter(Drafter):
         own = 0
         while own < min(self.n_max, len(context)) and any(e < len(self.text) for e in self.text.ends(context[-own - 1:])):
             own += 1
+        if own < MIN_MATCH and self.expect not in self.text.ends(context[-1:]):
+            own = 0
         theirs = self.inner.match_length(context) if self.inner is not None else None
         return max(own, theirs or 0)
 

@@ -33,6 +33,9 @@ def test_continuation_follows_the_earlier_text():
     d.commit([4, 4])  # the draft rejected at once
     assert d.own_accepted == 3
     assert EarlierFirstDrafter([1, 2], None, 3, 8).propose_chain([9, 9], 4) == []  # no match: nothing
+    lone = EarlierFirstDrafter([1, 2, 3, 4, 5, 6], None, 3, 8)
+    assert lone.propose_chain([9, 3], 4) == [] and lone.match_length([9, 3]) == 0  # one token matches too often
+    assert lone.propose_chain([7, 2, 3], 2) == [4, 5]
 
 
 def test_earlier_branch_first_then_the_pool():

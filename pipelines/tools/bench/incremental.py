@@ -43,7 +43,8 @@ class TimedRun:
 
 
 def write_tables(dataset: Any, data_dir: Path) -> list[str]:
-    """Save the job's dataset (its ``DatasetConfig``) as Parquet tables; the overrides that point the job at them."""
+    """Save the job's dataset (its ``DatasetConfig``, any trial sample applied) as Parquet tables; the overrides
+    that point the job at them (and take them whole: the sample is not drawn again)."""
     from pipelines.data.load import load_dataset
 
     ds = load_dataset(dataset)
@@ -52,7 +53,7 @@ def write_tables(dataset: Any, data_dir: Path) -> list[str]:
         getattr(ds, name).write_parquet(data_dir / f"{name}.parquet")
     return ["dataset.format=table", f"dataset.path={data_dir}", "dataset.interactions_file=interactions.parquet",
             "dataset.items_file=items.parquet", "dataset.users_file=users.parquet", f"dataset.name={ds.name}",
-            f"dataset.domain={ds.domain}"]
+            f"dataset.domain={ds.domain}", "dataset.limit_users=null", "dataset.limit_items=null"]
 
 
 def edit_users(data_dir: Path, users: list[str]) -> None:

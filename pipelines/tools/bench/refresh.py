@@ -13,6 +13,9 @@ load included), on the config's dataset saved as Parquet tables:
 5. **day 2, no drafting**: the same refresh on a copy of day 1's output taken before step 4, with
    ``decoder.name=autoregressive --keep-existing`` (so only the changed entities are decoded there too).
 
+Day 1 as it was (data, output, figures) is kept under ``<work>/day1``; ``--day1-from WORK`` runs only
+day 2 again from an earlier work directory's day 1.
+
 Prints a table and writes JSON: per run the wall seconds, entities per minute, the ledger's counts and the
 new-knowledge pass's figures from ``summary.json`` (``tok/s decode``: engine steps with no prefill;
 AAL; accepted drafts per step; the share of them from the entities' own earlier texts), the checks that
@@ -101,15 +104,19 @@ def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
     """:func:`text_quality` of each run's rows, read from its output."""
     from pipelines.knowledge_store import read_knowledge
 
-    outs = {"day1_plain": "plain", "day1_laser": "laser", "day2_laser": "laser", "day2_plain": "laser-then-plain"}
+    outs = {"day1_plain": "plain", "day1_laser": "day1/laser", "day2_laser": "laser", "day2_plain": "laser-then-plain"}
     return {name: text_quality(read_knowledge(work / outs[name] / "knowledge")
-                               .filter(pl.col("run_id") == runs[name]["run_id"])) for name in runs}
+                               .filter(pl.col("run_id") == runs[name]["run_id"]))
+            for name in runs if (work / outs[name]).exists()}
 
 
 def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
-                      min_history: int = 100, seed: int = 0, overrides: list[str] | None = None) -> dict[str, Any]:
+                      min_history: int = 100, seed: int = 0, overrides: list[str] | None = None,
+                      day1_from: Path | None = None) -> dict[str, Any]:
     """The sequence of the module docstring; prints a table and writes ``json_out``. ``dataset`` is the
-    config's ``DatasetConfig`` (loaded by the caller with ``overrides``, which every run also gets)."""
+    config's ``DatasetConfig`` (loaded by the caller with ``overrides``, which every run also gets).
+    ``day1_from``: the work directory of an earlier run of this bench, whose day 1 (data, output and figures)
+    is taken as it was, so only day 2 runs again (e.g. after a change to drafting)."""
     from pipelines.knowledge_store import read_knowledge
     from pipelines.tools.bench.report import machine_info, versions
 
@@ -117,10 +124,21 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
         raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")
     json_out.parent.mkdir(parents=True, exist_ok=True)
     data, logs = work / "data", json_out.parent
-    base = list(overrides or []) + write_tables(dataset, data)
     load_before = machine_info()["load_average"]
-    runs = {"day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
-            "day1_laser": run_once("day1-laser", config, base, work / "laser", logs)}
+    if day1_from is None:
+        base = list(overrides or []) + write_tables(dataset, data)
+        runs = {"day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
+                "day1_laser": run_once("day1-laser", config, base, work / "laser", logs)}
+        shutil.copytree(data, work / "day1" / "data")  # day 1 as it was: --day1-from reruns day 2 from it
+        shutil.copytree(work / "laser", work / "day1" / "laser")
+        (work / "day1" / "runs.json").write_text(json.dumps({**runs, "base": base}, default=str))
+    else:  # day 1 of an earlier run of this bench, copied
+        shutil.copytree(day1_from / "day1", work / "day1")
+        shutil.copytree(work / "day1" / "data", data)
+        shutil.copytree(work / "day1" / "laser", work / "laser")
+        saved = json.loads((work / "day1" / "runs.json").read_text())
+        base = [o.replace(str(day1_from / "data"), str(data)) for o in saved.pop("base")]
+        runs = {k: saved[k] for k in ("day1_plain", "day1_laser")}
     shutil.copytree(work / "laser", work / "laser-then-plain")
     before = read_knowledge(work / "laser" / "knowledge")
     changed_users, new_item = day_two(data, users, min_history, seed)
@@ -134,7 +152,8 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     old_text = dict(zip(before["entity_id"], before["knowledge"]))
     changed_texts = sum(old_text.get(i) != k for t, i, k in day2.select("entity_type", "entity_id", "knowledge").iter_rows()
                         if t == "user")
-    result = {"config": str(config), "overrides": list(overrides or []), "users": users, "min_history": min_history, "seed": seed, "runs": runs,
+    result = {"config": str(config), "overrides": list(overrides or []), "day1_from": str(day1_from or ""),
+              "users": users, "min_history": min_history, "seed": seed, "runs": runs,
               "changed_users": changed_users, "new_item": new_item, "regenerated_exactly": got == want,
               "regenerated": len(got), "user_texts_changed": changed_texts,
               "refresh_ratio": _ratio(runs["day2_laser"]["tok_s_decode"], runs["day2_plain"]["tok_s_decode"]),
