@@ -369,7 +369,9 @@ def bench_refresh(json_out: Path = typer.Option(Path("docs/results/refresh.json"
                   set_: list[str] | None = typer.Option(None, "--set", "-s", help=(
                       "Override a config key in every run: --set dataset.path=/data/ml-100k (repeatable).")),
                   day1_from: Path | None = typer.Option(None, "--day1-from", help=(
-                      "An earlier --work directory of this bench: take its day 1 as it was, run day 2 only."))) -> None:
+                      "An earlier --work directory of this bench: take its day 1 as it was, run day 2 only.")),
+                  repeats: int = typer.Option(3, "--repeats", help="Day 2 runs each way (order alternating; "
+                                              "the ratio is of the medians).")) -> None:
     """A scheduled sequence (day 1, one new interaction for `users` heavy users and one new item, day 2),
     drafting on and off side by side: day 2 decode tok/s (target >= 1.5x), day 1 entities/min (>= 1.1x)."""
     from jobs.config import bundled_config, load_config
@@ -377,7 +379,7 @@ def bench_refresh(json_out: Path = typer.Option(Path("docs/results/refresh.json"
 
     config = config or bundled_config("demo")
     run_refresh_bench(json_out, config, load_config(config, set_ or []).dataset, work, users, min_history, seed,
-                      list(set_ or []), day1_from)
+                      list(set_ or []), day1_from, repeats)
 
 
 @bench_app.command("engines")

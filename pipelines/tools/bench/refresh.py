@@ -13,7 +13,8 @@ load included), on the config's dataset saved as Parquet tables:
 5. **day 2, no drafting**: the same refresh on a copy of day 1's output taken before step 4, with
    ``decoder.name=autoregressive --keep-existing`` (so only the changed entities are decoded there too).
 
-Day 1 as it was (data, output, figures) is kept under ``<work>/day1``; ``--day1-from WORK`` runs only
+Steps 4 and 5 run ``--repeats`` times each (fresh copies of day 1's output, the order alternating);
+the day 2 ratio is of the medians. Day 1 as it was (data, output, figures) is kept under ``<work>/day1``; ``--day1-from WORK`` runs only
 day 2 again from an earlier work directory's day 1.
 
 Prints a table and writes JSON: per run the wall seconds, entities per minute, the ledger's counts and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -104,7 +106,7 @@ def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
     """:func:`text_quality` of each run's rows, read from its output."""
     from pipelines.knowledge_store import read_knowledge
 
-    outs = {"day1_plain": "plain", "day1_laser": "day1/laser", "day2_laser": "laser", "day2_plain": "laser-then-plain"}
+    outs = {"day1_plain": "plain", "day1_laser": "day1/laser", "day2_laser": "laser", "day2_plain": "laser-then-plain-0"}
     return {name: text_quality(read_knowledge(work / outs[name] / "knowledge")
                                .filter(pl.col("run_id") == runs[name]["run_id"]))
             for name in runs if (work / outs[name]).exists()}
@@ -112,11 +114,12 @@ def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
 
 def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
                       min_history: int = 100, seed: int = 0, overrides: list[str] | None = None,
-                      day1_from: Path | None = None) -> dict[str, Any]:
+                      day1_from: Path | None = None, day2_repeats: int = 3) -> dict[str, Any]:
     """The sequence of the module docstring; prints a table and writes ``json_out``. ``dataset`` is the
     config's ``DatasetConfig`` (loaded by the caller with ``overrides``, which every run also gets).
     ``day1_from``: the work directory of an earlier run of this bench, whose day 1 (data, output and figures)
-    is taken as it was, so only day 2 runs again (e.g. after a change to drafting)."""
+    is taken as it was, so only day 2 runs again (e.g. after a change to drafting). Day 2 runs
+    ``day2_repeats`` times each way, alternating the order; the ratio is of the medians."""
     from pipelines.knowledge_store import read_knowledge
     from pipelines.tools.bench.report import machine_info, versions
 
@@ -139,12 +142,11 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
         saved = json.loads((work / "day1" / "runs.json").read_text())
         base = [o.replace(str(day1_from / "data"), str(data)) for o in saved.pop("base")]
         runs = {k: saved[k] for k in ("day1_plain", "day1_laser")}
-    shutil.copytree(work / "laser", work / "laser-then-plain")
     before = read_knowledge(work / "laser" / "knowledge")
     changed_users, new_item = day_two(data, users, min_history, seed)
-    runs["day2_laser"] = run_once("day2-laser", config, base, work / "laser", logs)
-    runs["day2_plain"] = run_once("day2-plain", config, base + PLAIN, work / "laser-then-plain", logs,
-                                  ("--keep-existing",))
+    repeats = [day_two_runs(config, base, work, logs, i) for i in range(max(1, day2_repeats))]
+    runs["day2_laser"], runs["day2_plain"] = repeats[0]
+    rates = {k: [r[j]["tok_s_decode"] for r in repeats] for j, k in enumerate(("day2_laser", "day2_plain"))}
     after = read_knowledge(work / "laser" / "knowledge")
     day2 = after.filter(pl.col("run_id") == runs["day2_laser"]["run_id"])
     got = sorted(zip(day2["entity_type"], day2["entity_id"]))
@@ -156,13 +158,29 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
               "users": users, "min_history": min_history, "seed": seed, "runs": runs,
               "changed_users": changed_users, "new_item": new_item, "regenerated_exactly": got == want,
               "regenerated": len(got), "user_texts_changed": changed_texts,
-              "refresh_ratio": _ratio(runs["day2_laser"]["tok_s_decode"], runs["day2_plain"]["tok_s_decode"]),
+              "day2_tok_s_decode": rates,
+              "refresh_ratio": _ratio(statistics.median(rates["day2_laser"]), statistics.median(rates["day2_plain"])),
               "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
               "quality": run_quality(work, runs), "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
               "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
     json_out.write_text(json.dumps(result, indent=1, default=str))
     print_result(result)
     return result
+
+
+def day_two_runs(config: Path, base: list[str], work: Path, logs: Path, i: int) -> tuple[dict, dict]:
+    """Day 2 drafting and not, each on its own copy of day 1's output; the order alternates by repeat ``i``
+    so that a drift in the machine's load falls on both."""
+    laser, plain = work / ("laser" if i == 0 else f"laser-{i}"), work / f"laser-then-plain-{i}"
+    if i:
+        shutil.copytree(work / "day1" / "laser", laser)
+    shutil.copytree(work / "day1" / "laser", plain)
+    order = [("laser", laser), ("plain", plain)] if i % 2 == 0 else [("plain", plain), ("laser", laser)]
+    got = {}
+    for name, out in order:
+        got[name] = run_once(f"day2-{name}-{i}", config, base + (PLAIN if name == "plain" else []), out, logs,
+                             ("--keep-existing",) if name == "plain" else ())
+    return got["laser"], got["plain"]
 
 
 def _share(x: float | None) -> str:
@@ -195,6 +213,9 @@ def print_result(result: dict[str, Any]) -> None:
     for name, q in result.get("quality", {}).items():
         console.print(f"{name}: {q['rows']} texts, ended {_share(q['ended_share'])}, degenerate "
                       f"{_share(q['degenerate_share'])}, grounding {_share(q['grounding'])}")
-    console.print(f"day 2 decode tok/s, drafting / none: {fmt(result['refresh_ratio'])} (target >= "
+    rates = result.get("day2_tok_s_decode", {})
+    console.print("day 2 decode tok/s per repeat: " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}"
+                                                              for k, v in rates.items()))
+    console.print(f"day 2 decode tok/s, drafting / none (medians): {fmt(result['refresh_ratio'])} (target >= "
                   f"{TARGET_REFRESH}x); day 1 entities/min, drafting / none: {fmt(result['first_run_ratio'])} "
                   f"(target >= {TARGET_FIRST}x); load average {result['machine']['load_average']}")
