@@ -5,21 +5,24 @@ A knowledge store is a directory, local or at an fsspec URI (``s3://``, ``gs://`
 
     <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (``part-00000-<8 hex>.parquet``
                                         off local disks); ``part-00063-c-<8 hex>.parquet``: a compaction
-    <store>/log/000000000042.json       one small entry per commit: a shard added (file, rows, run_id,
-                                        sha256), or small shards replaced by their compaction
+    <store>/log/000000000042.jsonl      one small line per commit: a shard added (file, rows, run_id,
+                                        sha256), or small shards replaced by their compaction; local: one
+                                        file appended to until the next checkpoint, elsewhere one object
+                                        per line (named by the first line's sequence number)
     <store>/manifest.json               a checkpoint: the shard list up to a log entry (``log_seq``)
     <store>/failures.jsonl              entities that could not be generated (id, reason, run_id)
 
 The committed shard list is the checkpoint plus the log entries after it, in order. A commit writes one
-log entry, so its cost does not grow with the store; a writer folds the log into a new checkpoint once
+log line, so its cost does not grow with the store; a writer folds the log into a new checkpoint once
 the log is as long as the checkpoint (at least :data:`CHECKPOINT_MIN` entries) and when it closes, then
-deletes the folded entries. Stores written before the log (a manifest alone) read as a checkpoint.
+deletes the log's files. Stores written before the log (a manifest alone) read as a checkpoint.
 
-Crash safety, local: a shard or log entry becomes visible only by ``os.replace`` of a fully written,
-fsynced temp file, so both are always complete. A shard renamed just before a crash but missing from the
-log is read anyway and adopted when a writer next opens the store. On filesystems without atomic rename
-(object stores): each shard is one put under a unique name, then its log entry is put (an exclusive
-create): that put is the commit. Readers trust only what is committed there; a shard object a crash left
+Crash safety, local: a shard becomes visible only by ``os.replace`` of a fully written, fsynced temp
+file, so a shard on disk is always complete; its log line is then appended and fsynced (the commit). A
+last line a crash cut short is ignored; a shard renamed just before a crash but not committed is read
+anyway and adopted when a writer next opens the store. On filesystems without atomic rename (object
+stores): each shard is one put under a unique name, then its log entry is put as a new object (an
+exclusive create): that put is the commit. Readers trust only what is committed there; a shard object a crash left
 uncommitted is ignored by readers and deleted by the next writer, and its entities are generated again.
 Either way readers never modify the store, so they may run while a job writes, and resume reads
 :func:`done_keys` (the committed shards) and skips those entities, so a re-run neither loses nor
@@ -63,7 +66,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.lock import check_held, output_lock
-from pipelines.storage import Location, StorageError, atomic_write_local
+from pipelines.storage import Location, StorageError, atomic_write_local, fsync_dir
 from pipelines.storage import file_mode  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
@@ -133,12 +136,12 @@ FORMAT = "laser-knowledge/2"
 FAILURES = "failures.jsonl"
 QUARANTINE = "quarantine"  # corrupt shards are moved here by the next writer; their entities are regenerated
 CHECKPOINT_MIN = 64  # log entries a writer lets pile up at least before it writes a checkpoint
-COMPACT_AFTER = 64  # small shards (under half COMPACT_ROWS rows) that make a writer compact
+COMPACT_AFTER = 64  # small shards (under a quarter of COMPACT_ROWS rows) that make a writer compact
 COMPACT_ROWS = 65536  # rows of a merged shard, at most
 # the 8 hex digits: unique names off local disks; "-c": a compaction's merged shard (its number is its last
 # source's, so shard numbers keep the write order)
 _SHARD_RE = re.compile(r"^part-(\d{5,})(-c)?(?:-[0-9a-f]{8})?\.parquet$")
-_LOG_RE = re.compile(r"^(\d{12})\.json$")
+_LOG_RE = re.compile(r"^(\d{12})\.jsonl$")  # a log file, named by its first entry's sequence number
 _REPLACES = b"laser.replaces"  # a merged shard's Parquet metadata: the shards it replaces (for a rebuild)
 _VERIFY_SLACK_NS = 2_000_000_000  # a file modified this close to its check is checked again on the next read
 
@@ -264,6 +267,7 @@ class Manifest:
     retired: list[str] = field(default_factory=list)
     checkpoint_seq: int = -1  # the log_seq of the checkpoint it was read from: entries after it are pending
     checkpoint_shards: int = 0  # shards in that checkpoint
+    log_file: str | None = None  # the local log file this writer appends to (a new one after each checkpoint)
 
     @property
     def n_rows(self) -> int:
@@ -289,20 +293,34 @@ class Manifest:
     @classmethod
     def _load(cls, root: Location) -> "Manifest":
         manifest = cls._checkpoint(root / MANIFEST)
-        seqs = [seq for seq in _log_seqs(root) if seq > manifest.log_seq]
-        for expected, seq in enumerate(seqs, manifest.log_seq + 1):
-            if seq != expected:  # a gap: entries folded (deleted) while listed, or lost
-                raise _LogMoved()
-            path = _log_path(root, seq)
+        files = _log_files(root)
+        for n, path in enumerate(files):
             try:
-                entry = json.loads(path.read_text())
-                manifest.apply(entry)
-            except FileNotFoundError:
+                lines = path.read_bytes().split(b"\n")
+            except FileNotFoundError:  # folded into a checkpoint since it was listed
                 raise _LogMoved() from None
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise TornManifestError(f"{path}: unreadable knowledge log entry ({exc})") from exc
-            manifest.log_seq = seq
+            for k, line in enumerate(lines):
+                last = n == len(files) - 1 and k == len(lines) - 1
+                if line.strip():
+                    manifest._replay(path, line, last)
         return manifest
+
+    def _replay(self, path: Location, line: bytes, last: bool) -> None:
+        """Apply one log line (when newer than the checkpoint); an unreadable last line of the last log file
+        is a commit a crash cut short (ignored), any other is a torn log."""
+        try:
+            entry = json.loads(line)
+            seq = entry["seq"]
+            if seq <= self.log_seq:
+                return
+            if seq != self.log_seq + 1:  # a gap: entries folded (deleted) while listed, or lost
+                raise _LogMoved()
+            self.apply(entry)
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError) as exc:
+            if last:
+                return
+            raise TornManifestError(f"{path}: unreadable knowledge log entry ({exc})") from exc
+        self.log_seq = seq
 
     @classmethod
     def _checkpoint(cls, path: Location) -> "Manifest":
@@ -383,37 +401,46 @@ def _shard_files(root: Location) -> list[str]:
     return [n for n in root.names("part-*.parquet") if _SHARD_RE.match(n)]
 
 
-def _log_path(root: Location, seq: int) -> Location:
-    return root / LOG / f"{seq:012d}.json"
-
-
-def _log_seqs(root: Location) -> list[int]:
-    return sorted(int(m.group(1)) for m in map(_LOG_RE.match, (root / LOG).names("*.json")) if m)
+def _log_files(root: Location) -> list[Location]:
+    """The log's files in sequence order: local, one file a writer appends to between checkpoints; elsewhere
+    one object per entry."""
+    return [root / LOG / n for n in sorted((root / LOG).names("*.jsonl")) if _LOG_RE.match(n)]
 
 
 def _put_log_entry(path: Location, data: bytes) -> None:
-    """Write one log entry: local, atomically (temp + fsync + rename); elsewhere one exclusive put."""
-    if path.local:
-        path.write_bytes(data)
-    elif not path.create(data):
-        raise StorageError(f"{path}: already committed by another writer; one writer per store")
+    """Commit one log line: local, appended to the log file ``path`` and fsynced (a new file: its folder too);
+    elsewhere one exclusive put of a new object (object stores have no appends)."""
+    if not path.local:
+        if not path.create(data):
+            raise StorageError(f"{path}: already committed by another writer; one writer per store")
+        return
+    new = not os.path.exists(path.path)
+    with open(path.path, "ab") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if new:
+        fsync_dir(path.parent.local_path)
 
 
 def commit(root: Location, manifest: Manifest, entry: dict[str, Any]) -> None:
-    """Append ``entry`` to the store's log (the commit point), then to ``manifest`` in memory."""
+    """Append ``entry`` to the store's log (the commit point), then to ``manifest`` in memory. Local stores
+    append to one log file until the next checkpoint; the others put one object per entry."""
     seq = manifest.log_seq + 1
-    _put_log_entry(_log_path(root, seq), json.dumps({"seq": seq, **entry}).encode())
+    if not root.local or manifest.log_file is None:
+        manifest.log_file = f"{seq:012d}.jsonl"
+    _put_log_entry(root / LOG / manifest.log_file, (json.dumps({"seq": seq, **entry}) + "\n").encode())
     manifest.apply(entry)  # only once committed: a failed commit leaves nothing listed twice
     manifest.log_seq = seq
 
 
 def checkpoint(root: Location, manifest: Manifest) -> None:
-    """Fold the log into a new checkpoint (atomic), then delete the folded entries; killed between the two,
-    readers skip the entries the checkpoint already holds."""
+    """Fold the log into a new checkpoint (atomic), then delete the log's files; killed between the two,
+    readers skip the entries the checkpoint already holds. The next commit starts a new log file."""
     manifest.save(root)
-    for seq in _log_seqs(root):
-        if seq <= manifest.log_seq:
-            _log_path(root, seq).remove()
+    for path in _log_files(root):
+        path.remove()
+    manifest.log_file = None
     manifest.checkpoint_seq, manifest.checkpoint_shards = manifest.log_seq, len(manifest.shards)
 
 
@@ -502,9 +529,7 @@ def _rebuild_torn(root: Location) -> None:
     manifest, unreadable = Manifest.rebuild(root)
     for name in unreadable:
         _quarantine(root, name)
-    logged = [int(m.group(1)) for m in map(_LOG_RE.match, (root / LOG).names("*")) if m]
-    manifest.log_seq = max(logged, default=-1)  # every log entry is folded in (the shards were read instead)
-    checkpoint(root, manifest)
+    checkpoint(root, manifest)  # every log file deleted: the shards were read instead
     moved = f"; {len(unreadable)} unreadable moved to {QUARANTINE}/" if unreadable else ""
     log.warning("%s; rebuilt from the %d shards in the store (%d rows)%s", torn, len(manifest.shards),
                 manifest.n_rows, moved)
@@ -523,7 +548,7 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
     with output_lock(root, run_id="open-store"):  # the store's own lock; reentrant for its writer
         _rebuild_torn(root)
         manifest = Manifest.load(root)
-        dirty = manifest.pending > 0 or not (root / MANIFEST).exists()
+        dirty = bool(_log_files(root)) or not (root / MANIFEST).exists()
         dirty = _drop_uncommitted(root, manifest) or dirty
         if root.local:
             (root / LOG).mkdir(exist_ok=True)
@@ -578,7 +603,8 @@ def quarantine_corrupt(root: str | Path | Location, manifest: Manifest,
 # ---- compaction ----------------------------------------------------------------------------------------
 
 def _small(shard: Mapping[str, Any], target_rows: int) -> bool:
-    return shard["rows"] < target_rows // 2
+    """A shard worth merging: under a quarter of a merged shard (so a writer's merges rewrite each row once)."""
+    return shard["rows"] < target_rows // 4
 
 
 def _compaction_groups(shards: list[dict[str, Any]], target_rows: int) -> list[list[dict[str, Any]]]:
@@ -799,7 +825,7 @@ def _iter_tables(root: Location, manifest: Manifest, columns: Sequence[str] | No
                 i, start, skip = _locate(shards, start + skip)
                 continue
             table = table.slice(skip, stop - start - skip)
-            if rows is not None:
+            if rows is not None and hi - lo < table.num_rows:  # every row of the shard: no copy
                 table = table.take(pa.array([p - start - skip for p in rows[lo:hi]], pa.int64()))
             yield start + skip, table
         i, start, skip = i + 1, start + shard["rows"], 0

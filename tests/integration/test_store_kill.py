@@ -17,8 +17,8 @@ from tests.helpers import knowledge_row as row
 REPO = Path(__file__).resolve().parents[2]
 
 # The child writes (or compacts) ``store`` and SIGKILLs itself at one step: ``hook`` names the function it
-# wraps, ``match`` a part of the path the step writes or deletes, ``nth`` which such call dies, ``torn`` whether
-# the temp file is written whole first (a crash mid-write) or nothing is (a crash just before it).
+# wraps, ``match`` a part of the path the step writes or deletes, ``nth`` which such call dies (atomic writes:
+# after the temp file is written whole; log lines: before the line, or after half of it).
 CHILD = """
 import os, signal, sys
 from pathlib import Path
@@ -39,10 +39,12 @@ if hook == "atomic_write_local":
             os.kill(os.getpid(), signal.SIGKILL)
         return real(path, write)
     storage.atomic_write_local = kn.atomic_write_local = crashing
-elif hook == "put_log":
+elif hook in ("put_log", "cut_log"):  # killed before the log line, or half way through writing it
     real_put = kn._put_log_entry
     def dying_put(path, data):
         if due(path):
+            if hook == "cut_log":
+                real_put(path, data[:len(data) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(path, data)
     kn._put_log_entry = dying_put
@@ -58,11 +60,11 @@ if action == "write":
         for i in range(10):
             w.add(row(i))
 else:
-    kn.compact_store(store, target_rows=8)
+    kn.compact_store(store, target_rows=16)
 """
 
 WRITE = {"shard renamed, log entry not written": ("put_log", "/log/", 3),
-         "log entry written to its temp file, not renamed": ("atomic_write_local", "/log/", 3)}
+         "log line half written": ("cut_log", "/log/", 3)}
 COMPACT = {"merged shard half written": ("atomic_write_local", "-c-", 1),
            "merged shard written, not committed": ("put_log", "/log/", 1),
            "committed, no replaced shard deleted": ("remove", "part-", 1),
@@ -83,7 +85,7 @@ def _clean(store: Path) -> None:
     """Only committed shards are left, no temp file, nothing in the log after the writer's checkpoint."""
     committed = {s["file"] for s in kn.Manifest.load(store).shards}
     assert {p.name for p in store.glob("part-*.parquet")} == committed
-    assert not list(store.rglob("*.tmp")) and not list((store / "log").glob("*.json"))
+    assert not list(store.rglob("*.tmp")) and not list((store / "log").glob("*"))
 
 
 @pytest.mark.parametrize("step", list(WRITE))
@@ -114,6 +116,6 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path, step):
     kn.KnowledgeWriter(store).close()  # the next writer clears what the kill left
     _clean(store)
     assert kn.read_knowledge(store, dedup=False).equals(before)
-    kn.compact_store(store, target_rows=8)  # and compaction goes on from there
+    kn.compact_store(store, target_rows=16)  # and compaction goes on from there
     assert kn.read_knowledge(store, dedup=False).equals(before)
     _clean(store)
