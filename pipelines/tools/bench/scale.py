@@ -548,7 +548,7 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
     root.mkdir(parents=True, exist_ok=True)
     (root / "results").mkdir(exist_ok=True)
     (root / "settings.json").write_text(json.dumps(asdict(settings)))
-    entry: dict[str, Any] = {"stages": {}, "setup": {}}
+    entry: dict[str, Any] = {"stages": {}, "setup": {}, "load_average": {"start": _load()}}
     gen = _spawn_or_reuse("generate", root, settings.budget_s, settings.max_gb, resume)
     if "error" in gen.result:
         return entry | {"error": f"generation: {gen.result['error']}"}
@@ -576,7 +576,16 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
         into[stage] = run.result
         if stage == "load_split" and "users" in run.result:
             entry.update({k: run.result[k] for k in ("users", "items", "interactions")})
+    entry["load_average"]["end"] = _load()
     return with_totals(entry)
+
+
+def _load() -> list[float] | None:
+    """The machine's 1, 5 and 15 minute load averages (the machine may be shared)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def with_totals(entry: dict[str, Any]) -> dict[str, Any]:
