@@ -573,7 +573,9 @@ def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any
         run = _spawn_or_reuse(stage, root, min(left, settings.stage_timeout_s or left), settings.max_gb,
                               resume and stage not in settings.stages)
         used += run.wall_s
-        into[stage] = run.result if run.result.get("reused") else run.result | {"load_average_end": _load()}
+        if not run.result.get("reused"):  # what ran it where: merged files mix runs
+            run.result |= {"load_average_end": _load(), "commit": (code_version() or {}).get("commit")}
+        into[stage] = run.result
         if stage == "load_split" and "users" in run.result:
             entry.update({k: run.result[k] for k in ("users", "items", "interactions")})
     entry["load_average"]["end"] = _load()
