@@ -350,12 +350,12 @@ def bench_lightgcn(json_out: Path = typer.Option(Path("docs/results/lightgcn-ml1
                    data: Path = typer.Option(Path("data/ml-100k"), help="A MovieLens folder (ml-100k: u.data, ...)."),
                    seed: int = typer.Option(0, help="Seed of the split, the training and K-means."),
                    n_clusters: int = typer.Option(8, help="K-means groups whose agreement is measured."),
-                   warm_share: float = typer.Option(0.1, help="Newest share of the interactions the warm row adds.")
-                   ) -> None:
+                   warm_share: float = typer.Option(0.1, help="Newest share of the interactions the warm row adds."),
+                   threads: int = typer.Option(1, help="torch threads of each training.")) -> None:
     """LightGCN per-batch propagation (before) vs linear vs warm: epoch s, peak RSS, recall@20, group agreement."""
     from pipelines.tools.bench.lightgcn import run_lightgcn_bench
 
-    run_lightgcn_bench(json_out, data, seed, n_clusters, warm_share)
+    run_lightgcn_bench(json_out, data, seed, n_clusters, warm_share, threads)
 
 
 @bench_app.command("refresh")

@@ -41,7 +41,7 @@ class LightGCNConfig:
     positive_threshold: float = 4.0   # rating >= this is a positive interaction
     lr: float = 1e-2
     weight_decay: float = 1e-4        # L2 on the layer-0 embeddings of the step's triples (BPR regulariser)
-    propagations_per_epoch: int = 1   # optimizer steps an epoch, each one full-graph propagation
+    propagations_per_epoch: int = 4   # optimizer steps an epoch, each one full-graph propagation
     batch_size: int = 4096            # BPR triples scored at once within a step (memory, not the step size)
     max_epochs: int = 300
     warm_epochs: int = 30             # most epochs of a warm start (``init``); 0: always train from scratch
@@ -267,21 +267,27 @@ def _resolve_device(device: str) -> torch.device:
 def _train_step(model: LightGCN, adjacency: torch.Tensor, triples: torch.Tensor, config: LightGCNConfig) -> float:
     """One optimizer step's gradient on ``triples`` [n, 3] (user, positive, negative): one propagation.
 
-    The BPR loss (mean over the triples) and the L2 term are summed in chunks of ``batch_size`` triples
-    against detached copies of the propagated embeddings; their gradient then flows back through the
-    propagation once. Returns the summed BPR loss.
+    The BPR loss (mean over the triples) and the L2 term are computed in chunks of ``batch_size`` triples
+    on copies of the rows they touch; their gradients are added into full-size buffers (``O(chunk)`` a
+    chunk, so the step stays linear) and flow back through the propagation once. Returns the summed loss.
     """
     user_final, item_final = model(adjacency)
-    users, items = user_final.detach().requires_grad_(), item_final.detach().requires_grad_()
-    layer0, n, total = model.embedding.weight, len(triples), 0.0
+    users, items, layer0 = user_final.detach(), item_final.detach(), model.embedding.weight.detach()
+    grad_users, grad_items, grad_layer0 = torch.zeros_like(users), torch.zeros_like(items), torch.zeros_like(layer0)
+    n, total = len(triples), 0.0
     for chunk in triples.split(config.batch_size):
-        u, p, q = chunk[:, 0], chunk[:, 1], chunk[:, 2]
-        loss = bpr_loss(users[u], items[p], items[q]) * (len(chunk) / n)
-        reg = (layer0[u].pow(2).sum() + layer0[p + model.num_users].pow(2).sum()
-               + layer0[q + model.num_users].pow(2).sum()) / (2 * n)
-        (loss + config.weight_decay * reg).backward()
+        u, p, q = chunk.T
+        nodes = torch.cat([u, p + model.num_users, q + model.num_users])
+        rows = [users[u].requires_grad_(), items[p].requires_grad_(), items[q].requires_grad_(),
+                layer0[nodes].requires_grad_()]
+        loss = bpr_loss(*rows[:3]) * (len(chunk) / n)
+        (loss + config.weight_decay * rows[3].pow(2).sum() / (2 * n)).backward()
+        grad_users.index_add_(0, u, rows[0].grad)
+        grad_items.index_add_(0, p, rows[1].grad).index_add_(0, q, rows[2].grad)
+        grad_layer0.index_add_(0, nodes, rows[3].grad)
         total += float(loss.detach()) * n
-    torch.autograd.backward([user_final, item_final], [users.grad, items.grad])
+    torch.autograd.backward([user_final, item_final], [grad_users, grad_items])
+    model.embedding.weight.grad.add_(grad_layer0)
     return total
 
 
@@ -299,20 +305,33 @@ def _train_epoch(model: LightGCN, adjacency: torch.Tensor, train: torch.Tensor, 
     return total / len(train)
 
 
-def _warm_start(model: LightGCN, graph: InteractionGraph, init: WarmStart, dim: int) -> int:
-    """Copy ``init``'s vectors into the rows of the ids it knows; returns how many rows it set."""
+WARM_MIN_KNOWN = 0.5  # a warm start needs at least this share of the graph's nodes known to it
+
+
+def _warm_start(model: LightGCN, graph: InteractionGraph, init: WarmStart, dim: int) -> bool:
+    """Copy ``init``'s vectors into the rows of the ids it knows; False (nothing copied, logged) when its
+    width differs or it knows under ``WARM_MIN_KNOWN`` of the nodes."""
     if init.users.dim != dim or init.items.dim != dim:
         log.warning("LightGCN warm start has dimension %d, the config %d: training from scratch", init.users.dim, dim)
-        return 0
-    known = 0
+        return False
+    rows, vectors = [], []
+    for ids, start, offset in ((graph.user_ids, init.users, 0), (graph.item_ids, init.items, graph.num_users)):
+        matched = (pl.DataFrame({"id": ids, "row": np.arange(len(ids))})
+                   .join(pl.DataFrame({"id": start.ids, "at": np.arange(len(start))}), on="id"))
+        rows.append(matched["row"].to_numpy() + offset)
+        vectors.append(start.vectors[matched["at"].to_numpy()])
+    known = sum(len(r) for r in rows)
+    if known < WARM_MIN_KNOWN * (graph.num_users + graph.num_items):
+        log.warning("LightGCN warm start knows %d of %d users and items: training from scratch",
+                    known, graph.num_users + graph.num_items)
+        return False
     with torch.no_grad():
-        for ids, start, offset in ((graph.user_ids, init.users, 0), (graph.item_ids, init.items, graph.num_users)):
-            rows = (pl.DataFrame({"id": ids, "row": np.arange(len(ids))})
-                    .join(pl.DataFrame({"id": start.ids, "at": np.arange(len(start))}), on="id"))
-            vectors = torch.as_tensor(start.vectors[rows["at"].to_numpy()], device=model.embedding.weight.device)
-            model.embedding.weight[torch.as_tensor(rows["row"].to_numpy() + offset, dtype=torch.long)] = vectors
-            known += rows.height
-    return known
+        weight = model.embedding.weight
+        weight[torch.as_tensor(np.concatenate(rows), dtype=torch.long, device=weight.device)] = torch.as_tensor(
+            np.concatenate(vectors), device=weight.device)
+    log.info("LightGCN warm start: %d of %d users and items start from the last run", known,
+             graph.num_users + graph.num_items)
+    return True
 
 
 def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = None,
@@ -322,7 +341,8 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
 
     Only users/items with at least one positive interaction get an embedding. With ``init`` (an earlier
     result or its ``layer0``) and ``warm_epochs`` > 0, the ids it knows start from its vectors, new ids as
-    a cold start would, and training runs at most ``warm_epochs`` epochs. Deterministic for a seed on CPU.
+    a cold start would, and training runs at most ``warm_epochs`` epochs (unless it knows under half the
+    nodes, or has another width: then from scratch). Deterministic for a seed on CPU.
     """
     config = config or LightGCNConfig()
     started = time.perf_counter()
@@ -333,7 +353,7 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
     adjacency = sparse_csr(normalized_adjacency(graph.train, graph.num_users, graph.num_items)).to(device)
     model = LightGCN(graph.num_users, graph.num_items, config.embedding_dim, config.num_layers).to(device)
     init = init.layer0 if isinstance(init, LightGCNResult) else init
-    warm = init is not None and config.warm_epochs > 0 and _warm_start(model, graph, init, config.embedding_dim) > 0
+    warm = init is not None and config.warm_epochs > 0 and _warm_start(model, graph, init, config.embedding_dim)
     max_epochs = config.warm_epochs if warm else config.max_epochs
     optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     train = torch.as_tensor(graph.train, dtype=torch.long, device=device)

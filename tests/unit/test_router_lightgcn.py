@@ -141,7 +141,8 @@ def test_sparse_propagation_matches_dense_forward_and_gradient():
 def test_chunked_loss_gives_the_whole_steps_gradient():
     _, split, adjacency = _small()
     train = torch.as_tensor(split.train)
-    triples = torch.cat([train, torch.randint(split.num_items, (len(train), 1), generator=torch.Generator().manual_seed(0))], 1)
+    negatives = torch.randint(split.num_items, (len(train), 1), generator=torch.Generator().manual_seed(0))
+    triples = torch.cat([train, negatives], 1)
     grads = []
     for chunk in (7, 10**6):
         torch.manual_seed(0)
@@ -166,7 +167,7 @@ def test_chunked_evaluation_matches_dense_recall_in_bounded_chunks(monkeypatch):
     items = torch.as_tensor(rng.normal(size=(split.num_items, 4)))
     shapes = []
     real = lgcn._chunk_scores
-    monkeypatch.setattr(lgcn, "_chunk_scores", lambda u, i: shapes.append(tuple(u.shape[:1]) + (i.shape[0],)) or real(u, i))
+    monkeypatch.setattr(lgcn, "_chunk_scores", lambda u, i: shapes.append((u.shape[0], i.shape[0])) or real(u, i))
     sample = eval_sample(split, max_users=10**6, seed=0)
     dense = recall_at_k((users @ items.T).numpy(), split.train, split.test, k=5)
     assert chunked_recall(users, items, sample, k=5, chunk=8) == pytest.approx(dense)
@@ -219,7 +220,8 @@ def test_warm_start_keeps_known_vectors_and_initialises_new_ids(monkeypatch):
     assert not cold.warm_started and warm.warm_started and warm.epochs <= WARM.warm_epochs < cold.epochs
     (_, cold_start), (_, warm_start) = starts
     n_users = len(warm.users.ids)
-    for ids, known, offset in ((warm.users.ids, earlier.layer0.users, 0), (warm.items.ids, earlier.layer0.items, n_users)):
+    known_users, known_items = earlier.layer0.users, earlier.layer0.items
+    for ids, known, offset in ((warm.users.ids, known_users, 0), (warm.items.ids, known_items, n_users)):
         for row, entity in enumerate(ids):
             expected = (torch.as_tensor(known.subset([entity]).vectors[0]) if entity in known.ids
                         else cold_start[row + offset])   # a new id: what a cold start gives it
@@ -239,11 +241,14 @@ def test_warm_start_saves_and_loads_and_falls_back(tmp_path, caplog):
     assert "unreadable" in caplog.text
 
 
-def test_warm_start_of_another_width_or_disabled_trains_from_scratch():
+def test_warm_start_of_another_width_few_ids_or_disabled_trains_from_scratch():
     frame = _small()[0].interactions
     other = WarmStart(Embeddings(["u1"], np.ones((1, 3))), Embeddings(["i1"], np.ones((1, 3))))
     assert not train_lightgcn(frame, WARM, init=other).warm_started
     earlier = train_lightgcn(frame, WARM)
+    known = earlier.layer0
+    few = WarmStart(known.users.subset(known.users.ids[:5]), known.items.subset(known.items.ids[:20]))
+    assert not train_lightgcn(frame, WARM, init=few).warm_started     # 25 of 110 users and items
     off = LightGCNConfig(**{**WARM.__dict__, "warm_epochs": 0})
     assert not train_lightgcn(frame, off, init=earlier).warm_started
 

@@ -11,10 +11,13 @@ Rows, each trained in a fresh process (so its peak RSS is its own) on the datase
 - **warm**: the linear training on the interactions without the newest ``warm_share`` of them, then a
   warm start (``init``) on all of them; the row times the warm run.
 
-Each row: epochs, mean seconds of a training epoch (evaluation excluded), seconds to the end, peak RSS,
-best recall@20 on the held-out positives (same split for every row but seed+1), and the agreement of its
-K-means groups (``routing.n_clusters`` = 8 by default, seed 0) with the per-batch row's: adjusted Rand
-index over the users, and over the items. Prints a table and writes JSON.
+Each row runs with ``threads`` torch threads (default 1: on a shared machine two threads wait on each
+other). Each row: epochs, mean seconds of a training epoch (evaluation excluded), seconds to the end, peak
+RSS (and its part above the RSS training started from), best recall@20 on the held-out positives (same
+split for every row but seed+1; the warm row's is optimistic: some of its held-out positives were training
+positives of the run it starts from), and the agreement of its K-means groups (``n_clusters``, seed 0)
+with the per-batch row's: adjusted Rand index over the users, and over the items. Prints a table and
+writes JSON.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ class Row:
     epoch_s: float
     train_s: float
     peak_rss_mib: float
+    train_rss_mib: float  # the peak above the RSS training started from
     recall_at_20: float
     ari_users: float | None = None
     ari_items: float | None = None
@@ -124,27 +128,34 @@ def _per_batch_epoch(model, adjacency, train, optimizer, config, generator) -> f
     return total / len(train)
 
 
-def _train_row(name: str, data: str, seed: int, overrides: dict, warm_share: float) -> Row:
+def _rss_mib() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _train_row(name: str, data: str, seed: int, overrides: dict, warm_share: float, threads: int) -> Row:
     """One row, in its own process: load the data, train, measure."""
     import polars as pl
+    import torch
 
     import router.lightgcn as lg
     from pipelines.config import DatasetConfig
     from pipelines.data.load import load_dataset
 
+    torch.set_num_threads(threads)
     interactions = load_dataset(DatasetConfig(format="movielens", path=data)).interactions
     config = lg.LightGCNConfig(seed=seed, progress=False, **overrides)
     init = None
     if name == "warm":
         cut = interactions["timestamp"].quantile(1 - warm_share)
         init = lg.train_lightgcn(interactions.filter(pl.col("timestamp") <= cut), config)
+    before = _rss_mib()
     if name.startswith("per-batch"):
         result = train_per_batch(interactions, config)
     else:
         result = lg.train_lightgcn(interactions, config, init=init)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Row(name, result.epochs, result.best_epoch, result.epoch_seconds, result.train_seconds, peak,
-               result.best_recall, vectors={"users": result.users, "items": result.items})
+               max(peak - before, 0.0), result.best_recall, vectors={"users": result.users, "items": result.items})
 
 
 def _agreement(rows: list[Row], n_clusters: int) -> None:
@@ -166,20 +177,21 @@ def _agreement(rows: list[Row], n_clusters: int) -> None:
 
 
 def run_lightgcn_bench(out: Path, data: Path, seed: int = 0, n_clusters: int = 8, warm_share: float = 0.1,
-                       overrides: dict | None = None) -> dict:
-    """Train every row, print a table, write ``out`` (JSON); returns what it wrote."""
+                       threads: int = 1, overrides: dict | None = None) -> dict:
+    """Train every row (``threads`` torch threads each), print a table, write ``out`` (JSON); returns it."""
     overrides = overrides or {}
     names = [("per-batch", seed), ("per-batch, seed+1", seed + 1), ("linear", seed), ("warm", seed)]
     context = multiprocessing.get_context("spawn")
+    load = os.getloadavg()[0]
     rows = []
     for name, row_seed in names:
         with ProcessPoolExecutor(max_workers=1, mp_context=context) as executor:
-            rows.append(executor.submit(_train_row, name, str(data), row_seed, overrides, warm_share).result())
+            rows.append(executor.submit(_train_row, name, str(data), row_seed, overrides, warm_share, threads).result())
     _agreement(rows, n_clusters)
     today, linear = rows[0], rows[2]
     results = {
         "dataset": str(data), "seed": seed, "n_clusters": n_clusters, "warm_share": warm_share,
-        "overrides": overrides, "cpus": os.cpu_count(), "load_average": os.getloadavg()[0],
+        "overrides": overrides, "threads": threads, "cpus": os.cpu_count(), "load_average": [load, os.getloadavg()[0]],
         "rows": [{k: v for k, v in asdict(r).items() if k != "vectors"} for r in rows],
         "recall_ratio": linear.recall_at_20 / today.recall_at_20 if today.recall_at_20 else None,
         "epoch_speedup": today.epoch_s / linear.epoch_s if linear.epoch_s else None,
@@ -196,15 +208,16 @@ def _print(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"LightGCN on {results['dataset']}: per-batch propagation vs linear")
-    for name in ("training", "epochs", "best epoch", "s / epoch", "s total", "peak RSS MiB", "recall@20",
-                 "ARI users", "ARI items"):
+    table = Table(title=f"LightGCN on {results['dataset']}: per-batch propagation vs linear "
+                        f"({results['threads']} thread(s), load average {results['load_average'][0]:.1f})")
+    for name in ("training", "epochs", "best epoch", "s / epoch", "s total", "peak RSS MiB", "training MiB",
+                 "recall@20", "ARI users", "ARI items"):
         table.add_column(name, justify="right")
     for r in results["rows"]:
-        table.add_row(r["name"], str(r["epochs"]), str(r["best_epoch"]), f"{r['epoch_s']:.3f}", f"{r['train_s']:.1f}",
-                      f"{r['peak_rss_mib']:.0f}", f"{r['recall_at_20']:.4f}", f"{r['ari_users']:.3f}",
-                      f"{r['ari_items']:.3f}")
-    console = Console()
+        table.add_row(r["name"], str(r["epochs"]), str(r["best_epoch"]), f"{r['epoch_s']:.3f}",
+                      f"{r['train_s']:.1f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_rss_mib']:.0f}",
+                      f"{r['recall_at_20']:.4f}", f"{r['ari_users']:.3f}", f"{r['ari_items']:.3f}")
+    console = Console(width=150)
     console.print(table)
-    console.print(f"recall@20 linear / per-batch = {results['recall_ratio']:.3f} (target >= {1 - RECALL_TOLERANCE:.2f}); "
-                  f"epoch speed-up {results['epoch_speedup']:.1f}x")
+    console.print(f"recall@20 linear / per-batch = {results['recall_ratio']:.3f} "
+                  f"(target >= {1 - RECALL_TOLERANCE:.2f}); epoch speed-up {results['epoch_speedup']:.1f}x")
