@@ -30,8 +30,9 @@ def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str,
     return table, hierarchy
 
 
-def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
-    """Per entity type: (attribute groups, collaborative groups or None), over every user and item."""
+def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """Per entity type: (attribute groups, collaborative groups or None), over every user and item; with
+    ``write`` LightGCN's parameters are kept as the next run's warm start."""
     import router
 
     ds, split, rc = data.dataset, data.split, cfg.routing
@@ -40,7 +41,8 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
     warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
     try:
         emb = router.train_lightgcn(split.routing_interactions, lg, init=router.WarmStart.load(warm))
-        emb.layer0.save(warm)
+        if write:
+            emb.layer0.save(warm)
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
@@ -63,11 +65,11 @@ def groups_of(cfg: JobConfig, data: JobData) -> dict[str, tuple[pl.DataFrame, pl
 
 def step_route(cfg: JobConfig, data: JobData, write: bool = True) -> pl.DataFrame:
     """Step 2: route every user and item; with ``write`` (not in a dry run) the routing table and the group
-    memberships are saved as Parquet."""
+    memberships are saved as Parquet, and LightGCN's parameters for the next run."""
     import router
 
     paths = JobPaths.of(cfg)
-    groups = groups_of(cfg, data)
+    groups = groups_of(cfg, data, write)
     old = data.split.routing_interactions
     policies = {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy}
     tables, members = [], []

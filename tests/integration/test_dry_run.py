@@ -16,7 +16,7 @@ def test_dry_run_plans_every_entity_and_writes_nothing(tiny_model, tmp_path):
     out = tmp_path / "job"
     cfg = incremental_config(tiny_model, data, out)
     est = dry_run(cfg)
-    assert not out.exists() and not JobPaths.of(cfg).routing.exists()  # nothing written, not even routing
+    assert not out.exists() and not JobPaths.of(cfg).routing.exists()  # nothing written: no routing, no LightGCN
     assert est.planned == sum(r["entities"] for r in est.entities) > 6  # a first run: every entity is new
     assert {r["reason"] for r in est.entities} == {"new"}
     assert {r["entity_type"] for r in est.entities} == {"user", "item"}
