@@ -62,7 +62,7 @@ def test_plugin_runs_in_a_job(plugin_dir, tmp_path):
     model = save_tiny_model(tmp_path / "model")
     out = tmp_path / "job"
     sets = ["dataset.format=synthetic", "dataset.seed=3", "dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10",
-            "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=8", "split.max_hist=4",
+            "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=8", "split.mode=paper", "split.max_hist=4",
             f"model.name={model}", "model.dtype=float32", "decoder.name=prompt_lookup", "decoder.params.num_tokens=4",
             "old_knowledge.decoder=prompt_lookup", "generation.max_new_tokens=16", "generation.max_prompt_tokens=2000",
             "routing.n_clusters=2", "execution.num_workers=1", f"output.path={out}"]
