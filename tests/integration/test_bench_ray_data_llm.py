@@ -25,7 +25,7 @@ def tiny(tmp_path_factory):
 def _config(tmp_path, model: str, **extra) -> str:
     tree = {"dataset": {"format": "synthetic", "seed": 3, "limit_users": 2, "limit_items": 3,
                         "synthetic": {"n_users": 10, "n_items": 16, "n_clusters": 2, "max_history": 10}},
-            "split": {"max_hist": 6, "new_item_fraction": 0.5}, "model": {"name": model, "dtype": "float32"},
+            "split": {"mode": "paper", "max_hist": 6, "new_item_fraction": 0.5}, "model": {"name": model, "dtype": "float32"},
             "decoder": {"name": "laser", "params": {"verification": "greedy"}},
             "generation": {"max_new_tokens": 6, "max_prompt_tokens": 2000, "degenerate": "keep"},
             "routing": {"n_clusters": 2, "max_group_size": 6},
