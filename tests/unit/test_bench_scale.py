@@ -207,3 +207,7 @@ def test_every_stage_runs_at_a_tiny_size(tmp_path):
     inc = stages["incremental"]
     assert inc["changed"] == inc["changed_users"] == inc["planned"] == 2  # 1% of 180 users
     assert stages["route"]["collaborative"] and "collaborative" in stages["route"]["pool_kinds"]
+    again = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(200,), stages=("plan", "store_write")),
+                                  work=tmp_path / "w", merge=True)  # the store of the first run exists
+    assert again["sizes"]["200"]["stages"]["plan"]["planned"] == 200
+    assert again["sizes"]["200"]["stages"]["store_write"]["rows"] == 200

@@ -317,8 +317,8 @@ def stage_plan(ctx: Ctx, meter: Meter) -> dict[str, Any]:
 
     _warm_plan()
     ds, split = ctx.dataset(), ctx.split()
-    with meter:
-        plan = _plan(ctx, ds, split, read_knowledge(ctx.root / "out" / "knowledge"))
+    with meter:  # a first run: its output holds no knowledge yet (never the store_write stage's)
+        plan = _plan(ctx, ds, split, read_knowledge(ctx.root / "out" / "no-knowledge-yet"))
     _todo_frame(plan.todo).write_parquet(ctx.root / "plan.parquet")
     return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None}
 
