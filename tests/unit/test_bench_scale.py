@@ -129,6 +129,7 @@ def test_failed_stage_is_recorded_dependents_skipped_rest_run(tmp_path, monkeypa
     assert "store_write" in stages["latest_view"]["skipped"] and "store_write" in stages["incremental"]["skipped"]
     assert "latest_view" not in calls and "incremental" not in calls
     assert result["sizes"]["100"]["total_s"] == pytest.approx(4.0)  # load_split, route, pools, plan
+    assert result["sizes"]["100"]["finished"] == ["load_split", "route", "pools", "plan"]
     assert json.loads((tmp_path / "scale.json").read_text())["sizes"]["100"]["stages"]["lightgcn"]["error"]
 
 
@@ -166,6 +167,9 @@ def test_slopes_between_consecutive_sizes():
     assert scale.slopes(sizes)["plan"] == {"10-100": 1.0, "100-1000": 2.0}
     assert scale.slopes(sizes, "peak_gb")["plan"] == {"10-100": 0.0, "100-1000": 0.0}
     assert scale.project(sizes, "plan", 10_000) == pytest.approx(1000.0 * 100)  # slope 2 carried on
+    assert set(scale.slopes(sizes)["total"]) == {"10-100", "100-1000"}
+    sizes["1000"]["finished"] = ["plan", "pools"]  # another set of stages: no total slope to it
+    assert set(scale.slopes(sizes)["total"]) == {"10-100"}
 
 
 def test_a_stage_process_over_max_memory_or_time_is_killed_and_recorded(tmp_path):
@@ -175,8 +179,11 @@ def test_a_stage_process_over_max_memory_or_time_is_killed_and_recorded(tmp_path
     run = scale.spawn_stage("generate", root, timeout_s=60, max_gb=0.001)
     assert run.result["error"].startswith("out of memory")
     assert json.loads((root / "results" / "generate.json").read_text())["error"] == run.result["error"]
-    slow = scale.spawn_stage("generate", root, timeout_s=0.3, max_gb=8)  # imports alone take longer
-    assert slow.result["error"].startswith("too slow: still running after 0 s")
+    big = tmp_path / "5000000"  # 5M entities: generation takes far longer than a second
+    (big / "results").mkdir(parents=True)
+    (big / "settings.json").write_text(json.dumps({"sizes": [5_000_000]}))
+    slow = scale.spawn_stage("generate", big, timeout_s=1, max_gb=8)
+    assert slow.result["error"].startswith("too slow: still running after 1 s")
     crashed = scale.spawn_stage("load_split", root, timeout_s=60, max_gb=8)  # no tables: it raises
     assert "error" in crashed.result and "Error" in crashed.result["error"]
 

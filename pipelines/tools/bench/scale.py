@@ -594,6 +594,7 @@ def with_totals(entry: dict[str, Any]) -> dict[str, Any]:
     """``total_s`` and ``peak_gb`` over the stages that finished; ``incremental_ratio``: the incremental stage's
     seconds over the other stages' together."""
     done = {k: v for k, v in entry["stages"].items() if "s" in v}
+    entry["finished"] = [s for s in STAGES if s in done]  # what total_s adds up
     entry["total_s"] = sum(v["s"] for v in done.values())
     entry["peak_gb"] = max((v["peak_gb"] for v in done.values()), default=0.0)
     full = sum(v["s"] for k, v in done.items() if k != "incremental")
@@ -605,7 +606,7 @@ def with_totals(entry: dict[str, Any]) -> dict[str, Any]:
 
 def merge_sizes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """``old`` sizes with ``new`` measured over them, stage by stage (a rerun of some stages keeps the rest)."""
-    merged = {k: dict(v, stages=dict(v.get("stages", {}))) for k, v in old.items()}
+    merged = {k: with_totals(dict(v, stages=dict(v.get("stages", {})))) for k, v in old.items()}
     for key, entry in new.items():
         stages = {**merged.get(key, {}).get("stages", {}), **entry.get("stages", {})}
         merged[key] = with_totals({**merged.get(key, {}), **entry, "stages": stages})
@@ -625,11 +626,17 @@ def slopes(sizes: dict[str, Any], key: str = "s") -> dict[str, dict[str, float]]
         points = [(int(k), sizes[k].get(total) if stage == "total" else sizes[k]["stages"].get(stage, {}).get(key))
                   for k in order]
         points = [(n, y) for n, y in points if y]
-        pairs = {f"{a[0]}-{b[0]}": loglog_slope(*a, *b) for a, b in zip(points, points[1:])}
+        pairs = {f"{a[0]}-{b[0]}": loglog_slope(*a, *b) for a, b in zip(points, points[1:])
+                 if stage != "total" or _same_stages(sizes, a[0], b[0])}
         pairs = {k: round(v, 3) for k, v in pairs.items() if v is not None}
         if pairs:
             out[stage] = pairs
     return out
+
+
+def _same_stages(sizes: dict[str, Any], a: int, b: int) -> bool:
+    """Whether two sizes' totals add up the same stages (else their slope compares different work)."""
+    return sizes[str(a)].get("finished") == sizes[str(b)].get("finished")
 
 
 def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None = None,
@@ -666,7 +673,8 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
         if own:
             shutil.rmtree(work, ignore_errors=True)
     sizes = merge_sizes(earlier, sizes)
-    result = {"settings": asdict(settings), "targets": TARGETS, "sizes": sizes, "skipped_sizes": skipped,
+    result = {"settings": asdict(settings), "merged": merge, "targets": TARGETS, "sizes": sizes,
+              "skipped_sizes": skipped,
               "slopes": slopes(sizes), "peak_slopes": slopes(sizes, "peak_gb"),
               "machine": machine_info(), "versions": versions(), "code": code_version()}
     json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -748,6 +756,9 @@ def print_result(result: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     for k in order:
+        left_out = [s for s in STAGES if s in sizes[k]["stages"] and s not in sizes[k].get("finished", STAGES)]
+        if left_out:
+            console.print(f"{int(k):,}: all stages leaves out {', '.join(left_out)} (did not finish)")
         for stage, entry in sizes[k]["stages"].items():
             if "error" in entry or "skipped" in entry:
                 console.print(f"{int(k):,} {stage}: {entry.get('error') or entry.get('skipped')}")
