@@ -715,21 +715,36 @@ def plot(result: dict[str, Any], path: Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), "o-", label=stage, markersize=4)
         total_key = "total_s" if key == "s" else "peak_gb"
-        pts = [(int(k), sizes[k][total_key]) for k in order if sizes[k].get(total_key)]
+        pts = [(int(k), sizes[k][total_key], tuple(sizes[k].get("finished", ()))) for k in order
+               if sizes[k].get(total_key)]
+        for i, segment in enumerate(_segments(pts)):  # a total is only joined to totals of the same stages
+            ax.plot(*zip(*segment), "ks-", lw=2, markersize=5,
+                    label=("all stages (joined where the same stages finished)" if key == "s" else
+                           "peak (any stage)") if i == 0 else None)
         if pts:
-            ax.plot(*zip(*pts), "k-", lw=2, label="all stages" if key == "s" else "peak (any stage)")
-            n0, y0 = pts[0]
+            n0, y0, _ = pts[0]
             ax.plot([n0, n0 * 100], [y0, y0 * 100], "k:", lw=1, label="linear from the smallest")
         ax.axhline(target, color="tab:red", ls="--", lw=1, label="1M target")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("entities (users + items)")
         ax.set_ylabel(label)
-    axes[0].legend(fontsize=7, ncol=2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7, bbox_to_anchor=(0.5, -0.1))
     fig.suptitle(f"laser bench scale: every stage but generation ({result['settings']['lightgcn_epochs']} LightGCN "
                  f"epoch(s))")
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def _segments(points: list[tuple[int, float, tuple]]) -> list[list[tuple[int, float]]]:
+    """Consecutive (n, y) points grouped while their third element (the finished stages) stays the same."""
+    out: list[list[tuple[int, float]]] = []
+    for i, (n, y, key) in enumerate(points):
+        if i == 0 or key != points[i - 1][2]:
+            out.append([])
+        out[-1].append((n, y))
+    return out
 
 
 def _cell(entry: dict[str, Any]) -> str:
