@@ -41,7 +41,7 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
     warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
     try:
         emb = router.train_lightgcn(split.routing_interactions, lg, init=router.WarmStart.load(warm))
-        if write:
+        if write and emb.layer0 is not None:  # a result without its parameters has no warm start to keep
             emb.layer0.save(warm)
     except ValueError as exc:  # e.g. no positive interaction at all: every entity goes to its attribute pool
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)

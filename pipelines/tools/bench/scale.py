@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import pickle
 import resource
 import shutil
 import subprocess
@@ -232,8 +231,12 @@ def stage_lightgcn(ctx: Ctx, meter: Meter) -> dict[str, Any]:
                                    progress=False, max_epochs=epochs, eval_every=epochs)
     with meter:
         result = router.train_lightgcn(interactions, config)
-    with open(ctx.root / "lightgcn.pkl", "wb") as fh:
-        pickle.dump(result, fh)
+    from router.embeddings import save_embeddings
+
+    save_embeddings(result.users, ctx.root / "lightgcn-users.parquet")  # data files, never pickles
+    save_embeddings(result.items, ctx.root / "lightgcn-items.parquet")
+    (ctx.root / "lightgcn.json").write_text(json.dumps({"best_recall": result.best_recall,
+                                                       "best_epoch": result.best_epoch}))
     return {"epochs": result.epochs, "epoch_s": result.epoch_seconds, "recall_at_k": result.best_recall,
             "positives_users": len(result.users), "positives_items": len(result.items)}
 
@@ -245,8 +248,11 @@ def stage_route(ctx: Ctx, meter: Meter) -> dict[str, Any]:
 
     trained = None
     if ctx.done("lightgcn"):
-        with open(ctx.root / "lightgcn.pkl", "rb") as fh:
-            trained = pickle.load(fh)
+        from router.embeddings import load_embeddings
+
+        trained = router.LightGCNResult(load_embeddings(ctx.root / "lightgcn-users.parquet"),
+                                        load_embeddings(ctx.root / "lightgcn-items.parquet"),
+                                        **json.loads((ctx.root / "lightgcn.json").read_text()))
 
     def given(*_: Any, **__: Any) -> Any:  # step_route trains LightGCN; the lightgcn stage already did (timed)
         if trained is None:
