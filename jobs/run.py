@@ -96,12 +96,17 @@ def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
 
 
 def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
-    """Step 3 alone: build the pools from old knowledge (needs `laser route` first)."""
-    from pipelines.knowledge.routing import step_build_pools
+    """Step 3 alone: build the pools the job's decoder drafts from, from old knowledge (needs `laser route` first)."""
+    from pipelines.knowledge.job import check_job
+    from pipelines.knowledge.pool_build import step_build_pools
 
     cfg = _load(config, set_)
+    need = check_job(cfg).cls.pool
+    if need == "none":
+        typer.echo(f"decoder {cfg.decoder.name!r} drafts from no pool: nothing to build")
+        return
     with _output_lock(cfg):
-        sizes = step_build_pools(cfg)
+        sizes = step_build_pools(cfg, pool_need=need)
     for key, n in sorted(sizes.items()):
         typer.echo(f"{key}\t{n} texts")
 

@@ -132,6 +132,14 @@ class RoutingConfig(_Strict):
     n_clusters: int = Field(8, ge=1, description="K-means groups over LightGCN embeddings (capped at entities)")
     max_group_size: int = Field(200, ge=1, description="attribute groups larger than this split by sub-category")
     max_pool_size: int = Field(2000, ge=1, description="most old-knowledge texts per pool (seeded sample)")
+    global_pool_size: int = Field(20000, ge=1, description=(
+        "most texts in a type's global pool (seeded sample), built only for a decoder that drafts from it (resd)"))
+    pool_refresh_share: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "a pool is rebuilt when more than this share of its texts changed since it was built (0: any change); "
+        "otherwise it is kept as it was (its drafts come from texts at most this share out of date)"))
+    pool_snapshots: bool = Field(False, description=(
+        "also build each pool's trie in the pools step and save it (workers then load it instead of building "
+        "it at first use)"))
     first_wave: float = Field(0.1, ge=0.0, le=1.0, description=(
         "groups with no earlier knowledge (a first run): this share of their entities (at least one a group) "
         "decodes first, drafting from its own prompt; the pools are then rebuilt from their texts for the rest; "

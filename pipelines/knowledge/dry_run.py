@@ -31,7 +31,8 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.plan import plan_changes
 from pipelines.knowledge.prompts import count_prompt_tokens
 from pipelines.knowledge.requests import new_requests, pool_routes
-from pipelines.knowledge.routing import load_tokenizer, step_route
+from pipelines.knowledge.pool_build import load_tokenizer
+from pipelines.knowledge.routing import step_route
 from pipelines.knowledge.validation import load_inputs
 from pipelines.knowledge_store import read_knowledge
 from pipelines.ops.schedule.ledger import RunLedger

@@ -44,7 +44,8 @@ from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
 from pipelines.knowledge.requests import new_requests, old_requests, pending, pool_routes
-from pipelines.knowledge.routing import read_routing, step_build_pools, step_route
+from pipelines.knowledge.pool_build import step_build_pools
+from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, open_store, read_index, read_knowledge, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
@@ -139,7 +140,7 @@ def _plan(job: JobRun) -> None:
 def _pools(job: JobRun) -> None:
     if job.decoder.cls.pool == "none":  # a decoder that drafts from no pool: none to build
         return
-    sizes = step_build_pools(job.cfg, _earlier_knowledge(job))
+    sizes = step_build_pools(job.cfg, _earlier_knowledge(job), pool_need=job.decoder.cls.pool)
     if job.decoder.cls.pool == "routed":
         job.todo, job.first_wave = split_first_wave(job.todo, set(sizes), job.cfg.routing.first_wave)
 
@@ -154,7 +155,7 @@ def _new_knowledge(job: JobRun) -> None:
         write_knowledge(job.cfg, job.first_wave, task, job.paths.knowledge, "new knowledge, first wave",
                         job.workers, job.record.seq, job.new)
         rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
-        step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt)
+        step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
     write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
                     job.new)

@@ -1,10 +1,8 @@
-"""Steps 2 and 3 of the knowledge job: route every user and item to a pool group (collaborative or
-attribute), then build one retrieval pool per group from its members' old knowledge, persisted."""
+"""Step 2 of the knowledge job: route every user and item to a pool group (collaborative or attribute); the
+pools of the groups are step 3 (pipelines/knowledge/pool_build.py)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -13,7 +11,6 @@ from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge_store import read_knowledge
 
 log = logging.getLogger(__name__)
 
@@ -97,36 +94,3 @@ def read_routing(cfg: JobConfig) -> pl.DataFrame:
     if not path.exists():
         raise FileNotFoundError(f"{path}: no routing table; run `laser route` (or `laser run`) first")
     return pl.from_arrow(router.read_routing(path))
-
-
-def load_tokenizer(model: str) -> Any:
-    """The tokenizer of the job's model (pool texts must be tokenised exactly as the actors decode)."""
-    import laser
-
-    return laser.load_tokenizer(model)
-
-
-def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, directory: Path | None = None) -> dict[str, int]:
-    """Step 3: one pool per group from its members' old knowledge (or ``knowledge``: entity_type, entity_id,
-    knowledge), persisted in ``directory`` (default: the job's pool store); returns {pool key: texts}."""
-    import router
-    from pools.build import PoolBuildConfig, collect_sources
-    from pools.store import TokenizerFingerprint, write_store
-
-    paths = JobPaths.of(cfg)
-    if not paths.memberships.exists():
-        raise FileNotFoundError(f"{paths.memberships}: no group memberships; run `laser route` first")
-    memberships = router.read_routing(paths.memberships)
-    if knowledge is None:
-        knowledge = read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
-    old = knowledge.select(["entity_type", "entity_id", "knowledge"])
-    log.info("pools: building one trie per group from %d knowledge texts", old.num_rows)
-    tokenizer = load_tokenizer(cfg.model.name)
-    build = PoolBuildConfig(max_pool_size=cfg.routing.max_pool_size, with_global=True, on_missing="skip",
-                            seed=cfg.routing.seed)
-    sources = collect_sources(old, memberships, tokenizer, build)
-    for etype, eid, reason in sources.skipped:
-        log.warning("pools: %s %s skipped: %s", etype, eid, reason)
-    write_store(directory or paths.pools, sources.texts, TokenizerFingerprint.of(tokenizer),
-                meta={"model": cfg.model.name, "run_id": cfg.resolved_run_id()})
-    return sources.sizes()

@@ -146,11 +146,12 @@ def test_corrupt_pool_files_are_detected(tmp_path):
     fp = TokenizerFingerprint("t", "0")
     write_store(tmp_path / "p", {"user/attribute/a": [[5, 6, 7, 8], [5, 6, 9]]}, fp)
     good = PoolStore.open(tmp_path / "p").get("user/attribute/a")
-    _corrupt(tmp_path / "p" / "pool-00000.trie.arrow")  # snapshot: checksum mismatch, rebuilt from the texts
+    entry = PoolStore.open(tmp_path / "p").manifest["pools"]["user/attribute/a"]
+    _corrupt(tmp_path / "p" / entry["snapshot"])  # snapshot: checksum mismatch, rebuilt from the texts
     rebuilt = PoolStore.open(tmp_path / "p").get("user/attribute/a")
     assert type(rebuilt) is type(good) and len(rebuilt) == len(good) > 0
-    _corrupt(tmp_path / "p" / "pool-00000.arrow")  # the texts themselves: an error naming the file
-    with pytest.raises(PoolStoreError, match="pool-00000.arrow: checksum mismatch"):
+    _corrupt(tmp_path / "p" / entry["file"])  # the texts themselves: an error naming the file
+    with pytest.raises(PoolStoreError, match=f"{entry['file']}: checksum mismatch"):
         PoolStore.open(tmp_path / "p").get("user/attribute/a")
 
 
@@ -166,7 +167,7 @@ def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_sessio
 
     lost = set(pq.read_table(victim).column("entity_id").to_pylist())
     _corrupt(victim)
-    pool_file = sorted((out / "pools").glob("pool-*.arrow"))[0]
+    pool_file = sorted((out / "pools").glob("part-*.arrow"))[0]
     _corrupt(pool_file)
     second = run_incremental(cfg)
     assert second.status == "succeeded" and second.entities_new == len(lost) == second.generated

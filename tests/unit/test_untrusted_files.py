@@ -83,7 +83,7 @@ def _store_with_tampered_snapshot(tmp_path: Path, snapshot_name: str, marker: Pa
     return texts
 
 
-@pytest.mark.parametrize("snapshot_name", ["pool-00000.trie.arrow", "pool-00000.pkl"])
+@pytest.mark.parametrize("snapshot_name", ["part-planted.trie.arrow", "pool-00000.pkl"])
 def test_tampered_pool_snapshot_never_runs(snapshot_name, tmp_path):
     from pools.build import materialize
     from pools.store import PoolStore
@@ -103,7 +103,9 @@ def test_pool_snapshot_is_plain_arrow_and_loads_the_same_pool(tmp_path):
 
     texts = [[5, 6, 7, 8, 9, 10], [5, 6, 9], [7, 8, 9, 5, 6, 7], [11]]
     write_store(tmp_path / "p", {"k": texts}, TokenizerFingerprint("t", "0"))
-    with pa.memory_map(str(tmp_path / "p" / "pool-00000.trie.arrow")) as src:
+    snapshot = PoolStore.open(tmp_path / "p").manifest["pools"]["k"]["snapshot"]
+    assert snapshot.endswith(".trie.arrow")
+    with pa.memory_map(str(tmp_path / "p" / snapshot)) as src:
         table = pa.ipc.open_file(src).read_all()
     assert table.column_names == ["state"] and table.schema.field("state").type == pa.int64()
     loaded, built = PoolStore.open(tmp_path / "p").get("k"), materialize(texts)

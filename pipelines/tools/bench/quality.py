@@ -41,7 +41,8 @@ from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import generation_worker_cls, knowledge_task, step_old_knowledge
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
-from pipelines.knowledge.routing import step_build_pools, step_route
+from pipelines.knowledge.pool_build import step_build_pools
+from pipelines.knowledge.routing import step_route
 from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
 from pipelines.tools.bench.report import machine_info, versions, wide_console
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
@@ -121,7 +122,7 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
     workers = {e: _worker(cfg, e, settings) for e in settings.engines}
     step_old_knowledge(cfg, data, LocalGroup(workers[settings.engines[0]]))
     routing = step_route(cfg, data)
-    step_build_pools(cfg)
+    step_build_pools(cfg, pool_need="both")
     base = new_requests(data.dataset, data.split, {})
     ids = [(r.entity_type, r.entity_id) for r in sorted(base, key=lambda r: (r.entity_type != "user", r.entity_id))]
     users = [k for k in ids if k[0] == "user"][: (settings.entities + 1) // 2]

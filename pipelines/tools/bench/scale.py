@@ -290,7 +290,7 @@ def _entities(ctx: Ctx) -> pl.DataFrame:
 
 
 def stage_pools(ctx: Ctx, meter: Meter) -> dict[str, Any]:
-    from pipelines.knowledge.routing import load_tokenizer, step_build_pools
+    from pipelines.knowledge.pool_build import load_tokenizer, step_build_pools
 
     entities = _entities(ctx)
     knowledge = entities.with_columns(knowledge=pl.Series(fake_texts(entities.height, ctx.settings.text_words,
