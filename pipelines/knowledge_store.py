@@ -29,10 +29,11 @@ Either way readers never modify the store, so they may run while a job writes, a
 duplicates rows. Old knowledge (the pools' source) lives in the same format in its own store directory.
 
 Compaction (:func:`compact_store`; a writer runs it once :data:`COMPACT_AFTER` small shards have piled
-up) merges runs of neighbouring small shards into one, in order, so row positions do not move: it writes
-the merged shard, commits a log entry that replaces the small ones, then deletes them. Killed before the
-commit, the merged shard is uncommitted (ignored, deleted by the next writer); after it, the replaced
-shards are ``retired`` (never read, deleted by the next writer). A reader whose shard a compaction
+up) merges runs of neighbouring small shards into one, in order, so row positions do not move (a writer
+takes the shards it committed itself from the tables it wrote, not from disk): it writes the merged shard,
+commits a log entry that replaces the small ones, then deletes them. Killed before the commit, the merged
+shard is uncommitted (ignored, deleted by the next writer); after it, the replaced shards are ``retired``
+(never read, deleted by the next writer). A reader whose shard a compaction
 deleted under it goes on from the same row in the merged shard.
 
 Checksums: each shard's sha256 is committed with it and checked when the shard is read (local files
@@ -570,13 +571,14 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``row`` with the quality columns it lacks computed from its text and finish reason."""
     from pipelines.quality import text_quality
 
-    out = {c: None for c in OPTIONAL_COLUMNS} | dict(row)
-    if out["finished_eos"] is None or out["repeat_4gram"] is None or out["degenerate"] is None:
+    out = dict.fromkeys(OPTIONAL_COLUMNS) | dict(row)
+    scores = out["finished_eos"] is None or out["repeat_4gram"] is None or out["degenerate"] is None
+    if scores or out["ended"] is None:  # the text is scored once for both groups
         q = text_quality(str(out["knowledge"]), str(out["finish_reason"]))
-        out.update(finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate)
-    if out["ended"] is None:  # text-only flags; grounding needs the entity's input and stays null
-        q = text_quality(str(out["knowledge"]), str(out["finish_reason"]))
-        out.update(ended=q.ended, cut=q.cut, fragment=q.fragment, n_words=q.n_words)
+        if scores:
+            out.update(finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate)
+        if out["ended"] is None:  # text-only flags; grounding needs the entity's input and stays null
+            out.update(ended=q.ended, cut=q.cut, fragment=q.fragment, n_words=q.n_words)
     if out["greedy_retry"] is None:
         out["greedy_retry"] = False
     return out
@@ -618,11 +620,14 @@ def _compaction_groups(shards: list[dict[str, Any]], target_rows: int) -> list[l
     return [g for g in groups if len(g) > 1]
 
 
-def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any]], schema: pa.Schema) -> bool:
-    """Write the group's rows as one shard, commit it in their place, delete them (module docstring)."""
+def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any]], schema: pa.Schema,
+                   held: Mapping[str, pa.Table]) -> bool:
+    """Write the group's rows as one shard, commit it in their place, delete them (module docstring). A shard
+    in ``held`` (its table as this writer wrote it) is not read back."""
     check_held()
     try:
-        table = pa.concat_tables([read_shard(root, s, schema=schema) for s in group])
+        table = pa.concat_tables([held[s["file"]] if s["file"] in held else read_shard(root, s, schema=schema)
+                                  for s in group])
     except CorruptShardError as exc:  # left as it is: a verifying open quarantines it
         log.error("%s; not compacted", exc)
         return False
@@ -640,13 +645,14 @@ def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any
 
 
 def compact_shards(root: str | Path | Location, manifest: Manifest, schema: pa.Schema = KNOWLEDGE_SCHEMA,
-                   target_rows: int = COMPACT_ROWS) -> int:
+                   target_rows: int = COMPACT_ROWS, held: Mapping[str, pa.Table] | None = None) -> int:
     """Merge every run of neighbouring small shards in ``manifest`` (committed; the caller holds the store's
-    lock); returns the number of shards replaced."""
+    lock); returns the number of shards replaced. ``held``: shard file -> the table its writer wrote (and
+    committed) there, used instead of reading the file back."""
     root = Location.of(root)
     replaced = 0
     for group in _compaction_groups(manifest.shards, target_rows):
-        if _compact_group(root, manifest, group, schema):
+        if _compact_group(root, manifest, group, schema, held or {}):
             replaced += len(group)
     return replaced
 
@@ -698,6 +704,12 @@ class KnowledgeWriter:
             self._lock.close()
             raise
         self._buffer: list[dict[str, Any]] = []
+        # small shards this writer committed, as written, for its next compaction (at most compact_rows rows:
+        # what that compaction holds in memory anyway)
+        self._held: dict[str, pa.Table] = {}
+        # the schema's names, once: iterating a pa.Schema builds a Field object per column (slow per row)
+        self._required = tuple(f.name for f in self.schema if not f.nullable and f.name not in self.stamped)
+        self._nulls = dict.fromkeys(f.name for f in self.schema if f.nullable)
         self.rows_written = 0
         self.failures_written = 0
     def add(self, row: Mapping[str, Any]) -> None:
@@ -707,10 +719,10 @@ class KnowledgeWriter:
     def add_rows(self, rows: list[Mapping[str, Any]]) -> None:
         """Queue rows that belong together (e.g. one user's ranked items): they land in the same shard."""
         for row in rows:
-            missing = [f.name for f in self.schema if f.name not in row and not f.nullable and f.name not in self.stamped]
+            missing = [name for name in self._required if name not in row]
             if missing:
                 raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
-            self._buffer.append(self.prepare({f.name: None for f in self.schema if f.nullable} | dict(row)))
+            self._buffer.append(self.prepare(self._nulls | dict(row)))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
 
@@ -760,15 +772,25 @@ class KnowledgeWriter:
         commit(self.store, self.manifest, {"op": "add", "shard": entry})  # readers trust only what is committed
         self.rows_written += table.num_rows
         self._buffer.clear()
+        self._hold(name, table)
         log.debug("%s: wrote %s (%d rows)", self.store, name, table.num_rows)
         self._upkeep()
+
+    def _hold(self, name: str, table: pa.Table) -> None:
+        """Keep a small shard's table for the compaction that will merge it, while the kept rows fit one
+        merged shard."""
+        if self.compact_after and _small({"rows": table.num_rows}, self.compact_rows) \
+                and sum(t.num_rows for t in self._held.values()) + table.num_rows <= self.compact_rows:
+            self._held[name] = table
 
     def _upkeep(self) -> None:
         """Merge small shards once enough piled up; fold the log into a checkpoint once it is as long as the
         checkpoint (so a checkpoint's cost, spread over the commits since the last, stays constant)."""
         shards = self.manifest.shards
         if self.compact_after and sum(_small(s, self.compact_rows) for s in shards) >= self.compact_after:
-            compact_shards(self.store, self.manifest, self.schema, self.compact_rows)
+            compact_shards(self.store, self.manifest, self.schema, self.compact_rows, self._held)
+            live = {s["file"] for s in self.manifest.shards}
+            self._held = {name: t for name, t in self._held.items() if name in live}
         if self.manifest.pending >= max(CHECKPOINT_MIN, self.manifest.checkpoint_shards):
             checkpoint(self.store, self.manifest)
 

@@ -33,7 +33,7 @@ MIN_LETTER_SHARE = 0.6
 DegeneratePolicy = Literal["retry", "keep", "retry_greedy", "fail"]
 GREEDY_RETRY_DECODER = "autoregressive"
 _WORD = re.compile(r"\w+(?:'\w+)*")
-_SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*$")
+_CLOSERS = "\"'”’)]"  # what may follow a sentence's final mark
 
 
 def words(text: str) -> list[str]:
@@ -47,8 +47,8 @@ def _repeat_counts(text: str, n: int = NGRAM) -> tuple[int, int]:
 
 
 def _word_repeats(ws: Sequence[str], n: int = NGRAM) -> tuple[int, int]:
-    grams = [tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)]
-    return len(grams) - len(set(grams)), len(grams)
+    total = max(0, len(ws) - n + 1)
+    return total - len(set(zip(*(ws[i:] for i in range(n))))), total
 
 
 def surely_degenerate(text: str, more_words: int) -> bool:
@@ -80,7 +80,7 @@ def repeated_ngram_share(text: str, n: int = NGRAM) -> float:
 
 def ends_sentence(text: str) -> bool:
     """The stripped text ends with sentence-final punctuation (closing quotes/brackets allowed after it)."""
-    return bool(_SENTENCE_END.search(text.strip()))
+    return text.strip().rstrip(_CLOSERS).endswith((".", "!", "?"))
 
 
 def fragment_reason(text: str) -> str | None:
@@ -91,10 +91,23 @@ def fragment_reason(text: str) -> str | None:
     pairs = (("(", ")"), ("[", "]"))
     if any(body.count(a) != body.count(b) for a, b in pairs) or body.count('"') % 2:
         return "unbalanced brackets or quotes"
-    chars = [c for c in body if not c.isspace()]
-    if chars and sum(c.isalpha() for c in chars) / len(chars) < MIN_LETTER_SHARE:
+    letters, visible = _letter_counts(body)
+    if visible and letters / visible < MIN_LETTER_SHARE:
         return f"fewer than {MIN_LETTER_SHARE:.0%} of its characters are letters"
     return None
+
+
+_ASCII_SPACE = bytes(c for c in range(128) if chr(c).isspace())  # \x1c-\x1f too, as str.isspace has them
+_ASCII_LETTERS = bytes(c for c in range(128) if chr(c).isalpha())
+
+
+def _letter_counts(text: str) -> tuple[int, int]:
+    """(letters, non-space characters) of ``text`` as ``str.isalpha`` / ``str.isspace`` count them; an ASCII
+    text is counted by two byte deletions (C speed), any other character by character."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        return len(raw) - len(raw.translate(None, _ASCII_LETTERS)), len(raw.translate(None, _ASCII_SPACE))
+    return sum(map(str.isalpha, text)), len(text) - sum(map(str.isspace, text))
 
 
 @dataclass(frozen=True)
@@ -129,11 +142,13 @@ class TextQuality:
 def text_quality(text: str, finish_reason: str, asked_words: int | None = None,
                  grounding: "Grounding | None" = None) -> TextQuality:
     """Score one generated text; ``finish_reason`` is the decoder's (``eos`` or ``length``)."""
-    rep, total = _repeat_counts(text)
-    n_words = len(words(text))
+    ws = words(text)
+    rep, total = _word_repeats(ws)
+    n_words = len(ws)
     at_end = ends_sentence(text)
+    loops = total > 0 and rep * _MAX_REPEAT.denominator >= _MAX_REPEAT.numerator * total  # rep/total >= 1/5, exact
     return TextQuality(finished_eos=finish_reason == "eos", repeat_4gram=rep / total if total else 0.0,
-                       degenerate=n_words < MIN_WORDS or (total > 0 and Fraction(rep, total) >= _MAX_REPEAT),
+                       degenerate=n_words < MIN_WORDS or loops,
                        ended=finish_reason in ("eos", "stop") or at_end, cut=finish_reason == "length" and not at_end,
                        fragment=fragment_reason(text) is not None, n_words=n_words, asked_words=asked_words,
                        grounding=grounding)

@@ -410,3 +410,44 @@ def test_a_torn_checkpoint_after_a_compaction_is_rebuilt_with_every_row_once(tmp
     kn.KnowledgeWriter(store).close()  # rebuilt: the merged shard kept, the replaced one deleted
     assert [p.name for p in store.glob("part-*.parquet")] == [s["file"] for s in kn.Manifest.load(store).shards]
     assert sorted(kn.read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(9)]
+
+
+# ---- the write path's cost per row (issue 47) -------------------------------------------------------------
+
+def test_a_row_without_quality_is_scored_once_with_the_scores_of_text_quality(tmp_path, monkeypatch):
+    from pipelines import quality
+
+    calls = []
+    real = quality.text_quality
+    monkeypatch.setattr(quality, "text_quality", lambda *a, **k: calls.append(a) or real(*a, **k))
+    text = "A dark night. A dark night. A dark night. A dark night (cut"
+    out = kn.with_quality(row(1) | {"knowledge": text, "finish_reason": "length"})
+    assert len(calls) == 1
+    q = real(text, "length")
+    assert {k: out[k] for k in ("finished_eos", "repeat_4gram", "degenerate", "ended", "cut", "fragment",
+                                "n_words")} == {"finished_eos": False, "repeat_4gram": q.repeat_4gram,
+                                                "degenerate": True, "ended": False, "cut": True,
+                                                "fragment": True, "n_words": q.n_words}
+    given = kn.with_quality(row(2) | {"finished_eos": True, "repeat_4gram": 0.5, "degenerate": False,
+                                      "ended": True, "cut": False, "fragment": False, "n_words": 9})
+    assert len(calls) == 1 and (given["repeat_4gram"], given["n_words"]) == (0.5, 9)  # given: not scored
+
+
+def test_a_writer_compacts_the_shards_it_wrote_without_reading_them_back(tmp_path, monkeypatch):
+    store = tmp_path / "k"
+    with kn.KnowledgeWriter(store, shard_rows=2, run_id="r0", compact_after=None) as w:
+        for i in range(3):  # an earlier run's small shards: read from disk by the next compaction
+            w.add(row(i, run_id="r0"))
+    reads = []
+    real = kn.read_shard
+    monkeypatch.setattr(kn, "read_shard", lambda root, shard, *a, **k: reads.append(shard["file"]) or real(root, shard, *a, **k))
+    with kn.KnowledgeWriter(store, shard_rows=2, compact_after=5, compact_rows=12) as w:
+        for i in range(3, 60):
+            w.add(row(i))
+            assert sum(t.num_rows for t in w._held.values()) <= 12  # bounded: one merged shard's rows
+    merged = [s for s in kn.Manifest.load(store).shards if "-c-" in s["file"]]
+    assert len(merged) >= 4  # several compactions, each fed from the writer's own tables
+    assert reads == ["part-00000.parquet", "part-00001.parquet"]  # only the earlier run's shards
+    monkeypatch.setattr(kn, "read_shard", real)
+    assert kn.read_knowledge(store, dedup=False)["entity_id"].to_list() == [f"u{i}" for i in range(60)]
+    assert len(list(store.glob("part-*.parquet"))) == len(kn.Manifest.load(store).shards)

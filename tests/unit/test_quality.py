@@ -366,3 +366,45 @@ def test_worse_orders_flawed_then_grounding():
     assert not worse({**ok, "grounding": 0.5}, {**ok, "grounding": 0.5})  # a tie keeps the retry
     cut, loop = {**ok, "cut": True}, {**ok, "cut": True, "degenerate": True}
     assert worse({**loop, "grounding": 1.0}, {**cut, "grounding": 0.0}) and not worse({**cut, "grounding": 0.0}, {**loop, "grounding": 1.0})
+
+
+# ---- the fast text checks equal their plain definitions (the store scores every row it writes) -------------
+
+def _plain_quality(text: str, finish_reason: str) -> tuple:
+    """The quality rules written out the slow, obvious way: per-character counts, a regex sentence end,
+    tuples of 4 words, Fraction comparison."""
+    import re
+    from fractions import Fraction
+
+    ws = re.findall(r"\w+(?:'\w+)*", text.lower())
+    grams = [tuple(ws[i:i + 4]) for i in range(len(ws) - 3)]
+    rep, total = len(grams) - len(set(grams)), len(grams)
+    body = text.strip()
+    at_end = bool(re.search(r"[.!?][\"'”’)\]]*$", body))
+    chars = [c for c in body if not c.isspace()]
+    few_letters = bool(chars) and sum(c.isalpha() for c in chars) / len(chars) < 0.6
+    unbalanced = body.count("(") != body.count(")") or body.count("[") != body.count("]") or body.count('"') % 2
+    return (finish_reason == "eos", rep / total if total else 0.0,
+            len(ws) < 3 or (total > 0 and Fraction(rep, total) >= Fraction(1, 5)),
+            finish_reason in ("eos", "stop") or at_end, finish_reason == "length" and not at_end,
+            not at_end or bool(unbalanced) or few_letters, len(ws))
+
+
+TRICKY = ["", "   ", ".", "a.", "Hi!)", "Hi!)\n", "Hi!) x", "Done.”", "Done’.", "“Quoted.”  ", "(a [b] c).",
+          "x\x1cy\x1d.", "\x1f\x1e a.", "na\u00efve caf\u00e9 r\u00e9sum\u00e9.", "cafe\u0301 cafe\u0301 ok.",
+          "x\u00a0y\u2003z\u3000w.", "2\u00b2 \u00bd \u2162 \u0663 12 34.", "\U0001F600\U0001F600 ok?",
+          "ab12 cd34 ef56 gh78.", "it's it's it's it's it's it's.", "1995, 1996, 1997, 1998, 2000 ... 12 34.",
+          LOOP, PROSE, PROSE[:-1], 'He said "stop.', "Tab\tand\nnewline\r\n.", "\u0130stanbul \u03a3\u0391\u03a3."]
+
+
+@pytest.mark.parametrize("reason", ["eos", "length", "stop"])
+def test_fast_text_checks_equal_their_plain_definitions(reason):
+    import random
+
+    rng = random.Random(7)
+    alphabet = "ab c.!?\"'”’)]([ 1_\x1c\u00a0\u00e9\u0301\u00b2\u2162\n\t-"
+    fuzz = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40))) for _ in range(3000)]
+    for text in TRICKY + fuzz:
+        q = text_quality(text, reason)
+        got = (q.finished_eos, q.repeat_4gram, q.degenerate, q.ended, q.cut, q.fragment, q.n_words)
+        assert got == _plain_quality(text, reason), repr(text)
