@@ -3,8 +3,8 @@
 It loads and splits the data, routes every entity (nothing saved), and plans as the run would
 (pipelines/knowledge/plan.py), then reports the entities by type, pool kind and reason (new, changed,
 config: another config wrote the row, unchanged, kept: --keep-existing), the prompt tokens of the planned
-entities in the model's tokens, and an estimate of the tokens to generate and the seconds the configured
-workers would take. Nothing is written: no knowledge, no pools, no routing files, no ledger row.
+entities in the model's tokens (counted on a seeded sample of 2,000 of them, scaled), and an estimate of
+the tokens to generate and the seconds the configured workers would take. Nothing is written: no knowledge, no pools, no routing files, no ledger row.
 
 The estimate comes from what was measured: the tokens per entity of the rows the output already holds
 (else ``generation.max_new_tokens``, an upper bound), and the engine throughput of the output's last run
@@ -28,13 +28,13 @@ from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.generation import entity_prompt
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge.plan import plan_changes
+from pipelines.knowledge.plan import classify, to_generate
 from pipelines.knowledge.prompts import count_prompt_tokens
-from pipelines.knowledge.requests import new_requests, pool_routes
+from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, request_keys
 from pipelines.knowledge.pool_build import load_tokenizer
 from pipelines.knowledge.routing import step_route
 from pipelines.knowledge.validation import load_inputs
-from pipelines.knowledge_store import read_knowledge
+from pipelines.knowledge_store import iter_knowledge, read_index
 from pipelines.ops.schedule.ledger import RunLedger
 from pipelines.workers.layout import job_actors
 
@@ -57,6 +57,9 @@ class RunEstimate:
         return asdict(self)
 
 
+PROMPT_SAMPLE = 2000  # planned entities whose prompts are rendered and counted (the rest extrapolated)
+
+
 def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
     """The plan and cost of the next run of ``cfg`` (module docstring); writes nothing."""
     from pipelines.knowledge.job import knowledge_task
@@ -65,35 +68,63 @@ def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
     paths = JobPaths.of(cfg)
     data = load_inputs(load_job_data, cfg)
     routing = step_route(cfg, data, write=False)
-    requests = new_requests(data.dataset, data.split, pool_routes(decoder.cls.pool, routing))
     task = knowledge_task(cfg, decoder, "dry-run", data.dataset.domain, paths.pools)
-    rows = read_knowledge(paths.knowledge) if (paths.knowledge / "manifest.json").exists() else None
+    stored = (paths.knowledge / "manifest.json").exists()
     unfinished = RunLedger(paths.root).unfinished(cfg.resolved_run_id()) if paths.root.exists() else None
-    plan = plan_changes(requests, rows if rows is not None else _empty(), task.config_hash,
-                        resuming=unfinished.run_id if unfinished else None, keep_existing=keep_existing)
-    counts = Counter((r.entity_type, r.pool_kind or "none", plan.why[r.key]) for r in requests)
+    keys = request_keys(data.dataset, data.split, paths.work / SOURCE_CACHE, write=False)
+    classified = classify(keys, read_index(paths.knowledge) if stored else _empty(), task.config_hash,
+                          resuming=unfinished.run_id if unfinished else None, keep_existing=keep_existing)
+    counts = _with_pool_kind(classified, routing, decoder.cls.pool).group_by("entity_type", "pool_kind", "why").len()
+    todo = to_generate(classified)
     est = RunEstimate(entities=[{"entity_type": t, "pool_kind": k, "reason": why, "entities": n}
-                                for (t, k, why), n in sorted(counts.items())], planned=len(plan.todo))
-    tokenizer = load_tokenizer(cfg.model.name)
-    est.prompt_tokens = sum(count_prompt_tokens(tokenizer, entity_prompt(task, r, tokenizer)) for r in plan.todo)
-    per_entity = _tokens_per_entity(rows, cfg.generation.max_new_tokens)
-    est.new_tokens = int(sum(per_entity.get(r.entity_type, cfg.generation.max_new_tokens) for r in plan.todo))
-    spec, est.workers = job_actors(cfg, len(requests))
+                                for t, k, why, n in counts.sort("entity_type", "pool_kind", "why").iter_rows()],
+                      planned=todo.height)
+    est.prompt_tokens = _prompt_tokens(cfg, data, task, todo)
+    per_entity = _tokens_per_entity(paths.knowledge if stored else None)
+    est.new_tokens = int(sum(n * per_entity.get(t, cfg.generation.max_new_tokens)
+                             for t, n in todo.group_by("entity_type").len().iter_rows()))
+    spec, est.workers = job_actors(cfg, keys.height)
     est.seconds, est.basis = _seconds(cfg, paths, est, spec.threads)
     return est
 
 
+def _with_pool_kind(classified: pl.DataFrame, routing: pl.DataFrame, pool_need: str) -> pl.DataFrame:
+    """Each entity's pool kind as its decoder drafts: its routed group's kind, ``global`` or ``none``."""
+    if pool_need != "routed":
+        return classified.with_columns(pool_kind=pl.lit("global" if pool_need == "global" else "none"))
+    kinds = routing.select("entity_type", "entity_id", "pool_kind")
+    return classified.join(kinds, on=["entity_type", "entity_id"], how="left").with_columns(
+        pl.col("pool_kind").fill_null("none"))
+
+
+def _prompt_tokens(cfg: JobConfig, data: Any, task: Any, todo: pl.DataFrame) -> int:
+    """Prompt tokens of the planned entities: counted on a seeded sample of them, scaled to all."""
+    if todo.height == 0:
+        return 0
+    sample = todo.sample(min(todo.height, PROMPT_SAMPLE), seed=0)
+    tokenizer = load_tokenizer(cfg.model.name)
+    requests = new_requests(data.dataset, data.split, {}, only=sample)
+    counted = sum(count_prompt_tokens(tokenizer, entity_prompt(task, r, tokenizer)) for r in requests)
+    return round(counted * todo.height / max(1, len(requests)))
+
+
 def _empty() -> pl.DataFrame:
-    cols = ("entity_type", "entity_id", "source_hash", "config_hash", "knowledge", "run_id")
+    cols = ("entity_type", "entity_id", "source_hash", "config_hash", "run_id")
     return pl.DataFrame({c: [] for c in cols}, schema={c: pl.Utf8 for c in cols}).with_columns(
         run_seq=pl.lit(None, pl.Int64), generated_at=pl.lit(None, pl.Datetime("us", "UTC")))
 
 
-def _tokens_per_entity(rows: pl.DataFrame | None, default: int) -> dict[str, float]:
-    """Mean generated tokens per entity type over the rows the output holds."""
-    if rows is None or rows.height == 0:
+def _tokens_per_entity(store: Path | None) -> dict[str, float]:
+    """Mean generated tokens per entity type over the rows the output holds (read two columns a shard)."""
+    if store is None:
         return {}
-    return dict(rows.group_by("entity_type").agg(pl.col("n_tokens").mean()).iter_rows())
+    totals: Counter[str] = Counter()
+    rows: Counter[str] = Counter()
+    for batch in iter_knowledge(store, ["entity_type", "n_tokens"]):
+        for t, n, k in pl.from_arrow(batch).group_by("entity_type").agg(pl.col("n_tokens").sum(), pl.len()).iter_rows():
+            totals[t] += n
+            rows[t] += k
+    return {t: totals[t] / rows[t] for t in rows if rows[t]}
 
 
 def _seconds(cfg: JobConfig, paths: JobPaths, est: RunEstimate, threads: int) -> tuple[float, str]:

@@ -43,14 +43,14 @@ from pipelines.knowledge.generation import DecodeTask, GenerationReport, Generat
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
-from pipelines.knowledge.requests import new_requests, old_requests, pending, pool_routes
+from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, old_requests, pending, pool_routes
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, open_store, read_index, read_knowledge, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
-from pipelines.knowledge.plan import new_run_id, plan_changes, split_first_wave, users_after
+from pipelines.knowledge.plan import earlier_texts, new_run_id, plan_run, split_first_wave, users_after
 from pipelines.knowledge.provenance import generation_hash
 from pipelines.ops.schedule.failures import drop_given_up
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
@@ -115,18 +115,19 @@ def _earlier_knowledge(job: JobRun) -> pa.Table:
 
 
 def _plan(job: JobRun) -> None:
-    requests = new_requests(job.data.dataset, job.data.split, pool_routes(job.decoder.cls.pool, job.routing))
-    rec = job.record
-    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, job.data.dataset.domain, job.paths.pools)
+    rec, data = job.record, job.data
+    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools)
     store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
-    plan = plan_changes(requests, read_index(store), job.task.config_hash,
-                        resuming=rec.run_id if job.resuming else None, keep_existing=job.keep_existing,
-                        texts=lambda rows: knowledge_at(store, rows))
-    job.todo, job.resumed = plan.todo, plan.resumed
+    index, resuming = read_index(store), rec.run_id if job.resuming else None
+    plan = plan_run(data.dataset, data.split, job.routing, job.decoder.cls.pool, index, job.task.config_hash,
+                    job.paths.work / SOURCE_CACHE, resuming, job.keep_existing)  # hashes: changed inputs only
+    job.todo = plan.todo
+    job.resumed = plan.resumed
     job.todo, rec.given_up = drop_given_up(job.todo, job.paths.knowledge, job.cfg.generation.give_up_after,
                                            job.task.config_hash, rec.run_id)
+    earlier = earlier_texts(index, resuming, job.todo, lambda rows: knowledge_at(store, rows))
     for req in job.todo:  # its own earlier text is an entity's likeliest draft
-        req.earlier = plan.earlier.get(req.key)
+        req.earlier = earlier.get(req.key)
     rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
     log.info("run %s: %d new, %d changed, %d unchanged entities", rec.run_id, rec.entities_new,
              rec.entities_changed, rec.entities_unchanged)

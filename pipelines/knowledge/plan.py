@@ -17,12 +17,15 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import polars as pl
 
 from pipelines.config import JobConfig
+from pipelines.data import Dataset, Split
 from pipelines.knowledge.generation import GenerationRequest
+from pipelines.knowledge.requests import new_requests, pool_routes, request_keys
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.latest import newest_per_entity
 
@@ -46,59 +49,89 @@ class ChangePlan:
     #                                                                 unchanged (or kept: keep_existing)
 
 
+TODO_REASONS = ("new", "changed", "config")  # the reasons an entity is generated
+
+
+def classify(keys: pl.DataFrame, rows: pl.DataFrame, config_hash: str | None, resuming: str | None = None,
+             keep_existing: bool = False) -> pl.DataFrame:
+    """``keys`` (entity_type, entity_id, source_hash, ...) with ``why`` (new, changed, config, unchanged or kept:
+    the module docstring) and ``done`` (written by run ``resuming`` with the same hashes: not generated again),
+    by joins on the store's index ``rows``: no Python object per entity."""
+    ours = pl.col("run_id") == (resuming or "")
+    base = newest_per_entity(rows.filter(~ours) if resuming else rows).select(
+        *_KEYS, _h="source_hash", _c="config_hash", _known=pl.lit(True))
+    mine = rows.filter(ours) if resuming else rows.clear()
+    mine = mine.select(*_KEYS, _mh="source_hash", _mc="config_hash").unique(list(_KEYS), keep="last")
+    out = keys.join(base, on=list(_KEYS), how="left").join(mine, on=list(_KEYS), how="left")
+    other_config = pl.col("_c").ne_missing(pl.lit(config_hash, pl.Utf8))
+    why = (pl.when(pl.col("_known").is_null()).then(pl.lit("new"))
+           .when(pl.col("_h").is_null() | (pl.col("_h") != pl.col("source_hash"))).then(pl.lit("changed"))
+           .when(other_config).then(pl.lit("kept" if keep_existing else "config"))
+           .otherwise(pl.lit("unchanged")))
+    done = pl.col("_mh").eq_missing(pl.col("source_hash")) & pl.col("_mc").eq_missing(pl.lit(config_hash, pl.Utf8)) \
+        & pl.col("_mh").is_not_null()
+    return out.with_columns(why=why, done=done.fill_null(False)).drop("_h", "_c", "_known", "_mh", "_mc")
+
+
+def counted(plan: ChangePlan, classified: pl.DataFrame) -> ChangePlan:
+    """``plan`` with the counts of a :func:`classify` frame."""
+    reasons = dict(classified.group_by("why").len().iter_rows())
+    plan.new, plan.changed = reasons.get("new", 0), reasons.get("changed", 0) + reasons.get("config", 0)
+    plan.unchanged = reasons.get("unchanged", 0) + reasons.get("kept", 0)
+    plan.other_config = reasons.get("config", 0) + reasons.get("kept", 0)
+    plan.resumed = classified.filter(pl.col("why").is_in(TODO_REASONS) & pl.col("done")).height
+    return plan
+
+
+def to_generate(classified: pl.DataFrame) -> pl.DataFrame:
+    """The entities of a :func:`classify` frame that the run generates."""
+    return classified.filter(pl.col("why").is_in(TODO_REASONS) & ~pl.col("done"))
+
+
+def plan_run(dataset: Dataset, split: Split, routing: pl.DataFrame | None, pool_need: str, index: pl.DataFrame,
+             config_hash: str | None, cache: Path | None = None, resuming: str | None = None,
+             keep_existing: bool = False) -> ChangePlan:
+    """A run's plan from frames: every entity's source hash (recomputed only where its inputs changed since the
+    ``cache`` was written), classified against the store's ``index``; request objects (history, route) are
+    built for the entities to generate alone."""
+    classified = classify(request_keys(dataset, split, cache), index, config_hash, resuming, keep_existing)
+    plan = counted(ChangePlan(), classified)
+    todo = to_generate(classified).select(*_KEYS)
+    routes = pool_routes(pool_need, routing.join(todo, on=list(_KEYS), how="semi")) if routing is not None else {}
+    plan.todo = new_requests(dataset, split, routes, only=todo)
+    return plan
+
+
 def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_hash: str | None,
                  resuming: str | None = None, keep_existing: bool = False,
                  texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None = None) -> ChangePlan:
-    """Split requests by their entity's newest row in ``rows`` (module docstring); rows of run ``resuming``
-    (a killed run being resumed) with the same hashes are done. A row without a hash differs. ``rows`` may
-    be the store's index (no ``knowledge``: pipelines/knowledge_store.py ``read_index``); ``texts`` then
-    reads the newest rows of the planned entities' texts (``knowledge_at``)."""
-    mine = rows.filter(pl.col("run_id") == resuming) if resuming else rows.clear()
-    done = {(t, i): (h, c) for t, i, h, c in mine.select(*_KEYS, "source_hash", "config_hash").iter_rows()}
-    base = newest_per_entity(rows.filter(pl.col("run_id") != resuming) if resuming else rows)
-    known = {(t, i): (h, c) for t, i, h, c in base.select(*_KEYS, "source_hash", "config_hash").iter_rows()}
-    plan = ChangePlan()
-    for req in requests:
-        key, want = req.key, (req.source_hash, config_hash)
-        plan.why[key] = why = _reason(known.get(key), req.source_hash, config_hash, keep_existing)
-        plan.other_config += why in ("config", "kept")
-        if why in ("unchanged", "kept"):
-            plan.unchanged += 1
-            continue
-        if why == "new":
-            plan.new += 1
-        else:
-            plan.changed += 1
-        if done.get(key) == want:
-            plan.resumed += 1
-            continue
-        plan.todo.append(req)
-    plan.earlier = _earlier_texts(base, plan.todo, texts)
+    """Split requests by their entity's newest row in ``rows`` (module docstring; :func:`classify`); rows of
+    run ``resuming`` (a killed run being resumed) with the same hashes are done. A row without a hash differs.
+    ``rows`` may be the store's index (no ``knowledge``: pipelines/knowledge_store.py ``read_index``); ``texts``
+    then reads the newest rows of the planned entities' texts (``knowledge_at``)."""
+    keys = pl.DataFrame([(*r.key, r.source_hash) for r in requests], orient="row",
+                        schema={"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8})
+    classified = classify(keys, rows, config_hash, resuming, keep_existing)
+    plan = counted(ChangePlan(), classified)
+    plan.why = dict(zip(zip(classified["entity_type"], classified["entity_id"]), classified["why"]))
+    todo = set(to_generate(classified).select(*_KEYS).iter_rows())
+    plan.todo = [r for r in requests if r.key in todo]
+    plan.earlier = earlier_texts(rows, resuming, plan.todo, texts)
     return plan
 
 
 _KEYS = ("entity_type", "entity_id")
 
 
-def _earlier_texts(base: pl.DataFrame, todo: list[GenerationRequest],
-                   texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None) -> dict[tuple[str, str], str]:
-    """Newest texts: every entity's when ``base`` holds them, else the planned entities' through ``texts``."""
+def earlier_texts(rows: pl.DataFrame, resuming: str | None, todo: list[GenerationRequest],
+                  texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None) -> dict[tuple[str, str], str]:
+    """Newest texts: every entity's when ``rows`` hold them, else the planned entities' through ``texts``."""
+    base = newest_per_entity(rows.filter(pl.col("run_id") != resuming) if resuming else rows)
     if "knowledge" in base.columns:
         return dict(zip(zip(base["entity_type"], base["entity_id"]), base["knowledge"]))
     keys = pl.DataFrame([r.key for r in todo], schema={k: pl.Utf8 for k in _KEYS}, orient="row")
     wanted = base.join(keys, on=list(_KEYS), how="semi")
     return texts(wanted) if texts is not None and wanted.height else {}
-
-
-def _reason(newest: tuple | None, source_hash: str | None, config_hash: str | None, keep_existing: bool) -> str:
-    """Why an entity is (or is not) generated, from its newest row's (source_hash, config_hash, ...)."""
-    if newest is None:
-        return "new"
-    if newest[0] is None or newest[0] != source_hash:
-        return "changed"
-    if newest[1] != config_hash:
-        return "kept" if keep_existing else "config"
-    return "unchanged"
 
 
 def users_after(interactions: pl.DataFrame, watermark: int | None) -> int:

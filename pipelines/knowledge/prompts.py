@@ -193,16 +193,22 @@ def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str,
     """Per user, ``HistoryEntry`` list ordered oldest first (by timestamp, then item_id).
 
     Titles carry the year (``display_title``), genres the item's first ``HISTORY_GENRES``; an
-    interaction whose item is missing from ``items`` shows its item id as the title.
+    interaction whose item is missing from ``items`` shows its item id as the title. Equal (item, rating)
+    entries are one shared object: a catalogue's histories cost a pointer an interaction.
     """
-    cols = ["item_id", "title"] + [c for c in ("year", "genres") if c in items.columns]
+    extra = [c for c in ("year", "genres") if c in items.columns]
     joined = (interactions.sort(["user_id", "timestamp", "item_id"])
-              .join(items.select(cols), on="item_id", how="left", maintain_order="left"))
+              .join(items.select(["item_id", "title", *extra]), on="item_id", how="left", maintain_order="left")
+              .select("user_id", "item_id", "title", "rating",
+                      *(pl.col(c) if c in extra else pl.lit(None).alias(c) for c in ("year", "genres"))))
+    entries: dict[tuple[str, float], HistoryEntry] = {}
     out: dict[str, list[HistoryEntry]] = {}
-    for row in joined.iter_rows(named=True):
-        title = display_title(row["title"] or row["item_id"], row.get("year"))
-        genres = tuple((row.get("genres") or [])[:HISTORY_GENRES])
-        out.setdefault(row["user_id"], []).append(HistoryEntry(title, row["rating"], genres))
+    for user, item, title, rating, year, genres in joined.iter_rows():
+        entry = entries.get((item, rating))
+        if entry is None:
+            entry = entries[(item, rating)] = HistoryEntry(display_title(title or item, year), rating,
+                                                           tuple((genres or [])[:HISTORY_GENRES]))
+        out.setdefault(user, []).append(entry)
     return out
 
 

@@ -7,13 +7,15 @@ from pathlib import Path
 from typing import Any
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from pipelines.data import Dataset, Split
 from pipelines.knowledge.generation import GenerationRequest
 from pipelines.knowledge.prompts import PROMPT_VERSION, user_histories
 from pipelines.knowledge.sources import source_hash
 from pipelines.knowledge_store import done_keys
-from pipelines.storage import Location
+from pipelines.storage import Location, atomic_write_local
 from pools.build import group_key
 
 log = logging.getLogger(__name__)
@@ -26,7 +28,7 @@ def user_requests(interactions: pl.DataFrame, items: pl.DataFrame, users: list[s
     """One request per user with interactions (restricted to ``users`` when given), history oldest first."""
     histories = user_histories(interactions, items)
     wanted = sorted(histories) if users is None else sorted(users)
-    return [_request("user", uid, routes, history=[tuple(e) for e in histories.get(uid, [])]) for uid in wanted]
+    return [_request("user", uid, routes, history=list(histories.get(uid, []))) for uid in wanted]
 
 
 def item_requests(items: pl.DataFrame, routes: Routes | None = None) -> list[GenerationRequest]:
@@ -49,12 +51,97 @@ def old_requests(dataset: Dataset, split: Split) -> list[GenerationRequest]:
     return user_requests(split.old_interactions, dataset.items) + item_requests(split.existing_items)
 
 
-def new_requests(dataset: Dataset, split: Split, routes: Routes) -> list[GenerationRequest]:
+def new_requests(dataset: Dataset, split: Split, routes: Routes,
+                 only: pl.DataFrame | None = None) -> list[GenerationRequest]:
     """New knowledge: users with new history (their prompt history: ``Split.prompt_interactions``) and new
-    items."""
-    new_users = split.new_interactions["user_id"].unique().to_list()
-    return (user_requests(split.prompt_interactions, dataset.items, new_users, routes)
-            + item_requests(split.new_items, routes))
+    items; ``only`` (entity_type, entity_id): those entities alone (the ones a run plans to generate)."""
+    users, items = _new_users(split), split.new_items
+    if only is not None:
+        users = users.filter(users.is_in(only.filter(pl.col("entity_type") == "user")["entity_id"].implode()))
+        items = items.filter(pl.col("item_id").is_in(only.filter(pl.col("entity_type") == "item")["entity_id"]
+                                                     .implode()))
+    interactions = split.prompt_interactions
+    if only is not None:
+        interactions = interactions.filter(pl.col("user_id").is_in(users.implode()))
+    return user_requests(interactions, dataset.items, users.to_list(), routes) + item_requests(items, routes)
+
+
+def _new_users(split: Split) -> pl.Series:
+    return split.new_interactions["user_id"].unique().sort()
+
+
+# ---- every entity's source hash, computed only where its inputs changed ------------------------------
+
+SOURCE_CACHE = "source-hashes.parquet"  # in the job's work folder
+KEY_SCHEMA = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8}
+HASH_BATCH = 100_000  # entities whose exact hash is computed at once (their histories in memory)
+
+
+def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
+    """(entity_type, entity_id, fingerprint) of every entity :func:`new_requests` covers: a columnar hash of
+    exactly what its prompt is made of (a user's history rows in order, joined with their items' title, year
+    and genres; an item's row). Equal within one polars version; a different fingerprint means "recompute"."""
+    items, users = dataset.items, _new_users(split)
+    extra = [c for c in ("title", "year", "genres") if c in items.columns]
+    rows = (split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
+            .sort(["user_id", "timestamp", "item_id"])
+            .join(items.select("item_id", *extra), on="item_id", how="left", maintain_order="left"))
+    per_user = rows.group_by("user_id", maintain_order=True).agg(
+        fingerprint=pl.struct("item_id", "rating", *extra).hash(0)).with_columns(pl.col("fingerprint").hash(1))
+    user_fp = pl.DataFrame({"user_id": users}).join(per_user, on="user_id", how="left").select(
+        entity_type=pl.lit("user"), entity_id="user_id", fingerprint=pl.col("fingerprint").fill_null(0))
+    item_fp = split.new_items.select(entity_type=pl.lit("item"), entity_id="item_id",
+                                     fingerprint=pl.struct(pl.all()).hash(0))
+    return pl.concat([user_fp, item_fp])
+
+
+def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, write: bool = True) -> pl.DataFrame:
+    """(entity_type, entity_id, source_hash) of every entity :func:`new_requests` covers, without a request
+    object each: the hash is taken from ``cache`` (the last run's fingerprints and hashes) where the
+    entity's :func:`fingerprints` did not change, and computed (``source_hash``, batch by batch) for the rest;
+    the cache is rewritten with ``write``."""
+    fp = fingerprints(dataset, split)
+    known = _read_cache(cache)
+    keys = fp.join(known, on=["entity_type", "entity_id", "fingerprint"], how="left") if known is not None else \
+        fp.with_columns(source_hash=pl.lit(None, pl.Utf8))
+    missing = keys.filter(pl.col("source_hash").is_null())
+    if missing.height:
+        log.info("source hashes: %d of %d entities' inputs changed or are new", missing.height, keys.height)
+        exact = pl.concat([_exact_hashes(dataset, split, missing.slice(start, HASH_BATCH))
+                           for start in range(0, missing.height, HASH_BATCH)])
+        keys = keys.join(exact, on=["entity_type", "entity_id"], how="left", suffix="_exact").with_columns(
+            source_hash=pl.coalesce("source_hash", "source_hash_exact")).drop("source_hash_exact")
+    if cache is not None and write:
+        _write_cache(cache, keys)
+    return keys.drop("fingerprint")
+
+
+def _exact_hashes(dataset: Dataset, split: Split, keys: pl.DataFrame) -> pl.DataFrame:
+    reqs = new_requests(dataset, split, {}, only=keys)
+    return pl.DataFrame([(r.entity_type, r.entity_id, r.source_hash) for r in reqs], schema=KEY_SCHEMA, orient="row")
+
+
+def _cache_meta() -> dict[bytes, bytes]:
+    return {b"polars": pl.__version__.encode(), b"prompt_version": PROMPT_VERSION.encode()}
+
+
+def _read_cache(cache: Path | None) -> pl.DataFrame | None:
+    """The last run's (entity, fingerprint, source_hash) rows, when written by this polars and prompt version."""
+    if cache is None or not cache.exists():
+        return None
+    try:
+        table = pq.read_table(cache)
+    except (OSError, pa.ArrowException) as exc:
+        log.warning("%s: unreadable (%s); every source hash is computed again", cache, exc)
+        return None
+    if (table.schema.metadata or {}) != _cache_meta():  # another polars hashes otherwise: recompute all
+        return None
+    return pl.from_arrow(table)
+
+
+def _write_cache(cache: Path, keys: pl.DataFrame) -> None:
+    table = keys.select("entity_type", "entity_id", "fingerprint", "source_hash").to_arrow()
+    atomic_write_local(cache, lambda tmp: pq.write_table(table.replace_schema_metadata(_cache_meta()), tmp))
 
 
 def pool_routes(pool_need: str, routing: pl.DataFrame) -> Routes:

@@ -72,6 +72,12 @@ def test_route_then_build_pools_cli(tiny_model, tmp_path):
         n_texts = sum((etype, e) in texts for e in frame["entity_id"])
         key = f"{etype}/{kind}/{group}"
         assert manifest["pools"].get(key, {}).get("n_texts", 0) == n_texts, key
+    assert not [k for k in manifest["pools"] if "/global/" in k]  # laser drafts from group pools alone
+
+    result = runner.invoke(app, ["build-pools", str(config), "--set", "decoder.name=resd"])  # the global pools
+    assert result.exit_code == 0, result.output
+    manifest = json.loads((tmp_path / "out" / "pools" / "manifest.json").read_text())
+    assert set(manifest["pools"]) == {"user/global/all", "item/global/all"}
     assert manifest["pools"]["user/global/all"]["n_texts"] == sum(t == "user" for t, _ in texts)
 
 
