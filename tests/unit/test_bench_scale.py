@@ -126,10 +126,10 @@ def test_failed_stage_is_recorded_dependents_skipped_rest_run(tmp_path, monkeypa
     assert stages["lightgcn"]["error"].startswith("out of memory")
     assert stages["route"]["s"] == 1.0  # uses lightgcn, runs without it (attribute groups)
     assert stages["store_write"]["error"] == "ValueError: bad row"
-    assert "store_write" in stages["latest_view"]["skipped"] and "store_write" in stages["incremental"]["skipped"]
-    assert "latest_view" not in calls and "incremental" not in calls
-    assert result["sizes"]["100"]["total_s"] == pytest.approx(4.0)  # load_split, route, pools, plan
-    assert result["sizes"]["100"]["finished"] == ["load_split", "route", "pools", "plan"]
+    for stage in ("latest_view", "pools", "incremental"):  # pools are built from the written store
+        assert "store_write" in stages[stage]["skipped"] and stage not in calls
+    assert result["sizes"]["100"]["total_s"] == pytest.approx(3.0)  # load_split, route, plan
+    assert result["sizes"]["100"]["finished"] == ["load_split", "route", "plan"]
     assert json.loads((tmp_path / "scale.json").read_text())["sizes"]["100"]["stages"]["lightgcn"]["error"]
 
 

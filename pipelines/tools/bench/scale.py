@@ -9,13 +9,17 @@ load_split   ``load_dataset`` (format table) + ``split_old_new`` (mode latest)
 lightgcn     ``router.train_lightgcn``, ``lightgcn_epochs`` epochs, recall@k evaluated once at the end
 route        ``step_route`` (attribute and K-means groups, routing and membership tables written), given
              the lightgcn stage's embeddings (attribute groups only when that stage failed)
-pools        ``step_build_pools`` from a fake knowledge text of every entity (tokenised by the job's tokenizer;
-             ``collect_sources`` + ``write_store``)
-plan         ``new_requests`` + ``plan_changes`` against the empty output (a first run)
-store_write  ``KnowledgeWriter`` (the job's ``shard_rows``): one row per planned entity
+plan         ``plan_run`` against the empty output (a first run): every entity's source hash (no cache yet),
+             classified, the requests of the planned entities built
+store_write  ``KnowledgeWriter`` (the job's ``shard_rows``): one row per planned entity, a fake ~130-token text
+             with its quality columns (scored before the meter: workers score their rows in the job)
 latest_view  ``latest_view`` of that store
-incremental  after the newest rating of ``changed_share`` of the users was flipped: load + split, requests and
-             ``plan_changes`` against (a copy of) the store, the changed rows written, the latest view again
+pools        the job's pools step on that store: its latest view's texts read, ``step_build_pools`` (selection,
+             parts tokenised and written by Ray tasks; Ray's start-up included)
+incremental  after the newest rating of ``changed_share`` of the users was flipped, on copies of the store, the
+             hash cache and the pools: load + split, ``plan_run`` (hashes recomputed for changed inputs alone),
+             the changed rows written, the pools step again (pools whose texts changed by at most
+             ``routing.pool_refresh_share`` kept; when the pools stage ran), the latest view again
 
 Each stage process reads its inputs from the size's work folder (untimed), resets its peak resident memory
 (Linux ``/proc/self/clear_refs``; ``VmHWM``), runs the stage (timed) and reports the peak resident set
@@ -49,10 +53,11 @@ import polars as pl
 
 log = logging.getLogger(__name__)
 
-STAGES = ("load_split", "lightgcn", "route", "pools", "plan", "store_write", "latest_view", "incremental")
-NEEDS = {"lightgcn": ("load_split",), "route": ("load_split",), "pools": ("route",), "plan": ("load_split",),
-         "store_write": ("plan",), "latest_view": ("store_write",), "incremental": ("store_write",)}
-USES = {"route": ("lightgcn",), "plan": ("route",)}  # used when they ran; the stage degrades without them
+STAGES = ("load_split", "lightgcn", "route", "plan", "store_write", "latest_view", "pools", "incremental")
+NEEDS = {"lightgcn": ("load_split",), "route": ("load_split",), "pools": ("route", "store_write"),
+         "plan": ("load_split",), "store_write": ("plan",), "latest_view": ("store_write",),
+         "incremental": ("store_write",)}
+USES = {"route": ("lightgcn",), "plan": ("route",), "incremental": ("pools",)}  # used when they ran
 TARGETS = {"total_s_at_1M": 600.0, "peak_gb_at_1M": 8.0, "slope_max": 1.1, "incremental_ratio_max": 0.10}
 _CONFIG_HASH = "bench-scale"
 _GB = 2 ** 30
@@ -292,23 +297,29 @@ def _entities(ctx: Ctx) -> pl.DataFrame:
 def stage_pools(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     from pipelines.knowledge.pool_build import load_tokenizer, step_build_pools
 
-    entities = _entities(ctx)
-    knowledge = entities.with_columns(knowledge=pl.Series(fake_texts(entities.height, ctx.settings.text_words,
-                                                                     ctx.settings.seed))).to_arrow()
     cfg = ctx.job()
     load_tokenizer(cfg.model.name)  # warm the import and the file cache (the stage loads it again)
     with meter:
-        sizes = step_build_pools(cfg, knowledge)
-    return {"pools": len(sizes), "texts": int(sum(sizes.values())), "knowledge_texts": entities.height}
+        sizes = _pools_from(ctx.root / "out" / "knowledge", cfg)
+    return {"pools": len(sizes), "texts": int(sum(sizes.values()))}
 
 
-def _plan(ctx: Ctx, ds: Any, split: Any, rows: pl.DataFrame) -> Any:
-    from pipelines.knowledge.plan import plan_changes
-    from pipelines.knowledge.requests import new_requests, pool_routes
+def _pools_from(store: Path, cfg: Any, directory: Path | None = None) -> dict[str, int]:
+    """The job's pools step on a store: its latest view's texts read, the pools built (or kept) and written."""
+    from pipelines.knowledge.pool_build import step_build_pools
+    from pipelines.ops.schedule.latest import latest_view
 
-    routing = ctx.routing()
-    routes = pool_routes("routed", routing) if routing is not None else {}
-    return plan_changes(new_requests(ds, split, routes), rows, _CONFIG_HASH)
+    knowledge = latest_view(store, None, ["entity_type", "entity_id", "knowledge"]).drop("store").to_arrow()
+    return step_build_pools(cfg, knowledge, directory)
+
+
+def _plan(ctx: Ctx, ds: Any, split: Any, store: Path, cache: Path) -> Any:
+    """The job's plan step (``plan_run``): hashes from ``cache`` where inputs did not change, requests for the
+    planned entities alone."""
+    from pipelines.knowledge.plan import plan_run
+    from pipelines.knowledge_store import read_index
+
+    return plan_run(ds, split, ctx.routing(), "routed", read_index(store), _CONFIG_HASH, cache)
 
 
 def _warm_plan() -> None:
@@ -319,12 +330,11 @@ def _warm_plan() -> None:
 
 
 def stage_plan(ctx: Ctx, meter: Meter) -> dict[str, Any]:
-    from pipelines.knowledge_store import read_knowledge
-
     _warm_plan()
     ds, split = ctx.dataset(), ctx.split()
+    (ctx.root / "source-hashes.parquet").unlink(missing_ok=True)
     with meter:  # a first run: its output holds no knowledge yet (never the store_write stage's)
-        plan = _plan(ctx, ds, split, read_knowledge(ctx.root / "out" / "no-knowledge-yet"))
+        plan = _plan(ctx, ds, split, ctx.root / "out" / "no-knowledge-yet", ctx.root / "source-hashes.parquet")
     _todo_frame(plan.todo).write_parquet(ctx.root / "plan.parquet")
     return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None}
 
@@ -338,26 +348,38 @@ def _todo_frame(todo: list[Any]) -> pl.DataFrame:
                         schema={c: pl.Utf8 for c in _TODO_COLUMNS})
 
 
-def _write_rows(store: Path, todo: pl.DataFrame, texts: list[str], run_id: str, run_seq: int, shard_rows: int) -> int:
-    """One knowledge row per planned entity (the writer's lock, quality and shards included)."""
+_QUALITY = ("finished_eos", "repeat_4gram", "degenerate", "ended", "cut", "fragment", "n_words")
+
+
+def fake_rows(todo: pl.DataFrame, words: int, seed: int) -> pl.DataFrame:
+    """The planned entities with a fake text each and its quality columns, as a worker hands a row to the
+    driver (workers score their texts: pipelines/knowledge/generation.py); made before the meter starts."""
+    from pipelines.quality import text_quality
+
+    texts = fake_texts(todo.height, words, seed)
+    scores = [text_quality(t, "eos") for t in texts]
+    return todo.with_columns(knowledge=pl.Series(texts),
+                             **{c: pl.Series([getattr(q, c) for q in scores]) for c in _QUALITY})
+
+
+def _write_rows(store: Path, rows: pl.DataFrame, run_id: str, run_seq: int, shard_rows: int) -> int:
+    """One knowledge row per planned entity through the job's writer (lock, shards, commits, compaction)."""
     from pipelines.knowledge_store import KnowledgeWriter
 
+    fixed = {"model": "bench", "decoder": "laser", "decoder_params": "{}", "prompt_version": "bench", "n_tokens": 120,
+             "target_forwards": 40, "accepted_tokens": 80, "retrieval_s": 0.0, "generation_s": 1.0,
+             "finish_reason": "eos", "run_id": run_id, "config_hash": _CONFIG_HASH}
     with KnowledgeWriter(store, shard_rows=shard_rows, run_id=run_id, run_seq=run_seq) as writer:
-        for (etype, eid, shash, kind, group), text in zip(todo.iter_rows(), texts):
-            writer.add({"entity_type": etype, "entity_id": eid, "knowledge": text, "model": "bench",
-                        "decoder": "laser", "decoder_params": "{}", "prompt_version": "bench", "pool_kind": kind,
-                        "group_id": group, "n_tokens": 120, "target_forwards": 40, "accepted_tokens": 80,
-                        "retrieval_s": 0.0, "generation_s": 1.0, "finish_reason": "eos", "run_id": run_id,
-                        "source_hash": shash, "config_hash": _CONFIG_HASH})
+        for row in rows.iter_rows(named=True):
+            writer.add({**row, **fixed})
     return writer.rows_written
 
 
 def stage_store_write(ctx: Ctx, meter: Meter) -> dict[str, Any]:
-    todo = pl.read_parquet(ctx.root / "plan.parquet")
-    texts = fake_texts(todo.height, ctx.settings.text_words, ctx.settings.seed + 1)
+    rows = fake_rows(pl.read_parquet(ctx.root / "plan.parquet"), ctx.settings.text_words, ctx.settings.seed + 1)
     shutil.rmtree(ctx.root / "out" / "knowledge", ignore_errors=True)  # a first run's store
     with meter:
-        rows = _write_rows(ctx.root / "out" / "knowledge", todo, texts, "bench-full", 1, ctx.job().output.shard_rows)
+        rows = _write_rows(ctx.root / "out" / "knowledge", rows, "bench-full", 1, ctx.job().output.shard_rows)
     shards = len(list((ctx.root / "out" / "knowledge").glob("part-*.parquet")))
     return {"rows": rows, "shards": shards}
 
@@ -388,7 +410,6 @@ def flip_newest(interactions: pl.DataFrame, users: list[str]) -> pl.DataFrame:
 def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     from pipelines.data.load import load_dataset
     from pipelines.data.split import split_old_new
-    from pipelines.knowledge_store import read_knowledge
     from pipelines.ops.schedule.latest import latest_view
 
     _warm_plan()
@@ -398,24 +419,35 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     ds.interactions = flip_newest(ds.interactions, users)
     _write_tables(ds, edited)
     del ds
-    store, parts = ctx.root / "out" / "knowledge-incremental", {}  # a copy: the full run's store stays as it was
-    shutil.rmtree(store, ignore_errors=True)
-    shutil.copytree(ctx.root / "out" / "knowledge", store, ignore=shutil.ignore_patterns(".run.lock*"))
+    # copies: the full run's store, hash cache and pools stay as they were
+    store, cache, pools, parts = ctx.root / "out" / "knowledge-incremental", ctx.root / "hashes-incremental.parquet", \
+        ctx.root / "out" / "pools-incremental", {}
+    for source, copy in ((ctx.root / "out" / "knowledge", store), (ctx.root / "out" / "pools", pools)):
+        shutil.rmtree(copy, ignore_errors=True)
+        if source.exists():
+            shutil.copytree(source, copy, ignore=shutil.ignore_patterns(".run.lock*"))
+    shutil.copyfile(ctx.root / "source-hashes.parquet", cache)
+    cfg, with_pools = ctx.job(), ctx.done("pools")
     with meter:
         tick = time.perf_counter()
         ds = load_dataset(_table_config(edited))
-        split = split_old_new(ds, seed=s.seed, max_hist=ctx.job().split.max_hist, mode="latest")
+        split = split_old_new(ds, seed=s.seed, max_hist=cfg.split.max_hist, mode="latest")
         parts["load_split_s"], tick = time.perf_counter() - tick, time.perf_counter()
-        plan = _plan(ctx, ds, split, read_knowledge(store))
+        plan = _plan(ctx, ds, split, store, cache)
         parts["plan_s"], tick = time.perf_counter() - tick, time.perf_counter()
         todo = _todo_frame(plan.todo)
-        _write_rows(store, todo, fake_texts(todo.height, s.text_words, s.seed + 2), "bench-incremental", 2,
-                    ctx.job().output.shard_rows)
+        rows = fake_rows(todo, s.text_words, s.seed + 2)  # the workers' rows (their scoring is not the driver's)
+        parts["rows_s_untimed"], tick = time.perf_counter() - tick, time.perf_counter()
+        _write_rows(store, rows, "bench-incremental", 2, cfg.output.shard_rows)
         parts["write_s"], tick = time.perf_counter() - tick, time.perf_counter()
+        if with_pools:
+            sizes = _pools_from(store, cfg, pools)
+            parts["pools_s"], tick = time.perf_counter() - tick, time.perf_counter()
         latest_view(store)
         parts["latest_s"] = time.perf_counter() - tick
+    meter.s -= parts["rows_s_untimed"]
     return {"changed_users": len(users), "planned": len(plan.todo), "changed": plan.changed,
-            "unchanged": plan.unchanged, **parts}
+            "unchanged": plan.unchanged, "pools_included": with_pools, **parts}
 
 
 STAGE_FUNCS: dict[str, Callable[[Ctx, Meter], dict[str, Any]]] = {
