@@ -232,17 +232,23 @@ class PoolStore:
             shown = ", ".join(self.keys()[:8])
             raise PoolStoreError(f"{self.directory}: no pool {key!r} (empty or unknown group); pools: {shown}")
         entry = self.manifest["pools"][key]
-        path = self.directory / entry["file"]
-        if entry["file"] not in self._verified:
-            if entry.get("sha256") and _sha256(path) != entry["sha256"]:
-                raise PoolStoreError(f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
-                                     "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)")
-            self._verified.add(entry["file"])
+        path = self.check(key)
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_file(source).read_all().slice(entry.get("offset", 0), entry["n_texts"])
             column = table.column(_COLUMN).combine_chunks()
             values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
             return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+
+    def check(self, key: str) -> Path:
+        """The part file of pool ``key``, its checksum checked (once per file); :class:`PoolStoreError` when corrupt."""
+        entry = self.manifest["pools"][key]
+        path = self.directory / entry["file"]
+        if entry["file"] not in self._verified:
+            if entry.get("sha256") and (not path.exists() or _sha256(path) != entry["sha256"]):
+                raise PoolStoreError(f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
+                                     "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)")
+            self._verified.add(entry["file"])
+        return path
 
     def members(self) -> pa.Table | None:
         """Which entity's text each pool holds, as the build that wrote this store recorded it (or None)."""

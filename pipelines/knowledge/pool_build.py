@@ -115,7 +115,7 @@ def _whole(store: Any, key: str) -> bool:
     from pools.store import PoolStoreError
 
     try:
-        store.token_ids(key)
+        store.check(key)
         return True
     except (PoolStoreError, OSError) as exc:
         log.warning("pools: %s is written again: %s", key, exc)
