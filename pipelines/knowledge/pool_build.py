@@ -106,7 +106,8 @@ def _reusable(directory: Path, fingerprint: Any, meta: dict[str, Any], members: 
     if previous is None or not same:
         return {}
     stale = stale_pools(pl.from_arrow(previous), members, refresh_share)
-    keep = {k: e for k, e in store.manifest["pools"].items() if k not in stale and k in set(members["pool_key"])}
+    wanted = set(members["pool_key"].unique())
+    keep = {k: e for k, e in store.manifest["pools"].items() if k not in stale and k in wanted}
     return {k: e for k, e in keep.items() if _whole(store, k)}
 
 

@@ -38,12 +38,17 @@ def item_requests(items: pl.DataFrame, routes: Routes | None = None) -> list[Gen
 
 def _request(entity_type: str, entity_id: str, routes: Routes | None, **payload: Any) -> GenerationRequest:
     route = (routes or {}).get((entity_type, entity_id))
-    payload["source_hash"] = source_hash(entity_type, PROMPT_VERSION, payload.get("history", payload.get("item")))
+    payload["source_hash"] = payload_hash(entity_type, payload.get("history", payload.get("item")))
     if route is None or route.get("pool_kind") is None:
         return GenerationRequest(entity_type, entity_id, **payload)
     key = group_key(entity_type, route["pool_kind"], route["group_id"])
     return GenerationRequest(entity_type, entity_id, pool_key=key, pool_kind=route["pool_kind"],
                              group_id=route["group_id"], **payload)
+
+
+def payload_hash(entity_type: str, payload: Any) -> str:
+    """The source hash of a request's payload: a user's history (list) or an item's row (dict)."""
+    return source_hash(entity_type, PROMPT_VERSION, list(payload) if isinstance(payload, (list, tuple)) else payload)
 
 
 def old_requests(dataset: Dataset, split: Split) -> list[GenerationRequest]:
@@ -74,7 +79,6 @@ def _new_users(split: Split) -> pl.Series:
 
 SOURCE_CACHE = "source-hashes.parquet"  # in the job's work folder
 KEY_SCHEMA = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8}
-HASH_BATCH = 100_000  # entities whose exact hash is computed at once (their histories in memory)
 
 
 def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
@@ -98,7 +102,7 @@ def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
 def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, write: bool = True) -> pl.DataFrame:
     """(entity_type, entity_id, source_hash) of every entity :func:`new_requests` covers, without a request
     object each: the hash is taken from ``cache`` (the last run's fingerprints and hashes) where the
-    entity's :func:`fingerprints` did not change, and computed (``source_hash``, batch by batch) for the rest;
+    entity's :func:`fingerprints` did not change, and computed (``payload_hash``) for the rest;
     the cache is rewritten with ``write``."""
     fp = fingerprints(dataset, split)
     known = _read_cache(cache)
@@ -107,8 +111,7 @@ def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, writ
     missing = keys.filter(pl.col("source_hash").is_null())
     if missing.height:
         log.info("source hashes: %d of %d entities' inputs changed or are new", missing.height, keys.height)
-        exact = pl.concat([_exact_hashes(dataset, split, missing.slice(start, HASH_BATCH))
-                           for start in range(0, missing.height, HASH_BATCH)])
+        exact = _exact_hashes(dataset, split, missing)
         keys = keys.join(exact, on=["entity_type", "entity_id"], how="left", suffix="_exact").with_columns(
             source_hash=pl.coalesce("source_hash", "source_hash_exact")).drop("source_hash_exact")
     if cache is not None and write:
@@ -117,8 +120,16 @@ def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, writ
 
 
 def _exact_hashes(dataset: Dataset, split: Split, keys: pl.DataFrame) -> pl.DataFrame:
-    reqs = new_requests(dataset, split, {}, only=keys)
-    return pl.DataFrame([(r.entity_type, r.entity_id, r.source_hash) for r in reqs], schema=KEY_SCHEMA, orient="row")
+    """The source hashes of ``keys``' entities, as their requests compute them (histories built once, no
+    request objects)."""
+    users = keys.filter(pl.col("entity_type") == "user")["entity_id"]
+    interactions = split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
+    histories = user_histories(interactions, dataset.items)
+    rows = [("user", u, payload_hash("user", histories.get(u, []))) for u in users]
+    items = split.new_items.filter(pl.col("item_id").is_in(keys.filter(pl.col("entity_type") == "item")["entity_id"]
+                                                           .implode()))
+    rows += [("item", row["item_id"], payload_hash("item", row)) for row in items.iter_rows(named=True)]
+    return pl.DataFrame(rows, schema=KEY_SCHEMA, orient="row")
 
 
 def _cache_meta() -> dict[bytes, bytes]:
