@@ -134,6 +134,10 @@ class RoutingConfig(_Strict):
     max_pool_size: int = Field(2000, ge=1, description="most old-knowledge texts per pool (seeded sample)")
     global_pool_size: int = Field(20000, ge=1, description=(
         "most texts in a type's global pool (seeded sample), built only for a decoder that drafts from it (resd)"))
+    retrain_share: float = Field(0.1, ge=0.0, le=1.0, description=(
+        "an incremental run keeps the last routing (no LightGCN, no K-means) while at most this share of the "
+        "interactions is newer than the ones it was learned from; new entities go to their attribute group. "
+        "0: route afresh every run"))
     pool_refresh_share: float = Field(0.1, ge=0.0, le=1.0, description=(
         "a pool is rebuilt when more than this share of its texts changed since it was built (0: any change); "
         "otherwise it is kept as it was (its drafts come from texts at most this share out of date)"))

@@ -102,7 +102,7 @@ def _old_knowledge(job: JobRun) -> None:
 
 
 def _route(job: JobRun) -> None:
-    job.routing = step_route(job.cfg, job.data)
+    job.routing = step_route(job.cfg, job.data, incremental=job.incremental)
 
 
 def _earlier_knowledge(job: JobRun) -> pa.Table:

@@ -2,7 +2,9 @@
 pools of the groups are step 3 (pipelines/knowledge/pool_build.py)."""
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
@@ -11,6 +13,7 @@ from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.paths import JobPaths
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +30,26 @@ def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str,
     return table, hierarchy
 
 
+def _attribute_groups(cfg: JobConfig, data: JobData) -> dict[str, pl.DataFrame]:
+    """Per entity type, the attribute groups of every user and item (the hierarchy the table supports)."""
+    import router
+
+    rc, out = cfg.routing, {}
+    for etype, table, id_col, cands in (("user", data.dataset.users, "user_id", USER_ATTRIBUTES),
+                                        ("item", data.dataset.items, "item_id", ITEM_ATTRIBUTES)):
+        frame, hierarchy = _attribute_frame(table, id_col, cands)
+        grouping = router.AttributeGrouping(hierarchy=hierarchy, max_group_size=rc.max_group_size,
+                                            bucket_widths={"age": 10, "year": 10}, seed=rc.seed)
+        out[etype] = router.attribute_groups(frame, grouping, id_col)
+    return out
+
+
 def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
     """Per entity type: (attribute groups, collaborative groups or None), over every user and item; with
     ``write`` LightGCN's parameters are kept as the next run's warm start."""
     import router
 
-    ds, split, rc = data.dataset, data.split, cfg.routing
+    split, rc = data.split, cfg.routing
     lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
                                **rc.lightgcn)
     warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
@@ -45,13 +62,8 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
         emb = None
     data.dataset.notes.update(lightgcn_notes(emb.best_recall if emb is not None else None))
     out = {}
-    for etype, table, id_col, cands, emb_of in (("user", ds.users, "user_id", USER_ATTRIBUTES, "users"),
-                                                 ("item", ds.items, "item_id", ITEM_ATTRIBUTES, "items")):
-        frame, hierarchy = _attribute_frame(table, id_col, cands)
-        grouping = router.AttributeGrouping(hierarchy=hierarchy, max_group_size=rc.max_group_size,
-                                            bucket_widths={"age": 10, "year": 10}, seed=rc.seed)
-        attr = router.attribute_groups(frame, grouping, id_col)
-        vectors = getattr(emb, emb_of) if emb is not None else None
+    for etype, attr in _attribute_groups(cfg, data).items():
+        vectors = getattr(emb, "users" if etype == "user" else "items") if emb is not None else None
         collab = None
         uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
         if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
@@ -60,12 +72,17 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
     return out
 
 
-def step_route(cfg: JobConfig, data: JobData, write: bool = True) -> pl.DataFrame:
+def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: bool = False) -> pl.DataFrame:
     """Step 2: route every user and item; with ``write`` (not in a dry run) the routing table and the group
-    memberships are saved as Parquet, and LightGCN's parameters for the next run."""
+    memberships are saved as Parquet, and LightGCN's parameters for the next run. An ``incremental`` run keeps
+    the last routing while few interactions are new (:func:`kept_routing`)."""
     import router
 
     paths = JobPaths.of(cfg)
+    if incremental and write:
+        kept = kept_routing(cfg, data)
+        if kept is not None:
+            return kept
     groups = groups_of(cfg, data, write)
     old = data.split.routing_interactions
     policies = {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy}
@@ -79,11 +96,57 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True) -> pl.DataFram
     if write:
         router.write_routing(table, paths.routing)
         router.write_routing(pa.concat_tables(members), paths.memberships)
+        _save_routed(paths, data.split.routing_interactions)
     frame = pl.from_arrow(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
     log.info("routing: %s -> %s", counts, paths.routing)
     return frame
+
+
+ROUTED = "routed.json"  # in the work folder: what the saved routing was learned from
+
+
+def _save_routed(paths: JobPaths, interactions: pl.DataFrame) -> None:
+    watermark = interactions["timestamp"].max() if interactions.height else None
+    info = {"interactions": interactions.height, "watermark": watermark}
+    atomic_write_local(paths.work / ROUTED, lambda tmp: Path(tmp).write_text(json.dumps(info, default=str)))
+
+
+def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
+    """The last run's routing, kept when at most ``routing.retrain_share`` of today's interactions are newer
+    than the ones it was learned from: LightGCN and K-means do not run. Entities it lacks (new users and items)
+    are routed to their attribute group and added to the routing and membership tables. None: route afresh."""
+    import router
+
+    paths = JobPaths.of(cfg)
+    if not (paths.work / ROUTED).exists() or not paths.routing.exists() or not paths.memberships.exists():
+        return None
+    info = json.loads((paths.work / ROUTED).read_text())
+    interactions = data.split.routing_interactions
+    newer = interactions.filter(pl.col("timestamp") > info["watermark"]).height if info["watermark"] is not None \
+        else interactions.height
+    share = newer / max(1, interactions.height)
+    if share > cfg.routing.retrain_share:
+        log.info("routing: %.1f%% of the interactions are new since the last routing (> routing.retrain_share "
+                 "%.0f%%): routed afresh", 100 * share, 100 * cfg.routing.retrain_share)
+        return None
+    routing, members = pl.from_arrow(router.read_routing(paths.routing)), router.read_routing(paths.memberships)
+    added, added_members = [], []
+    for etype, attr in _attribute_groups(cfg, data).items():
+        fresh = attr.join(routing.filter(pl.col("entity_type") == etype).select(entity_id="entity_id"),
+                          on="entity_id", how="anti")
+        if fresh.height:
+            added.append(router.route(etype, fresh["entity_id"].to_list(), fresh, None, {}, policy="attribute"))
+            added_members.append(router.group_memberships(etype, fresh, None))
+    if added:
+        routing = pl.concat([routing, pl.from_arrow(pa.concat_tables(added))], how="vertical_relaxed")
+        router.write_routing(routing.to_arrow(), paths.routing)
+        router.write_routing(pa.concat_tables([members, *added_members]), paths.memberships)
+    log.info("routing: kept from the last run (%.1f%% of the interactions new, routing.retrain_share %.0f%%); "
+             "%d new entities routed to their attribute group", 100 * share, 100 * cfg.routing.retrain_share,
+             sum(t.num_rows for t in added))
+    return routing
 
 
 def read_routing(cfg: JobConfig) -> pl.DataFrame:

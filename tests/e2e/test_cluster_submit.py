@@ -158,6 +158,9 @@ def test_submit_wait_runs_on_both_nodes_with_token_auth(cluster, tiny_model, tmp
     actors = cluster.get("/api/v0/actors?filter_keys=class_name&filter_predicates=%3D&filter_values=GenerationWorker"
                          "&limit=100")["data"]["result"]["result"]
     assert len({a["node_id"] for a in actors}) == 2  # one generation actor on each node
+    tasks = cluster.get("/api/v0/tasks?limit=10000")["data"]["result"]["result"]
+    parts = [t for t in tasks if t["name"].endswith("build_part")]
+    assert len({t["node_id"] for t in parts}) == 2, parts  # the pools' build tasks ran on both nodes too
 
     failing = _laser("submit", str(config), "--address", cluster.address, "--wait", "--token-file",
                      str(cluster.token_file), "--set", "dataset.format=table", "--set", f"dataset.path={tmp_path}/none")

@@ -17,7 +17,9 @@ latest_view  ``latest_view`` of that store
 pools        the job's pools step on that store: its latest view's texts read, ``step_build_pools`` (selection,
              parts tokenised and written by Ray tasks; Ray's start-up included)
 incremental  after the newest rating of ``changed_share`` of the users was flipped, on copies of the store, the
-             hash cache and the pools: load + split, ``plan_run`` (hashes recomputed for changed inputs alone),
+             hash cache and the pools: load + split, ``step_route`` of an incremental run (the last routing kept
+             while at most ``routing.retrain_share`` of the interactions are new: here none are newer, as ratings
+             were edited in place), ``plan_run`` (hashes recomputed for changed inputs alone),
              the changed rows written, the pools step again (pools whose texts changed by at most
              ``routing.pool_refresh_share`` kept; when the pools stage ran), the latest view again
 
@@ -313,13 +315,13 @@ def _pools_from(store: Path, cfg: Any, directory: Path | None = None) -> dict[st
     return step_build_pools(cfg, knowledge, directory)
 
 
-def _plan(ctx: Ctx, ds: Any, split: Any, store: Path, cache: Path) -> Any:
+def _plan(ds: Any, split: Any, routing: pl.DataFrame | None, store: Path, cache: Path) -> Any:
     """The job's plan step (``plan_run``): hashes from ``cache`` where inputs did not change, requests for the
     planned entities alone."""
     from pipelines.knowledge.plan import plan_run
     from pipelines.knowledge_store import read_index
 
-    return plan_run(ds, split, ctx.routing(), "routed", read_index(store), _CONFIG_HASH, cache)
+    return plan_run(ds, split, routing, "routed", read_index(store), _CONFIG_HASH, cache)
 
 
 def _warm_plan() -> None:
@@ -331,10 +333,10 @@ def _warm_plan() -> None:
 
 def stage_plan(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     _warm_plan()
-    ds, split = ctx.dataset(), ctx.split()
+    ds, split, routing = ctx.dataset(), ctx.split(), ctx.routing()
     (ctx.root / "source-hashes.parquet").unlink(missing_ok=True)
     with meter:  # a first run: its output holds no knowledge yet (never the store_write stage's)
-        plan = _plan(ctx, ds, split, ctx.root / "out" / "no-knowledge-yet", ctx.root / "source-hashes.parquet")
+        plan = _plan(ds, split, routing, ctx.root / "out" / "no-knowledge-yet", ctx.root / "source-hashes.parquet")
     _todo_frame(plan.todo).write_parquet(ctx.root / "plan.parquet")
     return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None}
 
@@ -410,6 +412,8 @@ def flip_newest(interactions: pl.DataFrame, users: list[str]) -> pl.DataFrame:
 def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     from pipelines.data.load import load_dataset
     from pipelines.data.split import split_old_new
+    from pipelines.knowledge.inputs import JobData
+    from pipelines.knowledge.routing import step_route
     from pipelines.ops.schedule.latest import latest_view
 
     _warm_plan()
@@ -433,7 +437,9 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
         ds = load_dataset(_table_config(edited))
         split = split_old_new(ds, seed=s.seed, max_hist=cfg.split.max_hist, mode="latest")
         parts["load_split_s"], tick = time.perf_counter() - tick, time.perf_counter()
-        plan = _plan(ctx, ds, split, store, cache)
+        routing = step_route(cfg, JobData(ds, split), incremental=True) if ctx.done("route") else None
+        parts["route_s"], tick = time.perf_counter() - tick, time.perf_counter()
+        plan = _plan(ds, split, routing, store, cache)
         parts["plan_s"], tick = time.perf_counter() - tick, time.perf_counter()
         todo = _todo_frame(plan.todo)
         rows = fake_rows(todo, s.text_words, s.seed + 2)  # the workers' rows (their scoring is not the driver's)
