@@ -158,20 +158,23 @@ def select_texts(knowledge: pa.Table | str | Path, memberships: pa.Table,
                          f"table: {shown}{' ...' if orphans.height > 5 else ''}")
     skipped += [(t, e, "no group in the membership table") for t, e in
                 orphans.select("entity_type", "entity_id").iter_rows()]
-    grouped = members.join(frame, on=["entity_type", "entity_id"], how="inner").sort("_member", "_row")
+    ids = frame.select("entity_type", "entity_id", "_row")  # texts join the selection at the end
+    grouped = members.join(ids, on=["entity_type", "entity_id"], how="inner").sort("_member", "_row")
     empty_groups = sorted(set(members["pool_key"].unique()) - set(grouped["pool_key"].unique()))
     if empty_groups:
         log.warning("%d groups have no old knowledge and get no pool: %s", len(empty_groups), empty_groups[:5])
     parts = [_capped(grouped if config.with_groups else grouped.clear(), config.max_pool_size, config.seed)]
     if config.with_global:
-        every = frame.sort("entity_type", "entity_id", "_row").with_columns(
+        every = ids.sort("entity_type", "entity_id", "_row").with_columns(
             pool_key=pl.concat_str([pl.col("entity_type"), pl.lit("global/all")], separator="/"))
         parts.append(_capped(every, config.global_max_size, config.seed))
-    columns = ["pool_key", "entity_type", "entity_id", column]
+    columns = ["pool_key", "entity_type", "entity_id", "_row"]
     selected = pl.concat([p.select(columns) for p in parts])
     if config.with_random:
-        selected = pl.concat([selected, _random_baselines(parts[0].select(columns), frame, config.seed)])
-    return Selection(selected.sort("pool_key", maintain_order=True), column, empty_groups, skipped)
+        selected = pl.concat([selected, _random_baselines(parts[0].select(columns), ids, config.seed)])
+    selected = selected.sort("pool_key", maintain_order=True).join(frame.select("_row", column), on="_row",
+                                                                     how="left", maintain_order="left")
+    return Selection(selected.drop("_row"), column, empty_groups, skipped)
 
 
 def _random_baselines(groups: pl.DataFrame, frame: pl.DataFrame, seed: int) -> pl.DataFrame:
