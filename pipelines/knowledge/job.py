@@ -43,7 +43,8 @@ from pipelines.knowledge.generation import DecodeTask, GenerationReport, Generat
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
-from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, old_requests, pending, pool_routes
+from pipelines.knowledge.requests import (SOURCE_CACHE, attach_payloads, drop_payloads, new_requests, old_requests,
+                                         pending, pool_routes)
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, open_store, read_index, read_knowledge, utc_now
@@ -154,17 +155,22 @@ def _new_knowledge(job: JobRun) -> None:
         log.info("first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
                  "texts before the other %d", len(job.first_wave), len(job.todo))
         write_knowledge(job.cfg, job.first_wave, task, job.paths.knowledge, "new knowledge, first wave",
-                        job.workers, job.record.seq, job.new)
+                        job.workers, job.record.seq, job.new, _payloads(job))
         rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
         step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
     write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
-                    job.new)
+                    job.new, _payloads(job))
     if job.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
         shutil.rmtree(job.paths.pools, ignore_errors=True)
         Path(task.pool_store).rename(job.paths.pools)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
+
+
+def _payloads(job: JobRun) -> Callable[[list[GenerationRequest]], None]:
+    """How a batch of the run's planned requests gets its prompt inputs (histories, item rows)."""
+    return lambda batch: attach_payloads(job.data.dataset, job.data.split, batch)
 
 
 def _latest(job: JobRun) -> None:
@@ -288,20 +294,35 @@ def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: 
     return task
 
 
+REQUEST_BATCH = 50_000  # requests whose prompt inputs the driver holds at once (payloads attached per batch)
+
+
 def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: object, desc: str,
                     workers: WorkerGroup | LocalGroup | None, run_seq: int | None = None,
-                    report: GenerationReport | None = None) -> GenerationReport:
+                    report: GenerationReport | None = None,
+                    payloads: Callable[[list[GenerationRequest]], None] | None = None) -> GenerationReport:
     """Generate ``requests`` and stream their rows into ``store`` as they finish (stamped with the run's
-    sequence number), counted into ``report`` (a new one by default)."""
+    sequence number), counted into ``report`` (a new one by default). With ``payloads`` (requests planned
+    without their prompt inputs) the requests go in batches of :data:`REQUEST_BATCH` in pool order, each filled
+    by ``payloads`` before it is sent and emptied after."""
     report = report if report is not None else GenerationReport()
     if not requests:
         return report
     start = time.perf_counter()
+    size = REQUEST_BATCH if payloads is not None else len(requests)
+    ordered = sorted(requests, key=lambda r: (r.pool_key or "", r.key)) if payloads is not None else requests
+    batches = [ordered[i:i + size] for i in range(0, len(ordered), size)]
     with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id, run_seq=run_seq) as writer, \
             (nullcontext(workers) if workers is not None else worker_group(cfg)) as group:
         writer.note_inputs({r.key: r.source_hash for r in requests}, task.config_hash)  # kept with failures
-        for result in group.stream(requests, task, slots=cfg.execution.batch_size, desc=desc):
-            record_result(result, writer, report)
+        for n, batch in enumerate(batches, start=1):
+            if payloads is not None:
+                payloads(batch)
+            label = desc if len(batches) == 1 else f"{desc} ({n}/{len(batches)})"
+            for result in group.stream(batch, task, slots=cfg.execution.batch_size, desc=label):
+                record_result(result, writer, report)
+            if payloads is not None:
+                drop_payloads(batch)
         writer.flush()
     report.wall_s += time.perf_counter() - start
     return report

@@ -25,7 +25,7 @@ import polars as pl
 from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.knowledge.generation import GenerationRequest
-from pipelines.knowledge.requests import new_requests, pool_routes, request_keys
+from pipelines.knowledge.requests import planned_requests, pool_routes, request_keys
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.latest import newest_per_entity
 
@@ -92,13 +92,14 @@ def plan_run(dataset: Dataset, split: Split, routing: pl.DataFrame | None, pool_
              config_hash: str | None, cache: Path | None = None, resuming: str | None = None,
              keep_existing: bool = False) -> ChangePlan:
     """A run's plan from frames: every entity's source hash (recomputed only where its inputs changed since the
-    ``cache`` was written), classified against the store's ``index``; request objects (history, route) are
-    built for the entities to generate alone."""
+    ``cache`` was written), classified against the store's ``index``; requests are made for the entities to
+    generate alone, with their route and hash but no prompt inputs yet (``attach_payloads`` adds those a batch
+    at a time, as they are decoded)."""
     classified = classify(request_keys(dataset, split, cache), index, config_hash, resuming, keep_existing)
     plan = counted(ChangePlan(), classified)
-    todo = to_generate(classified).select(*_KEYS)
+    todo = to_generate(classified)
     routes = pool_routes(pool_need, routing.join(todo, on=list(_KEYS), how="semi")) if routing is not None else {}
-    plan.todo = new_requests(dataset, split, routes, only=todo)
+    plan.todo = planned_requests(todo, routes)
     return plan
 
 

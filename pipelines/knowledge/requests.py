@@ -37,8 +37,9 @@ def item_requests(items: pl.DataFrame, routes: Routes | None = None) -> list[Gen
 
 
 def _request(entity_type: str, entity_id: str, routes: Routes | None, **payload: Any) -> GenerationRequest:
+    if "source_hash" not in payload:
+        payload["source_hash"] = payload_hash(entity_type, payload.get("history", payload.get("item")))
     route = (routes or {}).get((entity_type, entity_id))
-    payload["source_hash"] = payload_hash(entity_type, payload.get("history", payload.get("item")))
     if route is None or route.get("pool_kind") is None:
         return GenerationRequest(entity_type, entity_id, **payload)
     key = group_key(entity_type, route["pool_kind"], route["group_id"])
@@ -69,6 +70,35 @@ def new_requests(dataset: Dataset, split: Split, routes: Routes,
     if only is not None:
         interactions = interactions.filter(pl.col("user_id").is_in(users.implode()))
     return user_requests(interactions, dataset.items, users.to_list(), routes) + item_requests(items, routes)
+
+
+def planned_requests(keys: pl.DataFrame, routes: Routes) -> list[GenerationRequest]:
+    """Requests of ``keys`` (entity_type, entity_id, source_hash) with their route and hash but no payload (a
+    few hundred bytes each, the history left out): :func:`attach_payloads` fills them batch by batch."""
+    return [_request(t, i, routes, source_hash=h)
+            for t, i, h in keys.select("entity_type", "entity_id", "source_hash").iter_rows()]
+
+
+def attach_payloads(dataset: Dataset, split: Split, requests: list[GenerationRequest]) -> None:
+    """Fill in each request's prompt inputs: a user's history (``Split.prompt_interactions``, oldest first) or an
+    item's row; the ones :func:`new_requests` gives."""
+    users = pl.Series([r.entity_id for r in requests if r.entity_type == "user"], dtype=pl.Utf8)
+    item_ids = pl.Series([r.entity_id for r in requests if r.entity_type == "item"], dtype=pl.Utf8)
+    histories = user_histories(split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode())),
+                               dataset.items)
+    rows = {row["item_id"]: row for row in
+            split.new_items.filter(pl.col("item_id").is_in(item_ids.implode())).iter_rows(named=True)}
+    for req in requests:
+        if req.entity_type == "user":
+            req.history = list(histories.get(req.entity_id, []))
+        else:
+            req.item = rows[req.entity_id]
+
+
+def drop_payloads(requests: list[GenerationRequest]) -> None:
+    """Forget the prompt inputs of requests that were decoded (the driver holds a batch's at a time)."""
+    for req in requests:
+        req.history = req.item = None
 
 
 def _new_users(split: Split) -> pl.Series:

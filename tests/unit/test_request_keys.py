@@ -11,7 +11,7 @@ from jobs.config import load_config
 from pipelines.data.split import split_old_new
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.plan import classify, plan_run, to_generate
-from pipelines.knowledge.requests import new_requests, request_keys
+from pipelines.knowledge.requests import attach_payloads, drop_payloads, new_requests, request_keys
 
 
 @pytest.fixture
@@ -83,13 +83,21 @@ def test_a_run_plan_builds_requests_for_the_planned_entities_alone(data, tmp_pat
                                  "generated_at": pl.Datetime("us", "UTC")})
     first = plan_run(data.dataset, data.split, None, "routed", index, "c", tmp_path / "h.parquet")
     assert first.new == len(first.todo) == 30 + data.split.new_items.height
+    items = [r for r in first.todo if r.entity_type == "item"]
+    attach_payloads(data.dataset, data.split, items)
+    assert all(r.item == full for r in items for full in [data.split.new_items.filter(
+        pl.col("item_id") == r.entity_id).to_dicts()[0]])
     keep = [r for r in first.todo if r.entity_id not in ("u0001", "u0002")]  # rows written for all but two
     index = pl.DataFrame([(*r.key, r.source_hash, "c", "r1", 1, None) for r in keep], schema=index.schema,
                          orient="row")
     second = plan_run(data.dataset, data.split, None, "routed", index, "c", tmp_path / "h.parquet")
     assert sorted(r.key for r in second.todo) == [("user", "u0001"), ("user", "u0002")]
     assert (second.new, second.unchanged) == (2, len(keep))
-    assert {r.key: r.history for r in second.todo} == {r.key: r.history for r in first.todo if r in second.todo
-                                                        or r.key in {("user", "u0001"), ("user", "u0002")}}
+    assert all(r.history is None for r in second.todo)  # planned without prompt inputs: a batch at a time
+    attach_payloads(data.dataset, data.split, second.todo)
+    full = {r.key: r for r in new_requests(data.dataset, data.split, {})}
+    assert all(r.history == full[r.key].history and r.source_hash == full[r.key].source_hash for r in second.todo)
+    drop_payloads(second.todo)
+    assert all(r.history is None for r in second.todo)
     classified = classify(request_keys(data.dataset, data.split), index, "other")  # another config: all again
     assert to_generate(classified).height == first.new

@@ -10,7 +10,8 @@ lightgcn     ``router.train_lightgcn``, ``lightgcn_epochs`` epochs, recall@k eva
 route        ``step_route`` (attribute and K-means groups, routing and membership tables written), given
              the lightgcn stage's embeddings (attribute groups only when that stage failed)
 plan         ``plan_run`` against the empty output (a first run): every entity's source hash (no cache yet),
-             classified, the requests of the planned entities built
+             classified, the requests of the planned entities made without their prompt inputs (``payloads_s``:
+             what attaching those a batch at a time costs the driver during generation, outside the stage)
 store_write  ``KnowledgeWriter`` (the job's ``shard_rows``): one row per planned entity, a fake ~130-token text
              with its quality columns (scored before the meter: workers score their rows in the job)
 latest_view  ``latest_view`` of that store
@@ -338,7 +339,21 @@ def stage_plan(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     with meter:  # a first run: its output holds no knowledge yet (never the store_write stage's)
         plan = _plan(ds, split, routing, ctx.root / "out" / "no-knowledge-yet", ctx.root / "source-hashes.parquet")
     _todo_frame(plan.todo).write_parquet(ctx.root / "plan.parquet")
-    return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None}
+    return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None,
+            "payloads_s": _payloads_s(ds, split, plan.todo)}
+
+
+def _payloads_s(ds: Any, split: Any, todo: list[Any]) -> float:
+    """Seconds the driver spends during generation giving the planned requests their prompt inputs, a batch at
+    a time (``attach_payloads``; not in the stage's time: it happens while the workers decode)."""
+    from pipelines.knowledge.job import REQUEST_BATCH
+    from pipelines.knowledge.requests import attach_payloads, drop_payloads
+
+    start = time.perf_counter()
+    for i in range(0, len(todo), REQUEST_BATCH):
+        attach_payloads(ds, split, todo[i:i + REQUEST_BATCH])
+        drop_payloads(todo[i:i + REQUEST_BATCH])
+    return time.perf_counter() - start
 
 
 _TODO_COLUMNS = ("entity_type", "entity_id", "source_hash", "pool_kind", "group_id")
