@@ -444,6 +444,8 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
                 max_gb: float = typer.Option(12.0, "--max-gb", help="A stage process resident above this is killed."),
                 lightgcn_epochs: int = typer.Option(1, help="LightGCN epochs (recall@k evaluated once at the end)."),
                 mean_history: float = typer.Option(20.0, help="Synthetic interactions a user, on average."),
+                repeats: int = typer.Option(3, min=1, help=(
+                    "Runs of a stage that takes under a minute; the median is reported.")),
                 dataset_config: Path | None = typer.Option(None, "--dataset-config", help=(
                     "YAML with a DatasetConfig: measure that dataset (one size) instead of synthetic catalogues.")),
                 work: Path | None = typer.Option(None, help="Folder for the sizes' data and outputs (default: a "
@@ -460,7 +462,7 @@ def bench_scale(json_out: Path = typer.Option(Path("docs/results/scale.json"), "
     try:
         settings = ScaleSettings(sizes=tuple(int(s) for s in _names(sizes)), stages=_names(stages) or STAGES,
                                  budget_s=budget_s, stage_timeout_s=stage_timeout_s, max_gb=max_gb,
-                                 lightgcn_epochs=lightgcn_epochs,
+                                 lightgcn_epochs=lightgcn_epochs, repeats=repeats,
                                  mean_history=mean_history, seed=seed,
                                  dataset=dataset.model_dump() if dataset is not None else None)
     except ValueError as err:

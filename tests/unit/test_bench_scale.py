@@ -218,3 +218,24 @@ def test_every_stage_runs_at_a_tiny_size(tmp_path):
                                   work=tmp_path / "w", merge=True)  # the store of the first run exists
     assert again["sizes"]["200"]["stages"]["plan"]["planned"] == 200
     assert again["sizes"]["200"]["stages"]["store_write"]["rows"] == 200
+
+
+def test_stages_under_a_minute_report_the_median_of_their_repeats(tmp_path, monkeypatch):
+    calls: list[str] = []
+    times = iter([5.0, 3.0, 9.0, 70.0])  # plan three times (median 5), store_write once (over a minute)
+
+    def spawn(stage, root, timeout_s, max_gb):
+        calls.append(stage)
+        result = {"s": 0.1, "users": 90, "items": 10, "interactions": 900} if stage in ("generate", "load_split") \
+            else {"s": next(times), "peak_gb": 1.0 + len(calls) / 10}
+        (root / "results" / f"{stage}.json").write_text(json.dumps(result))
+        return StageRun(result)
+
+    monkeypatch.setattr(scale, "spawn_stage", spawn)
+    result = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(100,), stages=("plan", "store_write"),
+                                                                          repeats=3), work=tmp_path / "w")
+    stages = result["sizes"]["100"]["stages"]
+    assert calls == ["generate", "load_split", "plan", "plan", "plan", "store_write"]  # load_split: setup, once
+    assert stages["plan"]["s"] == 5.0 and stages["plan"]["runs_s"] == [5.0, 3.0, 9.0]
+    assert stages["plan"]["peak_gb"] == pytest.approx(1.5)  # the highest of the three
+    assert stages["store_write"]["s"] == 70.0 and "runs_s" not in stages["store_write"]
