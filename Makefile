@@ -1,9 +1,12 @@
-.PHONY: setup demo test test-unit test-quick bench
+.PHONY: setup demo check test test-unit test-quick bench
 setup:
 	@bash scripts/setup.sh
 
 demo: setup
 	.venv/bin/laser demo
+
+check: setup
+	.venv/bin/ruff check .
 
 test: setup
 	.venv/bin/python -m pytest -q

@@ -18,7 +18,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from laser.kv_cache import SlotKVCache
-from laser.request import DecodeStats, Request
+from laser.request import DecodeStats, Request  # noqa: F401 - DecodeStats: re-exported (laser/__init__.py)
 from laser.rules import TokenText, apply_rules, stop_string_hit
 from laser.tree import DraftTree, pack_trees
 from laser.verify import Outcome, Verifier

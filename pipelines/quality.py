@@ -422,7 +422,9 @@ class QualitySummary:
         return self.matched / self.mentioned if self.mentioned else None
 
     def as_dict(self) -> dict[str, object]:
-        share = (lambda k: round(k / self.n, 4) if self.n else 0.0)
+        def share(k: int) -> float:
+            return round(k / self.n, 4) if self.n else 0.0
+
         return {"n": self.n, "finished_eos": self.finished_eos, "eos_share": round(self.eos_share, 4),
                 "degenerate": self.degenerate, "mean_repeat_4gram": round(self.mean_repeat_4gram, 4),
                 "ended": self.ended, "ended_share": share(self.ended), "cut": self.cut, "cut_share": share(self.cut),

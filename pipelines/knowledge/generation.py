@@ -21,7 +21,7 @@ from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality, words_per_token
-from pipelines.knowledge.retry import (LOOP_POLICIES, DegenerateTextError, GenreBan, LoopStop, first_rules, retry_plan,
+from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan,
                                        retry_reasons, task_rules, worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkResult

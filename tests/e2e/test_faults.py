@@ -18,14 +18,15 @@ from pipelines.workers import GenerationRequest
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
 from pipelines.knowledge.job import run_job
+from pipelines.ops.schedule.ledger import RunLedger
+from tests.helpers import check_killed_actor_loses_no_row
+from test_schedule_incremental import incremental_config, write_table_data
 
 
 def run_incremental(cfg):
     """One incremental run; its ledger row."""
     return run_job(cfg, incremental=True).record
-from pipelines.ops.schedule.ledger import RunLedger
-from tests.helpers import check_killed_actor_loses_no_row
-from test_schedule_incremental import incremental_config, write_table_data
+
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -12,13 +12,14 @@ from pipelines.ops.features.feast_repo import ingest, online_features
 from pipelines.data.load import load_dataset
 from pipelines.knowledge_store import read_knowledge
 from pipelines.knowledge.job import run_job
+from pipelines.ops.schedule.latest import read_latest
+from pipelines.ops.schedule.ledger import RunLedger
 
 
 def run_incremental(cfg):
     """One incremental run; its ledger row."""
     return run_job(cfg, incremental=True).record
-from pipelines.ops.schedule.latest import read_latest
-from pipelines.ops.schedule.ledger import RunLedger
+
 
 pytestmark = pytest.mark.slow
 

@@ -145,7 +145,7 @@ def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
     from pipelines.lock import LockLost
 
     lock_obj = Location.of(mem_uri) / LOCK_FILE
-    with RunLock(mem_uri, run_id="slow", lease_s=0.6) as lock:
+    with RunLock(mem_uri, run_id="slow", lease_s=0.6):
         writer = kn.KnowledgeWriter(f"{mem_uri}/knowledge", shard_rows=1, run_id="slow")
         writer.add(row(1))  # written while the lease is ours
         held = json.loads(lock_obj.read_text())

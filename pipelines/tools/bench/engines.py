@@ -125,7 +125,7 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
                       repeats: int = 1, overrides: Sequence[str] = (), cold: bool = True) -> dict[str, Any]:
     """Each row cold once (``cold``), then ``repeats`` warm runs, interleaved; prints the table, writes
     ``json_out``, Markdown and a PNG."""
-    from pipelines.tools.bench.report import machine_info, versions
+    from pipelines.tools.bench.report import machine_info
 
     check_engines(engines)
     json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 RECALL_TOLERANCE = 0.05  # the linear row's recall@20 within 5% of the per-batch row's
 
 

@@ -466,7 +466,7 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
         _write_rows(store, rows, "bench-incremental", 2, cfg.output.shard_rows)
         parts["write_s"], tick = time.perf_counter() - tick, time.perf_counter()
         if with_pools:
-            sizes = _pools_from(store, cfg, pools)
+            _pools_from(store, cfg, pools)
             parts["pools_s"], tick = time.perf_counter() - tick, time.perf_counter()
         latest_view(store)
         parts["latest_s"] = time.perf_counter() - tick
