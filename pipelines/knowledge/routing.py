@@ -146,6 +146,8 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
     log.info("routing: kept from the last run (%.1f%% of the interactions new, routing.retrain_share %.0f%%); "
              "%d new entities routed to their attribute group", 100 * share, 100 * cfg.routing.retrain_share,
              sum(t.num_rows for t in added))
+    data.dataset.notes.update(pool_kind_notes(routing, {"user": cfg.routing.user_policy,
+                                                        "item": cfg.routing.item_policy}))
     return routing
 
 
