@@ -100,7 +100,7 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
     frame = pl.from_arrow(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
-    log.info("routing: %s -> %s", counts, paths.routing)
+    log.info("routing: %s%s", counts, f" -> {paths.routing}" if write else " (dry run: not saved)")
     return frame
 
 
