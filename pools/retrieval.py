@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from laser import DraftTree, Drafter
+from laser.defaults import N_MAX
 from laser.own_text import OwnText
 from pools.trie import TokenTrie, paused_gc
 
@@ -62,11 +63,11 @@ class RetrievalPool:
     def __len__(self) -> int:
         return len(self.trie)
 
-    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
              min_prob: float = 0.0) -> "PoolDrafter":
         return PoolDrafter(self, prompt_ids, max_nodes, n_max, min_prob)
 
-    def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+    def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
                  temporary: OwnText | None = None, min_prob: float = 0.0) -> DraftTree:
         """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie.
 
@@ -76,7 +77,7 @@ class RetrievalPool:
         """
         return _layout(context[-1], self.nodes(context, max_nodes, n_max, temporary, min_prob))
 
-    def nodes(self, context: Sequence[int], max_nodes: int = 64, n_max: int = 8,
+    def nodes(self, context: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
               temporary: OwnText | None = None, min_prob: float = 0.0) -> list[tuple[int, ...]]:
         """The nodes :meth:`retrieve` lays out: paths below the root, prefix-closed, in priority order."""
         enough = max(1, int(self.min_fraction * max_nodes))

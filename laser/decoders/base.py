@@ -29,6 +29,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
+from laser.defaults import N_MAX
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import DecodeStats, Request, TreeDecodingEngine, check_tree_attention
 from laser.models import LoadedModel
@@ -229,7 +230,7 @@ class RetrievalDecoder(Decoder):
     ``min_prob`` drops rare continuations. Without a pool every step drafts nothing (autoregressive).
     """
 
-    def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
+    def __init__(self, lm: LoadedModel, K: int | str | None = None, n_max: int = N_MAX, min_prob: float = 0.0):
         super().__init__(lm)
         self.adaptive = K is None or K == "auto"
         K = MAX_BUDGET if self.adaptive else K

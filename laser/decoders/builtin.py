@@ -9,6 +9,7 @@ from typing import Any
 
 from laser.decoders.base import Decoder, RetrievalDecoder
 from laser.decoders.registry import register_decoder
+from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 from laser.models import LoadedModel
 from laser.sampling import SamplingParams
 from laser.verify import RejectionSampler, TopKVerifier, Verifier
@@ -37,8 +38,8 @@ class Laser(RetrievalDecoder):
     pool = "routed"
     engines = ("hf", "vllm")
 
-    def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = 2, p: float = 0.1,
-                 K: int | str | None = None, n_max: int = 8, min_prob: float = 0.0):
+    def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = RELAXED_K, p: float = RELAXED_P,
+                 K: int | str | None = None, n_max: int = N_MAX, min_prob: float = 0.0):
         super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")

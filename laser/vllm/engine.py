@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
 from laser.cost import ForwardCost
+from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 from laser.drafting import DraftSource
 from laser.models import model_dir
 from laser.request import Halt
@@ -239,9 +240,9 @@ class VllmEngine:
         return list(prompt)
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
-               verification: str = "greedy", k: int = 2, p: float = 0.1, sampling: dict | None = None,
+               verification: str = "greedy", k: int = RELAXED_K, p: float = RELAXED_P, sampling: dict | None = None,
                stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
-               draft: bool = True, n_max: int = 8, min_prob: float = 0.0,
+               draft: bool = True, n_max: int = N_MAX, min_prob: float = 0.0,
                pool_store: str | os.PathLike | None = None,
                halt: Halt | None = None, earlier: Sequence[int] | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 import laser
+from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 from pipelines.tools.bench.fixture import encode_user_prompts, greedy_knowledge
 from pipelines.tools.bench.report import hf_generate, machine_info, print_methods, summarise, timed_decode, versions
 from pipelines.data.split import split_old_new
@@ -41,9 +42,9 @@ class DecodeBenchSettings:
     max_prompt_tokens: int = 512
     seed: int = 0
     K: int | str = "auto"  # draft budget: "auto" (adaptive, the default) or fixed tree nodes
-    n_max: int = 8
-    k: int = 2
-    p: float = 0.1
+    n_max: int = N_MAX
+    k: int = RELAXED_K
+    p: float = RELAXED_P
 
 
 METHODS = {  # name -> (decoder, params, pool kind); "draft" / "rule" add the settings' draft budget / k and p

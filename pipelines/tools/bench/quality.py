@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from laser.decoders import available_decoders
+from laser.defaults import RELAXED_K, RELAXED_P
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import BatchResult, GenerationWorker
 from pipelines.knowledge.decoders import ENGINES, new_knowledge_decoder
@@ -75,7 +76,7 @@ def label(engine: str, method: str, engines: tuple[str, ...]) -> str:
 
 def methods(cfg: JobConfig) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, decoder, params) of the compared methods; relaxed keeps the config's k and p."""
-    relaxed = {"k": 2, "p": 0.1, **{k: v for k, v in cfg.decoder.params.items() if k in ("k", "p")}}
+    relaxed = {"k": RELAXED_K, "p": RELAXED_P, **{k: v for k, v in cfg.decoder.params.items() if k in ("k", "p")}}
     return [("autoregressive greedy", "autoregressive", {}), (GREEDY_REF, "laser", {"verification": "greedy"}),
             (RELAXED, "laser", {"verification": "relaxed", **relaxed})]
 

@@ -44,6 +44,7 @@ from rich.console import Console
 from tqdm import tqdm
 
 import laser
+from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 import router
 from pipelines.tools.bench.draft_study import markdown_draft_table, plot_draft_study, print_draft_table, run_draft_study
 from pipelines.tools.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
@@ -86,9 +87,9 @@ class SuiteSettings:
     repeats: int = 1
     seed: int = 0
     K: int | str = "auto"          # LASER's draft budget: "auto" (adaptive, the default) or fixed nodes
-    n_max: int = 8
-    k: int = 2
-    p: float = 0.1
+    n_max: int = N_MAX
+    k: int = RELAXED_K
+    p: float = RELAXED_P
     prompt_lookup_tokens: int = 10
     pool_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     draft_budgets: tuple[int, ...] = (8, 16, 32, 64)

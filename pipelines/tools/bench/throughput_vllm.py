@@ -36,6 +36,7 @@ from typing import Any, Callable
 import torch
 
 import laser
+from laser.defaults import RELAXED_K, RELAXED_P
 from laser.drafting import Drafter
 from laser.tree import DraftTree
 from pipelines.data.config import DatasetConfig
@@ -56,8 +57,8 @@ VLLM_METHODS: dict[str, dict[str, Any]] = {
     "vllm ngram": {"speculation": "ngram", "max_draft": 8},
     "vllm suffix": {"speculation": "suffix", "max_draft": 16},
     "laser-vllm greedy": {"speculation": "laser", "draft_len": "auto", "verification": "greedy", "pool": "crp"},
-    "laser-vllm relaxed": {"speculation": "laser", "draft_len": "auto", "verification": "relaxed", "k": 2,
-                           "p": 0.1, "pool": "crp"},
+    "laser-vllm relaxed": {"speculation": "laser", "draft_len": "auto", "verification": "relaxed", "k": RELAXED_K,
+                           "p": RELAXED_P, "pool": "crp"},
 }
 
 
