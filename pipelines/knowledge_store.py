@@ -243,16 +243,11 @@ def parquet_bytes(table: pa.Table) -> bytes:
 def _write_shard(path: Location, table: pa.Table) -> str:
     """Write one shard whole (local: temp file + fsync + rename; elsewhere one put); its sha256."""
     if path.local:
-        _atomic_write_bytes(path.local_path, lambda tmp: pq.write_table(table, tmp))
+        atomic_write_local(Path(path.local_path), lambda tmp: pq.write_table(table, tmp))
         return file_sha256(path)
     data = parquet_bytes(table)
     path.write_bytes(data)
     return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write_bytes(path: Path, write: Any) -> None:
-    """Local atomic write through ``write(tmp_path)`` (see :func:`pipelines.storage.atomic_write_local`)."""
-    atomic_write_local(Path(path), write)
 
 
 # ---- the committed shard list: checkpoint + log ----------------------------------------------------------

@@ -77,7 +77,8 @@ def as_text(value: Any) -> str:
     return _CONTROL_OPENING.sub(lambda m: m.group(0) + " ", str(value))
 
 
-def _check_domain(domain: str) -> None:
+def check_domain(domain: str) -> None:
+    """A prompt domain this module writes prompts for (``movie``, ...), else ValueError naming the known ones."""
     if domain not in _USER_ASK:
         raise ValueError(f"unknown prompt domain {domain!r}; expected one of {sorted(_USER_ASK)}")
 
@@ -141,7 +142,7 @@ def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str
     With ``tokenizer`` and ``max_prompt_tokens`` the oldest entries are dropped until the prompt fits
     (module docstring); ``user_id`` only names the user in errors.
     """
-    _check_domain(domain)
+    check_domain(domain)
     entries = [HistoryEntry(*e) for e in history]
     who = f"user {user_id!r}" if user_id is not None else "user"
     if not entries:
@@ -181,7 +182,7 @@ def _attributes(item: Mapping[str, Any]) -> list[str]:
 def item_prompt(item: Mapping[str, Any], domain: str = "movie", max_words: int = MAX_WORDS) -> str:
     """The description message for one item row (``title`` required; ``year``, ``genres``,
     ``category``, ``sub_category`` used when present), its facts one field a line."""
-    _check_domain(domain)
+    check_domain(domain)
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")

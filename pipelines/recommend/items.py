@@ -5,7 +5,7 @@ from typing import Sequence
 
 import polars as pl
 
-from pipelines.knowledge.prompts import HistoryEntry, _check_domain, as_text, display_title, format_rating
+from pipelines.knowledge.prompts import HistoryEntry, check_domain, as_text, display_title, format_rating
 from pipelines.knowledge.validation import JobInputError
 
 RECOMMEND_PROMPT_VERSION = "rec-v1"
@@ -56,7 +56,7 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
 def recommend_prompt(history: Sequence[HistoryEntry | tuple], domain: str = "movie", user_id: str | None = None,
                      max_history: int = 20) -> str:
     """The chat message asking for the next item after the newest ``max_history`` entries."""
-    _check_domain(domain)
+    check_domain(domain)
     entries = [HistoryEntry(*e) for e in history][-max_history:]
     if not entries:
         raise ValueError(f"user {user_id!r} has no history to recommend from")

@@ -16,8 +16,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge_store import _atomic_write_bytes
 from pipelines.ops.schedule.latest import LATEST_FILE, read_latest
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def _write_table(frame: pl.DataFrame, entity_type: str, path: Path) -> None:
         pl.col("vector").arr.to_list().cast(pl.List(pl.Float32)).alias("knowledge_vector"),
         "source_hash", "run_id",
     ).to_arrow()
-    _atomic_write_bytes(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write_local(Path(path), lambda tmp: pq.write_table(table, tmp))
     log.info("features: %d %ss -> %s", table.num_rows, entity_type, path)
 
 
