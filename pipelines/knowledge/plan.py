@@ -126,12 +126,14 @@ _KEYS = ("entity_type", "entity_id")
 
 def earlier_texts(rows: pl.DataFrame, resuming: str | None, todo: list[GenerationRequest],
                   texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None) -> dict[tuple[str, str], str]:
-    """Newest texts: every entity's when ``rows`` hold them, else the planned entities' through ``texts``."""
-    base = newest_per_entity(rows.filter(pl.col("run_id") != resuming) if resuming else rows)
-    if "knowledge" in base.columns:
+    """Newest texts: every entity's when ``rows`` hold them, else the planned entities' through ``texts`` (their
+    rows picked before the newest is found: an incremental run sorts its changed entities' rows alone)."""
+    rows = rows.filter(pl.col("run_id") != resuming) if resuming else rows
+    if "knowledge" in rows.columns:
+        base = newest_per_entity(rows)
         return dict(zip(zip(base["entity_type"], base["entity_id"]), base["knowledge"]))
     keys = pl.DataFrame([r.key for r in todo], schema={k: pl.Utf8 for k in _KEYS}, orient="row")
-    wanted = base.join(keys, on=list(_KEYS), how="semi")
+    wanted = newest_per_entity(rows.join(keys, on=list(_KEYS), how="semi"))
     return texts(wanted) if texts is not None and wanted.height else {}
 
 

@@ -128,24 +128,10 @@ def _parts(todo: pl.DataFrame, n_parts: int) -> list[pl.DataFrame]:
     if todo.height == 0:
         return []
     size = math.ceil(todo.height / n_parts)
-    bounds = todo.group_by("pool_key", maintain_order=True).len().with_columns(end=pl.col("len").cum_sum())
-    cuts = bounds.with_columns(part=(pl.col("end") - 1) // size)["part"]
-    return [todo.slice(start, length) for start, length in
-            _runs(cuts.to_list(), bounds["len"].to_list())]
-
-
-def _runs(parts: list[int], lengths: list[int]) -> list[tuple[int, int]]:
-    """(row offset, rows) of each part, from each pool's part number and length."""
-    out: list[tuple[int, int]] = []
-    offset, current, rows = 0, None, 0
-    for part, length in zip(parts, lengths):
-        if part != current and rows:
-            out.append((offset, rows))
-            offset, rows = offset + rows, 0
-        current, rows = part, rows + length
-    if rows:
-        out.append((offset, rows))
-    return out
+    pools = todo.group_by("pool_key", maintain_order=True).len()
+    part = ((pl.col("len").cum_sum() - 1) // size).alias("part")
+    lengths = pools.group_by(part, maintain_order=True).agg(pl.col("len").sum())["len"]
+    return [todo.slice(offset, length) for offset, length in zip(lengths.cum_sum() - lengths, lengths)]
 
 
 def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Any,

@@ -61,15 +61,26 @@ def new_requests(dataset: Dataset, split: Split, routes: Routes,
                  only: pl.DataFrame | None = None) -> list[GenerationRequest]:
     """New knowledge: users with new history (their prompt history: ``Split.prompt_interactions``) and new
     items; ``only`` (entity_type, entity_id): those entities alone (the ones a run plans to generate)."""
-    users, items = _new_users(split), split.new_items
+    users, items = _new_users(split), split.new_items["item_id"].sort()
     if only is not None:
-        users = users.filter(users.is_in(only.filter(pl.col("entity_type") == "user")["entity_id"].implode()))
-        items = items.filter(pl.col("item_id").is_in(only.filter(pl.col("entity_type") == "item")["entity_id"]
-                                                     .implode()))
-    interactions = split.prompt_interactions
-    if only is not None:
-        interactions = interactions.filter(pl.col("user_id").is_in(users.implode()))
-    return user_requests(interactions, dataset.items, users.to_list(), routes) + item_requests(items, routes)
+        users = users.filter(users.is_in(_ids(only, "user").implode()))
+        items = items.filter(items.is_in(_ids(only, "item").implode()))
+    histories, rows = _prompt_inputs(dataset, split, users, items)
+    return ([_request("user", u, routes, history=histories.get(u, [])) for u in users]
+            + [_request("item", i, routes, item=rows[i]) for i in items])
+
+
+def _ids(keys: pl.DataFrame, entity_type: str) -> pl.Series:
+    return keys.filter(pl.col("entity_type") == entity_type)["entity_id"]
+
+
+def _prompt_inputs(dataset: Dataset, split: Split, users: pl.Series,
+                   items: pl.Series) -> tuple[dict[str, list[Any]], dict[str, dict[str, Any]]]:
+    """What the prompts of ``users`` and ``items`` are made of: histories (``Split.prompt_interactions``, oldest
+    first) by user id, item rows by item id."""
+    interactions = split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
+    rows = split.new_items.filter(pl.col("item_id").is_in(items.implode())).iter_rows(named=True)
+    return user_histories(interactions, dataset.items), {row["item_id"]: row for row in rows}
 
 
 def planned_requests(keys: pl.DataFrame, routes: Routes) -> list[GenerationRequest]:
@@ -80,17 +91,13 @@ def planned_requests(keys: pl.DataFrame, routes: Routes) -> list[GenerationReque
 
 
 def attach_payloads(dataset: Dataset, split: Split, requests: list[GenerationRequest]) -> None:
-    """Fill in each request's prompt inputs: a user's history (``Split.prompt_interactions``, oldest first) or an
-    item's row; the ones :func:`new_requests` gives."""
-    users = pl.Series([r.entity_id for r in requests if r.entity_type == "user"], dtype=pl.Utf8)
-    item_ids = pl.Series([r.entity_id for r in requests if r.entity_type == "item"], dtype=pl.Utf8)
-    histories = user_histories(split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode())),
-                               dataset.items)
-    rows = {row["item_id"]: row for row in
-            split.new_items.filter(pl.col("item_id").is_in(item_ids.implode())).iter_rows(named=True)}
+    """Fill in each request's prompt inputs: a user's history or an item's row (those :func:`new_requests`
+    gives)."""
+    ids = {t: pl.Series([r.entity_id for r in requests if r.entity_type == t], dtype=pl.Utf8) for t in ("user", "item")}
+    histories, rows = _prompt_inputs(dataset, split, ids["user"], ids["item"])
     for req in requests:
         if req.entity_type == "user":
-            req.history = list(histories.get(req.entity_id, []))
+            req.history = histories.get(req.entity_id, [])
         else:
             req.item = rows[req.entity_id]
 
@@ -150,16 +157,12 @@ def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, writ
 
 
 def _exact_hashes(dataset: Dataset, split: Split, keys: pl.DataFrame) -> pl.DataFrame:
-    """The source hashes of ``keys``' entities, as their requests compute them (histories built once, no
-    request objects)."""
-    users = keys.filter(pl.col("entity_type") == "user")["entity_id"]
-    interactions = split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
-    histories = user_histories(interactions, dataset.items)
-    rows = [("user", u, payload_hash("user", histories.get(u, []))) for u in users]
-    items = split.new_items.filter(pl.col("item_id").is_in(keys.filter(pl.col("entity_type") == "item")["entity_id"]
-                                                           .implode()))
-    rows += [("item", row["item_id"], payload_hash("item", row)) for row in items.iter_rows(named=True)]
-    return pl.DataFrame(rows, schema=KEY_SCHEMA, orient="row")
+    """The source hashes of ``keys``' entities, as their requests compute them (no request objects)."""
+    users, items = _ids(keys, "user"), _ids(keys, "item")
+    histories, rows = _prompt_inputs(dataset, split, users, items)
+    hashes = [("user", u, payload_hash("user", histories.get(u, []))) for u in users]
+    hashes += [("item", i, payload_hash("item", rows[i])) for i in items]
+    return pl.DataFrame(hashes, schema=KEY_SCHEMA, orient="row")
 
 
 def _cache_meta() -> dict[bytes, bytes]:
