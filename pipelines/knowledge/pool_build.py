@@ -67,18 +67,19 @@ def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, director
     members, meta = member_hashes(selection), _meta(cfg, build)
     kept = _reusable(directory, fingerprint, meta, members, cfg.routing.pool_refresh_share)
     todo = selection.frame.filter(~pl.col("pool_key").is_in(list(kept)))
+    sizes = selection.sizes()
     log.info("pools: %d pools from %d knowledge texts: %d kept from the last build, %d to write (%d texts)",
-             len(selection.sizes()), knowledge.num_rows, len(kept), todo["pool_key"].n_unique(), todo.height)
+             len(sizes), knowledge.num_rows, len(kept), todo["pool_key"].n_unique(), todo.height)
     written = _write_parts(cfg, todo, selection.column, tokenizer, directory)
-    commit_store(directory, {**kept, **written}, fingerprint, meta, members.to_arrow())
-    return selection.sizes()
+    commit_store(directory, {**kept, **written}, fingerprint, {**meta, "run_id": cfg.resolved_run_id()},
+                 members.to_arrow())
+    return sizes
 
 
 def _meta(cfg: JobConfig, build: Any) -> dict[str, Any]:
     """What a build's pools depend on besides their texts: a store built otherwise is not reused."""
     settings = {k: getattr(build, k) for k in ("max_pool_size", "global_max_size", "with_groups", "with_global", "seed")}
-    return {"model": cfg.model.name, "run_id": cfg.resolved_run_id(), "build": settings, "polars": pl.__version__,
-            "snapshots": cfg.routing.pool_snapshots}
+    return {"model": cfg.model.name, "build": settings, "polars": pl.__version__, "snapshots": cfg.routing.pool_snapshots}
 
 
 def _log_skipped(skipped: list[tuple[str, str, str]]) -> None:
@@ -101,9 +102,7 @@ def _reusable(directory: Path, fingerprint: Any, meta: dict[str, Any], members: 
         if (directory / "manifest.json").exists():
             log.info("pools: the last build is not reused (%s)", exc)
         return {}
-    same = {k: v for k, v in store.manifest["meta"].items() if k != "run_id"} == \
-        {k: v for k, v in meta.items() if k != "run_id"}
-    if previous is None or not same:
+    if previous is None or {k: store.manifest["meta"].get(k) for k in meta} != meta:
         return {}
     stale = stale_pools(pl.from_arrow(previous), members, refresh_share)
     wanted = set(members["pool_key"].unique())
