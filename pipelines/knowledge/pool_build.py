@@ -5,7 +5,7 @@ compares with the store's last build; the pools that changed are cut into parts 
 part is tokenised and written by a Ray task on any node of the cluster (``pools.store.write_part``). The tries
 themselves are built where they are used: by the worker that first drafts from a pool (or here, with
 ``routing.pool_snapshots``). A pool whose texts changed by at most ``routing.pool_refresh_share`` is kept.
-Small builds with no Ray running are done in this process (the same functions).
+A build of one part with no cluster configured is done in this process (the same functions).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 from pipelines.config import JobConfig
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge_store import read_knowledge
-from pipelines.workers.tasks import map_tasks, ray_running
+from pipelines.workers.tasks import map_tasks
 
 log = logging.getLogger(__name__)
 
@@ -135,12 +135,12 @@ def _parts(todo: pl.DataFrame, n_parts: int) -> list[pl.DataFrame]:
 
 def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Any,
                  directory: Path) -> dict[str, dict[str, Any]]:
-    """Each part tokenised and written by a Ray task (in this process when Ray is not running and the work is
-    one part); their manifest entries."""
+    """Each part tokenised and written by a Ray task; in this process when the work is one part and no cluster
+    is configured (a task would only add a worker process's start on this machine). Their manifest entries."""
     from pipelines.workers.driver import ensure_ray
 
     how = {"column": column, "directory": str(directory), "snapshot": cfg.routing.pool_snapshots}
-    if not ray_running(cfg.execution.address) and todo.height <= PART_TEXTS:
+    if not cfg.execution.address and todo.height <= PART_TEXTS:
         return build_part(todo.to_arrow(), tokenizer=tokenizer, **how) if todo.height else {}
     ensure_ray(cfg.execution.address, num_cpus=_local_cpus(cfg))
     import ray

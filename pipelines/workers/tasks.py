@@ -16,13 +16,6 @@ from pipelines.interrupts import ray_wait
 T = TypeVar("T")
 
 
-def ray_running(address: str | None) -> bool:
-    """Whether the job's work goes to Ray anyway: a session is up in this process or a cluster is configured."""
-    import ray
-
-    return bool(address) or ray.is_initialized()
-
-
 def map_tasks(fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], shared: dict[str, Any] | None = None, *,
               desc: str, unit: str = "task") -> list[T]:
     """``fn(*call, **shared)`` for every call as Ray tasks (``shared``: object refs every call gets), results

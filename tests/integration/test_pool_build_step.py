@@ -98,15 +98,20 @@ def test_parts_hold_whole_pools_of_about_equal_size():
         assert not set(part["pool_key"]) & set(pl.concat([p for p in parts if p is not part])["pool_key"])
 
 
-def test_parts_are_written_by_ray_tasks_as_the_in_process_build_writes_them(tiny_model, ray_session, tmp_path):
+def test_parts_are_written_by_ray_tasks_as_the_in_process_build_writes_them(tiny_model, ray_session, tmp_path,
+                                                                           monkeypatch):
     import ray
+
+    import pipelines.knowledge.pool_build as pool_build
 
     assert ray.is_initialized()
     local_cfg = _config(tiny_model, tmp_path / "local")
     cfg = _config(tiny_model, tmp_path / "ray")
     for c in (local_cfg, cfg):
         _memberships(c, groups=6, per_group=10)
-    step_build_pools(cfg, _knowledge(6, 10))  # Ray is running: tasks
+    monkeypatch.setattr(pool_build, "PART_TEXTS", 20)
+    step_build_pools(cfg, _knowledge(6, 10))  # more than one part: Ray tasks
+    monkeypatch.undo()
     assert len(set(_files(cfg).values())) >= 2  # several parts, one task each
     ray.shutdown()
     try:
