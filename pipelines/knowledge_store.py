@@ -49,6 +49,8 @@ One writer per store: a writer (and :func:`open_store`) holds the lock of the st
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -72,63 +74,123 @@ from pipelines.storage import file_mode  # noqa: F401  (re-exported)
 
 log = logging.getLogger(__name__)
 
-KNOWLEDGE_SCHEMA = pa.schema(
-    [
-        pa.field("entity_type", pa.string(), nullable=False),  # "user" | "item"
-        pa.field("entity_id", pa.string(), nullable=False),
-        pa.field("knowledge", pa.string(), nullable=False),
-        pa.field("model", pa.string(), nullable=False),
-        pa.field("decoder", pa.string(), nullable=False),
-        pa.field("decoder_params", pa.string(), nullable=False),  # JSON object, keys sorted
-        pa.field("prompt_version", pa.string(), nullable=False),
-        pa.field("pool_kind", pa.string()),  # "collaborative" | "attribute" | null (no pool)
-        pa.field("group_id", pa.string()),
-        pa.field("n_tokens", pa.int32(), nullable=False),
-        pa.field("target_forwards", pa.int32(), nullable=False),
-        pa.field("accepted_tokens", pa.int32(), nullable=False),  # draft tokens accepted in total
-        pa.field("retrieval_s", pa.float64(), nullable=False),
-        pa.field("generation_s", pa.float64(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),  # eos, length, stop (a stop string), loop (retry.py)
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("generated_at", pa.timestamp("us", tz="UTC"), nullable=False),
-        # quality (pipelines/quality.py) and timing detail; null in shards written before they existed
-        pa.field("finished_eos", pa.bool_()),
-        pa.field("repeat_4gram", pa.float64()),  # share of word 4-grams that repeat an earlier one
-        pa.field("degenerate", pa.bool_()),
-        pa.field("greedy_retry", pa.bool_()),  # regenerated greedily after a flawed first text (policy retry, retry_greedy)
-        pa.field("prefill_s", pa.float64()),
-        pa.field("decode_s", pa.float64()),
-        pa.field("source_hash", pa.string()),  # hash of the prompt's inputs (staleness check); null in old shards
-        pa.field("sampling", pa.string()),  # JSON: temperature, top_p, top_k, the entity's seed; null in old shards
-        # how the text ended and what it says (pipelines/quality.py); null in shards written before
-        pa.field("ended", pa.bool_()),  # by EOS or at a sentence end
-        pa.field("cut", pa.bool_()),  # at the token limit mid-sentence
-        pa.field("fragment", pa.bool_()),  # not at a sentence end, unbalanced brackets/quotes or garbage
-        pa.field("n_words", pa.int32()),
-        pa.field("asked_words", pa.int32()),  # the prompt's "at most N words"
-        pa.field("facts_mentioned", pa.int32()),  # titles, genres, ratings (users); genres, years (items)
-        pa.field("grounding", pa.float64()),  # share of the mentioned facts the input supports; null: none
-        pa.field("engine", pa.string()),  # what decoded the row: "hf" | "vllm" (execution.engine); null in old shards
-        pa.field("prompt_tokens", pa.int32()),  # the prompt's tokens; null where the engine did not count them
-        pa.field("cached_prompt_tokens", pa.int32()),  # of them, served from the prefix cache (hf: 0, it has none)
-        # what decided the text besides its inputs (model, decoder and params, generation rules, prompt version:
-        # pipelines/knowledge/provenance.py) and the run's place in the ledger's sequence; null in old shards
-        pa.field("config_hash", pa.string()),
-        pa.field("run_seq", pa.int64()),  # the driver's run sequence: the latest view orders by it, not by clocks
-        pa.field("own_accepted_tokens", pa.int32()),  # accepted drafts from the entity's earlier text; null: not counted
-    ]
-)
-# columns a row may omit: quality is computed from the text, the rest is null
-OPTIONAL_COLUMNS = ("finished_eos", "repeat_4gram", "degenerate", "greedy_retry", "prefill_s", "decode_s", "ended",
-                    "cut", "fragment", "n_words", "asked_words", "facts_mentioned", "grounding", "engine",
-                    "prompt_tokens", "cached_prompt_tokens", "config_hash", "run_seq",
-                    "own_accepted_tokens")
+# ---- the knowledge row: every column defined once --------------------------------------------------------
+
+def column(arrow: pa.DataType, doc: str, nullable: bool = True, feature: bool = False, index: bool = False) -> Any:
+    """A :class:`KnowledgeRow` field: its Arrow type, nullability and one-line doc; ``feature``: served by the
+    feature store (pipelines/ops/features); ``index``: read by :func:`read_index`. Nullable columns and the
+    writer's own (``generated_at``) default to None; the others must be given."""
+    meta = {"arrow": arrow, "nullable": nullable, "doc": doc, "feature": feature, "index": index}
+    if nullable:
+        return field(default=None, metadata=meta)
+    return field(metadata=meta)
+
+
+STAMPED = ("generated_at",)  # the writer sets it (the driver's clock), not the row's maker
+
+
+@dataclass(slots=True, kw_only=True)
+class KnowledgeRow:
+    """One generated text and how it was made: a row of the knowledge store. The Arrow schema
+    (:data:`KNOWLEDGE_SCHEMA`), the optional and index columns, the latest view's and the feature store's
+    columns all come from these fields, in this order. Null in shards written before a column existed."""
+
+    entity_type: str = column(pa.string(), '"user" | "item"', nullable=False, index=True)
+    entity_id: str = column(pa.string(), "the entity's id", nullable=False, index=True)
+    knowledge: str = column(pa.string(), "the generated text", nullable=False, feature=True)
+    model: str = column(pa.string(), "the target model", nullable=False)
+    decoder: str = column(pa.string(), "the decoder's registered name", nullable=False)
+    decoder_params: str = column(pa.string(), "JSON object, keys sorted (laser.params.encode_params)",
+                                 nullable=False)
+    prompt_version: str = column(pa.string(), "the prompt templates' version", nullable=False)
+    pool_kind: str | None = column(pa.string(), '"collaborative" | "attribute" | null (no pool)')
+    group_id: str | None = column(pa.string(), "the retrieval pool's group")
+    n_tokens: int = column(pa.int32(), "generated tokens", nullable=False)
+    target_forwards: int = column(pa.int32(), "forward passes of the target model", nullable=False)
+    accepted_tokens: int = column(pa.int32(), "draft tokens accepted in total", nullable=False)
+    retrieval_s: float = column(pa.float64(), "seconds spent drafting from pools", nullable=False)
+    generation_s: float = column(pa.float64(), "prefill + decode seconds", nullable=False)
+    finish_reason: str = column(pa.string(), "eos, length, stop (a stop string), loop (retry.py)", nullable=False)
+    run_id: str = column(pa.string(), "the run that wrote the row", nullable=False, feature=True, index=True)
+    generated_at: datetime | None = column(pa.timestamp("us", tz="UTC"), "the writer's (driver's) UTC clock",
+                                           nullable=False, index=True)
+    # quality (pipelines/quality.py, computed from the text when absent) and timing detail
+    finished_eos: bool | None = column(pa.bool_(), "ended by EOS")
+    repeat_4gram: float | None = column(pa.float64(), "share of word 4-grams that repeat an earlier one")
+    degenerate: bool | None = column(pa.bool_(), "too short or looping")
+    greedy_retry: bool | None = column(pa.bool_(), "regenerated greedily after a flawed first text (retry_greedy)")
+    prefill_s: float | None = column(pa.float64(), "prefill seconds")
+    decode_s: float | None = column(pa.float64(), "decode seconds")
+    source_hash: str | None = column(pa.string(), "hash of the prompt's inputs (staleness check)", feature=True,
+                                     index=True)
+    sampling: str | None = column(pa.string(), "JSON: temperature, top_p, top_k, the entity's seed")
+    # how the text ended and what it says (pipelines/quality.py)
+    ended: bool | None = column(pa.bool_(), "by EOS or at a sentence end")
+    cut: bool | None = column(pa.bool_(), "at the token limit mid-sentence")
+    fragment: bool | None = column(pa.bool_(), "not at a sentence end, unbalanced brackets/quotes or garbage")
+    n_words: int | None = column(pa.int32(), "words in the text")
+    asked_words: int | None = column(pa.int32(), 'the prompt\'s "at most N words"')
+    facts_mentioned: int | None = column(pa.int32(), "titles, genres, ratings (users); genres, years (items)")
+    grounding: float | None = column(pa.float64(), "share of the mentioned facts the input supports; null: none")
+    engine: str | None = column(pa.string(), 'what decoded the row: "hf" | "vllm" (execution.engine)')
+    prompt_tokens: int | None = column(pa.int32(), "the prompt's tokens; null where the engine did not count them")
+    cached_prompt_tokens: int | None = column(pa.int32(), "of them, served from the prefix cache (hf: 0)")
+    # what decided the text besides its inputs (pipelines/knowledge/provenance.py) and the run's place in the
+    # ledger's sequence
+    config_hash: str | None = column(pa.string(), "model, decoder and params, rules, prompt version", index=True)
+    run_seq: int | None = column(pa.int64(), "the driver's run sequence: the latest view orders by it", index=True)
+    own_accepted_tokens: int | None = column(pa.int32(), "accepted drafts from the entity's earlier text")
+
+    @classmethod
+    def from_mapping(cls, row: Mapping[str, Any]) -> "KnowledgeRow":
+        """A row from a dict of columns; a ValueError names the row's key and the unknown or missing columns."""
+        spec = row_spec(cls)
+        unknown = [k for k in row if k not in spec.names]
+        missing = [k for k in spec.required if k not in row]
+        key = f"{row.get('entity_type')}/{row.get('entity_id')}"
+        if unknown:
+            raise ValueError(f"row for {key} has unknown column(s) {unknown}; the knowledge row's columns are "
+                             f"KnowledgeRow's fields (pipelines/knowledge_store.py)")
+        if missing:
+            raise ValueError(f"row for {key} lacks {missing}")
+        return cls(**row)
+
+    def as_dict(self) -> dict[str, Any]:
+        """{column: value} in schema order: what the Arrow table is built from."""
+        return {name: getattr(self, name) for name in row_spec(type(self)).names}
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """What a row class's fields say, derived once per class: the Arrow schema and the column groups."""
+
+    schema: pa.Schema
+    names: tuple[str, ...]
+    required: tuple[str, ...]  # what a row's maker must give: not nullable, not stamped by the writer
+    optional: tuple[str, ...]  # what a row may omit: quality is computed from the text, the rest is null
+    index: tuple[str, ...]
+    features: tuple[str, ...]
+
+
+@functools.cache
+def row_spec(row_type: type[KnowledgeRow] = KnowledgeRow) -> RowSpec:
+    """The :class:`RowSpec` of ``row_type`` (a subclass may add columns)."""
+    cols = [(f.name, f.metadata) for f in dataclasses.fields(row_type)]
+    schema = pa.schema([pa.field(n, m["arrow"], nullable=m["nullable"]) for n, m in cols])
+    required = tuple(n for n, m in cols if not m["nullable"] and n not in STAMPED)
+    optional = tuple(n for n, m in cols if m["nullable"])
+    return RowSpec(schema, tuple(schema.names), required, optional, tuple(n for n, m in cols if m["index"]),
+                   tuple(n for n, m in cols if m["feature"]))
+
+
+KNOWLEDGE_SCHEMA = row_spec().schema
+OPTIONAL_COLUMNS = row_spec().optional  # columns a row may omit: quality is computed from the text, the rest is null
 KEY_COLUMNS = ("entity_type", "entity_id")
 FAILURE_COLUMNS = ("entity_type", "entity_id", "reason", "run_id", "failed_at")
 
 # what change detection and the latest view read instead of the texts (:func:`read_index`); ``_pos`` is added:
 # the row's position in the store's write order (compaction keeps it), to fetch chosen rows' texts later
-INDEX_COLUMNS = ("entity_type", "entity_id", "source_hash", "config_hash", "run_id", "run_seq", "generated_at")
+INDEX_COLUMNS = row_spec().index
 POSITION = "_pos"
 
 MANIFEST = "manifest.json"  # the checkpoint
@@ -707,19 +769,27 @@ class KnowledgeWriter:
         self._nulls = dict.fromkeys(f.name for f in self.schema if f.nullable)
         self.rows_written = 0
         self.failures_written = 0
-    def add(self, row: Mapping[str, Any]) -> None:
+
+    def add(self, row: KnowledgeRow | Mapping[str, Any]) -> None:
         """Queue one knowledge row; writes a shard when ``shard_rows`` rows are queued."""
         self.add_rows([row])
 
-    def add_rows(self, rows: list[Mapping[str, Any]]) -> None:
+    def add_rows(self, rows: Sequence[KnowledgeRow | Mapping[str, Any]]) -> None:
         """Queue rows that belong together (e.g. one user's ranked items): they land in the same shard."""
         for row in rows:
-            missing = [name for name in self._required if name not in row]
-            if missing:
-                raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
-            self._buffer.append(self.prepare(self._nulls | dict(row)))
+            self._buffer.append(self.prepare(self.complete(row)))
         if len(self._buffer) >= self.shard_rows:
             self.flush()
+
+    def complete(self, row: KnowledgeRow | Mapping[str, Any]) -> dict[str, Any]:
+        """The row as {column: value} with every column (a Mapping converted at the door: a ValueError names
+        the row and its unknown or missing columns)."""
+        if isinstance(row, KnowledgeRow):
+            return row.as_dict()
+        try:
+            return KnowledgeRow.from_mapping(row).as_dict()
+        except ValueError as exc:
+            raise ValueError(f"{self.store}: {exc}") from None
 
     def row_key(self, row: Mapping[str, Any]) -> str:
         return "/".join(str(row.get(c)) for c in self.key_columns)

@@ -40,6 +40,12 @@ class RecommendationWriter(KnowledgeWriter):
     schema = RECOMMENDATION_SCHEMA
     key_columns = USER_KEY
 
+    def complete(self, row: Mapping[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+        missing = [name for name in self._required if name not in row]
+        if missing:
+            raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
+        return self._nulls | dict(row)
+
     def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
         return row
 

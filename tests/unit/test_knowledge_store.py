@@ -451,3 +451,21 @@ def test_a_writer_compacts_the_shards_it_wrote_without_reading_them_back(tmp_pat
     monkeypatch.setattr(kn, "read_shard", real)
     assert kn.read_knowledge(store, dedup=False)["entity_id"].to_list() == [f"u{i}" for i in range(60)]
     assert len(list(store.glob("part-*.parquet"))) == len(kn.Manifest.load(store).shards)
+
+
+def test_a_row_with_an_unknown_column_is_refused_naming_it(tmp_path):
+    w = kn.KnowledgeWriter(tmp_path, shard_rows=10)
+    with pytest.raises(ValueError, match=r"user/u1 has unknown column\(s\) \['colour'\]"):
+        w.add({**row(1), "colour": "red"})
+    with pytest.raises(ValueError, match=r"user/u2 lacks \['knowledge'\]"):
+        kn.KnowledgeRow.from_mapping({k: v for k, v in row(2).items() if k != "knowledge"})
+
+
+def test_a_knowledge_row_writes_as_its_mapping_does(tmp_path):
+    with kn.KnowledgeWriter(tmp_path / "a", shard_rows=10) as w:
+        w.add(kn.KnowledgeRow.from_mapping(row(1)))
+    with kn.KnowledgeWriter(tmp_path / "b", shard_rows=10) as w:
+        w.add(row(1))
+    a, b = (kn.read_knowledge(tmp_path / n).drop("generated_at") for n in "ab")
+    assert a.equals(b) and a.columns == [c for c in kn.KNOWLEDGE_SCHEMA.names if c != "generated_at"]
+    assert list(kn.KnowledgeRow.from_mapping(row(1)).as_dict()) == kn.KNOWLEDGE_SCHEMA.names
