@@ -6,6 +6,11 @@ powers of two), cached as JSON for the next run, and interpolated bilinearly in 
 the measured rows a forward costs what the widest measured one costs for as many tokens (128 rows x 1
 token as 64 x 2: a batch that wide is compute-bound, so a draft token there costs about what a row's
 token does); beyond the measured tokens per row the time grows in proportion to the tokens.
+
+:class:`ForwardCost` is the one step-cost table of both engines, cached under :func:`cost_cache_dir`:
+the hf engine's tree forwards are timed here (:func:`forward_cost`, priced by :mod:`laser.budget`); the
+vLLM engine's whole steps are timed by :mod:`laser.vllm.calibrate` into the same type, which
+:class:`laser.vllm.step_cost.StepCost` corrects online for the vLLM proposer's chain budget.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 log = logging.getLogger(__name__)
@@ -47,15 +53,14 @@ class ForwardCost:
     context: int = CONTEXT
     measured: dict[str, float] = field(default_factory=dict)  # "rows x nodes" -> seconds actually timed
 
-    def time(self, rows: int, nodes: int) -> float:
+    def time(self, rows: float, nodes: float) -> float:
         """Predicted seconds of one forward of ``rows`` requests with ``nodes`` tokens each."""
         return float(self.times(rows, nodes))
 
-    def times(self, rows, nodes) -> np.ndarray:
+    def times(self, rows_: npt.ArrayLike, nodes_: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """:meth:`time` over arrays (broadcast): one evaluation for many shapes."""
-        rows = np.maximum(np.asarray(rows, dtype=float), 1.0)
-        nodes = np.maximum(np.asarray(nodes, dtype=float), 1.0)
-        rows, nodes = np.broadcast_arrays(rows, nodes)
+        rows, nodes = np.broadcast_arrays(np.maximum(np.asarray(rows_, dtype=float), 1.0),
+                                          np.maximum(np.asarray(nodes_, dtype=float), 1.0))
         # beyond the measured rows, a forward costs what the widest measured one costs for as many tokens
         over = np.maximum(rows / self.rows[-1], 1.0)
         rows, nodes = rows / over, nodes * over
@@ -69,7 +74,7 @@ class ForwardCost:
         tn = np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1)
         t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
              + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
-        return t * np.maximum(nodes / self.nodes[-1], 1.0)
+        return np.asarray(t * np.maximum(nodes / self.nodes[-1], 1.0), dtype=np.float64)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +84,14 @@ class ForwardCost:
 
     @classmethod
     def load(cls, path: Path) -> "ForwardCost":
-        return cls(**json.loads(path.read_text()))
+        return cls.from_json(path.read_text())
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "ForwardCost":
+        return cls(**json.loads(text))
 
 
 def cost_key(model: torch.nn.Module) -> str:

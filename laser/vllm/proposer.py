@@ -8,48 +8,53 @@ batch has context ``token_ids_cpu[i, :num_tokens_no_spec[i]]`` and just received
 (the accepted drafts of the last step, then the target's own token). It returns each row's draft chain.
 
 Each row belongs to a request; the model runner's ``input_batch.req_ids[i]`` names it and
-``runner.requests[req_id].sampling_params.extra_args["laser"]`` carries what the request asked for:
-
-- ``pool``: the key of its routed pool; with ``pool_store`` (a directory) the pool is opened from that
-  pool store in this process (:class:`laser.vllm.pools.StorePools`; works with vLLM's engine core in
-  another process), without it the key names a source registered in this process
-  (:func:`laser.vllm.pools.register_source`). A key found nowhere is counted (``unknown_pools``) and
-  logged once, and the request decodes without drafts. No ``pool``: the request drafts from its own
-  prompt and output (prompt lookup);
-- ``k``, ``p``: relaxed verification for this request (absent: vLLM's own rule; greedy is lossless);
-- ``tag``: the caller's id for the request's statistics (:class:`RowStats`);
-- ``draft``: False for a request that drafts nothing (plain decoding in a laser engine);
-- ``draft_len``: ``"auto"`` (absent too: the budget chooses the row's length each step) or a fixed
-  chain length;
-- ``earlier``: the entity's earlier text (token ids), drafted before the pool (:mod:`laser.earlier`);
-- ``n_max``, ``min_prob``: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
+``runner.requests[req_id].sampling_params.extra_args`` carries what the request asked for, a
+:class:`laser.vllm.request_args.LaserArgs` (read back with ``LaserArgs.from_extra_args``: another version,
+an unknown key or a malformed value is refused with the request's id). Its ``pool`` is opened from its
+``pool_store`` in this process (:class:`laser.vllm.sources.StorePools`; works with vLLM's engine core in
+another process) or, without a store, names a source registered in this process
+(:func:`laser.vllm.sources.register_source`). A key found nowhere is counted (``unknown_pools``) and
+logged once, and the request decodes without drafts. No ``pool``: the request drafts from its own
+prompt and output (prompt lookup).
 
 Each step first asks every row's drafter how much of the row's text it matches (a cheap lookup), then
-chooses every row's draft length from that and the row's acceptance (:class:`laser.vllm.budget.ChainBudget`),
+chooses every row's draft length from that and the row's acceptance (:class:`laser.vllm.chain_budget.ChainBudget`,
+owned by the proposer: :meth:`LaserProposer.reset_budget`, :meth:`LaserProposer.trial_budget`),
 then retrieves only for rows that draft (drafters propose trees; vLLM verifies chains, so a row drafts the
 tree's first root-to-leaf path). Drafters are fed only the tokens that are new since the last step.
 The budget's step-cost table comes from the environment variable :data:`COST_ENV` (a
 :class:`laser.cost.ForwardCost` as JSON, set by :class:`laser.vllm.VllmEngine` before vLLM starts, so it
 reaches vLLM's worker processes too), else the shipped prior scaled to the model
-(:func:`laser.vllm.budget.prior_cost`); either way corrected online.
+(:func:`laser.vllm.step_cost.prior_cost`); either way corrected online.
 The step's wall seconds and the proposer's own seconds go to the budget's ``observe_step`` when it has
 one, and the steps in which no request prefilled go to :attr:`LaserProposer.decode_clock` (the engine's
 decode-only time and tokens).
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
+from collections.abc import Hashable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from laser.cost import ForwardCost
-from laser.drafting import Drafter
+from laser.drafting import DraftSource, Drafter
 from laser.earlier import with_earlier
-from laser.vllm import pools
-from laser.vllm.budget import ChainBudget, prior_cost
+from laser.vllm import sources
+from laser.vllm.chain_budget import ChainBudget
+from laser.vllm.request_args import LaserArgs
+from laser.vllm.step_cost import prior_cost
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+    from transformers import PreTrainedTokenizerBase
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +90,7 @@ class RowStats:
         return sum(self.accepted_per_step)
 
     @classmethod
-    def from_spec_metrics(cls, metrics: Any, n_tokens: int) -> "RowStats | None":
+    def from_spec_metrics(cls, metrics: Any, n_tokens: int) -> RowStats | None:
         """From vLLM's per-request speculative-decoding metrics (``CompletionOutput.spec_decode_metrics``,
         present when the engine was started with ``per_request_spec_decode_metrics="detailed"``);
         ``steps`` is the request's tokens minus its accepted drafts. None without metrics."""
@@ -103,10 +108,10 @@ class RowStats:
 class _Row:
     drafter: Drafter | None  # None: the request drafts nothing
     context: list[int]  # prompt + output the drafter has been told about
-    tag: Any
+    tag: str
     rule: tuple[int, float] | None
     draft_len: int | None = None  # a fixed chain length the request asked for; None: the budget's choice
-    force_cycle: list[int] | None = None  # calibration: junk drafts of these lengths, one per step in turn
+    force_cycle: tuple[int, ...] | None = None  # calibration: junk drafts of these lengths, one per step in turn
     drafted: int = 0  # drafts proposed last step
     steps: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
@@ -129,14 +134,14 @@ class StepLog:
     """Wall seconds between successive ``propose`` calls with the batch's shape (for the cost model)."""
 
     last_t: float | None = None
-    last_shape: tuple | None = None
-    times: dict = field(default_factory=dict)  # (rows, draft_len) -> [seconds]
+    last_shape: tuple[tuple[str, ...], tuple[int, ...]] | None = None  # (request ids, draft lengths)
+    times: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (rows, draft_len) -> [seconds]
 
 
 class LaserProposer:
     """vLLM ``custom_class`` proposer drafting from routed LASER pools (see the module docstring)."""
 
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config: VllmConfig) -> None:
         from laser.vllm import plugin
 
         if plugin.PROBLEM is not None:
@@ -144,22 +149,22 @@ class LaserProposer:
         self.vllm_config = vllm_config
         spec = vllm_config.speculative_config
         self.max_len = int(spec.num_speculative_tokens)
-        self.runner = None  # attached by the plug-in once vLLM built the runner
+        self.runner: Any = None  # vLLM's model runner, attached by the plug-in once vLLM built it
         self.rows: dict[str, _Row] = {}
-        self.stats: dict[Any, RowStats] = {}  # tag -> stats of finished rows
-        self.budget = self.fresh_budget()
-        self.n_max = 8
+        self.stats: dict[str, RowStats] = {}  # tag -> stats of finished rows
+        self.budget = self.fresh_budget()  # the chain budget, owned here: reset_budget, trial_budget
         self.steps = 0
-        self.step_log: StepLog | None = None
+        self.step_log: StepLog | None = None  # set while calibrating
+        self._cycle: tuple[int, ...] | None = None  # calibration: the junk draft lengths of new rows
         self.unknown_pools = 0  # requests whose pool key was found nowhere (they decode without drafts)
-        self._warned_keys: set = set()
-        self.store_pools = pools.StorePools(self._tokenizer)
+        self._warned_keys: set[Hashable] = set()
+        self.store_pools = sources.StorePools(self._tokenizer)
         self._relaxed_open = 0
         self._last: tuple[float, float] | None = None  # end time and seconds of the last propose call
         self.decode_clock = DecodeClock()
 
     # vLLM hooks ---------------------------------------------------------------------------------
-    def attach(self, runner) -> None:
+    def attach(self, runner: Any) -> None:
         """Called by the plug-in right after vLLM built ``runner`` with this proposer as its drafter: the
         proposer reads the batch from it, and its rejection sampler gets the relaxed rule."""
         from laser.vllm.relaxed import build_sampler
@@ -167,12 +172,12 @@ class LaserProposer:
         self.runner = runner
         runner.rejection_sampler = build_sampler(runner, self._rules)
 
-    def load_model(self, *args, **kwargs) -> None:
+    def load_model(self, *args: object, **kwargs: object) -> None:
         """No weights; checks the plug-in attached the runner (else ONE line says why not)."""
         self._check_attached()
 
-    def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None,
-                **kwargs) -> list[list[int]]:
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: npt.NDArray[np.int32],
+                token_ids_cpu: torch.Tensor, slot_mappings: object = None, **kwargs: object) -> list[list[int]]:
         now = time.perf_counter()
         self._check_attached()
         req_ids = list(self.runner.input_batch.req_ids)
@@ -218,11 +223,11 @@ class LaserProposer:
         budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
         lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
         for (i, rid, row), L in zip(budgeted, lengths):
-            if L > 0:
+            if L > 0 and row.drafter is not None:
                 t0 = time.perf_counter()
                 out[i] = row.drafter.propose_chain(row.context, RETRIEVE_NODES * int(L))[: int(L)]
                 row.draft_s += time.perf_counter() - t0
-        for i, rid, row in drafting:
+        for i, _, row in drafting:
             if row.force_cycle:
                 cycle = row.force_cycle
                 out[i] = [3 + (row.context[-1] + j) % 2 for j in range(cycle[self.steps % len(cycle)])]  # junk
@@ -238,22 +243,52 @@ class LaserProposer:
         """Each row's draft length from the budget, told how much of its text each drafter matched and
         whether prompts are still being prefilled in chunks."""
         t0 = time.perf_counter()
-        matches = [row.drafter.match_length(row.context) for _, _, row in rows]
+        matches = [row.drafter.match_length(row.context) if row.drafter is not None else 0 for _, _, row in rows]
         share = (time.perf_counter() - t0) / len(rows)
         for _, _, row in rows:
             row.draft_s += share
         return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches,
                                    prefilling=prefilling, fixed=[row.draft_len for _, _, row in rows])
 
-    def fresh_budget(self) -> ChainBudget:
-        """A draft-length budget that has learned nothing, on this proposer's step-cost table."""
-        return ChainBudget(cost=self._cost(), max_len=self.max_len)
+    # the chain budget, owned here --------------------------------------------------------------------
+    def fresh_budget(self, cost: ForwardCost | None = None) -> ChainBudget:
+        """A chain budget that has learned nothing, on ``cost`` (default: this proposer's step-cost table)."""
+        return ChainBudget(cost=cost if cost is not None else self._cost(), max_len=self.max_len)
+
+    def reset_budget(self, cost: ForwardCost | None = None) -> None:
+        """Start the chain budget afresh on ``cost`` (default: this proposer's table): it forgets the
+        acceptance and step costs it learned (a benchmark's repeats start alike)."""
+        self.budget = self.fresh_budget(cost)
+
+    @contextmanager
+    def trial_budget(self, cost: ForwardCost | None = None) -> Iterator[ChainBudget]:
+        """A fresh chain budget on ``cost`` for the ``with`` block; the running budget is back after it."""
+        saved, self.budget = self.budget, self.fresh_budget(cost)
+        try:
+            yield self.budget
+        finally:
+            self.budget = saved
+
+    @contextmanager
+    def calibrating(self, lens: Sequence[int]) -> Iterator[StepLog]:
+        """Requests opened in the ``with`` block draft junk of ``lens`` tokens, one length per step in turn
+        (rejected, so every row stays one token per step), and the steps' wall times are logged by shape
+        (:class:`StepLog`); the running budget learns nothing from them and they leave no statistics."""
+        saved = self.budget
+        self.budget = ChainBudget(cost=None, max_len=self.max_len, fixed=self.max_len)
+        self.step_log, self._cycle = StepLog(), tuple(int(L) for L in lens)
+        try:
+            yield self.step_log
+        finally:
+            self.step_log, self._cycle = None, None
+            self.budget = saved
+            self.finish_all()
 
     def _cost(self) -> ForwardCost:
         """The budget's step-cost table: :data:`COST_ENV` when set, else the shipped prior for this model."""
         table = os.environ.get(COST_ENV)
         if table:
-            return ForwardCost(**json.loads(table))
+            return ForwardCost.from_json(table)
         hf = getattr(getattr(self.vllm_config, "model_config", None), "hf_config", None)
         threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or None
         return prior_cost(hf.to_dict() if hf is not None else {}, threads)
@@ -273,28 +308,26 @@ class LaserProposer:
         end, propose_s = last
         self.decode_clock.seconds += now - end + propose_s
         self.decode_clock.tokens += produced
-        observe = getattr(self.budget, "observe_step", None)
-        if observe is not None:
-            observe(rows, rows + tokens_drafted, now - end, propose_s)
+        self.budget.observe_step(rows, rows + tokens_drafted, now - end, propose_s)
 
-    def _open(self, rid: str, prompt_and_output) -> _Row:
+    def _open(self, rid: str, prompt_and_output: torch.Tensor) -> _Row:
         state = self.runner.requests.get(rid)
-        params = state.sampling_params if state is not None else None
-        args = ((params.extra_args or {}).get("laser") or {}) if params is not None else {}
+        params: SamplingParams | None = state.sampling_params if state is not None else None
+        args = LaserArgs.from_extra_args(params.extra_args if params is not None else None, rid)
         if state is not None and state.prompt_token_ids is not None:
             prompt = list(state.prompt_token_ids)
         else:
             prompt = prompt_and_output.tolist()
-        rule = (int(args["k"]), float(args["p"])) if args.get("k") is not None else None
+        rule = args.rule
         if rule is not None:
             self._check_relaxed(rid, params)
-        row = _Row(drafter=self._drafter(args, prompt), context=prompt, tag=args.get("tag", rid), rule=rule,
-                   draft_len=_draft_len(rid, args.get("draft_len", "auto")), force_cycle=args.get("force_cycle"))
+        row = _Row(drafter=self._drafter(args, prompt), context=prompt, tag=args.tag if args.tag is not None else rid,
+                   rule=rule, draft_len=args.fixed_len, force_cycle=self._cycle)
         self.rows[rid] = row
         self._relaxed_open += rule is not None
         return row
 
-    def _check_relaxed(self, rid: str, params) -> None:
+    def _check_relaxed(self, rid: str, params: SamplingParams | None) -> None:
         from laser.vllm.relaxed import RelaxedRule
 
         if not isinstance(getattr(self.runner, "rejection_sampler", None), RelaxedRule):
@@ -305,16 +338,17 @@ class LaserProposer:
             raise ValueError(f"request {rid}: relaxed verification is deterministic and needs temperature 0, "
                              f"got {params.temperature}")
 
-    def _drafter(self, args: dict, prompt: list[int]) -> Drafter | None:
-        if args.get("draft") is False:  # plain decoding inside a laser engine
+    def _drafter(self, args: LaserArgs, prompt: list[int]) -> Drafter | None:
+        if not args.draft:  # plain decoding inside a laser engine
             return None
-        key, store = args.get("pool"), args.get("pool_store")
+        key, store = args.pool, args.pool_store
+        source: DraftSource | None
         if key is None:
-            source = pools.PromptLookup()
+            source = sources.PromptLookup()
         elif store is not None:
-            source = self.store_pools.get(str(store), key)
+            source = self.store_pools.get(store, key)
         else:
-            source = pools.get_source(key)
+            source = sources.get_source(key)
         if key is not None and source is None:
             self.unknown_pools += 1
             if key not in self._warned_keys:
@@ -322,13 +356,14 @@ class LaserProposer:
                 where = f"pool store {store}" if store is not None else "the pools registered in this process"
                 log.warning("pool %r is not in %s: its requests decode without drafts (counted in "
                             "LaserProposer.unknown_pools)", key, where)
-            if not args.get("earlier"):
+            if not args.earlier:
                 return None
-        source = with_earlier(source, args.get("earlier"))
-        return source.open(prompt, RETRIEVE_NODES * self.max_len, int(args.get("n_max", self.n_max)),
-                           float(args.get("min_prob", 0.0)))
+        source = with_earlier(source, args.earlier)
+        if source is None:
+            return None
+        return source.open(prompt, RETRIEVE_NODES * self.max_len, args.n_max, args.min_prob)
 
-    def _tokenizer(self):
+    def _tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer (pool stores check their pools were built with it)."""
         from transformers import AutoTokenizer
 
@@ -348,12 +383,13 @@ class LaserProposer:
         if row.drafter is not None:
             row.drafter.close()
         self._relaxed_open -= row.rule is not None
-        self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
-                                       drafted=row.drafted_total, draft_s=row.draft_s,
-                                       own_accepted=getattr(row.drafter, "own_accepted", None))
+        if row.force_cycle is None:  # calibration rows leave no statistics
+            self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
+                                           drafted=row.drafted_total, draft_s=row.draft_s,
+                                           own_accepted=getattr(row.drafter, "own_accepted", None))
         self.budget.forget(rid)
 
-    def take_stats(self, tag) -> RowStats | None:
+    def take_stats(self, tag: str) -> RowStats | None:
         """The :class:`RowStats` of a finished request by its tag; its row is closed if still open."""
         if tag in self.stats:
             return self.stats.pop(tag)
@@ -384,12 +420,3 @@ class LaserProposer:
             if len(lens) == 1:
                 log_.times.setdefault((len(req_ids), lens.pop()), []).append(now - log_.last_t)
         log_.last_t = now
-
-
-def _draft_len(rid: str, value: Any) -> int | None:
-    """A request's ``draft_len``: None for ``"auto"``, else its fixed chain length (an integer >= 0)."""
-    if value == "auto":
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"request {rid}: draft_len must be 'auto' or an integer >= 0, got {value!r}")
-    return value

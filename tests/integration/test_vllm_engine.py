@@ -13,7 +13,6 @@ pytest.importorskip("vllm")
 import torch  # noqa: E402
 
 from laser.vllm import VllmEngine  # noqa: E402
-from laser.vllm.budget import ChainBudget  # noqa: E402
 from laser.vllm import relaxed as relaxed_mod  # noqa: E402
 from tests.helpers import save_tiny_model  # noqa: E402
 
@@ -250,15 +249,38 @@ def test_draft_length_follows_the_load(engines):
     try:
         totals = {}
         for name, cost in (("cheap", cheap), ("dear", dear)):
-            laser_eng.proposer.budget = ChainBudget(cost=cost, max_len=MAX_DRAFT)
-            outs = laser_eng.generate(prompts, NEW, pool_keys=["load"] * 8)
-            totals[name] = sum(o.accepted_tokens for o in outs), laser_eng.proposer.budget.chosen
+            with laser_eng.proposer.trial_budget(cost) as budget:
+                outs = laser_eng.generate(prompts, NEW, pool_keys=["load"] * 8)
+            totals[name] = sum(o.accepted_tokens for o in outs), budget.chosen
         assert totals["cheap"][0] > 0 and max(totals["cheap"][1]) > 0
         assert totals["dear"][0] < totals["cheap"][0]
+        assert laser_eng.proposer.budget is saved  # the proposer's running budget is back
     finally:
-        laser_eng.proposer.budget = saved
         laser_eng.set_draft_len(MAX_DRAFT)
         laser_eng.unregister_pool("load")
+
+
+def test_step_cost_calibration_times_every_shape_and_leaves_the_budget_as_it_was(engines, tmp_path, monkeypatch):
+    """measure_cost (laser.vllm.calibrate) times rows x draft lengths through the proposer's calibration
+    mode: a full table, cached under the engine's key and read back; the proposer's running budget, rows and
+    statistics are as before."""
+    from laser.cost import ForwardCost
+
+    laser_eng, plain = engines
+    monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path))
+    prop = laser_eng.proposer
+    budget, stats = prop.budget, dict(prop.stats)
+    cost = laser_eng.measure_cost(rows=(1, 2), lens=(0, 2), context=16, repeats=2)
+    assert (cost.rows, cost.nodes, cost.key) == ([1, 2], [1, 3], laser_eng.cost_key())
+    assert all(t > 0 for row in cost.seconds for t in row) and len(cost.measured) == 4
+    assert ForwardCost.load(tmp_path / "cost-models" / f"{cost.key}.json") == cost
+    assert laser_eng.cached_cost() == cost
+    assert prop.budget is budget and prop.stats == stats and prop.step_log is None
+    laser_eng.warm_shapes([1], lens=(1,), context=8)
+    out = laser_eng.generate([[0, 5, 6, 7]], 4)[0]  # closes the calibration rows vLLM still held
+    assert prop.budget is budget and prop.stats == stats and out.target_forwards > 0
+    with pytest.raises(ValueError, match="through the laser proposer"):
+        plain.measure_cost()
 
 
 # one batch, every row by its own rule; the rule on vLLM's processed logits --------------------------------

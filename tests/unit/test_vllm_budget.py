@@ -1,4 +1,4 @@
-"""The draft-length policy of LASER inside vLLM (laser.vllm.budget) and the relaxed rule's arithmetic:
+"""The draft-length policy of LASER inside vLLM (laser.vllm.chain_budget) and the relaxed rule's arithmetic:
 plain numpy/torch, no vLLM needed."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from laser.cost import ForwardCost
 import numpy as np
 
-from laser.vllm.budget import OFF_AFTER, PROBE_EVERY, PROBE_ROWS, ChainBudget
+from laser.vllm.chain_budget import OFF_AFTER, PROBE_EVERY, PROBE_ROWS, ChainBudget
 from laser.vllm.relaxed import chain_output, relaxed_accept
 
 ROWS, NODES = [1, 2, 4, 8, 16], [1, 2, 3, 5, 9]

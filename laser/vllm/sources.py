@@ -1,6 +1,6 @@
-"""Where a request's pool comes from inside vLLM's engine process.
+"""Where a request's draft source comes from inside vLLM's engine process (the proposer's side of pools).
 
-A request names its pool in ``extra_args["laser"]``:
+A request names its pool in its :class:`laser.vllm.request_args.LaserArgs` (``extra_args``):
 
 - ``pool`` and ``pool_store``: the key of its routed pool in the pool store at that directory. The
   engine process opens each store once (through the opener of the ``laser.pool_stores`` entry-point
@@ -9,7 +9,7 @@ A request names its pool in ``extra_args["laser"]``:
 - ``pool`` alone: a :class:`laser.drafting.DraftSource` registered in *this* process
   (:func:`register_source`): tests and benchmarks, with the engine core in process.
 - neither: the request drafts from its own prompt and output (:class:`PromptLookup`), unless it says
-  ``draft: False``.
+  ``draft=False``.
 
 A key found in neither place is not a silent fallback: the proposer counts it
 (``LaserProposer.unknown_pools``), logs a warning once per key, and the request decodes without drafts.
@@ -17,19 +17,36 @@ A key found in neither place is not a silent fallback: the proposer counts it
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from laser.drafting import DraftSource, Drafter
 from laser.own_text import OwnText
 from laser.tree import DraftTree
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
 STORE_GROUP = "laser.pool_stores"  # entry points: name -> callable(directory, tokenizer=...) -> a pool store
 STORE_OPENER = "pools"  # the entry point used when several are installed
 POOL_CACHE = 64  # pools kept loaded per proposer (LRU by store and key)
+
+
+
+class PoolStore(Protocol):
+    """What a pool-store opener returns (``pools.store`` implements it; ``laser`` never imports it)."""
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def get(self, key: Hashable) -> DraftSource: ...
+
+
+StoreOpener = Callable[..., PoolStore]  # opener(directory, tokenizer=tokenizer)
 
 _SOURCES: dict[Hashable, DraftSource] = {}
 _LOCK = threading.Lock()
@@ -57,7 +74,7 @@ def get_source(key: Hashable) -> DraftSource | None:
         return _SOURCES.get(key)
 
 
-def store_opener() -> Callable[..., Any]:
+def store_opener() -> StoreOpener:
     """The pool-store opener installed under the ``laser.pool_stores`` entry-point group.
 
     It is called as ``opener(directory, tokenizer=tokenizer)`` and returns a store with ``key in store``,
@@ -72,7 +89,8 @@ def store_opener() -> Callable[..., Any]:
     if len(found) > 1 and STORE_OPENER not in found:
         raise RuntimeError(f"several pool-store openers are installed ({sorted(found)}) and none is named "
                            f"{STORE_OPENER!r}")
-    return (found.get(STORE_OPENER) or next(iter(found.values()))).load()
+    opener: StoreOpener = (found.get(STORE_OPENER) or next(iter(found.values()))).load()
+    return opener
 
 
 class StorePools:
@@ -84,15 +102,16 @@ class StorePools:
         capacity: pools kept loaded; the least recently used is released beyond it.
     """
 
-    def __init__(self, tokenizer: Callable[[], Any], capacity: int = POOL_CACHE):
-        self._tokenizer_fn, self._tokenizer = tokenizer, None
+    def __init__(self, tokenizer: Callable[[], object], capacity: int = POOL_CACHE) -> None:
+        self._tokenizer_fn: Callable[[], object] = tokenizer
+        self._tokenizer: object = None
         self.capacity = capacity
-        self.stores: dict[str, Any] = {}
-        self.pools: OrderedDict[tuple[str, Hashable], Any] = OrderedDict()
+        self.stores: dict[str, PoolStore] = {}
+        self.pools: OrderedDict[tuple[str, Hashable], DraftSource] = OrderedDict()
         self.loads = 0  # pools loaded from a store (misses of the LRU)
-        self._opener: Callable[..., Any] | None = None
+        self._opener: StoreOpener | None = None
 
-    def store(self, directory: str) -> Any:
+    def store(self, directory: str) -> PoolStore:
         store = self.stores.get(directory)
         if store is None:
             if self._opener is None:
@@ -104,9 +123,9 @@ class StorePools:
             log.info("opened pool store %s", directory)
         return store
 
-    def get(self, directory: str, key: Hashable) -> DraftSource | None:
-        """Pool ``key`` of the store at ``directory``, or None if the store has no such pool."""
-        directory = str(directory)
+    def get(self, where: str | os.PathLike[str], key: Hashable) -> DraftSource | None:
+        """Pool ``key`` of the store at ``where`` (a directory), or None if the store has no such pool."""
+        directory = os.fspath(where)
         pool = self.pools.get((directory, key))
         if pool is not None:
             self.pools.move_to_end((directory, key))
@@ -137,7 +156,7 @@ class PromptLookup:
 
 
 class _LookupDrafter(Drafter):
-    def __init__(self, prompt: list[int], n_max: int):
+    def __init__(self, prompt: list[int], n_max: int) -> None:
         self.text, self.n_max = OwnText(max(2, n_max), prompt), n_max
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
@@ -146,7 +165,7 @@ class _LookupDrafter(Drafter):
     def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
         return self.text.latest_follow(self.n_max, 8 if budget is None else budget)
 
-    def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
+    def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.text.extend(new_tokens)
 
     def match_length(self, context: Sequence[int]) -> int:

@@ -1,0 +1,142 @@
+"""A request's LASER arguments: one typed record on both sides of vLLM's process boundary.
+
+:meth:`laser.vllm.VllmEngine.submit` builds a :class:`LaserArgs` (so a misspelt or malformed argument fails
+there, in the caller's process) and sends it as ``SamplingParams.extra_args["laser"]``
+(:meth:`LaserArgs.to_extra_args`); the proposer, in whichever process vLLM runs it, reads it back with
+:meth:`LaserArgs.from_extra_args`, which refuses another version or an unknown key with one line naming
+the request. The record crosses the boundary as plain values (vLLM serialises ``extra_args`` with
+msgpack when the engine core runs in another process): ``earlier`` travels as a list, and a pool key
+should be a string or a number (a tuple key arrives as a list and is refused).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Literal
+
+from laser.defaults import N_MAX
+
+VERSION = 1  # bump when a field changes meaning, name or type
+EXTRA_ARGS_KEY = "laser"  # the key of SamplingParams.extra_args that holds the record
+_VERSION_KEY = "v"
+
+DraftLen = int | Literal["auto"]
+
+
+class LaserArgsError(ValueError):
+    """A request's LASER arguments are malformed, of another version, or name an unknown key."""
+
+
+@dataclass(frozen=True)
+class LaserArgs:
+    """What one request asks of LASER's proposer.
+
+    Attributes:
+        tag: the caller's id for the request's statistics (None: vLLM's request id).
+        pool: the key of the request's routed pool; None: it drafts from its own prompt and output.
+        pool_store: the pool store directory the proposer opens ``pool`` from (None: a source registered
+            in the proposer's process, :func:`laser.vllm.sources.register_source`).
+        k, p: relaxed verification (top-``k``, probability > ``p``); both None: vLLM's own (greedy) rule.
+        draft: False for a request that drafts nothing (plain decoding in a laser engine).
+        draft_len: ``"auto"`` (the proposer's chain budget chooses each step) or a fixed chain length.
+        earlier: the entity's earlier text (token ids), drafted before the pool (:mod:`laser.earlier`).
+        n_max, min_prob: the pool's retrieval knobs (as :class:`laser.decoders.base.RetrievalDecoder`).
+    """
+
+    tag: str | None = None
+    pool: Hashable | None = None
+    pool_store: str | None = None
+    k: int | None = None
+    p: float | None = None
+    draft: bool = True
+    draft_len: DraftLen = "auto"
+    earlier: tuple[int, ...] | None = None
+    n_max: int = N_MAX
+    min_prob: float = 0.0
+
+    def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem is not None:
+            raise LaserArgsError(problem)
+
+    def _problem(self) -> str | None:
+        """One line on the first malformed field, or None."""
+        if self.tag is not None and not isinstance(self.tag, str):
+            return f"tag must be a string, got {self.tag!r}"
+        if self.pool is not None and not isinstance(self.pool, Hashable):
+            return f"pool must be a hashable key, got {self.pool!r}"
+        if self.pool_store is not None and (not isinstance(self.pool_store, str) or self.pool is None):
+            return f"pool_store must be a directory (a string) beside a pool key, got {self.pool_store!r}"
+        if (self.k is None) != (self.p is None):
+            return f"k and p go together (relaxed verification), got k={self.k!r}, p={self.p!r}"
+        if self.k is not None and (not _is_int(self.k) or self.k < 1):
+            return f"k must be an integer >= 1, got {self.k!r}"
+        if self.p is not None and not _is_prob(self.p):
+            return f"p must be a probability in [0, 1], got {self.p!r}"
+        if not isinstance(self.draft, bool):
+            return f"draft must be true or false, got {self.draft!r}"
+        if self.draft_len != "auto" and (not _is_int(self.draft_len) or self.draft_len < 0):
+            return f"draft_len must be 'auto' or an integer >= 0, got {self.draft_len!r}"
+        if self.earlier is not None and (not isinstance(self.earlier, tuple)
+                                         or not all(_is_int(t) for t in self.earlier)):
+            return f"earlier must be token ids, got {type(self.earlier).__name__}"
+        if not _is_int(self.n_max) or self.n_max < 1:
+            return f"n_max must be an integer >= 1, got {self.n_max!r}"
+        if not _is_prob(self.min_prob):
+            return f"min_prob must be a probability in [0, 1], got {self.min_prob!r}"
+        return None
+
+    @property
+    def rule(self) -> tuple[int, float] | None:
+        """The relaxed rule's ``(k, p)``, or None for vLLM's own rule."""
+        return None if self.k is None or self.p is None else (self.k, float(self.p))
+
+    @property
+    def fixed_len(self) -> int | None:
+        """The fixed chain length the request asked for; None: the chain budget's choice."""
+        return None if self.draft_len == "auto" else self.draft_len
+
+    def to_extra_args(self) -> dict[str, dict[str, object]]:
+        """``SamplingParams.extra_args`` carrying this record (with :data:`VERSION`; ``earlier`` as a list)."""
+        values: dict[str, object] = {_VERSION_KEY: VERSION, **asdict(self)}
+        if self.earlier is not None:
+            values["earlier"] = list(self.earlier)
+        return {EXTRA_ARGS_KEY: values}
+
+    @classmethod
+    def from_extra_args(cls, extra_args: Mapping[str, object] | None, request_id: str) -> LaserArgs:
+        """The record a request's ``extra_args`` carry; a request with none gets the defaults (it drafts
+        from its own text). Raises :class:`LaserArgsError` naming ``request_id`` on another version, an
+        unknown key or a malformed value."""
+        raw = (extra_args or {}).get(EXTRA_ARGS_KEY)
+        if raw is None:
+            return cls()
+        if not isinstance(raw, Mapping):
+            raise LaserArgsError(f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] must be a mapping, "
+                                 f"got {type(raw).__name__}")
+        version = raw.get(_VERSION_KEY)
+        if version != VERSION:
+            raise LaserArgsError(f"request {request_id}: LASER arguments of version {version!r}, this proposer "
+                                 f"reads version {VERSION} (the engine and vLLM's processes run different code?)")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(str(key) for key in raw if key != _VERSION_KEY and key not in known)
+        if unknown:
+            raise LaserArgsError(f"request {request_id}: unknown LASER argument(s) {unknown}; "
+                                 f"known: {sorted(known)}")
+        values = {str(key): value for key, value in raw.items() if key != _VERSION_KEY}
+        if isinstance(values.get("earlier"), list):  # a list on the wire
+            values["earlier"] = tuple(values["earlier"])
+        try:
+            return cls(**values)  # each value is checked in __post_init__
+        except LaserArgsError as exc:
+            raise LaserArgsError(f"request {request_id}: {exc}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_prob(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0.0 <= value <= 1.0)

@@ -1,0 +1,79 @@
+"""A request's LASER arguments (laser.vllm.request_args): one typed record written by the engine and read by
+the proposer in vLLM's process; a bad argument fails where it is written, or with the request's id where
+it is read. No vLLM needed."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from laser.defaults import N_MAX
+from laser.vllm.request_args import VERSION, LaserArgs, LaserArgsError
+
+
+def test_round_trip_through_extra_args_and_the_wire():
+    args = LaserArgs(tag="r7", pool="user/collab/3", pool_store="/data/pools", k=2, p=0.1, draft_len=3,
+                     earlier=(5, 6, 7), n_max=4, min_prob=0.05)
+    extra = args.to_extra_args()
+    assert extra["laser"]["v"] == VERSION and extra["laser"]["earlier"] == [5, 6, 7]  # a list on the wire
+    assert LaserArgs.from_extra_args(extra, "r7") == args
+    wire = pickle.loads(pickle.dumps(extra))  # what crosses the boundary is plain values
+    assert LaserArgs.from_extra_args(wire, "r7") == args
+    assert args.rule == (2, 0.1) and args.fixed_len == 3
+
+
+def test_a_request_without_laser_arguments_gets_the_defaults():
+    for extra in (None, {}, {"other": 1}):
+        got = LaserArgs.from_extra_args(extra, "x")
+        assert got == LaserArgs() and got.rule is None and got.fixed_len is None and got.n_max == N_MAX
+
+
+def test_another_version_is_refused_with_the_request_id():
+    extra = LaserArgs(tag="a").to_extra_args()
+    extra["laser"]["v"] = VERSION + 1
+    with pytest.raises(LaserArgsError, match=rf"request r9: LASER arguments of version {VERSION + 1}"):
+        LaserArgs.from_extra_args(extra, "r9")
+    del extra["laser"]["v"]
+    with pytest.raises(LaserArgsError, match="request r9: LASER arguments of version None"):
+        LaserArgs.from_extra_args(extra, "r9")
+
+
+def test_a_renamed_key_fails_where_it_is_written():
+    with pytest.raises(TypeError, match="pool_key"):
+        LaserArgs(pool_key="user/collab/3")  # type: ignore[call-arg]
+    extra = LaserArgs(pool="g").to_extra_args()
+    extra["laser"]["pool_key"] = extra["laser"].pop("pool")  # a writer that renamed a key
+    with pytest.raises(LaserArgsError, match=r"request r3: unknown LASER argument\(s\) \['pool_key'\]"):
+        LaserArgs.from_extra_args(extra, "r3")
+
+
+@pytest.mark.parametrize("kwargs, problem", [
+    ({"draft_len": -1}, "draft_len must be 'auto' or an integer >= 0"),
+    ({"draft_len": "long"}, "draft_len must be 'auto'"),
+    ({"draft_len": True}, "draft_len must be 'auto'"),
+    ({"k": 2}, "k and p go together"),
+    ({"k": 0, "p": 0.1}, "k must be an integer >= 1"),
+    ({"k": 2, "p": 1.5}, "p must be a probability"),
+    ({"pool_store": "/s"}, "pool_store must be a directory"),
+    ({"pool": ["a", 1]}, "pool must be a hashable key"),
+    ({"earlier": (1, "x")}, "earlier must be token ids"),
+    ({"n_max": 0}, "n_max must be an integer >= 1"),
+    ({"min_prob": float("nan")}, "min_prob must be a probability"),
+    ({"draft": "no"}, "draft must be true or false"),
+    ({"tag": 3}, "tag must be a string"),
+])
+def test_a_malformed_value_is_refused_in_one_line(kwargs, problem):
+    with pytest.raises(LaserArgsError, match=problem) as err:
+        LaserArgs(**kwargs)
+    assert "\n" not in str(err.value)
+    raw = {"laser": {"v": VERSION, **kwargs}}
+    if isinstance(kwargs.get("earlier"), tuple):
+        raw["laser"]["earlier"] = list(kwargs["earlier"])
+    with pytest.raises(LaserArgsError, match=f"request q1: {problem}"):
+        LaserArgs.from_extra_args(raw, "q1")
+
+
+def test_earlier_is_a_tuple_in_the_record_and_a_list_only_on_the_wire():
+    with pytest.raises(LaserArgsError, match="earlier must be token ids"):
+        LaserArgs(earlier=[1, 2])  # type: ignore[arg-type]
+    assert LaserArgs.from_extra_args({"laser": {"v": VERSION, "earlier": [1, 2]}}, "e").earlier == (1, 2)
