@@ -48,7 +48,7 @@ def random_prompts(n: int, vocab: int, seed: int = 0, length: tuple[int, int] = 
 
 def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:
     """A knowledge-store row for entity ``u{i}`` (fixed timestamp)."""
-    from pipelines.knowledge_store import encode_params
+    from laser.params import encode_params
 
     return {
         "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",
@@ -61,7 +61,7 @@ def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict
 
 def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0) -> dict:
     """A knowledge-store row of run ``run_id`` generated now (+ ``offset_s``), with a source hash."""
-    from pipelines.knowledge_store import utc_now
+    from pipelines.sharded_store import utc_now
 
     return {"entity_type": etype, "entity_id": eid, "knowledge": text, "model": "m", "decoder": "laser",
             "decoder_params": "{}", "prompt_version": "v", "pool_kind": None, "group_id": None, "n_tokens": 3,
@@ -70,9 +70,9 @@ def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0)
             "source_hash": f"{run_id}-{eid}"}
 
 
-def check_killed_actor_loses_no_row(worker_cls, model: str, workers: int, requests, store: Path,
+def check_killed_actor_loses_no_row(engine: str, model: str, workers: int, requests, store: Path,
                                     after_rows: int = 6) -> None:
-    """Stream ``requests`` (autoregressive, 48 new tokens) through ``workers`` actors of ``worker_cls`` into
+    """Stream ``requests`` (autoregressive, 48 new tokens) through ``workers`` knowledge actors on ``engine`` into
     the knowledge ``store`` (one row per shard); once ``after_rows`` rows are written, SIGKILL the first
     actor's process. Asserts that Ray restarted it and that every entity was written exactly once.
 
@@ -84,13 +84,14 @@ def check_killed_actor_loses_no_row(worker_cls, model: str, workers: int, reques
 
     import ray
 
-    from pipelines.knowledge.generation import DecodeTask, GenerationReport, record_result
+    from pipelines.knowledge.generation import GenerationReport, GenerationWorker, record_result
+    from pipelines.knowledge.records import DecodeTask
     from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
     from pipelines.workers import ModelSpec, WorkerGroup
 
     assert len(requests) >= after_rows + 16 * workers, "too few requests: the kill could land at the tail"
     task = DecodeTask("autoregressive", max_new_tokens=48, max_prompt_tokens=2000, run_id="r")
-    group = WorkerGroup(worker_cls, ModelSpec(model, dtype="float32"), num_workers=workers)
+    group = WorkerGroup(GenerationWorker, ModelSpec(model, dtype="float32", engine=engine), num_workers=workers)
     group.start(slots=2)
     group._wait_ready()
     pid = lambda: ray.get(group.actors[0].__ray_call__.remote(lambda self: os.getpid()))  # noqa: E731

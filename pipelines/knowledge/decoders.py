@@ -12,10 +12,10 @@ from __future__ import annotations
 import importlib.util
 import os
 from importlib import metadata
-from typing import Any
 
 from laser.decoders import DecoderChoice, available_decoders, resolve_decoder
 from pipelines.config import JobConfig
+from pipelines.knowledge.engines import ENGINES
 from pipelines.knowledge.validation import JobInputError
 
 
@@ -52,9 +52,6 @@ def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
     return check_engine(engine, new_knowledge_decoder(cfg), "decoder.name")
 
 
-ENGINES = ("hf", "vllm")  # what execution.engine names besides auto
-
-
 def job_engine(cfg: JobConfig) -> str:
     """The engine the job's actors run: ``execution.engine``, with ``auto`` resolved.
 
@@ -68,7 +65,8 @@ def job_engine(cfg: JobConfig) -> str:
     forced = os.environ.get(ENGINE_ENV, "")
     if forced:
         if forced not in ENGINES:
-            raise JobInputError(f"{ENGINE_ENV}={forced!r}: must be hf or vllm (it overrides execution.engine: auto)")
+            raise JobInputError(f"{ENGINE_ENV}={forced!r}: must be one of {sorted(ENGINES)} (it overrides "
+                                "execution.engine: auto)")
         return forced
     decoders = [new_knowledge_decoder(cfg)] + ([old_knowledge_decoder(cfg)] if cfg.old_knowledge.generate_missing else [])
     if vllm_build() == ("cuda" if cfg.execution.gpus_per_worker > 0 else "cpu") and \
@@ -100,7 +98,7 @@ def check_engine(engine: str, choice: DecoderChoice, key: str) -> DecoderChoice:
     return choice
 
 
-def resolve_job_decoder(name: str, params: dict[str, Any], key: str = "decoder", model: str | None = None,
+def resolve_job_decoder(name: str, params: dict[str, object], key: str = "decoder", model: str | None = None,
                         produces: str = "text") -> DecoderChoice:
     """:func:`laser.decoders.resolve_decoder` with its errors as :class:`JobInputError` (exit code 2)."""
     try:
@@ -109,7 +107,7 @@ def resolve_job_decoder(name: str, params: dict[str, Any], key: str = "decoder",
         raise JobInputError(str(exc)) from None
 
 
-def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, Any]) -> dict[str, Any]:
+def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, object]) -> dict[str, object]:
     width = cfg.generation.beam_width
     cls = available_decoders().get(name)
     if cls is None or not cls.beam_sampling:
@@ -122,7 +120,7 @@ def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, Any]) -> di
     return {**params, "W": width}
 
 
-def _check_sampling(choice: DecoderChoice, sampling: dict[str, Any] | None) -> None:
+def _check_sampling(choice: DecoderChoice, sampling: dict[str, float] | None) -> None:
     """Refuse sampling settings (``generation.temperature`` etc.) the decoder cannot honour."""
     if not sampling:
         return

@@ -19,14 +19,14 @@ import logging
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 
 from pipelines.config import JobConfig
 from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.generation import entity_prompt
-from pipelines.knowledge.inputs import load_job_data
+from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.plan import classify, to_generate
 from pipelines.knowledge.prompts import count_prompt_tokens
@@ -38,6 +38,10 @@ from pipelines.knowledge_store import iter_knowledge, read_index
 from pipelines.ops.schedule.ledger import RunLedger
 from pipelines.workers.layout import job_actors
 
+if TYPE_CHECKING:
+    from laser.cost import ForwardCost
+    from pipelines.knowledge.records import DecodeTask
+
 log = logging.getLogger(__name__)
 
 
@@ -45,7 +49,7 @@ log = logging.getLogger(__name__)
 class RunEstimate:
     """What a run would do: entity counts by (type, pool kind, reason), tokens and seconds (estimated)."""
 
-    entities: list[dict[str, Any]] = field(default_factory=list)
+    entities: list[dict[str, str | int]] = field(default_factory=list)
     planned: int = 0
     prompt_tokens: int = 0
     new_tokens: int = 0  # estimated
@@ -53,7 +57,7 @@ class RunEstimate:
     workers: int = 1
     basis: str = ""  # where the rates came from
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -97,7 +101,7 @@ def _with_pool_kind(classified: pl.DataFrame, routing: pl.DataFrame, pool_need: 
         pl.col("pool_kind").fill_null("none"))
 
 
-def _prompt_tokens(cfg: JobConfig, data: Any, task: Any, todo: pl.DataFrame) -> int:
+def _prompt_tokens(cfg: JobConfig, data: JobData, task: DecodeTask, todo: pl.DataFrame) -> int:
     """Prompt tokens of the planned entities: counted on a seeded sample of them, scaled to all."""
     if todo.height == 0:
         return 0
@@ -143,7 +147,7 @@ def _seconds(cfg: JobConfig, paths: JobPaths, est: RunEstimate, threads: int) ->
                      f"a worker at {slots} in flight, prefill {1 / prefill:.0f} tok/s")
 
 
-def _prior(cfg: JobConfig, threads: int) -> Any:
+def _prior(cfg: JobConfig, threads: int) -> ForwardCost:
     from laser.models import model_dir
     from laser.vllm.budget import prior_cost
 

@@ -11,43 +11,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import Any, Callable, Iterator
 
-from laser.earlier import with_earlier
 from laser.sampling import GREEDY
-from pipelines.knowledge_store import KnowledgeWriter
+from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
 from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-from pipelines.quality import QualitySummary, entity_quality, quality_columns, row_quality, words_per_token
-from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan,
-                                       retry_reasons, task_rules, worse)
+from pipelines.quality import QualitySummary, entity_quality, row_quality, words_per_token
+from pipelines.knowledge.engines import build_adapter
+from pipelines.knowledge.pool_cache import PoolCache
+from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
+from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons,
+                                       worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
-from pipelines.workers import GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkResult
+from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DecodeTask:
-    """How one generation pass decodes: decoder, limits, prompt domain, pools and provenance (picklable)."""
-
-    decoder: str
-    decoder_params: dict[str, Any] = field(default_factory=dict)
-    max_new_tokens: int = 256
-    max_prompt_tokens: int | None = 1024
-    domain: str = "movie"
-    prompt_version: str = ""
-    run_id: str = ""
-    pool_store: str | None = None
-    pool_cache_size: int = 8
-    degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality.py)
-    sampling: dict[str, Any] | None = None  # temperature, top_p, top_k, seed; None = greedy (pipelines/knowledge/sampling.py)
-    rules: dict[str, Any] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
-    retry_rules: dict[str, Any] | None = None  # the rules of the ``retry`` policy's second attempt
-    ban_unsupported_genres: bool = False  # first texts (and retries) name no genre the entity's input lacks
-    config_hash: str | None = None  # what decides the text besides its inputs (pipelines/knowledge/provenance.py)
 
 
 @dataclass
@@ -56,46 +37,20 @@ class BatchResult(WorkResult):
     attempts decoded and not written (of a retried entity, the text that read worse), which the pass's
     report counts as work done."""
 
-    discarded: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[KnowledgeRow] = field(default_factory=list)
+    discarded: list[KnowledgeRow] = field(default_factory=list)
     busy_s: float = 0.0  # the engine's seconds for them, every step (prefill included)
     decode_tokens: int = 0  # tokens of the steps that only decoded (``decode_s``: their seconds)
+
+    @staticmethod
+    def row_key(row: KnowledgeRow) -> tuple[str, str]:
+        return row.entity_type, row.entity_id
 
     def merge(self, other: WorkResult) -> None:
         super().merge(other)
         self.discarded += getattr(other, "discarded", [])
         self.busy_s += getattr(other, "busy_s", 0.0)
         self.decode_tokens += getattr(other, "decode_tokens", 0)
-
-
-@dataclass(frozen=True)
-class EngineClock:
-    """An engine's time so far: ``busy_s`` over every step (prefill included), ``decode_s`` and
-    ``decode_tokens`` over the steps that only decoded (no request prefilling in them) and the tokens they
-    gave. The two engines measure the same thing: decode throughput with no prefill in it."""
-
-    busy_s: float = 0.0
-    decode_s: float = 0.0
-    decode_tokens: int = 0
-
-    def __sub__(self, since: "EngineClock") -> "EngineClock":
-        return EngineClock(self.busy_s - since.busy_s, self.decode_s - since.decode_s,
-                           self.decode_tokens - since.decode_tokens)
-
-
-@dataclass(eq=False)  # attempts are told apart by identity
-class Attempt:
-    """One decoding of one entity: its first, or a retry of a flawed first row (``first`` set)."""
-
-    req: GenerationRequest
-    prompt: str
-    decoder: str
-    params: dict[str, Any]
-    pool_key: str | None  # a pool the store holds, else None (no drafting)
-    sampling: Any  # laser.SamplingParams
-    rules: dict[str, Any] | None
-    first: dict[str, Any] | None = None  # the first row, when this is its retry
-    earlier: list[int] | None = None  # the entity's earlier knowledge in tokens: drafted first (laser/earlier.py)
-    compare: bool = True  # a retry replaces the first row only when it does not read worse
 
 
 def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: Any) -> str:
@@ -110,107 +65,21 @@ def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: Any) -> s
     raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
 
-class EngineAdapter:
-    """What the serve skeleton asks of an engine (one per worker actor; module docstring).
-
-    ``start`` readies the engine for a pass; ``make`` hands it one attempt (raising for a bad one, which
-    then fails alone); ``stream`` runs the engine while ``admit(n)`` (which calls ``make``) gives it work,
-    yielding ``(attempt, generation)`` as each finishes; ``alone`` decodes one attempt by itself;
-    ``abort`` drops what a failed engine held; ``clock`` is the engine time spent so far;
-    ``joins`` says whether an attempt can share the pass's engine (else it is decoded alone);
-    ``params_json`` is the decoder parameters a row records.
-    """
-
-    name: str = ""  # the ``engine`` column of the rows it decodes
-
-    def clock(self) -> EngineClock:
-        """The engine's time so far (:class:`EngineClock`)."""
-        return EngineClock()
-
-    def ready(self, slots: int) -> dict[str, Any]:
-        """Build what the engine needs before its first request (nothing, unless the engine says so)."""
-        return {}
-
-    def start(self, task: DecodeTask, slots: int) -> None:
-        raise NotImplementedError
-
-    def joins(self, attempt: Attempt) -> bool:
-        raise NotImplementedError
-
-    def make(self, attempt: Attempt) -> Any:
-        raise NotImplementedError
-
-    def stream(self, admit: Callable[[int], list[Any]], slots: int) -> Iterator[tuple[Attempt, Any]]:
-        raise NotImplementedError
-
-    def alone(self, attempt: Attempt) -> Any:
-        raise NotImplementedError
-
-    def abort(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def in_flight(self) -> int:
-        """Attempts handed to the engine and not yet finished."""
-        raise NotImplementedError
-
-    def params_json(self, decoder: str, params: dict[str, Any]) -> str:
-        raise NotImplementedError
-
-
-class PoolCache:
-    """Pools of one pool store by key, an LRU of ``size`` loaded pools (the store is reopened when a task
-    names another)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.store: Any = None
-        self.pools: OrderedDict[str, Any] = OrderedDict()
-        self.loads = 0
-
-    def has(self, task: DecodeTask, key: str | None) -> bool:
-        """Whether the task's store holds pool ``key`` (a group without old knowledge has none)."""
-        return key is not None and key in self._store(task, key)
-
-    def get(self, task: DecodeTask, key: str | None) -> Any:
-        """Pool ``key`` (None: no pool), loaded on a miss; the least recently used one leaves past the size."""
-        if not self.has(task, key):
-            return None
-        if key in self.pools:
-            self.pools.move_to_end(key)
-            return self.pools[key]
-        pool = self.pools[key] = self.store.get(key)
-        self.loads += 1
-        while len(self.pools) > task.pool_cache_size:
-            evicted, _ = self.pools.popitem(last=False)
-            self.store.release(evicted)
-        return pool
-
-    def _store(self, task: DecodeTask, key: str) -> Any:
-        if self.store is None or str(self.store.directory) != str(task.pool_store):
-            if task.pool_store is None:
-                raise ValueError(f"request needs pool {key!r} but the task has no pool store")
-            from pools.store import PoolStore
-
-            self.store = PoolStore.open(task.pool_store, tokenizer=self.tokenizer)
-            self.pools.clear()
-        return self.store
-
-
-class GenerationWorker(ModelWorker):
+class GenerationWorker(StreamWorker):
     """A worker actor that writes knowledge: the serve skeleton (admission, the degenerate-text policy and
-    its retries, failure handling, accounting) over one engine adapter (``adapter_cls``). The same actor
-    serves every pass of a job (old knowledge, new knowledge, retries), so its engine starts once."""
+    its retries, failure handling, accounting) over the engine adapter of ``spec.engine``
+    (:mod:`pipelines.knowledge.engines`). The same actor serves every pass of a job (old knowledge, new
+    knowledge, retries), so its engine starts once."""
 
     result_cls = BatchResult
-    adapter_cls: type[EngineAdapter]  # set below: the hf engine's adapter
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
-        self.pools = PoolCache(self.lm.tokenizer)
-        self.adapter = self.adapter_cls(self)
+        self.adapter = build_adapter(spec)
+        self.tokenizer = self.adapter.tokenizer
+        self.pools = PoolCache(self.tokenizer)
 
-    def ready(self, slots: int) -> dict[str, Any]:
+    def ready(self, slots: int) -> dict[str, object]:
         """Start the engine now (it would start on the first pass): what the start did, for the log."""
         t0 = time.perf_counter()
         info = self.adapter.ready(slots)
@@ -218,39 +87,40 @@ class GenerationWorker(ModelWorker):
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
         """The chat message for ``req`` (:func:`entity_prompt`)."""
-        return entity_prompt(task, req, self.lm.tokenizer)
+        return entity_prompt(task, req, self.tokenizer)
 
     def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
         return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,
                        req.pool_key if self.pools.has(task, req.pool_key) else None,
                        entity_sampling(task.sampling, req.entity_type, req.entity_id),
-                       first_rules(task, req, self.genre_ban), earlier=self.earlier_ids(req))
+                       first_rules(task, req, self.genre_ban), earlier=self.earlier_ids(req), stop=self.loop_stop(task))
 
     def earlier_ids(self, req: GenerationRequest) -> list[int] | None:
         """The entity's earlier knowledge as the model's tokens (as pools hold texts), or None."""
         if not req.earlier:
             return None
-        return list(self.lm.tokenizer(req.earlier, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(req.earlier, add_special_tokens=False)["input_ids"])
 
-    def halt(self, attempt: Attempt) -> LoopStop | None:
-        """The engine's stop check for ``attempt``: a first text under a policy that acts on degenerate rows
-        stops once it is surely degenerate (:class:`pipelines.knowledge.retry.LoopStop`); None otherwise."""
-        if attempt.first is not None or self.task.degenerate not in LOOP_POLICIES:
+    def loop_stop(self, task: DecodeTask) -> Callable[[], LoopStop] | None:
+        """The stop check of a first text: under a policy that acts on degenerate rows it stops once it is
+        surely degenerate (:class:`pipelines.knowledge.retry.LoopStop`); None under the others."""
+        if task.degenerate not in LOOP_POLICIES:
             return None
-        return LoopStop(partial(self.lm.tokenizer.decode, skip_special_tokens=True), self.task.max_new_tokens,
-                        self.words_per_token)
+        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        return partial(LoopStop, decode, task.max_new_tokens, self.words_per_token)
 
     @cached_property
     def genre_ban(self) -> GenreBan:
         """Genre bans in this model's tokens (:class:`pipelines.knowledge.retry.GenreBan`)."""
-        return GenreBan(self.lm.tokenizer)
+        return GenreBan(self.tokenizer)
 
     @cached_property
     def words_per_token(self) -> int:
         """The most words one token of the model's vocabulary adds (read once, at the first stop check)."""
-        return words_per_token(self.lm.tokenizer)
+        return words_per_token(self.tokenizer)
 
-    def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[BatchResult]:
+    def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]],
+              slots: int) -> Iterator[BatchResult]:
         """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
 
         Retries of flawed rows join the engine as ordinary requests (first in line). A request whose prompt
@@ -259,28 +129,30 @@ class GenerationWorker(ModelWorker):
         worker dead (:class:`~pipelines.workers.WorkerDead`) ends the stream: the driver re-sends its work.
         """
         self.task = task
-        self.adapter.start(task, slots)
+        self.adapter.start(task, slots, self.pools)
         self.retries: deque[Attempt] = deque()
         held: dict[int, Attempt] = {}
         failed: list[dict[str, str]] = []
         spent = self.adapter.clock()
 
-        def admit(n: int) -> list[Any]:
-            made: list[Any] = []
-            while len(made) < n:
-                todo: list[Any] = [self.retries.popleft() for _ in range(min(n - len(made), len(self.retries)))]
-                todo = todo or take(n - len(made))
+        def admit(n: int) -> int:
+            made = 0
+            while made < n:
+                todo: list[Attempt | GenerationRequest] = [self.retries.popleft()
+                                                           for _ in range(min(n - made, len(self.retries)))]
+                todo = todo or list(take(n - made))
                 if not todo:
                     break
                 for item in todo:
                     try:  # one bad entity never takes down the others
                         attempt = item if isinstance(item, Attempt) else self.first_attempt(task, item)
-                        made.append(self.adapter.make(attempt))
+                        self.adapter.make(attempt)
                         held[id(attempt)] = attempt
+                        made += 1
                     except WorkerDead:
                         raise
                     except Exception as exc:
-                        failed.append(_failure(getattr(item, "req", item), exc))
+                        failed.append(_failure(item.req if isinstance(item, Attempt) else item, exc))
             return made
 
         def settle(part: BatchResult) -> BatchResult:
@@ -322,7 +194,7 @@ class GenerationWorker(ModelWorker):
             return BatchResult(failures=[_failure(attempt.req, exc)])
         return self._finish(attempt, gen, alone=True) or BatchResult()
 
-    def _finish(self, attempt: Attempt, gen: Any, alone: bool = False) -> BatchResult | None:
+    def _finish(self, attempt: Attempt, gen: Decoded, alone: bool = False) -> BatchResult | None:
         """The row of one finished attempt after the degenerate-text policy, its failure, or None when
         its retry was queued (the row comes when the retry finishes)."""
         try:
@@ -344,91 +216,27 @@ class GenerationWorker(ModelWorker):
         self.retries.append(retry)
         return None
 
-    def _row(self, a: Attempt, res: Any) -> dict[str, Any]:
+    def _row(self, a: Attempt, res: Decoded) -> KnowledgeRow:
         st, req, task = res.stats, a.req, self.task
         q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
                            words_for_budget(task.max_new_tokens))
         pooled = a.pool_key is not None
-        return {
-            "entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": res.text,
-            "model": self.lm.name, "decoder": a.decoder, "decoder_params": self.adapter.params_json(a.decoder, a.params),
-            "prompt_version": task.prompt_version, "pool_kind": req.pool_kind if pooled else None,
-            "group_id": req.group_id if pooled else None, "n_tokens": len(res.token_ids),
-            "target_forwards": int(st.target_forwards), "accepted_tokens": int(sum(st.accepted_per_step)),
-            "retrieval_s": float(st.retrieval_s), "generation_s": float(st.prefill_s + st.decode_s),
-            "finish_reason": st.finish_reason, "run_id": task.run_id,
-            **quality_columns(q), "greedy_retry": a.first is not None, "prefill_s": float(st.prefill_s),
-            "decode_s": float(st.decode_s), "source_hash": req.source_hash, "sampling": encode_sampling(a.sampling),
-            "engine": self.adapter.name, "prompt_tokens": st.prompt_tokens,
-            "cached_prompt_tokens": st.cached_prompt_tokens, "config_hash": task.config_hash,
-            "own_accepted_tokens": st.own_accepted,
-        }
-
-
-class HfAdapter(EngineAdapter):
-    """This package's tree-attention engine (``execution.engine: hf``): decoders built on the actor's
-    transformers model, one engine per decoder; an attempt under another decoder (a greedy retry of a
-    relaxed pass) is decoded alone."""
-
-    name = "hf"
-
-    def __init__(self, worker: GenerationWorker) -> None:
-        self.worker = worker
-        self.held: dict[int, Attempt] = {}
-
-    def clock(self) -> EngineClock:
-        logs = [dec.engine.log for dec, _ in self.worker._decoders.values() if "engine" in dec.__dict__]
-        return EngineClock(sum(g.prefill_s + g.decode_s for g in logs), sum(g.decode_s for g in logs),
-                           sum(g.decode_tokens for g in logs))
-
-    def decoder(self, name: str, params: dict[str, Any]) -> tuple[Any, str]:
-        return self.worker.decoder(name, params)
-
-    def start(self, task: DecodeTask, slots: int) -> None:
-        from laser.engine import TREE_ROOM
-
-        self.task, self.pass_decoder = task, self.decoder(task.decoder, task.decoder_params)[0]
-        self.capacity = (task.max_prompt_tokens or self.worker.lm.context_length) + task.max_new_tokens + TREE_ROOM
-
-    def joins(self, attempt: Attempt) -> bool:
-        # the pass's own decoder, or its greedy form as exact rows (a relaxed LASER pass's greedy retries)
-        dec = self.decoder(attempt.decoder, attempt.params)[0]
-        return dec is self.pass_decoder or (attempt.sampling.greedy and self.pass_decoder.runs_greedy_of(dec))
-
-    def _request(self, dec: Any, attempt: Attempt, exact: bool = False) -> Any:
-        pool = with_earlier(self.worker.pools.get(self.task, attempt.pool_key), attempt.earlier)
-        return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
-                           rules=task_rules(attempt.rules), halt=self.worker.halt(attempt), exact=exact)
-
-    def make(self, attempt: Attempt) -> Any:
-        exact = self.decoder(attempt.decoder, attempt.params)[0] is not self.pass_decoder  # joins() said it may
-        r = self._request(self.pass_decoder, attempt, exact)
-        self.held[id(r)] = attempt
-        return r
-
-    def stream(self, admit: Callable[[int], list[Any]], slots: int) -> Iterator[tuple[Attempt, Any]]:
-        dec = self.pass_decoder
-        for r in dec.engine.stream(admit, slots, self.capacity):
-            yield self.held.pop(id(r)), dec.result(r)
-
-    def alone(self, attempt: Attempt) -> Any:
-        dec = self.decoder(attempt.decoder, attempt.params)[0]
-        r = self._request(dec, attempt)
-        dec.engine.run([r])
-        return dec.result(r)
-
-    def abort(self) -> None:
-        self.held.clear()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.held)
-
-    def params_json(self, decoder: str, params: dict[str, Any]) -> str:
-        return self.decoder(decoder, params)[1]
-
-
-GenerationWorker.adapter_cls = HfAdapter
+        g = q.grounding
+        return KnowledgeRow(
+            entity_type=req.entity_type, entity_id=req.entity_id, knowledge=res.text,
+            model=self.adapter.model_name, decoder=a.decoder,
+            decoder_params=self.adapter.params_json(a.decoder, a.params), prompt_version=task.prompt_version,
+            pool_kind=req.pool_kind if pooled else None, group_id=req.group_id if pooled else None,
+            n_tokens=len(res.token_ids), target_forwards=int(st.target_forwards),
+            accepted_tokens=int(sum(st.accepted_per_step)), retrieval_s=float(st.retrieval_s),
+            generation_s=float(st.prefill_s + st.decode_s), finish_reason=st.finish_reason, run_id=task.run_id,
+            finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate, ended=q.ended,
+            cut=q.cut, fragment=q.fragment, n_words=q.n_words, asked_words=q.asked_words,
+            facts_mentioned=g.n_mentioned if g is not None else None, grounding=g.share if g is not None else None,
+            greedy_retry=a.first is not None, prefill_s=float(st.prefill_s), decode_s=float(st.decode_s),
+            source_hash=req.source_hash, sampling=encode_sampling(a.sampling), engine=self.adapter.name,
+            prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
+            config_hash=task.config_hash, own_accepted_tokens=st.own_accepted)
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
@@ -489,32 +297,34 @@ class GenerationReport:
 
 
 def record_result(result: WorkResult, writer: KnowledgeWriter, report: GenerationReport) -> None:
-    """Write one result's rows and failures and count them into ``report``."""
+    """Write one result's rows and failures (a knowledge worker's :class:`BatchResult`) and count them into
+    ``report``."""
+    if not isinstance(result, BatchResult):
+        raise TypeError(f"a knowledge worker yields BatchResult, not {type(result).__name__}")
     for row in result.rows:
         writer.add(row)
-        report.n_tokens += row["n_tokens"]
-        report.target_forwards += row["target_forwards"]
-        report.accepted_tokens += row["accepted_tokens"]
-        report.prefill_s += row.get("prefill_s") or 0.0
-        report.greedy_retries += bool(row.get("greedy_retry"))
-        report.quality.add(row_quality(row))
-    discarded = getattr(result, "discarded", [])
-    report.retries += len(discarded)  # each retry leaves one text unwritten
-    written = {WorkResult.row_key(r): r for r in result.rows}
-    for d in discarded:  # the first text is the unwritten one, or the one its retry lost to
-        first = d if not d.get("greedy_retry") else written.get(WorkResult.row_key(d), d)
+        report.n_tokens += row.n_tokens
+        report.target_forwards += row.target_forwards
+        report.accepted_tokens += row.accepted_tokens
+        report.prefill_s += row.prefill_s or 0.0
+        report.greedy_retries += bool(row.greedy_retry)
+        report.quality.add(row_quality(row.as_dict()))
+    report.retries += len(result.discarded)  # each retry leaves one text unwritten
+    written = {BatchResult.row_key(r): r for r in result.rows}
+    for d in result.discarded:  # the first text is the unwritten one, or the one its retry lost to
+        first = d if not d.greedy_retry else written.get(BatchResult.row_key(d), d)
         for reason in retry_reasons(first):
             report.retry_reasons[reason] = report.retry_reasons.get(reason, 0) + 1
-    for row in [*result.rows, *discarded]:
-        report.decoded_tokens += row["n_tokens"]
-        report.decoded_forwards += row["target_forwards"]
-        report.decoded_accepted += row["accepted_tokens"]
-        report.prompt_tokens += row.get("prompt_tokens") or 0
-        report.cached_prompt_tokens += row.get("cached_prompt_tokens") or 0
-        report.own_accepted += row.get("own_accepted_tokens") or 0
-    report.busy_s += getattr(result, "busy_s", 0.0)
+    for row in [*result.rows, *result.discarded]:
+        report.decoded_tokens += row.n_tokens
+        report.decoded_forwards += row.target_forwards
+        report.decoded_accepted += row.accepted_tokens
+        report.prompt_tokens += row.prompt_tokens or 0
+        report.cached_prompt_tokens += row.cached_prompt_tokens or 0
+        report.own_accepted += row.own_accepted_tokens or 0
+    report.busy_s += result.busy_s
     report.decode_s += result.decode_s
-    report.decode_tokens += getattr(result, "decode_tokens", 0)
+    report.decode_tokens += result.decode_tokens
     for f in result.failures:
         writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
     report.done += len(result.rows)

@@ -39,7 +39,8 @@ from laser.decoders import DecoderChoice
 from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import skipped_entities
 from pipelines.knowledge.decoders import check_job_decoders, job_engine, new_knowledge_decoder, old_knowledge_decoder
-from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker, record_result
+from pipelines.knowledge.generation import GenerationReport, GenerationWorker, record_result
+from pipelines.knowledge.records import DecodeTask
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
@@ -47,7 +48,8 @@ from pipelines.knowledge.requests import (SOURCE_CACHE, attach_payloads, drop_pa
                                          pending, pool_routes)
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
-from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, open_store, read_index, read_knowledge, utc_now
+from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, read_index, read_knowledge
+from pipelines.sharded_store import open_store, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
@@ -260,21 +262,13 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
 # ---- steps alone (`laser generate`, tools) and their parts ------------------------------------------
 
 def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
-    """The job's generation actors (one model load each, shared by every pass of the job); ``entities``: the
-    run's users and items, when known."""
-    spec, num_workers = job_actors(cfg, entities)
+    """The job's generation actors (one model load each, shared by every pass of the job), each driving the
+    engine the job resolves (:func:`~pipelines.knowledge.decoders.job_engine`); ``entities``: the run's
+    users and items, when known."""
     engine = job_engine(cfg)
+    spec, num_workers = job_actors(cfg, entities, engine=engine)
     log.info("engine: %s (execution.engine: %s)", engine, cfg.execution.engine)
-    return WorkerGroup(generation_worker_cls(engine), spec, num_workers, cfg.execution.address)
-
-
-def generation_worker_cls(engine: str) -> type[GenerationWorker]:
-    """The worker actor class of ``execution.engine`` (vLLM's is imported only when chosen)."""
-    if engine == "vllm":
-        from pipelines.knowledge.vllm_worker import VllmGenerationWorker
-
-        return VllmGenerationWorker
-    return GenerationWorker
+    return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address)
 
 
 def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: object,

@@ -17,8 +17,9 @@ import hashlib
 import logging
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import polars as pl
 
@@ -144,7 +145,7 @@ def users_after(interactions: pl.DataFrame, watermark: int | None) -> int:
     return interactions.filter(pl.col("timestamp") > watermark)["user_id"].n_unique()
 
 
-def new_run_id(cfg: JobConfig, record_time: Any) -> str:
+def new_run_id(cfg: JobConfig, record_time: datetime) -> str:
     """A unique id per scheduled run: the config hash and the start time (UTC, microseconds)."""
     return f"{cfg.resolved_run_id()}-{record_time:%Y%m%dT%H%M%S.%fZ}"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
@@ -22,19 +22,27 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge_store import read_knowledge
 from pipelines.workers.tasks import map_tasks
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from pools.build import PoolBuildConfig
+    from pools.store import PoolStore, TokenizerFingerprint
+
+PartEntry = dict[str, object]  # a pool's entry in the pool store's manifest (pools.store.write_part)
+
 log = logging.getLogger(__name__)
 
 PART_TEXTS = 50_000  # texts a build task tokenises and writes (about 25 MB of token ids)
 
 
-def load_tokenizer(model: str) -> Any:
+def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     """The tokenizer of the job's model (pool texts must be tokenised exactly as the actors decode)."""
     import laser
 
     return laser.load_tokenizer(model)
 
 
-def build_settings(cfg: JobConfig, pool_need: str) -> Any:
+def build_settings(cfg: JobConfig, pool_need: str) -> PoolBuildConfig:
     """What the pools hold for decoders that draft from ``pool_need`` pools: routed, global or both."""
     from pools.build import PoolBuildConfig
 
@@ -76,7 +84,7 @@ def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, director
     return sizes
 
 
-def _meta(cfg: JobConfig, build: Any) -> dict[str, Any]:
+def _meta(cfg: JobConfig, build: PoolBuildConfig) -> dict[str, object]:
     """What a build's pools depend on besides their texts: a store built otherwise is not reused."""
     settings = {k: getattr(build, k) for k in ("max_pool_size", "global_max_size", "with_groups", "with_global", "seed")}
     return {"model": cfg.model.name, "build": settings, "polars": pl.__version__, "snapshots": cfg.routing.pool_snapshots}
@@ -88,8 +96,8 @@ def _log_skipped(skipped: list[tuple[str, str, str]]) -> None:
         log.warning("pools: %d knowledge rows skipped: %s%s", len(skipped), shown, " ..." if len(skipped) > 5 else "")
 
 
-def _reusable(directory: Path, fingerprint: Any, meta: dict[str, Any], members: pl.DataFrame,
-              refresh_share: float) -> dict[str, dict[str, Any]]:
+def _reusable(directory: Path, fingerprint: TokenizerFingerprint, meta: dict[str, object], members: pl.DataFrame,
+              refresh_share: float) -> dict[str, PartEntry]:
     """The entries of the store's last build that this build keeps: same tokenizer and settings, texts changed
     by at most ``refresh_share``, files whole."""
     from pools.build import stale_pools
@@ -110,7 +118,7 @@ def _reusable(directory: Path, fingerprint: Any, meta: dict[str, Any], members: 
     return {k: e for k, e in keep.items() if _whole(store, k)}
 
 
-def _whole(store: Any, key: str) -> bool:
+def _whole(store: PoolStore, key: str) -> bool:
     """A kept pool's part file still matches its checksum (a corrupt one is written again)."""
     from pools.store import PoolStoreError
 
@@ -133,8 +141,8 @@ def _parts(todo: pl.DataFrame, n_parts: int) -> list[pl.DataFrame]:
     return [todo.slice(offset, length) for offset, length in zip(lengths.cum_sum() - lengths, lengths)]
 
 
-def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Any,
-                 directory: Path) -> dict[str, dict[str, Any]]:
+def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: PreTrainedTokenizerBase,
+                 directory: Path) -> dict[str, PartEntry]:
     """Each part tokenised and written by a Ray task; in this process when the work is one part and no cluster
     is configured (a task would only add a worker process's start on this machine). Their manifest entries."""
     from pipelines.workers.driver import ensure_ray
@@ -148,7 +156,7 @@ def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Any
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     parts = _parts(todo, max(2 * cpus, math.ceil(todo.height / PART_TEXTS)))
     shared = ray.put(tokenizer)
-    entries: dict[str, dict[str, Any]] = {}
+    entries: dict[str, PartEntry] = {}
     for result in map_tasks(build_part, [(part.to_arrow(),) for part in parts], {"tokenizer": shared, **how},
                             desc="pools: tokenise and write", unit="part"):
         entries.update(result)
@@ -163,7 +171,8 @@ def _local_cpus(cfg: JobConfig) -> int:
     return n * spec.threads
 
 
-def build_part(part: pa.Table, *, tokenizer: Any, column: str, directory: str, snapshot: bool) -> dict[str, Any]:
+def build_part(part: pa.Table, *, tokenizer: PreTrainedTokenizerBase, column: str, directory: str,
+               snapshot: bool) -> dict[str, PartEntry]:
     """One build task: the part's texts tokenised (unless they are token ids already) and written, pool by pool
     (rows sorted by pool key), as one part file of the store; returns their manifest entries."""
     from pools.build import TOKENS_COLUMN, tokenize

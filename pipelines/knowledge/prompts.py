@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+ItemRow = Mapping[str, Any]  # a row of the items table as polars names it: item_id, title, year, genres, ...
 
 PROMPT_VERSION = "kar-v5"  # v5: facts as fields (title, year, genres, rating apart), short answers with headroom
 MAX_WORDS = 120
@@ -72,7 +77,7 @@ _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
 _CONTROL_OPENING = re.compile(r"<(?=\|)|<(?=/?[A-Za-z_][\w.-]*>)|\[(?=/?[A-Z][A-Z_]{2,}\])")
 
 
-def as_text(value: Any) -> str:
+def as_text(value: object) -> str:
     """``value`` as prompt text that no tokenizer reads as a control token (module docstring)."""
     return _CONTROL_OPENING.sub(lambda m: m.group(0) + " ", str(value))
 
@@ -120,7 +125,7 @@ def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = 
     return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=max_words)])
 
 
-def count_prompt_tokens(tokenizer: Any, text: str) -> int:
+def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
     """Tokens of ``text`` as one chat-templated user message (plain encoding without a chat template)."""
     if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -135,7 +140,7 @@ def count_prompt_tokens(tokenizer: Any, text: str) -> int:
 
 
 def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str = "movie", *,
-                user_id: str | None = None, tokenizer: Any = None, max_prompt_tokens: int | None = None,
+                user_id: str | None = None, tokenizer: PreTrainedTokenizerBase | None = None, max_prompt_tokens: int | None = None,
                 max_words: int = MAX_WORDS) -> str:
     """The preference-analysis message for a history ordered oldest first.
 
@@ -166,7 +171,7 @@ def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str
     return _render_user(entries[-lo:], domain, max_words)
 
 
-def _attributes(item: Mapping[str, Any]) -> list[str]:
+def _attributes(item: ItemRow) -> list[str]:
     """The item's fields after the title: year, genres, then category/sub-category not among the genres."""
     parts = [f"Year: {as_text(item['year'])}"] if item.get("year") else []
     genres = item.get("genres")
@@ -179,7 +184,7 @@ def _attributes(item: Mapping[str, Any]) -> list[str]:
     return parts
 
 
-def item_prompt(item: Mapping[str, Any], domain: str = "movie", max_words: int = MAX_WORDS) -> str:
+def item_prompt(item: ItemRow, domain: str = "movie", max_words: int = MAX_WORDS) -> str:
     """The description message for one item row (``title`` required; ``year``, ``genres``,
     ``category``, ``sub_category`` used when present), its facts one field a line."""
     check_domain(domain)

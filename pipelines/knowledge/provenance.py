@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Mapping
 
 # DecodeTask fields that do not shape the text: provenance, pool locations and caches
 _NOT_TEXT = ("run_id", "pool_store", "pool_cache_size", "config_hash")
 
 
-def generation_hash(model: str, dtype: str, task_fields: dict[str, Any]) -> str:
+def generation_hash(model: str, dtype: str, task_fields: Mapping[str, object]) -> str:
     """sha256 (first 16 hex digits) of the model, its dtype and a decode task's text-shaping fields."""
     shaping = {k: v for k, v in task_fields.items() if k not in _NOT_TEXT}
     blob = json.dumps({"model": model, "dtype": dtype, **shaping}, sort_keys=True, default=str, separators=(",", ":"))

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.data import Dataset, Split
-from pipelines.knowledge.generation import GenerationRequest
-from pipelines.knowledge.prompts import PROMPT_VERSION, user_histories
+from pipelines.knowledge.prompts import PROMPT_VERSION, HistoryEntry, ItemRow, user_histories
 from pipelines.knowledge.sources import source_hash
-from pipelines.knowledge_store import done_keys
+from pipelines.sharded_store import done_keys
 from pipelines.storage import Location, atomic_write_local
+from pipelines.workers import GenerationRequest
 from pools.build import group_key
 
 log = logging.getLogger(__name__)
 
-Routes = dict[tuple[str, str], dict[str, Any]]
+Routes = dict[tuple[str, str], dict[str, str | None]]  # (type, id) -> pool_kind, group_id
 
 
 def user_requests(interactions: pl.DataFrame, items: pl.DataFrame, users: list[str] | None = None,
@@ -36,18 +35,23 @@ def item_requests(items: pl.DataFrame, routes: Routes | None = None) -> list[Gen
     return [_request("item", row["item_id"], routes, item=row) for row in items.sort("item_id").iter_rows(named=True)]
 
 
-def _request(entity_type: str, entity_id: str, routes: Routes | None, **payload: Any) -> GenerationRequest:
-    if "source_hash" not in payload:
-        payload["source_hash"] = payload_hash(entity_type, payload.get("history", payload.get("item")))
+def _request(entity_type: str, entity_id: str, routes: Routes | None, history: list[HistoryEntry] | None = None,
+             item: ItemRow | None = None, source_hash: str | None = None) -> GenerationRequest:
+    """A request with its route (none: no pool) and the source hash of its payload unless given."""
+    if source_hash is None:
+        source_hash = payload_hash(entity_type, history if history is not None else item)
+    req = GenerationRequest(entity_type, entity_id, history=history, item=dict(item) if item is not None else None,
+                            source_hash=source_hash)
     route = (routes or {}).get((entity_type, entity_id))
-    if route is None or route.get("pool_kind") is None:
-        return GenerationRequest(entity_type, entity_id, **payload)
-    key = group_key(entity_type, route["pool_kind"], route["group_id"])
-    return GenerationRequest(entity_type, entity_id, pool_key=key, pool_kind=route["pool_kind"],
-                             group_id=route["group_id"], **payload)
+    kind = route.get("pool_kind") if route else None
+    if route is None or kind is None:
+        return req
+    group = route["group_id"] or ""
+    req.pool_key, req.pool_kind, req.group_id = group_key(entity_type, kind, group), kind, route["group_id"]
+    return req
 
 
-def payload_hash(entity_type: str, payload: Any) -> str:
+def payload_hash(entity_type: str, payload: object) -> str:
     """The source hash of a request's payload: a user's history (list) or an item's row (dict)."""
     return source_hash(entity_type, PROMPT_VERSION, list(payload) if isinstance(payload, (list, tuple)) else payload)
 
@@ -75,7 +79,7 @@ def _ids(keys: pl.DataFrame, entity_type: str) -> pl.Series:
 
 
 def _prompt_inputs(dataset: Dataset, split: Split, users: pl.Series,
-                   items: pl.Series) -> tuple[dict[str, list[Any]], dict[str, dict[str, Any]]]:
+                   items: pl.Series) -> tuple[dict[str, list[HistoryEntry]], dict[str, ItemRow]]:
     """What the prompts of ``users`` and ``items`` are made of: histories (``Split.prompt_interactions``, oldest
     first) by user id, item rows by item id."""
     interactions = split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))

@@ -20,46 +20,52 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from laser.rules import NO_RULES, GenerationRules
+from pipelines.knowledge.records import DecodeTask, Params
+from pipelines.knowledge_store import KnowledgeRow
 from pipelines.quality import (GREEDY_RETRY_DECODER, entity_quality, genre_forms, surely_degenerate, text_quality,
                                unsupported_genres)
+from pipelines.workers import GenerationRequest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
 
-def task_rules(rules: dict[str, Any] | None) -> GenerationRules:
+def task_rules(rules: Params | None) -> GenerationRules:
     """A task's rules (keywords of :class:`laser.GenerationRules`) as the decoder takes them."""
-    return GenerationRules(**rules) if rules else NO_RULES
+    return GenerationRules(**rules) if rules else NO_RULES  # type: ignore[arg-type]  # checked by its __init__
 
 
-def flawed(row: dict[str, Any]) -> bool:
+def flawed(row: KnowledgeRow) -> bool:
     """Degenerate, cut or a fragment."""
-    return bool(row.get("degenerate") or row.get("cut") or row.get("fragment"))
+    return bool(row.degenerate or row.cut or row.fragment)
 
 
-def ungrounded(row: dict[str, Any]) -> bool:
+def ungrounded(row: KnowledgeRow) -> bool:
     """The row names a fact its input does not support."""
-    return row.get("grounding") is not None and row["grounding"] < 1.0
+    return row.grounding is not None and row.grounding < 1.0
 
 
-def retry_reasons(first: dict[str, Any]) -> list[str]:
+def retry_reasons(first: KnowledgeRow) -> list[str]:
     """Why a first text was decoded again (each flaw it has; ``stopped at a loop`` when :class:`LoopStop`
     ended it)."""
-    flags = [k for k in ("degenerate", "cut", "fragment") if first.get(k)]
-    return flags + ["ungrounded"] * ungrounded(first) + ["stopped at a loop"] * (first.get("finish_reason") == LOOP)
+    flags = [k for k, v in (("degenerate", first.degenerate), ("cut", first.cut), ("fragment", first.fragment)) if v]
+    return flags + ["ungrounded"] * ungrounded(first) + ["stopped at a loop"] * (first.finish_reason == LOOP)
 
 
-def worse(retry: dict[str, Any], first: dict[str, Any]) -> bool:
+def worse(retry: KnowledgeRow, first: KnowledgeRow) -> bool:
     """The retry reads worse than the first text: flawed where it was not, degenerate where it was not, or
     otherwise as flawed and less grounded."""
-    def score(row: dict[str, Any]) -> tuple[bool, bool, float]:
-        return flawed(row), bool(row.get("degenerate")), -(row["grounding"] if row.get("grounding") is not None else 1.0)
+    def score(row: KnowledgeRow) -> tuple[bool, bool, float]:
+        return flawed(row), bool(row.degenerate), -(row.grounding if row.grounding is not None else 1.0)
     return score(retry) > score(first)
 
 
-def banned_words(tokenizer: Any, genres: list[str]) -> tuple[tuple[int, ...], ...]:
+def banned_words(tokenizer: PreTrainedTokenizerBase | None, genres: list[str]) -> tuple[tuple[int, ...], ...]:
     """Token sequences of every way the text could name ``genres`` (lower/capitalised, with/without a space)."""
     if tokenizer is None:
         return ()
@@ -71,11 +77,11 @@ class GenreBan:
     """A worker's genre bans: ``ban(rules, genres)`` is ``rules`` with every form of ``genres`` banned
     (``bad_words_ids``, :func:`banned_words`), each genre tokenised once per worker."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self._words: dict[str, tuple[tuple[int, ...], ...]] = {}
 
-    def __call__(self, rules: dict[str, Any] | None, genres: Sequence[str]) -> dict[str, Any] | None:
+    def __call__(self, rules: Params | None, genres: Sequence[str]) -> Params | None:
         if not genres:
             return rules
         for g in genres:
@@ -84,7 +90,7 @@ class GenreBan:
         return {**(rules or {}), "bad_words_ids": tuple(sorted({w for g in genres for w in self._words[g]}))}
 
 
-def first_rules(task: Any, req: Any, ban: GenreBan) -> dict[str, Any] | None:
+def first_rules(task: DecodeTask, req: GenerationRequest, ban: GenreBan) -> Params | None:
     """The rules of a first text: the task's, and under ``ban_unsupported_genres`` every genre the entity's
     input does not have banned (so a first text cannot name one, which its grounding would count against it)."""
     if not task.ban_unsupported_genres:
@@ -92,7 +98,7 @@ def first_rules(task: Any, req: Any, ban: GenreBan) -> dict[str, Any] | None:
     return ban(task.rules, unsupported_genres(req.entity_type, req.history, req.item))
 
 
-def retry_decoder(decoder: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+def retry_decoder(decoder: str, params: Params) -> tuple[str, Params]:
     """(decoder, params) of the greedy retry: ``decoder`` under its greedy parameters, else autoregressive."""
     import laser
 
@@ -122,7 +128,7 @@ class LoopStop:
 
     every = 8
 
-    def __init__(self, decode: Any, max_new_tokens: int, per_token: int) -> None:
+    def __init__(self, decode: Callable[[list[int]], str], max_new_tokens: int, per_token: int) -> None:
         self.decode, self.max_new_tokens, self.per_token = decode, max_new_tokens, per_token
         self.checked = 0
 
@@ -144,13 +150,13 @@ class RetryPlan:
     when ``keep_pool``; ``compare``: the retry replaces the first row only when it does not read worse."""
 
     decoder: str
-    params: dict[str, Any]
-    rules: dict[str, Any] | None
+    params: Params
+    rules: Params | None
     keep_pool: bool
     compare: bool
 
 
-def retry_plan(task: Any, req: Any, row: dict[str, Any], ban: GenreBan) -> RetryPlan | None:
+def retry_plan(task: DecodeTask, req: GenerationRequest, row: KnowledgeRow, ban: GenreBan) -> RetryPlan | None:
     """What ``task.degenerate`` does with ``row``: nothing (None), a retry, or (``fail``) raise
     :class:`DegenerateTextError` for a degenerate row.
 
@@ -165,16 +171,16 @@ def retry_plan(task: Any, req: Any, row: dict[str, Any], ban: GenreBan) -> Retry
         if task.ban_unsupported_genres:  # the first text's ban again (it named none of them)
             genres = unsupported_genres(req.entity_type, req.history, req.item)
         else:
-            text = entity_quality(row["knowledge"], row["finish_reason"], req.entity_type, req.history, req.item)
+            text = entity_quality(row.knowledge, row.finish_reason, req.entity_type, req.history, req.item)
             genres = text.grounding.unsupported_genres if text.grounding is not None else []
         name, params = retry_decoder(task.decoder, task.decoder_params)
         rules = ban(dict(task.retry_rules or task.rules or {}), genres)
         log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
-                 req.entity_type, req.entity_id, name, row.get("degenerate"), row.get("cut"), row.get("fragment"), genres)
+                 req.entity_type, req.entity_id, name, row.degenerate, row.cut, row.fragment, genres)
         return RetryPlan(name, params, rules, keep_pool=name == task.decoder, compare=True)
-    if not row["degenerate"] or task.degenerate == "keep":
+    if not row.degenerate or task.degenerate == "keep":
         return None
-    reason = text_quality(row["knowledge"], row["finish_reason"]).reason()
+    reason = text_quality(row.knowledge, row.finish_reason).reason()
     if task.degenerate == "fail":
         raise DegenerateTextError(reason)
     log.info("%s %s: %s; regenerating with %s", req.entity_type, req.entity_id, reason, GREEDY_RETRY_DECODER)

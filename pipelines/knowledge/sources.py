@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
-
-def source_hash(entity_type: str, prompt_version: str, payload: Any) -> str:
+def source_hash(entity_type: str, prompt_version: str, payload: object) -> str:
     """sha256 (first 16 hex digits) of the entity's prompt inputs: a user's history (title, rating, ...
     oldest first) or an item's attribute row, plus the prompt version. Equal inputs give equal hashes
     across processes and runs; any edit (a rating 4 -> 1, a new interaction, a retitled item) changes it."""

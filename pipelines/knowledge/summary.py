@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport
-from pipelines.knowledge_store import done_keys, read_failures
+from pipelines.sharded_store import done_keys, read_failures
 from pipelines.ops.schedule.ledger import RunRecord
 from pipelines.storage import Location
 
@@ -24,7 +23,7 @@ class JobSummary:
     open_failures: int
     wall_s: float
     skipped: dict[str, int] = field(default_factory=dict)  # entities without knowledge, by reason
-    input_notes: dict[str, Any] = field(default_factory=dict)  # rows the loader and the sample skipped
+    input_notes: dict[str, object] = field(default_factory=dict)  # rows the loader and the sample skipped
     mode: str = "full"  # full | incremental (which entities the run planned)
     record: RunRecord | None = None  # the run's ledger row: status, planned entities, watermark
     other_config: int = 0  # entities whose newest row another config wrote (regenerated, or kept: keep_existing)
@@ -37,11 +36,11 @@ class JobSummary:
         return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
                    total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
 
 
-def _report_json(rep: GenerationReport) -> dict[str, Any]:
+def _report_json(rep: GenerationReport) -> dict[str, object]:
     """A pass's figures for summary.json, with the derived rates and the quality shares."""
     return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s, "own_share": own_share(rep),
             "tokens_per_s_engine": rep.engine_tokens_per_s,

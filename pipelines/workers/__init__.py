@@ -4,10 +4,11 @@
 results out, with a ``serve`` method per job kind); ``driver.py``: the driver that feeds a group of
 those actors with pool affinity, re-sends a dead actor's requests and yields results as they finish.
 """
-from pipelines.workers.actors import (GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkResult,
-                                      actor_options)
+from pipelines.workers.actors import (DecoderCache, GenerationRequest, ModelSpec, ModelWorker, StreamWorker, WorkerDead,
+                                      WorkResult, actor_options)
 from pipelines.workers.driver import (ACTOR_RESTARTS, BatchScheduler, EngineUnusable, LocalGroup, WorkerGroup,
                                       ensure_ray, make_batches)
 
-__all__ = ["ACTOR_RESTARTS", "BatchScheduler", "EngineUnusable", "GenerationRequest", "LocalGroup", "ModelSpec",
-           "ModelWorker", "WorkResult", "WorkerDead", "WorkerGroup", "actor_options", "ensure_ray", "make_batches"]
+__all__ = ["ACTOR_RESTARTS", "BatchScheduler", "DecoderCache", "EngineUnusable", "GenerationRequest", "LocalGroup",
+           "ModelSpec", "ModelWorker", "StreamWorker", "WorkResult", "WorkerDead", "WorkerGroup", "actor_options",
+           "ensure_ray", "make_batches"]

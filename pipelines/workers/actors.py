@@ -1,6 +1,7 @@
 """Worker actors: one model loaded once, decoders built on demand, requests streamed through ``serve``.
 
-A job kind subclasses :class:`ModelWorker` and writes ``serve(task, take, slots)``: pull requests with
+A job kind subclasses :class:`StreamWorker` (or :class:`ModelWorker`, which loads a transformers model and
+builds decoders on it) and writes ``serve(task, take, slots)``: pull requests with
 ``take(n)`` and yield a :class:`WorkResult` as each one (or each batch) finishes. The base class turns
 that into the two ways the actor is used: ``generate`` (in-process, a list of requests in, one result
 out: tests and tools) and ``exchange`` (the driver's streaming call: a background thread decodes while
@@ -14,9 +15,13 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, ClassVar, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping
 
-from pipelines.knowledge_store import encode_params
+from laser.params import encode_params
+
+if TYPE_CHECKING:
+    from laser.decoders.base import Decoder
+    from laser.models import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +29,7 @@ Key = tuple[str, str]  # (entity_type, entity_id)
 
 
 class WorkerDead(RuntimeError):
-    """Raised by :meth:`ModelWorker.exchange` once the worker can serve nothing more (its engine died again
+    """Raised by :meth:`StreamWorker.exchange` once the worker can serve nothing more (its engine died again
     after its one restart): the driver counts the actor as dead and hands its requests to the others."""
 
 
@@ -60,6 +65,8 @@ class ModelSpec:
     gpus: float = 0.0
     compile: bool = True  # engines that compile the model (vLLM) do; pipelines/workers/layout.compile_model
     gpu_memory_utilization: float | None = None  # vLLM's share of each GPU; None: 0.9 of the actor's share
+    engine: str = "hf"  # the engine a generation worker drives (pipelines/knowledge/engines: its registry)
+    engine_options: Mapping[str, object] = field(default_factory=dict, hash=False)  # more keywords of its engine
 
     @property
     def device(self) -> str:
@@ -96,8 +103,26 @@ class WorkResult:
         return [self.row_key(r) for r in self.rows] + [(f["entity_type"], f["entity_id"]) for f in self.failures]
 
 
-class ModelWorker:
-    """Base of the worker actors: loads ``spec``'s model once; subclasses write :meth:`serve`."""
+class DecoderCache:
+    """Decoders on one loaded model, each built once per (name, parameters)."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        self.lm = lm
+        self._built: dict[str, tuple[Decoder, str]] = {}
+
+    def get(self, name: str, params: Mapping[str, object]) -> tuple[Decoder, str]:
+        """(decoder, its parameters as JSON) for decoder ``name`` with ``params``."""
+        import laser
+
+        key = f"{name}:{encode_params(params)}"
+        if key not in self._built:
+            dec = laser.get_decoder(name, self.lm, **params)
+            self._built[key] = (dec, encode_params(dec.params()))
+        return self._built[key]
+
+
+class StreamWorker:
+    """Base of the worker actors: subclasses write :meth:`serve`; this class streams requests through it."""
 
     result_cls: ClassVar[type[WorkResult]] = WorkResult  # what ``serve`` yields
 
@@ -109,8 +134,6 @@ class ModelWorker:
         if spec.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
         self.spec = spec
-        self.lm = self.load(spec)
-        self._decoders: dict[str, tuple[Any, str]] = {}
         self._lock = threading.Lock()
         self._inbox: deque[tuple[Any, GenerationRequest]] = deque()
         self._outbox: queue.Queue[WorkResult] = queue.Queue()
@@ -118,23 +141,6 @@ class ModelWorker:
         self._taken: set[Key] = set()  # held keys the serve loop took from the inbox and has not finished
         self._dead: str | None = None  # why the worker can serve nothing more (:class:`WorkerDead`)
         self._worker: threading.Thread | None = None
-
-    def load(self, spec: ModelSpec) -> Any:
-        """The model the actor holds (a :class:`laser.LoadedModel`); a worker whose engine loads the weights
-        itself (vLLM) holds the tokenizer only."""
-        import laser
-
-        return laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
-
-    def decoder(self, name: str, params: dict[str, Any]) -> tuple[Any, str]:
-        """(decoder, its parameters as JSON) for decoder ``name`` with ``params`` on the actor's model, built once."""
-        import laser
-
-        key = f"{name}:{encode_params(params)}"
-        if key not in self._decoders:
-            dec = laser.get_decoder(name, self.lm, **params)
-            self._decoders[key] = (dec, encode_params(dec.params()))
-        return self._decoders[key]
 
     def ready(self, slots: int) -> dict[str, Any]:
         """Ready the engine for ``slots`` requests in flight (the driver calls it once, right after the actor
@@ -224,3 +230,18 @@ class ModelWorker:
             while self._inbox and self._inbox[0][0] == task:
                 keys.append(self._inbox.popleft()[1].key)
         return self.result_cls(failures=[{"entity_type": t, "entity_id": i, "reason": reason} for t, i in keys])
+
+
+class ModelWorker(StreamWorker):
+    """A worker actor that loads ``spec``'s transformers model once and builds decoders on it."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        import laser
+
+        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+        self.decoders = DecoderCache(self.lm)
+
+    def decoder(self, name: str, params: Mapping[str, object]) -> tuple[Decoder, str]:
+        """(decoder, its parameters as JSON) for decoder ``name`` with ``params`` on the actor's model."""
+        return self.decoders.get(name, params)

@@ -1,6 +1,6 @@
 """The driver: a group of worker actors fed with pool affinity, results yielded as they finish.
 
-Each actor gets one :meth:`~pipelines.workers.actors.ModelWorker.exchange` call at a time: new requests
+Each actor gets one :meth:`~pipelines.workers.actors.StreamWorker.exchange` call at a time: new requests
 in (chunks of one pool key, so an actor loads few pools; enough to keep its queue ``slots // 2`` ahead
 of its slots), finished results out. A request an actor lost (its process died and Ray restarted it)
 is sent again, up to ``ACTOR_RESTARTS`` times; an actor that stays dead hands its requests to the
@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
-from pipelines.workers.actors import (GenerationRequest, Key, ModelSpec, ModelWorker, WorkerDead, WorkResult,
+from pipelines.workers.actors import (GenerationRequest, Key, ModelSpec, StreamWorker, WorkerDead, WorkResult,
                                       actor_options)
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,7 @@ class BatchScheduler:
 class WorkerGroup:
     """``num_workers`` actors of ``worker_cls`` sharing one model spec; serves several passes, then ``close``."""
 
-    def __init__(self, worker_cls: type[ModelWorker], spec: ModelSpec, num_workers: int,
+    def __init__(self, worker_cls: type[StreamWorker], spec: ModelSpec, num_workers: int,
                  address: str | None = None) -> None:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.actors: list[Any] = []
@@ -322,7 +322,7 @@ class WorkerGroup:
 class LocalGroup:
     """The driver's interface on one worker in this process (no Ray): tools and tests."""
 
-    def __init__(self, worker: ModelWorker) -> None:
+    def __init__(self, worker: StreamWorker) -> None:
         self.worker = worker
 
     def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "",

@@ -126,13 +126,14 @@ def compile_model(execution: Any, entities: int | None) -> bool:
     return entities is None or entities >= COMPILE_FROM_ENTITIES
 
 
-def job_actors(cfg: Any, entities: int | None = None) -> tuple[Any, int]:
+def job_actors(cfg: Any, entities: int | None = None, engine: str = "hf") -> tuple[Any, int]:
     """The ``ModelSpec`` every actor of the job config ``cfg`` loads, and how many actors; ``entities``:
-    the run's size, when known (it decides ``execution.compile: auto``)."""
+    the run's size, when known (it decides ``execution.compile: auto``); ``engine``: what a generation
+    actor drives (resolved by the job)."""
     from pipelines.workers.actors import ModelSpec
 
     ex, layout = cfg.execution, job_layout(cfg.execution)
     spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
                      gpus=ex.gpus_per_worker, compile=compile_model(ex, entities),
-                     gpu_memory_utilization=ex.gpu_memory_utilization)
+                     gpu_memory_utilization=ex.gpu_memory_utilization, engine=engine)
     return spec, layout.num_workers

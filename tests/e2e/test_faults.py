@@ -13,7 +13,6 @@ import polars as pl
 import pytest
 import yaml
 
-from pipelines.knowledge.generation import GenerationWorker
 from pipelines.workers import GenerationRequest
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
@@ -35,7 +34,7 @@ LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')
 
 def test_worker_killed_mid_batch_is_restarted_and_its_batch_retried(tiny_model, ray_session, tmp_path):
     requests = [GenerationRequest("user", f"u{i:02d}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(48)]
-    check_killed_actor_loses_no_row(GenerationWorker, tiny_model, 2, requests, tmp_path / "knowledge")
+    check_killed_actor_loses_no_row("hf", tiny_model, 2, requests, tmp_path / "knowledge")
 
 
 def _lock_record(out: Path) -> str:
@@ -97,15 +96,15 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, *a, **k)
 
-    monkeypatch.setattr("pipelines.knowledge_store.pq.write_table", disk_full_from_second_shard)
+    monkeypatch.setattr("pipelines.sharded_store.pq.write_table", disk_full_from_second_shard)
     with pytest.raises(OSError, match="No space left"):
         with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
             for r in rows:
                 w.add(r)
     assert not list(store.glob(".*.tmp"))  # the partial temp file is gone
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1"]  # readable: the complete shard only
-    monkeypatch.setattr("pipelines.knowledge_store.pq.write_table", real)
-    from pipelines.knowledge_store import done_keys
+    monkeypatch.setattr("pipelines.sharded_store.pq.write_table", real)
+    from pipelines.sharded_store import done_keys
 
     done = {i for _, i in done_keys(store)}
     with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:  # resume: the rest
@@ -123,7 +122,7 @@ def _corrupt(path: Path) -> None:
 
 
 def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
-    from pipelines.knowledge_store import CorruptShardError, done_keys, open_store
+    from pipelines.sharded_store import CorruptShardError, done_keys, open_store
     from tests.helpers import run_row as _row
 
     store = tmp_path / "knowledge"
@@ -188,7 +187,7 @@ def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_sessio
 CRASH = """
 import os, signal, sys
 from pathlib import Path
-import pipelines.storage as storage, pipelines.knowledge_store as store
+import pipelines.storage as storage, pipelines.sharded_store as store
 config, part, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
 real, seen = storage.atomic_write_local, [0]
 def crashing(path, write):

@@ -21,9 +21,11 @@ from jobs.config import load_config
 from pipelines.knowledge import job as jobmod
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.requests import new_requests
-from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
-from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_failures, read_knowledge
+from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_knowledge
+from pipelines.sharded_store import read_failures
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +89,7 @@ def test_job_end_to_end_one_row_per_entity_and_deterministic(tiny_model, ray_ses
     requests = new_requests(data.dataset, data.split, {})
     worker = GenerationWorker(ModelSpec(tiny_model, dtype="float32"))
     task = DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000)
-    plain = {(r["entity_type"], r["entity_id"]): r["knowledge"] for r in worker.generate(task, requests).rows}
+    plain = {(r.entity_type, r.entity_id): r.knowledge for r in worker.generate(task, requests).rows}
     assert a["accepted_tokens"].sum() > 0  # drafts were accepted, so the comparison means something
     assert {(t, i): k for t, i, k in a.select("entity_type", "entity_id", "knowledge").iter_rows()} == plain
 
@@ -101,7 +103,7 @@ def test_bad_entity_is_a_failure_row_not_a_crash(tiny_model, tmp_path):
         GenerationRequest("item", "i1", item={"item_id": "i1", "title": None}),  # no title
         GenerationRequest("item", "i2", item={"item_id": "i2", "title": "Alien", "genres": ["Sci-Fi"]}),
     ])
-    assert [r["entity_id"] for r in result.rows] == ["u1", "i2"]
+    assert [r.entity_id for r in result.rows] == ["u1", "i2"]
     assert [(f["entity_id"], f["reason"].split(":")[0]) for f in result.failures] == [("u2", "ValueError"),
                                                                                     ("i1", "ValueError")]
     assert "empty history" in result.failures[0]["reason"]
@@ -147,9 +149,9 @@ def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
     from pools.store import TokenizerFingerprint, write_store
 
     worker = GenerationWorker(ModelSpec(tiny_model))
-    ids = worker.lm.tokenizer("a quiet drama about family", add_special_tokens=False)["input_ids"]
+    ids = worker.tokenizer("a quiet drama about family", add_special_tokens=False)["input_ids"]
     write_store(tmp_path / "pools", {"user/attribute/a": [ids], "user/attribute/b": [ids], "user/attribute/c": [ids]},
-                TokenizerFingerprint.of(worker.lm.tokenizer))
+                TokenizerFingerprint.of(worker.tokenizer))
     task = DecodeTask("laser", {"verification": "greedy"}, max_new_tokens=3, pool_store=str(tmp_path / "pools"),
                       pool_cache_size=2)
     keys = ["a", "b", "a", "c", "a", "missing"]  # a stays hot, c evicts b, "missing" has no pool
@@ -159,7 +161,7 @@ def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
     assert not result.failures
     assert worker.pools.loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
     assert list(worker.pools.pools) == ["user/attribute/c", "user/attribute/a"]  # b was least recently used
-    assert [r["group_id"] for r in result.rows] == ["a", "b", "a", "c", "a", None]  # no pool: recorded as none
+    assert [r.group_id for r in result.rows] == ["a", "b", "a", "c", "a", None]  # no pool: recorded as none
 
 
 def test_batch_error_falls_back_to_one_by_one(tiny_model):
@@ -170,8 +172,8 @@ def test_batch_error_falls_back_to_one_by_one(tiny_model):
             GenerationRequest("user", "ok2", history=[("Alien", 5.0)])]
     result = worker.generate(task, reqs)
     alone = worker.generate(task, [reqs[0]]).rows[0]
-    assert [r["entity_id"] for r in result.rows] == ["ok1", "ok2"]
-    assert result.rows[0]["knowledge"] == alone["knowledge"]
+    assert [r.entity_id for r in result.rows] == ["ok1", "ok2"]
+    assert result.rows[0].knowledge == alone.knowledge
     assert [f["entity_id"] for f in result.failures] == ["huge"]
     assert "context" in result.failures[0]["reason"]
 
@@ -182,15 +184,15 @@ def test_actor_exchange_streams_results_and_reports_what_it_holds(tiny_model):
     worker = GenerationWorker(ModelSpec(tiny_model))
     task = DecodeTask("autoregressive", max_new_tokens=12, max_prompt_tokens=None)
     reqs = [GenerationRequest("user", f"u{i}", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(5)]
-    expected = {r["entity_id"]: r["knowledge"] for r in worker.generate(task, reqs).rows}
+    expected = {r.entity_id: r.knowledge for r in worker.generate(task, reqs).rows}
     got, held = worker.exchange(task, reqs[:3], slots=2, wait_s=0.0)
-    assert held | {("user", r["entity_id"]) for r in got.rows} == {("user", "u0"), ("user", "u1"), ("user", "u2")}
+    assert held | {("user", r.entity_id) for r in got.rows} == {("user", "u0"), ("user", "u1"), ("user", "u2")}
     rows, deadline = list(got.rows), time.time() + 120
     sent_rest = False
     while len(rows) < 5 and time.time() < deadline:
         got, held = worker.exchange(task, [] if sent_rest else reqs[3:], slots=2, wait_s=0.5)
         sent_rest = True
         rows += got.rows
-        assert {("user", r["entity_id"]) for r in got.rows}.isdisjoint(held)  # a returned row is no longer held
-    assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
+        assert {("user", r.entity_id) for r in got.rows}.isdisjoint(held)  # a returned row is no longer held
+    assert {r.entity_id: r.knowledge for r in rows} == expected
     assert held == set() and got.decode_s >= 0.0

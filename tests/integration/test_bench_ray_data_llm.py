@@ -13,7 +13,7 @@ import yaml
 pytest.importorskip("vllm")
 
 from jobs.config import load_config  # noqa: E402
-from pipelines.tools.bench import engines, ray_data_llm  # noqa: E402
+from benchmarks import engines, ray_data_llm  # noqa: E402
 from tests.helpers import save_tiny_model  # noqa: E402
 
 
@@ -55,7 +55,7 @@ def test_prompts_are_the_token_ids_the_jobs_workers_feed_the_model(tiny, tmp_pat
     genre_ban = GenreBan(lm.tokenizer)
     rows = ray_data_llm.job_prompts(cfg, lm.tokenizer)
     data = load_job_data(cfg)
-    worker = SimpleNamespace(lm=lm)  # the worker's prompt and the decoders' encode need only the loaded model
+    worker = SimpleNamespace(lm=lm, tokenizer=lm.tokenizer)  # what the worker's prompt and the decoders' encode read
     for name, reqs, task in (
             ("old", old_requests(data.dataset, data.split),
              knowledge_task(cfg, old_knowledge_decoder(cfg), "r", data.dataset.domain, None, greedy=True)),

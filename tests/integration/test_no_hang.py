@@ -94,7 +94,7 @@ def _drain(group: WorkerGroup, task: str, n: int, slots: int = 2):
 def test_a_serve_loop_that_raises_fails_its_requests_with_the_error(tmp_path, ray_session):
     with _group(tmp_path, ray_session) as group:
         rows, failures = _drain(group, "raise", 12)
-    keys = [r["entity_id"] for r in rows] + [f["entity_id"] for f in failures]
+    keys = [r.entity_id for r in rows] + [f["entity_id"] for f in failures]
     assert sorted(keys) == sorted(f"u{i}" for i in range(12))  # every request ends once: none stranded
     assert rows and failures
     assert {f["reason"] for f in failures} == {"worker error: RuntimeError: serve loop broke"}
@@ -106,7 +106,7 @@ def test_a_dead_worker_hands_its_requests_to_the_others(tmp_path, ray_session):
         rows, failures = _drain(group, "die-one", 24)
         assert len(group.broken) == 1 and "EngineDeadError" in next(iter(group.broken.values()))
     assert not failures
-    assert sorted(r["entity_id"] for r in rows) == sorted(f"u{i}" for i in range(24))  # each once
+    assert sorted(r.entity_id for r in rows) == sorted(f"u{i}" for i in range(24))  # each once
 
 
 @pytest.mark.timeout(90)
@@ -150,13 +150,14 @@ def vllm_model(tmp_path_factory) -> str:
 
 
 def _vllm_group(model: str, ray_session: str, workers: int = 1) -> WorkerGroup:
-    from pipelines.knowledge.vllm_worker import VllmGenerationWorker
+    from pipelines.knowledge.generation import GenerationWorker
 
-    return WorkerGroup(VllmGenerationWorker, ModelSpec(model, dtype="float32", compile=False), workers, ray_session)
+    return WorkerGroup(GenerationWorker, ModelSpec(model, dtype="float32", compile=False, engine="vllm"), workers,
+                       ray_session)
 
 
 def _task():
-    from pipelines.knowledge.generation import DecodeTask
+    from pipelines.knowledge.records import DecodeTask
 
     return DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000, run_id="r")
 
@@ -191,18 +192,13 @@ def test_a_killed_vllm_engine_core_is_restarted_once_then_the_worker_is_dead(vll
     every row is written; killed again, the worker is dead (the driver then hands its requests on)."""
     from collections import deque
 
-    from pipelines.knowledge.vllm_worker import VllmAdapter, VllmGenerationWorker
-
-    class CoreApart(VllmAdapter):
-        engine_options = {"in_process": False}
-
-    class Worker(VllmGenerationWorker):
-        adapter_cls = CoreApart
+    from pipelines.knowledge.generation import GenerationWorker
 
     def core_pid(w) -> int:
-        return w.vllm.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
+        return w.adapter.engine.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
 
-    worker = Worker(ModelSpec(vllm_model, dtype="float32", compile=False))
+    worker = GenerationWorker(ModelSpec(vllm_model, dtype="float32", compile=False, engine="vllm",
+                                        engine_options={"in_process": False}))
     worker.ready(2)
     waiting, rows, first = deque(_users(8)), [], core_pid(worker)
     try:
@@ -211,12 +207,12 @@ def test_a_killed_vllm_engine_core_is_restarted_once_then_the_worker_is_dead(vll
             rows += part.rows
             if len(rows) == 2 and worker.adapter.restarts == 0:
                 os.kill(first, signal.SIGKILL)  # six requests still to decode, two of them in the engine
-        assert sorted(r["entity_id"] for r in rows) == [f"u{i}" for i in range(8)]
+        assert sorted(r.entity_id for r in rows) == [f"u{i}" for i in range(8)]
         assert worker.adapter.restarts == 1 and core_pid(worker) != first
         os.kill(core_pid(worker), signal.SIGKILL)
         waiting.extend(_users(2))
         with pytest.raises(WorkerDead, match="died again"):
             list(worker.serve(_task(), lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))], 2))
     finally:
-        if worker.vllm is not None:
-            worker.vllm.close()
+        if worker.adapter.engine is not None:
+            worker.adapter.engine.close()

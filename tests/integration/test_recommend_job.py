@@ -133,7 +133,8 @@ def test_decoder_check_accepts_deep_truncated_drafts():
 
 @pytest.mark.parametrize("decoder,params", [("beam_sample", {"W": 2}), ("dsbd", {"gamma": 2, "W": 2, "W_S": 3})])
 def test_beam_sampling_decoders_write_knowledge(tiny_model, decoder, params):
-    from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+    from pipelines.knowledge.generation import GenerationWorker
+    from pipelines.knowledge.records import DecodeTask
     from pipelines.workers import GenerationRequest
 
     worker = GenerationWorker(ModelSpec(model=tiny_model, dtype="float32"))
@@ -141,4 +142,4 @@ def test_beam_sampling_decoders_write_knowledge(tiny_model, decoder, params):
     reqs = [GenerationRequest("item", f"i{k}", item={"item_id": f"i{k}", "title": f"Film {k}"}) for k in range(2)]
     out = worker.generate(task, reqs)
     assert not out.failures and len(out.rows) == 2
-    assert all(r["decoder"] == decoder and 1 <= r["n_tokens"] <= 6 for r in out.rows)
+    assert all(r.decoder == decoder and 1 <= r.n_tokens <= 6 for r in out.rows)

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from pipelines.knowledge.generation import DecodeTask  # noqa: E402
-from pipelines.knowledge.vllm_worker import VllmGenerationWorker  # noqa: E402
+from pipelines.knowledge.records import DecodeTask  # noqa: E402
+from pipelines.knowledge.generation import GenerationWorker  # noqa: E402
 from pipelines.workers import GenerationRequest, ModelSpec  # noqa: E402
 from tests.helpers import check_killed_actor_loses_no_row, save_tiny_model  # noqa: E402
 
@@ -23,14 +23,14 @@ def vllm_model(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def worker(vllm_model):
-    w = VllmGenerationWorker(ModelSpec(vllm_model, dtype="float32"))
+    w = GenerationWorker(ModelSpec(vllm_model, dtype="float32", engine="vllm"))
     yield w
-    if w.vllm is not None:
-        w.vllm.close()
+    if w.adapter.engine is not None:
+        w.adapter.engine.close()
 
 
 def test_the_actor_holds_one_copy_of_the_model(worker):
-    assert worker.lm.model is None and worker.lm.tokenizer is not None  # vLLM holds the weights
+    assert not hasattr(worker.adapter, "lm") and worker.tokenizer is not None  # vLLM holds the weights
 
 
 def _users(n: int, pool: bool = True) -> list[GenerationRequest]:
@@ -69,10 +69,10 @@ def test_a_first_texts_genre_ban_goes_through_vllm(worker):
     req = GenerationRequest("user", "u0", history=[("Heat", 4.0, ("Action", "Crime"))])
     assert len(first_rules(task, req, worker.genre_ban)["bad_words_ids"]) > 100
     result = worker.generate(task, [req])
-    assert not result.failures and [r["entity_id"] for r in result.rows] == ["u0"]
+    assert not result.failures and [r.entity_id for r in result.rows] == ["u0"]
 
 
 def test_killed_vllm_worker_actor_loses_no_row(vllm_model, ray_session, tmp_path):
     """A Ray worker actor running vLLM is killed mid-run: Ray restarts it (a new engine), the driver
     re-sends what it held, and every entity is written once."""
-    check_killed_actor_loses_no_row(VllmGenerationWorker, vllm_model, 1, _users(24, pool=False), tmp_path / "knowledge")
+    check_killed_actor_loses_no_row("vllm", vllm_model, 1, _users(24, pool=False), tmp_path / "knowledge")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
 from tests.helpers import save_tiny_model
 
@@ -19,11 +20,7 @@ def model_path(tmp_path_factory) -> str:
 def worker(request, model_path):
     if request.param == "vllm":
         pytest.importorskip("vllm")
-        from pipelines.knowledge.vllm_worker import VllmGenerationWorker
-
-        w = VllmGenerationWorker(ModelSpec(model_path, dtype="float32"))
-    else:
-        w = GenerationWorker(ModelSpec(model_path, dtype="float32"))
+    w = GenerationWorker(ModelSpec(model_path, dtype="float32", engine=request.param))
     yield w
     if getattr(w.adapter, "engine", None) is not None:
         w.adapter.engine.close()
@@ -38,16 +35,16 @@ def _users(n: int, pool_key: str | None = None, start: int = 0) -> list[Generati
 
 def _texts(result) -> dict[str, str]:
     assert not result.failures, result.failures
-    return {r["entity_id"]: r["knowledge"] for r in result.rows}
+    return {r.entity_id: r.knowledge for r in result.rows}
 
 
 def test_rows_name_the_engine_that_decoded_them(worker):
     rows = worker.generate(DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000), _users(2)).rows
-    assert {r["engine"] for r in rows} == {worker.adapter.name}
-    assert all(r["prefill_s"] > 0 and r["decode_s"] >= 0 and r["target_forwards"] >= 1 for r in rows)
-    assert all(r["prompt_tokens"] > 20 and 0 <= r["cached_prompt_tokens"] < r["prompt_tokens"] for r in rows)
+    assert {r.engine for r in rows} == {worker.adapter.name}
+    assert all(r.prefill_s > 0 and r.decode_s >= 0 and r.target_forwards >= 1 for r in rows)
+    assert all(r.prompt_tokens > 20 and 0 <= r.cached_prompt_tokens < r.prompt_tokens for r in rows)
     if worker.adapter.name == "hf":  # no prefix cache: every prompt token prefilled
-        assert all(r["cached_prompt_tokens"] == 0 for r in rows)
+        assert all(r.cached_prompt_tokens == 0 for r in rows)
 
 
 def test_sampled_rows_follow_their_entity_seed_whatever_the_batch(worker):
@@ -66,21 +63,21 @@ def test_sampled_rows_follow_their_entity_seed_whatever_the_batch(worker):
 def test_stop_strings_and_bad_words_hold(worker):
     plain = DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000)
     free = worker.generate(plain, _users(3)).rows
-    text = free[0]["knowledge"]
+    text = free[0].knowledge
     stop = next(c for c in text[3:] if c.isascii() and c.isprintable())  # reached: decoding must end right after it
     stopped = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000,
                                          rules={"stop_strings": (stop,)}), _users(1)).rows[0]
-    assert stopped["finish_reason"] == "stop" and stop in stopped["knowledge"]
-    assert len(stopped["knowledge"]) < len(text)
-    tok = worker.lm.tokenizer  # byte level: a printable ASCII character is one token
-    chars = sorted({c for r in free for c in r["knowledge"] if c.isascii() and c.isprintable() and c != " "})
-    assert chars, [r["knowledge"] for r in free]
+    assert stopped.finish_reason == "stop" and stop in stopped.knowledge
+    assert len(stopped.knowledge) < len(text)
+    tok = worker.tokenizer  # byte level: a printable ASCII character is one token
+    chars = sorted({c for r in free for c in r.knowledge if c.isascii() and c.isprintable() and c != " "})
+    assert chars, [r.knowledge for r in free]
     banned = tuple(tuple(tok(c, add_special_tokens=False)["input_ids"]) for c in chars)
     ruled = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000,
                                        rules={"bad_words_ids": banned}), _users(3)).rows
-    assert [r["knowledge"] for r in ruled] != [r["knowledge"] for r in free]
+    assert [r.knowledge for r in ruled] != [r.knowledge for r in free]
     for row in ruled:
-        assert not set(row["knowledge"]) & set(chars), row["knowledge"]
+        assert not set(row.knowledge) & set(chars), row.knowledge
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +88,11 @@ def own_pool(worker, model_path, tmp_path_factory):
 
     plain = DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000)
     rows = worker.generate(plain, _users(8)).rows
-    tok = worker.lm.tokenizer
+    tok = worker.tokenizer
     store = tmp_path_factory.mktemp(f"pools-{worker.adapter.name}") / "pools"
-    write_store(store, {"user/global/all": [tok(r["knowledge"], add_special_tokens=False)["input_ids"] for r in rows]},
+    write_store(store, {"user/global/all": [tok(r.knowledge, add_special_tokens=False)["input_ids"] for r in rows]},
                 TokenizerFingerprint.of(tok))
-    return str(store), {r["entity_id"]: r["knowledge"] for r in rows}
+    return str(store), {r.entity_id: r.knowledge for r in rows}
 
 
 @pytest.mark.parametrize("K", ["auto", 4])
@@ -103,11 +100,11 @@ def test_resd_drafts_from_its_pool_and_stays_lossless(worker, own_pool, K):
     store, greedy = own_pool
     task = DecodeTask("resd", {"K": K}, max_new_tokens=24, max_prompt_tokens=2000, pool_store=store)
     rows = worker.generate(task, _users(4, pool_key="user/global/all"), slots=4).rows
-    assert {r["entity_id"]: r["knowledge"] for r in rows} == {k: greedy[k] for k in ("u0", "u1", "u2", "u3")}
-    assert all(r["pool_kind"] == "global" for r in rows)
+    assert {r.entity_id: r.knowledge for r in rows} == {k: greedy[k] for k in ("u0", "u1", "u2", "u3")}
+    assert all(r.pool_kind == "global" for r in rows)
     if K != "auto":  # auto drafts only where the engine's cost model says it pays
-        assert sum(r["accepted_tokens"] for r in rows) > 0 and all(r["retrieval_s"] > 0 for r in rows)
-        assert sum(r["target_forwards"] for r in rows) < sum(r["n_tokens"] for r in rows)
+        assert sum(r.accepted_tokens for r in rows) > 0 and all(r.retrieval_s > 0 for r in rows)
+        assert sum(r.target_forwards for r in rows) < sum(r.n_tokens for r in rows)
 
 
 def test_a_request_without_a_pool_drafts_nothing(worker, own_pool):
@@ -115,9 +112,9 @@ def test_a_request_without_a_pool_drafts_nothing(worker, own_pool):
     task = DecodeTask("laser", {"verification": "greedy", "K": 4}, max_new_tokens=24, max_prompt_tokens=2000,
                       pool_store=store)
     rows = worker.generate(task, _users(2, pool_key="user/global/none")).rows  # a group the store lacks
-    assert [r["pool_kind"] for r in rows] == [None, None]
-    assert all(r["accepted_tokens"] == 0 and r["target_forwards"] == r["n_tokens"] for r in rows)
-    assert {r["entity_id"]: r["knowledge"] for r in rows} == {"u0": greedy["u0"], "u1": greedy["u1"]}
+    assert [r.pool_kind for r in rows] == [None, None]
+    assert all(r.accepted_tokens == 0 and r.target_forwards == r.n_tokens for r in rows)
+    assert {r.entity_id: r.knowledge for r in rows} == {"u0": greedy["u0"], "u1": greedy["u1"]}
 
 
 @pytest.mark.parametrize("decoder, params", [("autoregressive", {}), ("laser", {"verification": "relaxed", "K": 4})])
@@ -128,7 +125,7 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, ow
     store, _ = own_pool
     rules = {"repetition_penalty": 1.3}
     first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000), _users(4)).rows
-    assert all(r["cut"] or r["fragment"] for r in first)  # random tiny model: nothing ends at a sentence
+    assert all(r.cut or r.fragment for r in first)  # random tiny model: nothing ends at a sentence
     in_flight, make = [], worker.adapter.make
 
     def spy(attempt):
@@ -143,8 +140,8 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, ow
     rows = worker.generate(task, _users(4, pool_key="user/global/all" if decoder == "laser" else None), slots=4).rows
     expected = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000,
                                                  rules=rules), _users(4)))
-    assert {r["entity_id"]: r["knowledge"] for r in rows} == expected
-    assert all(r["greedy_retry"] for r in rows)
+    assert {r.entity_id: r.knowledge for r in rows} == expected
+    assert all(r.greedy_retry for r in rows)
     assert max(n for retry, n in in_flight if retry) == 4  # the retries decode together, as ordinary requests
 
 
@@ -169,7 +166,7 @@ def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
     monkeypatch.setattr(worker.adapter, "alone", alone_or_break)
     result = worker.generate(task, _users(3), slots=3)
     assert [f["entity_id"] for f in result.failures] == ["u1"] and "breaks the engine" in result.failures[0]["reason"]
-    assert {r["entity_id"]: r["knowledge"] for r in result.rows} == {k: v for k, v in expected.items() if k != "u1"}
+    assert {r.entity_id: r.knowledge for r in result.rows} == {k: v for k, v in expected.items() if k != "u1"}
 
 
 def test_a_first_text_stops_once_surely_degenerate_and_its_retry_runs_whole(worker, monkeypatch):
@@ -183,11 +180,11 @@ def test_a_first_text_stops_once_surely_degenerate_and_its_retry_runs_whole(work
     result = worker.generate(task, _users(2))
     assert not result.failures
     texts = result.rows + result.discarded
-    firsts = [r for r in texts if not r["greedy_retry"]]
-    retries = [r for r in texts if r["greedy_retry"]]
+    firsts = [r for r in texts if not r.greedy_retry]
+    retries = [r for r in texts if r.greedy_retry]
     assert len(firsts) == len(retries) == 2
-    assert [(r["finish_reason"], r["n_tokens"]) for r in firsts] == [("loop", retry.LoopStop.every)] * 2
-    assert all(r["finish_reason"] != "loop" and r["n_tokens"] > retry.LoopStop.every for r in retries)
+    assert [(r.finish_reason, r.n_tokens) for r in firsts] == [("loop", retry.LoopStop.every)] * 2
+    assert all(r.finish_reason != "loop" and r.n_tokens > retry.LoopStop.every for r in retries)
     kept = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, degenerate="keep"),
                            _users(2)).rows
-    assert all(r["finish_reason"] != "loop" and r["n_tokens"] > retry.LoopStop.every for r in kept)
+    assert all(r.finish_reason != "loop" and r.n_tokens > retry.LoopStop.every for r in kept)

@@ -14,8 +14,6 @@ from pydantic import ValidationError
 from jobs.config import ConfigError, load_config
 from pipelines.config import JobConfig
 from pipelines.knowledge.decoders import check_job_decoders
-from pipelines.knowledge.job import generation_worker_cls
-from pipelines.knowledge.generation import GenerationWorker
 from pipelines.knowledge.validation import JobInputError
 
 
@@ -32,7 +30,6 @@ def test_auto_is_the_default_engine_and_resolves_by_what_is_installed(monkeypatc
     assert decoders.job_engine(load_config(None, ["generation.no_repeat_ngram_size=3"])) == "hf"  # a rule vLLM lacks
     monkeypatch.setattr(decoders, "vllm_build", lambda: None)
     assert decoders.job_engine(cfg) == "hf"
-    assert generation_worker_cls("hf") is GenerationWorker
 
 
 def test_the_environment_overrides_auto_only(monkeypatch):
@@ -80,7 +77,7 @@ def test_a_rule_without_a_vllm_form_is_refused_naming_both_keys():
 
 
 def test_an_actors_gpus_set_the_engines_tensor_parallel_size_and_memory_share():
-    from pipelines.knowledge.vllm_worker import gpu_engine_args
+    from pipelines.knowledge.engines.vllm import gpu_engine_args
     from pipelines.workers.actors import ModelSpec
     from pipelines.workers.layout import job_actors
 
@@ -93,3 +90,18 @@ def test_an_actors_gpus_set_the_engines_tensor_parallel_size_and_memory_share():
     assert gpu_engine_args(spec)["gpu_memory_utilization"] == 0.4  # the job config's, carried to the actor
     with pytest.raises(ValidationError, match="more than an actor's share"):
         JobConfig.model_validate({"execution": {"gpus_per_worker": 0.5, "gpu_memory_utilization": 0.6}})
+
+
+def test_the_worker_drives_the_engine_the_job_resolves_and_no_other(monkeypatch):
+    """One place decides the engine (job_engine); the actors' spec carries it to the one registry."""
+    from pipelines.knowledge import decoders, engines, job as jobmod
+
+    monkeypatch.setenv(decoders.ENGINE_ENV, "vllm")
+    assert jobmod.worker_group(load_config(None)).spec.engine == "vllm"
+    monkeypatch.setenv(decoders.ENGINE_ENV, "hf")
+    assert jobmod.worker_group(load_config(None)).spec.engine == "hf"
+    assert set(engines.ENGINES) == {"hf", "vllm"}
+    from pipelines.workers import ModelSpec
+
+    with pytest.raises(ValueError, match="engine 'tgi': must be one of"):
+        engines.build_adapter(ModelSpec("m", engine="tgi"))

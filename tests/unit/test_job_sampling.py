@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.config import ConfigError, load_config
-from pipelines.knowledge.generation import DecodeTask, GenerationWorker
+from pipelines.knowledge.generation import GenerationWorker
+from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
 from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.knowledge.sampling import entity_sampling, entity_seed
@@ -56,17 +57,17 @@ def test_entity_seeds_are_stable_and_distinct():
 def test_an_entity_writes_the_same_text_whatever_its_batch(worker, decoder, params):
     task = DecodeTask(decoder, params, max_new_tokens=24, max_prompt_tokens=2000, sampling=HOT)
     alone = worker.generate(task, [_user("u1")]).rows[0]
-    mixed = {r["entity_id"]: r for r in worker.generate(task, [_user("u3"), _user("u1"), _user("u4")]).rows}
-    assert mixed["u1"]["knowledge"] == alone["knowledge"] and alone["n_tokens"] > 8
+    mixed = {r.entity_id: r for r in worker.generate(task, [_user("u3"), _user("u1"), _user("u4")]).rows}
+    assert mixed["u1"].knowledge == alone.knowledge and alone.n_tokens > 8
     other_seed = DecodeTask(decoder, params, max_new_tokens=24, max_prompt_tokens=2000, sampling={**HOT, "seed": 6})
-    assert worker.generate(other_seed, [_user("u1")]).rows[0]["knowledge"] != alone["knowledge"]  # it samples
-    recorded = json.loads(alone["sampling"])
+    assert worker.generate(other_seed, [_user("u1")]).rows[0].knowledge != alone.knowledge  # it samples
+    recorded = json.loads(alone.sampling)
     assert recorded == {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": entity_seed(5, "user", "u1")}
 
 
 def test_rows_record_greedy_sampling_by_default(worker):
     row = worker.generate(DecodeTask("autoregressive", max_new_tokens=4, max_prompt_tokens=2000), [_user("u1")]).rows[0]
-    assert json.loads(row["sampling"])["temperature"] == 0.0
+    assert json.loads(row.sampling)["temperature"] == 0.0
 
 
 def test_old_stores_without_the_sampling_column_stay_readable(worker, tmp_path):

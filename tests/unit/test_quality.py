@@ -8,7 +8,8 @@ import pytest
 
 from laser.decoders.builtin import Autoregressive
 from pipelines import knowledge_store as kn
-from pipelines.knowledge.generation import DecodeTask, GenerationReport, GenerationWorker
+from pipelines.knowledge.generation import GenerationReport, GenerationWorker
+from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
 from pipelines.quality import (MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, surely_degenerate,
                                text_quality, words)
@@ -144,7 +145,7 @@ REQS = [GenerationRequest("user", "u1", history=[("Heat", 4.0)]), GenerationRequ
 
 def test_policy_keep_flags_the_row(worker, looper):
     result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="keep"), REQS)
-    assert [(r["degenerate"], r["greedy_retry"], r["decoder"]) for r in result.rows] == [(True, False, "looper")] * 2
+    assert [(r.degenerate, r.greedy_retry, r.decoder) for r in result.rows] == [(True, False, "looper")] * 2
     report = GenerationReport()
     from pipelines.knowledge.generation import record_result
 
@@ -157,19 +158,19 @@ def test_policy_keep_flags_the_row(worker, looper):
 
     record_result(result, Sink(), report)
     assert (report.quality.n, report.quality.degenerate, report.quality.finished_eos) == (2, 2, 0)
-    steps = max(r["target_forwards"] for r in result.rows)
+    steps = max(r.target_forwards for r in result.rows)
     assert result.decode_s == report.decode_s > 0  # the engine's decoding seconds: the two rows' shared steps once
-    assert result.decode_s < sum(r["decode_s"] for r in result.rows) or steps == 0
+    assert result.decode_s < sum(r.decode_s for r in result.rows) or steps == 0
 
 
 def test_policy_retry_greedy_regenerates_with_autoregressive(worker, looper):
     task = DecodeTask("looper", max_new_tokens=8, degenerate="retry_greedy")
     result = worker.generate(task, REQS)
     plain = worker.generate(DecodeTask("autoregressive", max_new_tokens=8), REQS).rows
-    assert [r["decoder"] for r in result.rows] == ["autoregressive"] * 2
-    assert all(r["greedy_retry"] for r in result.rows)
-    assert [r["knowledge"] for r in result.rows] == [r["knowledge"] for r in plain]
-    assert result.decode_s > sum(r["decode_s"] for r in result.rows) > 0  # the looping decode, and retries too
+    assert [r.decoder for r in result.rows] == ["autoregressive"] * 2
+    assert all(r.greedy_retry for r in result.rows)
+    assert [r.knowledge for r in result.rows] == [r.knowledge for r in plain]
+    assert result.decode_s > sum(r.decode_s for r in result.rows) > 0  # the looping decode, and retries too
 
 
 def test_policy_fail_sends_the_row_to_failures(worker, looper):
@@ -203,7 +204,7 @@ def test_policy_retry_keeps_a_still_flawed_retry_marked(worker, looper):
     result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="retry",
                                         retry_rules={"no_repeat_ngram_size": 3}), REQS)
     assert not result.failures
-    assert [(r["decoder"], r["greedy_retry"], r["degenerate"]) for r in result.rows] == [("looper", True, True)] * 2
+    assert [(r.decoder, r.greedy_retry, r.degenerate) for r in result.rows] == [("looper", True, True)] * 2
 
 
 def test_policy_retry_regenerates_a_cut_row_greedily_with_the_retry_rules(worker):
@@ -212,12 +213,12 @@ def test_policy_retry_regenerates_a_cut_row_greedily_with_the_retry_rules(worker
     rules = {"repetition_penalty": 1.2, "no_repeat_ngram_size": 2}
     task = DecodeTask("autoregressive", max_new_tokens=8, degenerate="retry", retry_rules=rules)
     first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, degenerate="keep"), REQS).rows
-    assert all(r["cut"] or r["fragment"] for r in first)  # random tiny model: nothing ends at a sentence
+    assert all(r.cut or r.fragment for r in first)  # random tiny model: nothing ends at a sentence
     rows = worker.generate(task, REQS).rows
-    decoder = worker.decoder(task.decoder, task.decoder_params)[0]
+    decoder = worker.adapter.decoders.get(task.decoder, task.decoder_params)[0]
     expected = [decoder.generate(worker.prompt(task, req), 8, rules=GenerationRules(**rules)).text for req in REQS]
-    assert [r["knowledge"] for r in rows] == expected != [r["knowledge"] for r in first]
-    assert all(r["greedy_retry"] for r in rows)
+    assert [r.knowledge for r in rows] == expected != [r.knowledge for r in first]
+    assert all(r.greedy_retry for r in rows)
 
 
 def test_job_default_policy_is_retry_with_stronger_rules():
@@ -237,8 +238,8 @@ def test_task_rules_reach_the_decoder(worker):
     rules = {"no_repeat_ngram_size": 1, "min_new_tokens": 6}
     task = DecodeTask("autoregressive", max_new_tokens=12, degenerate="keep", rules=rules)
     rows = worker.generate(task, REQS).rows
-    decoder = worker.decoder(task.decoder, task.decoder_params)[0]
-    assert [r["knowledge"] for r in rows] == [
+    decoder = worker.adapter.decoders.get(task.decoder, task.decoder_params)[0]
+    assert [r.knowledge for r in rows] == [
         decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS]
 
 
@@ -308,9 +309,9 @@ def test_ban_genres_bans_them_in_the_first_text_so_it_needs_no_retry(worker, lia
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
     task = DecodeTask("liar", max_new_tokens=16, degenerate="retry", ban_unsupported_genres=True)
     rows = worker.generate(task, item).rows
-    assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, False, 1.0)]
+    assert [(r.knowledge, r.greedy_retry, r.grounding) for r in rows] == [(Liar.RETRY, False, 1.0)]
     (first,) = Liar.seen  # one attempt: the first text could not name the genre
-    ids = worker.lm.tokenizer
+    ids = worker.tokenizer
     assert tuple(ids(" horror", add_special_tokens=False)["input_ids"]) in first.bad_words_ids
     assert tuple(ids(" science fiction", add_special_tokens=False)["input_ids"]) not in first.bad_words_ids
 
@@ -318,7 +319,7 @@ def test_ban_genres_bans_them_in_the_first_text_so_it_needs_no_retry(worker, lia
 def test_banned_words_cover_the_forms_of_a_genre(worker):
     from pipelines.knowledge.retry import banned_words
 
-    tok = worker.lm.tokenizer
+    tok = worker.tokenizer
     banned = banned_words(tok, ["comedy"])
     for surface in (" comedy", " Comedy", " comedies", "comedy"):
         assert tuple(tok(surface, add_special_tokens=False)["input_ids"]) in banned
@@ -329,13 +330,13 @@ def test_policy_retry_bans_an_invented_genre_and_keeps_the_grounded_retry(worker
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
     result = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item)
     rows = result.rows
-    assert [(r["knowledge"], r["greedy_retry"], r["grounding"]) for r in rows] == [(Liar.RETRY, True, 1.0)]
-    assert [(r["knowledge"], r["greedy_retry"]) for r in result.discarded] == [(LIE, False)]  # decoded, not written
+    assert [(r.knowledge, r.greedy_retry, r.grounding) for r in rows] == [(Liar.RETRY, True, 1.0)]
+    assert [(r.knowledge, r.greedy_retry) for r in result.discarded] == [(LIE, False)]  # decoded, not written
     first, second = Liar.seen
     assert not first.bad_words_ids
-    assert tuple(worker.lm.tokenizer(" horror", add_special_tokens=False)["input_ids"]) in second.bad_words_ids
+    assert tuple(worker.tokenizer(" horror", add_special_tokens=False)["input_ids"]) in second.bad_words_ids
     kept = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="keep"), item).rows
-    assert [(r["knowledge"], r["greedy_retry"]) for r in kept] == [(LIE, False)]
+    assert [(r.knowledge, r.greedy_retry) for r in kept] == [(LIE, False)]
 
 
 def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, liar, monkeypatch):
@@ -343,8 +344,8 @@ def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, li
     item = [GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
     result = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="retry"), item)
     rows = result.rows
-    assert [(r["knowledge"], r["greedy_retry"]) for r in rows] == [(LIE, False)] and len(Liar.seen) == 2
-    assert [(r["knowledge"], r["greedy_retry"]) for r in result.discarded] == [(Liar.RETRY, True)]
+    assert [(r.knowledge, r.greedy_retry) for r in rows] == [(LIE, False)] and len(Liar.seen) == 2
+    assert [(r.knowledge, r.greedy_retry) for r in result.discarded] == [(Liar.RETRY, True)]
     from pipelines.knowledge.generation import record_result
 
     report, written = GenerationReport(), []
@@ -352,20 +353,27 @@ def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, li
     both = rows + result.discarded  # the pass counts the work of both texts and writes one
     assert (len(written), report.retries, report.greedy_retries) == (1, 1, 0)
     assert report.retry_reasons == {"ungrounded": 1}  # the first text named a genre the item lacks
-    assert report.n_tokens == rows[0]["n_tokens"] and report.decoded_tokens == sum(r["n_tokens"] for r in both)
-    assert report.decoded_forwards == sum(r["target_forwards"] for r in both)
+    assert report.n_tokens == rows[0].n_tokens and report.decoded_tokens == sum(r.n_tokens for r in both)
+    assert report.decoded_forwards == sum(r.target_forwards for r in both)
 
 
 def test_worse_orders_flawed_then_grounding():
     from pipelines.knowledge.retry import worse
+    from pipelines.knowledge_store import KnowledgeRow
 
-    ok = {"degenerate": False, "cut": False, "fragment": False}
-    assert worse({**ok, "cut": True, "grounding": 1.0}, {**ok, "grounding": 0.5})
-    assert worse({**ok, "grounding": 0.5}, {**ok, "grounding": 1.0})
-    assert not worse({**ok, "grounding": None}, {**ok, "grounding": 0.5})
-    assert not worse({**ok, "grounding": 0.5}, {**ok, "grounding": 0.5})  # a tie keeps the retry
-    cut, loop = {**ok, "cut": True}, {**ok, "cut": True, "degenerate": True}
-    assert worse({**loop, "grounding": 1.0}, {**cut, "grounding": 0.0}) and not worse({**cut, "grounding": 0.0}, {**loop, "grounding": 1.0})
+    def row(**flags) -> KnowledgeRow:
+        return KnowledgeRow(entity_type="item", entity_id="i1", knowledge="", model="m", decoder="d",
+                            decoder_params="{}", prompt_version="", n_tokens=0, target_forwards=0, accepted_tokens=0,
+                            retrieval_s=0.0, generation_s=0.0, finish_reason="eos", run_id="r",
+                            **{"degenerate": False, "cut": False, "fragment": False, **flags})
+
+    assert worse(row(cut=True, grounding=1.0), row(grounding=0.5))
+    assert worse(row(grounding=0.5), row(grounding=1.0))
+    assert not worse(row(grounding=None), row(grounding=0.5))
+    assert not worse(row(grounding=0.5), row(grounding=0.5))  # a tie keeps the retry
+    cut, loop = {"cut": True}, {"cut": True, "degenerate": True}
+    assert worse(row(**loop, grounding=1.0), row(**cut, grounding=0.0))
+    assert not worse(row(**cut, grounding=0.0), row(**loop, grounding=1.0))
 
 
 # ---- the fast text checks equal their plain definitions (the store scores every row it writes) -------------
