@@ -86,7 +86,7 @@ def interrupt_report(signal_name: str, kwargs: dict[str, Any]) -> str:
     """What an interrupted command kept (rows per knowledge store) and the command that resumes it."""
     from jobs.config import bundled_config, load_config
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.knowledge_store import done_keys
+    from pipelines.sharded_store import done_keys
 
     lines = [f"interrupted by {signal_name}: the rows already generated were flushed to disk"]
     try:

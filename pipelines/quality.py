@@ -350,7 +350,7 @@ def entity_quality(text: str, finish_reason: str, entity_type: str, history: Seq
 
 
 def quality_columns(q: TextQuality) -> dict[str, object]:
-    """The knowledge-store quality columns of one row (pipelines/knowledge_store.py)."""
+    """The knowledge-store quality columns of one row (pipelines/knowledge_store.py, ``KnowledgeRow``)."""
     g = q.grounding
     return {"finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
             "ended": q.ended, "cut": q.cut, "fragment": q.fragment, "n_words": q.n_words,

@@ -1,5 +1,5 @@
-"""Recommendation Parquet: one row per (user, rank), in the knowledge store's format and machinery
-(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.knowledge_store`). A user's K rows are always
+"""Recommendation Parquet: one row per (user, rank), a sharded store
+(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.sharded_store`). A user's K rows are always
 written in one shard, so a resumed run skips exactly the users already written."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any, Mapping
 import polars as pl
 import pyarrow as pa
 
-from pipelines.knowledge_store import KnowledgeWriter, done_keys, read_shard, scan_store
+from pipelines.sharded_store import ShardedWriter, done_keys, read_shard, scan_store
 
 log = logging.getLogger(__name__)
 
@@ -34,20 +34,11 @@ RECOMMENDATION_SCHEMA = pa.schema(
 USER_KEY = ("user_id",)
 
 
-class RecommendationWriter(KnowledgeWriter):
+class RecommendationWriter(ShardedWriter):
     """Writes recommendation rows; ``add_rows(one user's rows)`` keeps a user's ranks in one shard."""
 
     schema = RECOMMENDATION_SCHEMA
     key_columns = USER_KEY
-
-    def complete(self, row: Mapping[str, Any]) -> dict[str, Any]:  # type: ignore[override]
-        missing = [name for name in self._required if name not in row]
-        if missing:
-            raise ValueError(f"{self.store}: row for {self.row_key(row)} lacks {missing}")
-        return self._nulls | dict(row)
-
-    def prepare(self, row: dict[str, Any]) -> dict[str, Any]:
-        return row
 
     def row_key(self, row: Mapping[str, Any]) -> str:
         return f"user {row.get('user_id')!r} rank {row.get('rank')}"

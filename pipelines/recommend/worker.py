@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from pipelines.knowledge_store import utc_now
+from pipelines.sharded_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
 from pipelines.workers import GenerationRequest, ModelWorker, WorkResult

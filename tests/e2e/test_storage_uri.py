@@ -11,6 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import pipelines.knowledge_store as kn
+import pipelines.sharded_store as ss
 from pipelines.ops.schedule.latest import latest_view, read_latest, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.lock import LOCK_FILE, LockHeld, RunLock
@@ -39,17 +40,17 @@ def test_store_round_trip_on_memory_uri(mem_uri):
     write(store, range(7))
     manifest = json.loads((Location.of(store) / "manifest.json").read_text())
     names = [s["file"] for s in manifest["shards"]]
-    assert len(names) == 3 and all(kn._SHARD_RE.match(n) and len(n) == len("part-00000-12345678.parquet")
+    assert len(names) == 3 and all(ss._SHARD_RE.match(n) and len(n) == len("part-00000-12345678.parquet")
                                    for n in names)  # unique names off local disks
     assert sorted(kn.read_knowledge(store)["entity_id"]) == sorted(f"u{i}" for i in range(7))
-    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(7)}
+    assert ss.done_keys(store) == {("user", f"u{i}") for i in range(7)}
 
 
 def test_crash_before_log_put_commits_nothing_and_resume_completes(mem_uri, monkeypatch):
     store = f"{mem_uri}/knowledge"
     write(store, range(3))  # one committed shard
     puts = {"n": 0}
-    real_put = kn._put_log_entry
+    real_put = ss._put_log_entry
 
     def dies_on_second_commit(path, data):
         puts["n"] += 1
@@ -57,16 +58,16 @@ def test_crash_before_log_put_commits_nothing_and_resume_completes(mem_uri, monk
             raise OSError("connection reset")
         real_put(path, data)
 
-    monkeypatch.setattr(kn, "_put_log_entry", dies_on_second_commit)
+    monkeypatch.setattr(ss, "_put_log_entry", dies_on_second_commit)
     with pytest.raises(OSError):
         write(store, range(3, 12))  # shard 1 commits; shard 2 is put, its log entry put fails
     monkeypatch.undo()
     root = Location.of(store)
-    assert len(root.names("part-*.parquet")) > len(kn.Manifest.load(store).shards) == 2  # uncommitted objects...
-    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(6)}  # ...but readers trust the manifest only
-    done = {i for _, i in kn.done_keys(store)}
+    assert len(root.names("part-*.parquet")) > len(ss.Manifest.load(store).shards) == 2  # uncommitted objects...
+    assert ss.done_keys(store) == {("user", f"u{i}") for i in range(6)}  # ...but readers trust the manifest only
+    done = {i for _, i in ss.done_keys(store)}
     write(store, [i for i in range(12) if f"u{i}" not in done])  # resume: the writer drops the orphan first
-    assert len(root.names("part-*.parquet")) == len(kn.Manifest.load(store).shards) == 4
+    assert len(root.names("part-*.parquet")) == len(ss.Manifest.load(store).shards) == 4
     ids = kn.read_knowledge(store, dedup=False)["entity_id"].to_list()
     assert sorted(ids) == sorted(f"u{i}" for i in range(12))  # nothing lost, nothing twice
 
@@ -74,15 +75,15 @@ def test_crash_before_log_put_commits_nothing_and_resume_completes(mem_uri, monk
 def test_corrupt_shard_on_memory_uri_is_quarantined(mem_uri):
     store = f"{mem_uri}/knowledge"
     write(store, range(6))
-    first = Location.of(store) / kn.Manifest.load(store).shards[0]["file"]
+    first = Location.of(store) / ss.Manifest.load(store).shards[0]["file"]
     data = bytearray(first.read_bytes())
     data[len(data) // 2] ^= 0xFF
     first.write_bytes(bytes(data))
-    with pytest.raises(kn.CorruptShardError, match="checksum mismatch"):
+    with pytest.raises(ss.CorruptShardError, match="checksum mismatch"):
         kn.read_knowledge(store)
-    kn.open_store(store)  # the next run's verifying open moves it aside
+    ss.open_store(store)  # the next run's verifying open moves it aside
     assert (Location.of(store) / "quarantine" / first.name).exists()
-    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
+    assert ss.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
 
 
 def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
@@ -91,7 +92,7 @@ def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
         w.add(row(1))
         w.add_failure("user", "u2", "too long")
         w.add_failure("user", "u3", "bad")
-    assert sorted(kn.read_failures(store)["entity_id"]) == ["u2", "u3"]
+    assert sorted(ss.read_failures(store)["entity_id"]) == ["u2", "u3"]
     ledger = RunLedger(mem_uri)
     ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h"))
     ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h", status="succeeded", watermark=5))
@@ -155,7 +156,7 @@ def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
             writer.add(row(2))
         with pytest.raises(LockLost):
             RunLedger(mem_uri).save(RunRecord(run_id="slow", decoder="laser", config_hash="h"))
-    assert kn.done_keys(f"{mem_uri}/knowledge") == {("user", "u1")}
+    assert ss.done_keys(f"{mem_uri}/knowledge") == {("user", "u1")}
     assert json.loads(lock_obj.read_text())["token"] == "another-run"  # the other run's lease is left alone
 
 

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from pipelines.knowledge_store import KnowledgeWriter, encode_params, read_knowledge
+from laser.params import encode_params
+from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.lock import RunLock
 
 SMALL = ["--set", "dataset.synthetic.n_users=12", "--set", "dataset.synthetic.n_items=16"]

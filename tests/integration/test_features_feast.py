@@ -117,3 +117,40 @@ def test_feature_store_yaml_quotes_paths_with_hash_and_colon(tmp_path):
     conf = yaml.safe_load((repo.path / "feature_store.yaml").read_text())
     assert conf["online_store"]["path"] == str(out.resolve() / "feast" / "data" / "online.db")
     assert conf["registry"] == str(out.resolve() / "feast" / "data" / "registry.db")
+
+
+def test_a_column_added_to_the_row_reaches_the_store_the_latest_view_and_feast(tmp_path):
+    """One field added to the row definition (a subclass: the same as adding it to KnowledgeRow) is a shard
+    column, a latest-view column and a Feast feature served online, with nothing else edited."""
+    from dataclasses import dataclass
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.knowledge_store import KnowledgeRow, column, read_knowledge
+
+    @dataclass(slots=True, kw_only=True)
+    class MoodRow(KnowledgeRow):
+        mood: str | None = column(pa.string(), "the text's mood", feature=True)
+
+    class MoodWriter(KnowledgeWriter):
+        row_type = MoodRow
+
+    out = tmp_path / "job"
+    with MoodWriter(out / "knowledge", shard_rows=4, run_id="r1") as w:
+        w.add(MoodRow.from_mapping({**_row("user", "u1", "Likes war films.", "r1"), "mood": "grim"}))
+        w.add({**_row("item", "i1", "A heist film.", "r1"), "mood": "tense"})
+    shard = pq.read_table(next((out / "knowledge").glob("part-*.parquet")))
+    assert shard.schema.field("mood").type == pa.string() and shard["mood"].to_pylist() == ["grim", "tense"]
+    assert read_knowledge(out / "knowledge", row_type=MoodRow)["mood"].to_list() == ["grim", "tense"]
+    with pytest.raises(ValueError, match=r"unknown column\(s\) \['mood'\]"):  # the plain row has no such column
+        KnowledgeRow.from_mapping({**_row("user", "u2", "x", "r1"), "mood": "calm"})
+
+    view = latest_view(out / "knowledge", row_type=MoodRow)
+    assert dict(zip(view["entity_id"], view["mood"])) == {"u1": "grim", "i1": "tense"}
+    write_latest(out / LATEST_FILE, view)
+    repo, _ = ingest(out, row_type=MoodRow)
+    assert 'Field(name="mood", dtype=String)' in repo.definitions.read_text()
+    store = repo.store()
+    assert "mood" in {f.name for f in store.get_feature_view("user_knowledge").features}
+    assert online_features(store, "item", ["i1"], ("knowledge", "mood"))["mood"] == ["tense"]

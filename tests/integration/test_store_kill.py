@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import knowledge_store as kn
+from pipelines import knowledge_store as kn, sharded_store as ss
 from tests.helpers import knowledge_row as row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-import pipelines.storage as storage, pipelines.knowledge_store as kn
+import pipelines.storage as storage, pipelines.sharded_store as ss
+import pipelines.knowledge_store as kn
 from tests.helpers import knowledge_row as row
 store, action, hook, match, nth = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 seen = [0]
@@ -38,16 +39,16 @@ if hook == "atomic_write_local":
             write(str(Path(path).parent / f".{Path(path).name}.crash.tmp"))
             os.kill(os.getpid(), signal.SIGKILL)
         return real(path, write)
-    storage.atomic_write_local = kn.atomic_write_local = crashing
+    storage.atomic_write_local = ss.atomic_write_local = crashing
 elif hook in ("put_log", "cut_log"):  # killed before the log line, or half way through writing it
-    real_put = kn._put_log_entry
+    real_put = ss._put_log_entry
     def dying_put(path, data):
         if due(path):
             if hook == "cut_log":
                 real_put(path, data[:len(data) // 2])
             os.kill(os.getpid(), signal.SIGKILL)
         return real_put(path, data)
-    kn._put_log_entry = dying_put
+    ss._put_log_entry = dying_put
 elif hook == "remove":
     real_rm = storage.Location.remove
     def dying_rm(self):
@@ -60,7 +61,7 @@ if action == "write":
         for i in range(10):
             w.add(row(i))
 else:
-    kn.compact_store(store, target_rows=16)
+    ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=16)
 """
 
 WRITE = {"shard renamed, log entry not written": ("put_log", "/log/", 3),
@@ -83,7 +84,7 @@ def _ids(store: Path) -> list[str]:
 
 def _clean(store: Path) -> None:
     """Only committed shards are left, no temp file, nothing in the log after the writer's checkpoint."""
-    committed = {s["file"] for s in kn.Manifest.load(store).shards}
+    committed = {s["file"] for s in ss.Manifest.load(store).shards}
     assert {p.name for p in store.glob("part-*.parquet")} == committed
     assert not list(store.rglob("*.tmp")) and not list((store / "log").glob("*"))
 
@@ -92,9 +93,9 @@ def _clean(store: Path) -> None:
 def test_kill_9_between_a_shard_and_its_log_entry_loses_and_doubles_nothing(tmp_path, step):
     store = tmp_path / "k"
     _kill(store, "write", *WRITE[step])
-    assert (store / "part-00002.parquet").exists() and len(kn.Manifest.load(store).shards) == 2
+    assert (store / "part-00002.parquet").exists() and len(ss.Manifest.load(store).shards) == 2
     assert _ids(store) == sorted(f"u{i}" for i in range(6))  # the renamed shard is read (local: complete)
-    done = kn.done_keys(store)
+    done = ss.done_keys(store)
     with kn.KnowledgeWriter(store, shard_rows=2, run_id="r1") as w:  # the resumed run: the rest
         for i in range(10):
             if ("user", f"u{i}") not in done:
@@ -112,10 +113,10 @@ def test_kill_9_during_compaction_loses_and_doubles_nothing(tmp_path, step):
     before = kn.read_knowledge(store, dedup=False)
     _kill(store, "compact", *COMPACT[step])
     assert kn.read_knowledge(store, dedup=False).equals(before)  # readers: every row once, in order
-    assert len(kn.done_keys(store)) == 12
+    assert len(ss.done_keys(store)) == 12
     kn.KnowledgeWriter(store).close()  # the next writer clears what the kill left
     _clean(store)
     assert kn.read_knowledge(store, dedup=False).equals(before)
-    kn.compact_store(store, target_rows=16)  # and compaction goes on from there
+    ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=16)  # and compaction goes on from there
     assert kn.read_knowledge(store, dedup=False).equals(before)
     _clean(store)

@@ -10,13 +10,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import knowledge_store as kn
+from pipelines import knowledge_store as kn, sharded_store as ss
 from tests.helpers import knowledge_row as row
 
 
 def write_run(store, ids, shard_rows=3, close=True):
     """Write rows for ``ids`` skipping done keys, as a resumed job does; ``close=False`` simulates a crash."""
-    done = kn.done_keys(store)
+    done = ss.done_keys(store)
     w = kn.KnowledgeWriter(store, shard_rows=shard_rows, run_id="r1")
     for i in ids:
         if ("user", f"u{i}") not in done:
@@ -42,7 +42,7 @@ def test_shards_manifest_and_schema(tmp_path):
 
 def test_crash_between_shards_then_resume_has_no_loss_and_no_duplicate(tmp_path):
     write_run(tmp_path, range(8), shard_rows=3, close=False)  # crash: rows 6, 7 were only buffered
-    assert kn.done_keys(tmp_path) == {("user", f"u{i}") for i in range(6)}
+    assert ss.done_keys(tmp_path) == {("user", f"u{i}") for i in range(6)}
     w = write_run(tmp_path, range(10), shard_rows=3)
     assert w.rows_written == 4
     ids = kn.read_knowledge(tmp_path, dedup=False)["entity_id"].to_list()
@@ -52,13 +52,13 @@ def test_crash_between_shards_then_resume_has_no_loss_and_no_duplicate(tmp_path)
 
 def test_crash_after_rename_before_manifest_adopts_the_shard(tmp_path, monkeypatch):
     write_run(tmp_path, range(3), shard_rows=3)  # one shard, in the manifest
-    monkeypatch.setattr(kn.Manifest, "save", lambda self, store: (_ for _ in ()).throw(OSError("disk gone")))
+    monkeypatch.setattr(ss.Manifest, "save", lambda self, store: (_ for _ in ()).throw(OSError("disk gone")))
     with pytest.raises(OSError):
         write_run(tmp_path, range(6), shard_rows=3)
     monkeypatch.undo()
     assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 1
     assert (tmp_path / "part-00001.parquet").exists()
-    assert len(kn.done_keys(tmp_path)) == 6  # the renamed shard is complete, so readers see it
+    assert len(ss.done_keys(tmp_path)) == 6  # the renamed shard is complete, so readers see it
     assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 1  # readers write nothing
     kn.KnowledgeWriter(tmp_path, shard_rows=3)  # a writer adopts it
     assert len(json.loads((tmp_path / "manifest.json").read_text())["shards"]) == 2
@@ -77,7 +77,7 @@ def test_crash_while_writing_a_shard_leaves_no_partial_shard(tmp_path, monkeypat
         write_run(tmp_path, range(6), shard_rows=3)
     monkeypatch.undo()
     (tmp_path / ".part-00001.parquet.leftover.tmp").write_bytes(b"junk")  # a temp file a kill -9 left behind
-    assert kn.done_keys(tmp_path) == {("user", f"u{i}") for i in range(3)}
+    assert ss.done_keys(tmp_path) == {("user", f"u{i}") for i in range(3)}
     assert list(tmp_path.glob(".*.tmp"))  # readers leave it (it may belong to a live writer)
     kn.KnowledgeWriter(tmp_path)  # the next writer clears it
     assert not list(tmp_path.glob(".*.tmp"))
@@ -103,12 +103,12 @@ def test_failures_recorded_and_resolved_by_a_later_success(tmp_path):
     w.close()
     with open(tmp_path / "failures.jsonl", "a") as fh:
         fh.write('{"entity_type": "us')  # torn last line
-    failures = kn.read_failures(tmp_path)
+    failures = ss.read_failures(tmp_path)
     assert failures.select("entity_type", "entity_id", "reason", "run_id").rows() == [
         ("user", "u1", "prompt: no history", "r1"), ("item", "i9", "ValueError: bad title", "r1")]
     write_run(tmp_path, [1])  # retried successfully
-    assert kn.read_failures(tmp_path)["entity_id"].to_list() == ["i9"]
-    assert kn.read_failures(tmp_path, unresolved=False).height == 2
+    assert ss.read_failures(tmp_path)["entity_id"].to_list() == ["i9"]
+    assert ss.read_failures(tmp_path, unresolved=False).height == 2
 
 
 def test_reader_dedups_and_reads_empty_store(tmp_path):
@@ -129,7 +129,7 @@ def test_unreadable_unlisted_shard_is_named_moved_aside_and_the_run_goes_on(tmp_
     write_run(store, range(4), shard_rows=2)
     (store / "part-00007.parquet").write_bytes(b"not parquet at all")  # unlisted and unreadable
     with caplog.at_level("ERROR"):
-        assert len(kn.done_keys(store)) == 4 and kn.read_knowledge(store).height == 4  # readers skip it
+        assert len(ss.done_keys(store)) == 4 and kn.read_knowledge(store).height == 4  # readers skip it
     assert "part-00007.parquet: unreadable shard not in the manifest" in caplog.text
     write_run(store, range(6), shard_rows=2)  # a writer moves it aside and goes on
     assert (store / "quarantine" / "part-00007.parquet").exists() and not (store / "part-00007.parquet").exists()
@@ -146,7 +146,7 @@ def test_torn_manifest_is_rebuilt_from_the_shards_by_a_writer(tmp_path, caplog, 
     (store / "part-00009.parquet").write_bytes(b"PAR1 torn too")  # an unreadable shard beside them
     (store / "manifest.json").write_text(torn)
     with caplog.at_level("WARNING"):
-        assert kn.done_keys(store) == {("user", f"u{i}") for i in range(5)}  # a reader: rebuilt in memory
+        assert ss.done_keys(store) == {("user", f"u{i}") for i in range(5)}  # a reader: rebuilt in memory
     assert (store / "manifest.json").read_text() == torn  # readers write nothing
     caplog.clear()
     with caplog.at_level("WARNING"):
@@ -163,7 +163,7 @@ def test_writer_killed_while_rebuilding_leaves_the_manifest_torn_for_the_next(tm
     store = tmp_path / "k"
     write_run(store, range(4), shard_rows=2)
     (store / "manifest.json").write_text('{"shards": [')
-    monkeypatch.setattr(kn.Manifest, "save", lambda self, root: (_ for _ in ()).throw(OSError("killed")))
+    monkeypatch.setattr(ss.Manifest, "save", lambda self, root: (_ for _ in ()).throw(OSError("killed")))
     with pytest.raises(OSError):
         kn.KnowledgeWriter(store)
     monkeypatch.undo()
@@ -182,26 +182,26 @@ def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
         with pytest.raises(LockHeld, match=r"shared_old/\.run\.lock: another run holds"):
             kn.KnowledgeWriter(store)
         with pytest.raises(LockHeld):
-            kn.open_store(store)
+            ss.open_store(store)
     assert not (store / "manifest.json").exists()  # nothing written while the other held it
     w = write_run(store, range(2), close=False)
     with pytest.raises(LockHeld):  # held while it writes
         RunLock(store, run_id="other job").acquire()
     w.close()
     RunLock(store, run_id="other job").acquire().release()  # let go on close
-    assert len(kn.done_keys(store)) == 2
+    assert len(ss.done_keys(store)) == 2
 
 
 # ---- the commit log: O(1) commits, checkpoints, compaction, lazy checksums, the index (issue 47) ----
 
 def test_a_commit_appends_one_small_log_line_whatever_the_number_of_shards(tmp_path, monkeypatch):
     store = tmp_path / "k"
-    monkeypatch.setattr(kn, "CHECKPOINT_MIN", 10_000)  # no checkpoint in between: every line stays to be measured
+    monkeypatch.setattr(ss, "CHECKPOINT_MIN", 10_000)  # no checkpoint in between: every line stays to be measured
     rewritten, lines = [], []
-    real_write, real_put = kn.Location.write_bytes, kn._put_log_entry
-    monkeypatch.setattr(kn.Location, "write_bytes", lambda self, data: (rewritten.append(self.name),
+    real_write, real_put = ss.Location.write_bytes, ss._put_log_entry
+    monkeypatch.setattr(ss.Location, "write_bytes", lambda self, data: (rewritten.append(self.name),
                                                                        real_write(self, data)))
-    monkeypatch.setattr(kn, "_put_log_entry", lambda path, data: (lines.append(len(data)), real_put(path, data)))
+    monkeypatch.setattr(ss, "_put_log_entry", lambda path, data: (lines.append(len(data)), real_put(path, data)))
     w = kn.KnowledgeWriter(store, shard_rows=1, run_id="r1", compact_after=None)
     rewritten.clear()
     grown = []
@@ -211,17 +211,17 @@ def test_a_commit_appends_one_small_log_line_whatever_the_number_of_shards(tmp_p
         grown.append(sum(p.stat().st_size for p in (store / "log").glob("*")) - before)
     assert rewritten == [] and len(lines) == 300  # the manifest is never rewritten: one log line a commit
     assert grown == lines and max(grown) - min(grown) <= 4 and max(grown) < 300  # digits grow, nothing else
-    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(300)}  # readers see checkpoint + log
+    assert ss.done_keys(store) == {("user", f"u{i}") for i in range(300)}  # readers see checkpoint + log
     w.close()  # folded into a checkpoint, the log emptied
-    assert not list((store / "log").glob("*")) and len(kn.Manifest.load(store).shards) == 300
+    assert not list((store / "log").glob("*")) and len(ss.Manifest.load(store).shards) == 300
 
 
 def test_checkpoints_come_once_the_log_is_as_long_as_the_checkpoint(tmp_path, monkeypatch):
     store = tmp_path / "k"
-    monkeypatch.setattr(kn, "CHECKPOINT_MIN", 4)
+    monkeypatch.setattr(ss, "CHECKPOINT_MIN", 4)
     saves = []
-    real = kn.Manifest.save
-    monkeypatch.setattr(kn.Manifest, "save", lambda self, where: (saves.append(len(self.shards)), real(self, where)))
+    real = ss.Manifest.save
+    monkeypatch.setattr(ss.Manifest, "save", lambda self, where: (saves.append(len(self.shards)), real(self, where)))
     with kn.KnowledgeWriter(store, shard_rows=1, compact_after=None) as w:
         for i in range(40):
             w.add(row(i))
@@ -237,12 +237,12 @@ def test_a_store_in_the_old_manifest_format_still_reads_and_takes_new_rows(tmp_p
         name = f"part-{n:05d}.parquet"
         table = pa.Table.from_pylist([kn.with_quality(row(i)) for i in ids], schema=kn.KNOWLEDGE_SCHEMA)
         pq.write_table(table.drop(["config_hash", "run_seq", "source_hash"]), store / name)  # older columns too
-        shards.append({"file": name, "rows": table.num_rows, "run_id": "r1", "sha256": kn.file_sha256(store / name)})
+        shards.append({"file": name, "rows": table.num_rows, "run_id": "r1", "sha256": ss.file_sha256(store / name)})
     (store / "manifest.json").write_text(json.dumps({"format": "laser-knowledge/1", "shards": shards}, indent=1))
     assert kn.read_knowledge(store)["entity_id"].to_list() == [f"u{i}" for i in range(5)]
     index = kn.read_index(store)
     assert index["entity_id"].to_list() == [f"u{i}" for i in range(5)] and index["source_hash"].null_count() == 5
-    assert kn.done_keys(store) == {("user", f"u{i}") for i in range(5)}
+    assert ss.done_keys(store) == {("user", f"u{i}") for i in range(5)}
     write_run(store, range(8))
     assert kn.read_knowledge(store)["entity_id"].to_list() == [f"u{i}" for i in range(8)]
     assert json.loads((store / "manifest.json").read_text())["format"] == "laser-knowledge/2"
@@ -257,7 +257,7 @@ def test_the_index_reads_no_text(tmp_path, monkeypatch):
         asked.append(kw.get("columns"))
         return real(source, **kw)
 
-    monkeypatch.setattr(kn.pq, "read_table", spy)
+    monkeypatch.setattr(ss.pq, "read_table", spy)
     index = kn.read_index(tmp_path)
     assert len(asked) == 4 and all(cols is not None and "knowledge" not in cols for cols in asked)
     assert index.columns == [*kn.INDEX_COLUMNS, kn.POSITION] and index[kn.POSITION].to_list() == list(range(7))
@@ -291,15 +291,16 @@ def test_compaction_keeps_every_row_once_and_in_order(tmp_path):
             for i in range(10):
                 w.add(row(i, run_id=f"r{run}"))
     before = kn.read_knowledge(store, dedup=False)
-    assert len(kn.Manifest.load(store).shards) == 12
-    assert kn.compact_store(store, target_rows=16) == 12
-    shards = kn.Manifest.load(store).shards
+    assert len(ss.Manifest.load(store).shards) == 12
+    assert ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=16) == 12
+    shards = ss.Manifest.load(store).shards
     assert [s["rows"] for s in shards] == [16, 14] and all("-c-" in s["file"] for s in shards)
     assert sorted(p.name for p in store.glob("part-*.parquet")) == sorted(s["file"] for s in shards)
     assert kn.read_knowledge(store, dedup=False).equals(before)  # every row once, in write order
     assert kn.read_index(store)[kn.POSITION].to_list() == list(range(30))
-    assert kn.compact_store(store, target_rows=16) == 0  # nothing small left
-    assert kn.compact_store(store, target_rows=128) == 2  # merged shards merge again, when small for the target
+    assert ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=16) == 0  # nothing small left
+    # merged shards merge again, when small for the target
+    assert ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=128) == 2
     assert kn.read_knowledge(store, dedup=False).equals(before)
 
 
@@ -308,7 +309,7 @@ def test_a_writer_compacts_once_small_shards_pile_up(tmp_path):
     with kn.KnowledgeWriter(store, shard_rows=2, compact_after=5, compact_rows=12) as w:
         for i in range(40):
             w.add(row(i))
-    shards = kn.Manifest.load(store).shards
+    shards = ss.Manifest.load(store).shards
     assert len(shards) < 10 and sum(s["rows"] for s in shards) == 40
     assert kn.read_knowledge(store, dedup=False)["entity_id"].to_list() == [f"u{i}" for i in range(40)]
     assert len(list(store.glob("part-*.parquet"))) == len(shards)
@@ -319,10 +320,10 @@ def test_a_reader_follows_a_shard_that_a_compaction_replaced_under_it(tmp_path):
     write_run(store, range(9), shard_rows=3)
     stream = kn.iter_knowledge(store, ["entity_id"], batch_rows=2)
     first = next(stream)  # the reader is inside shard 0
-    kn.compact_store(store)  # shards 0..2 become one
+    ss.compact_store(store, kn.KNOWLEDGE_SCHEMA)  # shards 0..2 become one
     ids = first.column(0).to_pylist() + [i for b in stream for i in b.column(0).to_pylist()]
     assert ids == [f"u{i}" for i in range(9)]
-    assert len(kn.done_keys(store)) == 9
+    assert len(ss.done_keys(store)) == 9
 
 
 def test_opening_checks_no_checksum_reading_does(tmp_path, monkeypatch):
@@ -333,12 +334,12 @@ def test_opening_checks_no_checksum_reading_does(tmp_path, monkeypatch):
     (store / "part-00001.parquet").write_bytes(bytes(data))
     hashed = []
     real = hashlib.sha256
-    monkeypatch.setattr(kn.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
+    monkeypatch.setattr(ss.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
     kn.KnowledgeWriter(store).close()  # a writer's open: no shard hashed
     assert hashed == []
-    with pytest.raises(kn.CorruptShardError, match="part-00001.parquet: checksum mismatch"):
+    with pytest.raises(ss.CorruptShardError, match="part-00001.parquet: checksum mismatch"):
         kn.read_index(store)
-    kn.open_store(store)  # the run's verifying open moves it aside
+    ss.open_store(store)  # the run's verifying open moves it aside
     assert (store / "quarantine" / "part-00001.parquet").exists()
     assert kn.read_index(store)["entity_id"].to_list() == ["u0", "u1", "u4", "u5"]
 
@@ -352,12 +353,12 @@ def test_a_verified_file_is_not_hashed_again_until_it_changes(tmp_path, monkeypa
     kn.read_index(store)
     hashed = []
     real = hashlib.sha256
-    monkeypatch.setattr(kn.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
+    monkeypatch.setattr(ss.hashlib, "sha256", lambda *a: (hashed.append(1), real(*a))[1])
     kn.read_index(store)
     kn.read_knowledge(store)
     assert hashed == []
     (store / "part-00000.parquet").write_bytes((store / "part-00000.parquet").read_bytes()[:-1] + b"X")
-    with pytest.raises(kn.CorruptShardError, match="checksum mismatch"):
+    with pytest.raises(ss.CorruptShardError, match="checksum mismatch"):
         kn.read_knowledge(store)
 
 
@@ -368,13 +369,13 @@ def test_a_torn_log_line_is_rebuilt_from_the_shards_a_cut_last_line_ignored(tmp_
     log_file = store / "log" / "000000000000.jsonl"
     lines = log_file.read_bytes().split(b"\n")
     log_file.write_bytes(b"\n".join(lines[:2]) + b"\n" + lines[2][:20])  # a commit cut short by a crash
-    assert len(kn.Manifest.load(store).shards) == 2 and len(kn.done_keys(store)) == 6  # its shard: adopted
+    assert len(ss.Manifest.load(store).shards) == 2 and len(ss.done_keys(store)) == 6  # its shard: adopted
     log_file.write_bytes(lines[0] + b"\n" + lines[1][:20] + b"\n" + lines[2] + b"\n")  # torn in the middle
     with caplog.at_level("WARNING"):
-        assert len(kn.done_keys(store)) == 6  # a reader: from the shards
+        assert len(ss.done_keys(store)) == 6  # a reader: from the shards
     assert "000000000000.jsonl: unreadable knowledge log entry" in caplog.text
     kn.KnowledgeWriter(store).close()
-    assert not list((store / "log").glob("*")) and len(kn.Manifest.load(store).shards) == 3
+    assert not list((store / "log").glob("*")) and len(ss.Manifest.load(store).shards) == 3
 
 
 def test_latest_view_from_the_index_is_the_view_of_every_row(tmp_path):
@@ -403,12 +404,12 @@ def test_a_torn_checkpoint_after_a_compaction_is_rebuilt_with_every_row_once(tmp
     store = tmp_path / "k"
     write_run(store, range(9), shard_rows=3)
     kept = (store / "part-00001.parquet").read_bytes()
-    kn.compact_store(store)
+    ss.compact_store(store, kn.KNOWLEDGE_SCHEMA)
     (store / "part-00001.parquet").write_bytes(kept)  # a replaced shard a kill left behind
     (store / "manifest.json").write_text('{"shards": [')
     assert sorted(kn.read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(9)]
     kn.KnowledgeWriter(store).close()  # rebuilt: the merged shard kept, the replaced one deleted
-    assert [p.name for p in store.glob("part-*.parquet")] == [s["file"] for s in kn.Manifest.load(store).shards]
+    assert [p.name for p in store.glob("part-*.parquet")] == [s["file"] for s in ss.Manifest.load(store).shards]
     assert sorted(kn.read_knowledge(store, dedup=False)["entity_id"]) == [f"u{i}" for i in range(9)]
 
 
@@ -439,18 +440,18 @@ def test_a_writer_compacts_the_shards_it_wrote_without_reading_them_back(tmp_pat
         for i in range(3):  # an earlier run's small shards: read from disk by the next compaction
             w.add(row(i, run_id="r0"))
     reads = []
-    real = kn.read_shard
-    monkeypatch.setattr(kn, "read_shard", lambda root, shard, *a, **k: reads.append(shard["file"]) or real(root, shard, *a, **k))
+    real = ss.read_shard
+    monkeypatch.setattr(ss, "read_shard", lambda root, shard, *a, **k: reads.append(shard["file"]) or real(root, shard, *a, **k))
     with kn.KnowledgeWriter(store, shard_rows=2, compact_after=5, compact_rows=12) as w:
         for i in range(3, 60):
             w.add(row(i))
             assert sum(t.num_rows for t in w._held.values()) <= 12  # bounded: one merged shard's rows
-    merged = [s for s in kn.Manifest.load(store).shards if "-c-" in s["file"]]
+    merged = [s for s in ss.Manifest.load(store).shards if "-c-" in s["file"]]
     assert len(merged) >= 4  # several compactions, each fed from the writer's own tables
     assert reads == ["part-00000.parquet", "part-00001.parquet"]  # only the earlier run's shards
-    monkeypatch.setattr(kn, "read_shard", real)
+    monkeypatch.setattr(ss, "read_shard", real)
     assert kn.read_knowledge(store, dedup=False)["entity_id"].to_list() == [f"u{i}" for i in range(60)]
-    assert len(list(store.glob("part-*.parquet"))) == len(kn.Manifest.load(store).shards)
+    assert len(list(store.glob("part-*.parquet"))) == len(ss.Manifest.load(store).shards)
 
 
 def test_a_row_with_an_unknown_column_is_refused_naming_it(tmp_path):

@@ -2,8 +2,9 @@
 
 The repository (``<output>/feast/``) is plain Feast: ``feature_store.yaml`` (local provider, file registry,
 SQLite online store, file offline store) and ``knowledge_repo.py`` (entities ``user`` and ``item``; feature
-views ``user_knowledge`` and ``item_knowledge`` with ``knowledge``, ``knowledge_vector``, ``source_hash``,
-``run_id``; event timestamp = ``generated_at``; no TTL). ``feast apply`` / ``feast materialize-incremental``
+views ``user_knowledge`` and ``item_knowledge`` with the knowledge row's fields marked ``feature``
+(``knowledge``, ``run_id``, ``source_hash``; their Feast types from their Arrow types) and
+``knowledge_vector``; event timestamp = ``generated_at``; no TTL). ``feast apply`` / ``feast materialize-incremental``
 work in it as well. :func:`ingest` applies the definitions and materializes: the first time from the
 oldest row, then incrementally from the last materialized time to now. It runs under the output's run
 lock, so a run cannot add rows that a concurrent materialization window would then skip.
@@ -18,9 +19,11 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.ops.features.encode import ENTITY_TYPES, FeatureTables
+from pipelines.knowledge_store import KnowledgeRow, row_spec
+from pipelines.ops.features.encode import ENTITY_TYPES, VECTOR, FeatureTables
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ REPO_TEMPLATE = '''\
 from datetime import timedelta
 
 from feast import Entity, FeatureView, Field, FileSource, ValueType
-from feast.types import Array, Float32, String
+from feast.types import Array, Bool, Float32, Float64, Int32, Int64, String, UnixTimestamp
 
 VECTOR_DIM = {dim}  # encoder: {encoder}
 
@@ -58,14 +61,33 @@ def _view(name, entity, path):
     source = FileSource(name=f"{{name}}_source", path=path, timestamp_field="event_timestamp")
     return FeatureView(
         name=name, entities=[entity], ttl=timedelta(0), source=source, online=True,
-        schema=[Field(name="knowledge", dtype=String), Field(name="knowledge_vector", dtype=Array(Float32)),
-                Field(name="source_hash", dtype=String), Field(name="run_id", dtype=String)],
+        schema=[{fields}],
         description="the newest LLM knowledge of each entity and its sentence vector")
 
 
 user_knowledge = _view("user_knowledge", user, {user_path!r})
 item_knowledge = _view("item_knowledge", item, {item_path!r})
 '''
+
+
+_FEAST_TYPES = {pa.string(): "String", pa.int32(): "Int32", pa.int64(): "Int64", pa.float32(): "Float32",
+               pa.float64(): "Float64", pa.bool_(): "Bool"}
+
+
+def feast_dtype(arrow: pa.DataType) -> str:
+    """The Feast type (its name in ``feast.types``) of a row column's Arrow type."""
+    if pa.types.is_timestamp(arrow):
+        return "UnixTimestamp"
+    if arrow not in _FEAST_TYPES:
+        raise ValueError(f"knowledge row feature of Arrow type {arrow}: no Feast type for it; add one to _FEAST_TYPES")
+    return _FEAST_TYPES[arrow]
+
+
+def feature_fields(row_type: type[KnowledgeRow]) -> str:
+    """The feature views' ``schema`` entries: the row's fields marked ``feature``, then the vector."""
+    spec = row_spec(row_type)
+    fields = [f'Field(name="{n}", dtype={feast_dtype(spec.schema.field(n).type)})' for n in spec.features]
+    return ", ".join([*fields, f'Field(name="{VECTOR}", dtype=Array(Float32))'])
 
 
 @dataclass(frozen=True)
@@ -96,7 +118,8 @@ def write_repo(output: str | Path, tables: FeatureTables, encoder: str) -> Feast
     (repo / "feature_store.yaml").write_text(STORE_YAML.format(  # quoted: a path may hold '#', ': ' or spaces
         project=PROJECT, registry=_yaml_str(repo / "data" / "registry.db"), online=_yaml_str(repo / "data" / "online.db")))
     (repo / REPO_FILE).write_text(REPO_TEMPLATE.format(
-        dim=tables.dim, encoder=encoder, user_path=str(tables.table("user").resolve()),
+        dim=tables.dim, encoder=encoder, fields=feature_fields(tables.row_type),
+        user_path=str(tables.table("user").resolve()),
         item_path=str(tables.table("item").resolve())))
     return FeastRepo(repo)
 
@@ -150,13 +173,15 @@ def online_features(store: Any, entity_type: str, ids: list[str],
     return resp.to_dict()
 
 
-def ingest(output: str | Path, encoder: str = "all-minilm-l6-v2") -> tuple[FeastRepo, dict[str, str]]:
-    """Encode the latest view, write and apply the repository, materialize (under the run lock)."""
+def ingest(output: str | Path, encoder: str = "all-minilm-l6-v2",
+           row_type: type[KnowledgeRow] = KnowledgeRow) -> tuple[FeastRepo, dict[str, str]]:
+    """Encode the latest view, write and apply the repository, materialize (under the run lock); the features
+    are ``row_type``'s fields marked ``feature``."""
     from pipelines.ops.features.encode import encode_latest
     from pipelines.lock import output_lock
 
     with output_lock(output, run_id="ingest-feast"):
-        tables = encode_latest(output, encoder)
+        tables = encode_latest(output, encoder, row_type=row_type)
         repo = write_repo(output, tables, encoder)
         store = apply(repo)
         return repo, materialize(store, tables)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import polars as pl
 
-from pipelines.knowledge_store import append_failures, read_failures, utc_now
+from pipelines.sharded_store import append_failures, read_failures, utc_now
 
 if TYPE_CHECKING:
     from pipelines.workers import GenerationRequest

@@ -18,7 +18,8 @@ from typing import Sequence
 import polars as pl
 import pyarrow as pa
 
-from pipelines.knowledge_store import KEY_COLUMNS, KNOWLEDGE_SCHEMA, POSITION, iter_knowledge, parquet_bytes, read_index
+from pipelines.knowledge_store import POSITION, KnowledgeRow, iter_knowledge, read_index, row_spec
+from pipelines.sharded_store import KEY_COLUMNS, parquet_bytes
 from pipelines.lock import check_held
 from pipelines.storage import Location
 
@@ -35,18 +36,19 @@ def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None,
-                columns: Sequence[str] | None = None) -> pl.DataFrame:
+                columns: Sequence[str] | None = None, row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
     """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column;
-    ``columns`` only, with the key columns (every knowledge column by default)."""
+    ``columns`` only, with the key columns (every column of ``row_type``, the knowledge row, by default)."""
     stores = {"knowledge": knowledge} | ({"old_knowledge": old_knowledge} if old_knowledge is not None else {})
     index = pl.concat([read_index(where).with_columns(store=pl.lit(name)) for name, where in stores.items()])
     newest = newest_per_entity(index)
-    names = KNOWLEDGE_SCHEMA.names if columns is None else [c for c in KEY_COLUMNS if c not in columns] + list(columns)
+    schema = row_spec(row_type).schema
+    names = schema.names if columns is None else [c for c in KEY_COLUMNS if c not in columns] + list(columns)
     frames = []
     for name, where in stores.items():
         rows = newest.filter(pl.col("store") == name)[POSITION].sort().to_list()
-        batches = list(iter_knowledge(where, names, rows=rows))
-        table = pa.Table.from_batches(batches, schema=pa.schema([KNOWLEDGE_SCHEMA.field(c) for c in names]))
+        batches = list(iter_knowledge(where, names, rows=rows, row_type=row_type))
+        table = pa.Table.from_batches(batches, schema=pa.schema([schema.field(c) for c in names]))
         frames.append(pl.from_arrow(table).with_columns(store=pl.lit(name)))
     return pl.concat(frames).sort(list(KEY_COLUMNS))
 

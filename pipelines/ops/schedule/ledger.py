@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge_store import parquet_bytes, utc_now
+from pipelines.sharded_store import parquet_bytes, utc_now
 from pipelines.lock import check_held
 from pipelines.storage import Location
 
