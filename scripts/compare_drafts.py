@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 import laser
-from pipelines.tools.bench.report import machine_info
-from pipelines.tools.train.draft import step_ms
+from benchmarks.report import machine_info
+from training.draft import step_ms
 
 
 def main() -> None:

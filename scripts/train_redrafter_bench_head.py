@@ -17,13 +17,13 @@ from pathlib import Path
 import torch
 
 import laser
-from pipelines.tools.bench.fixture import default_cache_root, encode_item_prompts, encode_user_prompts, prompt_key
-from pipelines.tools.bench.suite import SuiteSettings
+from benchmarks.fixture import default_cache_root, encode_item_prompts, encode_user_prompts, prompt_key
+from benchmarks.suite import SuiteSettings
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
 from pipelines.knowledge.prompts import PROMPT_VERSION
-from pipelines.tools.train.redrafter import TrainSettings, extract_features, fit_and_save, generated_examples
+from training.redrafter import TrainSettings, extract_features, fit_and_save, generated_examples
 
 import hashlib
 

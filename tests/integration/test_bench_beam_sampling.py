@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import laser
-from pipelines.tools.bench.beam_sampling import METHODS, run_beam_sampling_study, target_log_probs
+from benchmarks.beam_sampling import METHODS, run_beam_sampling_study, target_log_probs
 
 
 @pytest.fixture(scope="module")

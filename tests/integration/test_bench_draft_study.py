@@ -9,9 +9,9 @@ from rich.console import Console
 
 import laser
 from laser import DecodeStats
-from pipelines.tools.bench.draft_study import (GENERATE, SPEC, draft_targets, markdown_draft_table, metrics,
+from benchmarks.draft_study import (GENERATE, SPEC, draft_targets, markdown_draft_table, metrics,
                                          plot_draft_study, print_draft_table, run_draft_study)
-from pipelines.tools.bench.report import Run
+from benchmarks.report import Run
 
 
 def test_metrics_by_hand():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from jobs.config import load_config
-from pipelines.tools.bench.driver import DriverBenchSettings, run_driver_bench
+from benchmarks.driver import DriverBenchSettings, run_driver_bench
 
 
 def test_driver_bench_on_a_tiny_model(tiny_model, ray_session, tmp_path):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipelines.tools.bench.incremental import edit_users, pick_users
+from benchmarks.incremental import edit_users, pick_users
 
 
 def test_pick_users_is_a_seeded_share_of_the_users_with_knowledge():

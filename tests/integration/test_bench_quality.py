@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipelines.quality import entity_quality, quality_columns
-from pipelines.tools.bench import quality as bq
+from benchmarks import quality as bq
 
 
 def test_wilson_interval():

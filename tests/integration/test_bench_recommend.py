@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from pipelines.tools.bench import recommend as bench
+from benchmarks import recommend as bench
 from pipelines.data.config import DatasetConfig, SyntheticParams
 
 

@@ -11,9 +11,9 @@ import pytest
 import laser
 import router
 from laser import DecodeStats
-from pipelines.tools.bench.fixture import greedy_knowledge
-from pipelines.tools.bench.report import Run, method_metrics, repeat_median, summarise
-from pipelines.tools.bench.suite import (GREEDY_METHODS, PROMPT_LOOKUP, REFERENCE, SuiteSettings, TaskFixture,
+from benchmarks.fixture import greedy_knowledge
+from benchmarks.report import Run, method_metrics, repeat_median, summarise
+from benchmarks.suite import (GREEDY_METHODS, PROMPT_LOOKUP, REFERENCE, SuiteSettings, TaskFixture,
                                    check_targets, run_studies)
 from router.groups import GROUP_SCHEMA
 
@@ -172,7 +172,7 @@ def test_cli_rejects_a_bad_dataset_config_naming_the_file(tmp_path):
 @pytest.mark.slow
 def test_redrafter_study_on_a_tiny_model(tiny, tmp_path, monkeypatch):
     from laser.decoders.redrafter.head import RecurrentDraftHead
-    from pipelines.tools.bench.redrafter_study import run_redrafter_study
+    from benchmarks.redrafter_study import run_redrafter_study
 
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))
     RecurrentDraftHead(tiny.model, "tied").save(tmp_path / "cache" / "heads" / "h.pt", {"model": tiny.name})

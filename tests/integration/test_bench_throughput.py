@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipelines.tools.bench.throughput import GENERATE, ThroughputSettings, ceiling, run_throughput
+from benchmarks.throughput import GENERATE, ThroughputSettings, ceiling, run_throughput
 from laser.cost import ForwardCost
 
 
@@ -141,7 +141,7 @@ def test_sigterm_to_the_vllm_bench_stops_its_level_processes(tmp_path_factory, t
 
 @pytest.mark.slow
 def test_vllm_bench_on_a_tiny_model_reports_medians_spreads_and_drafting(tmp_path_factory, tmp_path):
-    from pipelines.tools.bench.throughput_vllm import VllmThroughputSettings, run_throughput_vllm
+    from benchmarks.throughput_vllm import VllmThroughputSettings, run_throughput_vllm
 
     model = _vllm_tiny(tmp_path_factory)
     s = VllmThroughputSettings(model=model, threads=1, concurrency=(2,), min_prompts=2, max_new_tokens=8, old_users=6,

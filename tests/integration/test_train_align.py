@@ -13,9 +13,9 @@ import laser
 from jobs.config import load_config
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.tools.train.align import (AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage,
+from training.align import (AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage,
                                    train_align)
-from pipelines.tools.train.rec_examples import rec_data
+from training.rec_examples import rec_data
 from pipelines.knowledge.validation import JobInputError
 from tests.helpers import save_tiny_model
 

@@ -13,7 +13,7 @@ import torch
 
 import laser
 from jobs.config import load_config
-from pipelines.tools.train.draft import DraftTrainSettings, build_draft, train_draft
+from training.draft import DraftTrainSettings, build_draft, train_draft
 from tests.helpers import save_tiny_model
 
 
@@ -55,7 +55,7 @@ def test_interrupted_run_resumes_at_its_checkpoint_and_trains_as_if_never_stoppe
 KILL = """
 import os, signal, sys
 from jobs.config import load_config
-from pipelines.tools.train.draft import DraftTrainSettings, train_draft
+from training.draft import DraftTrainSettings, train_draft
 s = DraftTrainSettings(name="killed", init="truncate:1", steps=6, batch_size=2, samples=6, max_new_tokens=16,
                        max_prompt_tokens=32, checkpoint_every=2, positions=8, lr=1e-3)
 kill = lambda step, loss: os.kill(os.getpid(), signal.SIGKILL) if step == 5 else None

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import laser
 from jobs.config import load_config
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.tools.train.rec_examples import rec_data
-from pipelines.tools.train.recommender import RecTrainSettings, prepare, train_recommender
+from training.rec_examples import rec_data
+from training.recommender import RecTrainSettings, prepare, train_recommender
 from pipelines.knowledge.validation import JobInputError
 from tests.helpers import save_tiny_model
 

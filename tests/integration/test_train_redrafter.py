@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import laser
-from pipelines.tools.train.redrafter import (TrainSettings, extract_features, fit_and_save, shortlist_tokens, train_head)
+from training.redrafter import (TrainSettings, extract_features, fit_and_save, shortlist_tokens, train_head)
 from tests.helpers import greedy_reference, random_prompts
 
 SETTINGS = dict(kind="shortlist", shortlist=64, depth=3, steps=8, batch_positions=64, checkpoint_every=2, lr=3e-3)
@@ -56,7 +56,7 @@ def test_training_lowers_the_loss(tiny_lm, data, tmp_path):
 _KILLED_RUN = textwrap.dedent("""
     import os, sys, torch
     import laser
-    import pipelines.tools.train.redrafter as tr
+    import training.redrafter as tr
     from tests.helpers import greedy_reference, random_prompts
     from tests.integration.test_train_redrafter import SETTINGS, _sequences
     torch.set_num_threads(1)
@@ -122,7 +122,7 @@ def test_bad_settings_are_refused():
 
 
 def test_generated_examples_carry_the_forward_hidden_states_and_resume(tiny_lm, tmp_path):
-    from pipelines.tools.train.redrafter import examples_features, generate_examples
+    from training.redrafter import examples_features, generate_examples
 
     prompts = random_prompts(3, 96, seed=30)
     examples = generate_examples(tiny_lm, prompts, 12, tmp_path, batch=2, progress=False)

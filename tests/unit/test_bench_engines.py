@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from pipelines.tools.bench import engines
-from pipelines.tools.bench.ray_data_llm import pass_figures, speculative_config
+from benchmarks import engines
+from benchmarks.ray_data_llm import pass_figures, speculative_config
 
 
 def _fake_run(walls):
@@ -65,7 +65,7 @@ def test_each_row_runs_its_own_fresh_process(tmp_path):
     assert job[-6:] == ["--set", "dataset.limit_users=5", "--set", "execution.engine=vllm", "--set",
                         f"output.path={tmp_path / 'out'}"]
     rd = engines.command(tmp_path / "c.yaml", "ray-data-llm-ngram", tmp_path / "out", ["dataset.limit_users=5"])
-    assert rd[1:4] == ["-m", "jobs.bench_rows", "ray-data-llm"]
+    assert rd[1:4] == ["-m", "benchmarks.rows", "ray-data-llm"]
     assert rd[rd.index("--speculation") + 1] == "ngram" and rd[-2:] == ["--set", "dataset.limit_users=5"]
     with pytest.raises(ValueError, match="unknown engine row"):
         engines.check_engines(["hf", "ray-data"])

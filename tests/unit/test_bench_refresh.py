@@ -1,11 +1,11 @@
-"""`laser bench refresh`'s day 2 edit and its quality figures (pipelines/tools/bench/refresh.py)."""
+"""`laser bench refresh`'s day 2 edit and its quality figures (benchmarks/refresh.py)."""
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
 from pipelines.data.schema import INTERACTIONS_SCHEMA
-from pipelines.tools.bench.refresh import day_two, text_quality
+from benchmarks.refresh import day_two, text_quality
 
 
 def test_day_two_adds_one_unseen_interaction_per_heavy_user_and_one_item(tmp_path):

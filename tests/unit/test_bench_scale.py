@@ -10,8 +10,8 @@ import pytest
 
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
 from pipelines.data.synthetic import scale_catalogue
-from pipelines.tools.bench import scale
-from pipelines.tools.bench.scale import Meter, ScaleSettings, StageRun
+from benchmarks import scale
+from benchmarks.scale import Meter, ScaleSettings, StageRun
 
 
 @pytest.fixture(scope="module")

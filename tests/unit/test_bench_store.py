@@ -1,4 +1,4 @@
-"""`laser bench store` (pipelines/tools/bench/store.py): runs on a small store and reports what it measured."""
+"""`laser bench store` (benchmarks/store.py): runs on a small store and reports what it measured."""
 from __future__ import annotations
 
 import json

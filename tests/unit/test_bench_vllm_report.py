@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from pipelines.tools.bench.throughput_vllm import (ALL_METHODS, HF_RELAXED, ChainSource, aggregate_level,
+from benchmarks.throughput_vllm import (ALL_METHODS, HF_RELAXED, ChainSource, aggregate_level,
                                                    check_vllm_targets, engines_to_keep, markdown_vllm_throughput,
                                                    select_methods, verdict)
-from pipelines.tools.bench.vllm_level import ProposeTimer, kv_cache_gib
+from benchmarks.vllm_level import ProposeTimer, kv_cache_gib
 from pools.retrieval import RetrievalPool
 
 
@@ -142,7 +142,7 @@ def test_kv_cache_holds_every_request_in_flight(tmp_path):
 
 def test_the_report_counts_looping_and_ended_texts_per_row():
     """A looping text is counted as degenerate, a text that stopped before the limit as ended by EOS."""
-    from pipelines.tools.bench.throughput_vllm import texts_quality
+    from benchmarks.throughput_vllm import texts_quality
 
     words = {1: "the", 2: "cat", 3: "sat", 4: "on", 5: "a", 6: "mat", 7: "today", 8: "."}
     tok = type("Tok", (), {"batch_decode": lambda self, outs, skip_special_tokens=True:

@@ -27,7 +27,7 @@ def plant(path: Path, marker: Path) -> Path:
 
 
 def _loaders(work: Path):
-    from pipelines.tools.train import align, draft, loop, redrafter
+    from training import align, draft, loop, redrafter
 
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
@@ -52,7 +52,7 @@ def test_planted_training_cache_is_refused_without_running_it(name, tmp_path):
 
 
 def test_plain_caches_round_trip(tmp_path):
-    from pipelines.tools.train import align, draft
+    from training import align, draft
 
     work = tmp_path / "work"
     work.mkdir()

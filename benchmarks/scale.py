@@ -520,7 +520,7 @@ def spawn_stage(stage: str, root: Path, timeout_s: float, max_gb: float) -> Stag
     result_path.unlink(missing_ok=True)
     run, started, killed = StageRun(), time.perf_counter(), None
     with open(root / "logs" / f"{stage}.log", "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "pipelines.tools.bench.scale", stage, str(root)],
+        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.scale", stage, str(root)],
                                 stdout=logf, stderr=subprocess.STDOUT)
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
@@ -725,7 +725,7 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
     ``merge`` the sizes ``json_out`` already holds are kept (what this run measures replaces them stage by
     stage) and project the sizes of this run, and a size folder in ``work`` from an earlier run on the same
     data is resumed: its catalogue and the finished stages the selected ones need are reused."""
-    from pipelines.tools.bench.report import machine_info, versions
+    from benchmarks.report import machine_info, versions
 
     json_out = Path(json_out)
     earlier = json.loads(json_out.read_text())["sizes"] if merge and json_out.exists() else {}
@@ -864,6 +864,6 @@ def print_result(result: dict[str, Any]) -> None:
         console.print(f"{int(n):,} entities skipped: {why}")
 
 
-if __name__ == "__main__":  # a stage process: python -m pipelines.tools.bench.scale STAGE SIZE_FOLDER
+if __name__ == "__main__":  # a stage process: python -m benchmarks.scale STAGE SIZE_FOLDER
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     run_stage(sys.argv[1], Path(sys.argv[2]))

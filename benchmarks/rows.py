@@ -1,9 +1,9 @@
 """Rows of `laser bench engines` that run outside the job, each in a fresh process:
 
-    python -m jobs.bench_rows ray-data-llm CONFIG --out DIR [--set k=v ...] [--speculation none|ngram|suffix]
+    python -m benchmarks.rows ray-data-llm CONFIG --out DIR [--set k=v ...] [--speculation none|ngram|suffix]
 
 loads the job config (with its overrides) and runs the same work through Ray Data LLM
-(:mod:`pipelines.tools.bench.ray_data_llm`), printing its old and new pass figures as JSON.
+(:mod:`benchmarks.ray_data_llm`), printing its old and new pass figures as JSON.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def ray_data_llm(config: Path = typer.Argument(..., help="Job config whose entit
                  out: Path = typer.Option(..., "--out", help="Folder for the summary and the rows."),
                  overrides: list[str] = typer.Option([], "--set", help="key.path=value overrides of the config."),
                  speculation: str = typer.Option("none", help="vLLM speculation: none, ngram or suffix.")) -> None:
-    from pipelines.tools.bench.ray_data_llm import SPECULATION, run
+    from benchmarks.ray_data_llm import SPECULATION, run
 
     t0 = time.perf_counter()
     if speculation not in SPECULATION:

@@ -1,6 +1,6 @@
 """`laser train-recommender`: fine-tune the job's model on next-item prediction from the old histories.
 
-Examples (:mod:`pipelines.tools.train.rec_examples`): per user, history[:i] -> item i, the target the item's
+Examples (:mod:`training.rec_examples`): per user, history[:i] -> item i, the target the item's
 identifier tokens + the trie's end token; loss = cross-entropy on those tokens only. Methods: ``lora``
 (peft LoRA on the attention and MLP projections, merged into the weights before saving) or ``full``
 (every weight trained). The model is trained in place on the loaded copy.
@@ -23,9 +23,9 @@ import torch
 
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.tools.train.draft import plot_losses, save_draft
-from pipelines.tools.train.loop import LoopSettings, batch_indices, run_steps, start_run, trainable
-from pipelines.tools.train.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss
+from training.draft import plot_losses, save_draft
+from training.loop import LoopSettings, batch_indices, run_steps, start_run, trainable
+from training.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ a warm-up, methods interleaved user by user:
   the held-out items, and whether strict returned exactly ``beam``'s ranked items (and the largest score
   difference: fp32 forwards over different trees differ in the last bits).
 
-The DSBD section runs ``pipelines.tools.bench.beam_sampling`` on the users' knowledge prompts: beam sampling
+The DSBD section runs ``benchmarks.beam_sampling`` on the users' knowledge prompts: beam sampling
 against DSBD (dynamic width, one-cache variant): speed and mean target log-probability of the returned
 sequences. Output: JSON, Markdown and a PNG beside the JSON.
 """
@@ -32,7 +32,7 @@ import torch
 
 import laser
 from laser.decoders.beam.search import ItemTrie
-from pipelines.tools.bench.report import machine_info
+from benchmarks.report import machine_info
 from pipelines.data.config import DatasetConfig, SyntheticParams
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
@@ -79,7 +79,7 @@ class Fixture:
 
 def fixture(s: RecommendBenchSettings, lm: laser.LoadedModel) -> Fixture:
     """Measured users' recommendation prompts, held-out items and the item trie (and knowledge prompts)."""
-    from pipelines.tools.bench.fixture import encode_user_prompts
+    from benchmarks.fixture import encode_user_prompts
 
     ds = load_dataset(s.dataset or DEMO_DATA)
     split = split_old_new(ds, seed=s.seed, max_hist=8)
@@ -175,7 +175,7 @@ def run_recommend_bench(json_out: Path, s: RecommendBenchSettings) -> dict:
                   f"NDCG@K {r['ndcg']:.3f} same as beam {r['same_as_beam']}", flush=True)
         _write(json_out, results)  # partial results survive an interrupted run
     if s.dsbd_prompts and fx.knowledge_prompts:
-        from pipelines.tools.bench.beam_sampling import run_beam_sampling_study
+        from benchmarks.beam_sampling import run_beam_sampling_study
 
         results["dsbd"] = run_beam_sampling_study(lm, draft_lm(lm, s.dsbd_draft or s.draft), fx.knowledge_prompts, W=s.dsbd_W, gamma=s.dsbd_gamma,
                                                   W_S=s.dsbd_W_S, seeds=s.seeds, max_new_tokens=s.dsbd_tokens)

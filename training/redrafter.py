@@ -1,7 +1,7 @@
 """`laser train-redrafter CONFIG`: distil a ReDrafter head from the target's own generations.
 
 Data: the target's greedy answers to the job's old-knowledge prompts (old user histories, existing
-items), generated once and cached (``pipelines.tools.bench.fixture.greedy_knowledge``), or the texts of the
+items), generated once and cached (``benchmarks.fixture.greedy_knowledge``), or the texts of the
 job's old-knowledge store (``source="store"``). On the target's own greedy text, the next T tokens of
 the sequence *are* the target's greedy continuation at every position, so teacher forcing on them is the
 paper's local distillation (Eq. 2) with T future tokens per position.
@@ -33,7 +33,7 @@ from laser.engine import TreeDecodingEngine
 from laser.decoders.redrafter.head import HEAD_KINDS, RecurrentDraftHead, head_path
 from laser.request import Request
 from laser.verify import RejectionSampler
-from pipelines.tools.train.loop import load_plain
+from training.loop import load_plain
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """One vLLM method at one concurrency, in a process of its own, driven by
-:mod:`pipelines.tools.bench.throughput_vllm` (:class:`LevelProcess`).
+:mod:`benchmarks.throughput_vllm` (:class:`LevelProcess`).
 
 The process builds one engine (``max_num_seqs`` = the concurrency), registers the level's pools, warms
 it once and then runs the timed repeats it is asked for, one at a time, so that the bench can interleave

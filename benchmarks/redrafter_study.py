@@ -18,8 +18,8 @@ import polars as pl
 
 import laser
 from laser.decoders.redrafter.head import head_path
-from pipelines.tools.bench.fixture import encode_user_prompts
-from pipelines.tools.bench.report import Run, machine_info, print_methods, summarise, versions, wide_console
+from benchmarks.fixture import encode_user_prompts
+from benchmarks.report import Run, machine_info, print_methods, summarise, versions, wide_console
 from pipelines.data.schema import Dataset
 from pipelines.data.split import split_old_new
 
@@ -35,7 +35,7 @@ def method_name(width: int, length: int, dedup: bool) -> str:
 def study_methods(s: Any):
     """generate, autoregressive, then the grid; without dedup only where BW > 1 (one beam has nothing to share)
     and L is in ``redrafter_nodedup_lengths`` (dedup changes the tree's size, not the tokens)."""
-    from pipelines.tools.bench.suite import Method
+    from benchmarks.suite import Method
 
     ms = [Method(REFERENCE, "generate"), Method("autoregressive", "autoregressive")]
     for dedup in (True, False):
@@ -50,7 +50,7 @@ def study_methods(s: Any):
 
 def user_prompts(lm: laser.LoadedModel, ds: Dataset, s: Any) -> dict[str, list[int]]:
     """{user: prompt ids} of a seeded sample of new histories (full history up to the end of the new part)."""
-    from pipelines.tools.bench.suite import _sample
+    from benchmarks.suite import _sample
 
     split = split_old_new(ds, seed=s.seed, max_hist=s.max_hist)
     measured = _sample(split.new_interactions["user_id"].unique().to_list(), s.user_prompts, s.seed)
@@ -84,7 +84,7 @@ def training_curve(head: str) -> dict[str, Any] | None:
 
 def run_redrafter_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s: Any, json_out: Path) -> dict[str, Any]:
     """Measure the grid on ``prompts`` (:func:`user_prompts`); print the table; write JSON, Markdown and a PNG."""
-    from pipelines.tools.bench.suite import TaskFixture, measure_task
+    from benchmarks.suite import TaskFixture, measure_task
 
     if not s.redrafter_head:
         raise ValueError("the redrafter study needs a trained head: --redrafter-head NAME (laser train-redrafter)")

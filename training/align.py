@@ -2,7 +2,7 @@
 
 The target (the job's ``model.name``, possibly a `laser train-recommender` result) stays frozen; the draft
 starts from ``init`` (``truncate:N`` / ``fresh:L:H`` as in `laser train-draft`, or a model-cache name or
-path). Prompts are the next-item examples of :mod:`pipelines.tools.train.rec_examples`. Per prompt, the data are
+path). Prompts are the next-item examples of :mod:`training.rec_examples`. Per prompt, the data are
 K identifier sequences, made once with the initial draft and cached in the work directory:
 
 - ``strict`` (AtSpeed-S): the top-K of a constrained beam search over the token-level mixture
@@ -36,9 +36,9 @@ from laser.decoders.beam.align import alignment_objective
 from laser.decoders.beam.search import Hyp, ItemTrie, Seq, beam_step, initial_beams
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from pipelines.tools.train.draft import build_draft, plot_losses, save_draft
-from pipelines.tools.train.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
-from pipelines.tools.train.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
+from training.draft import build_draft, plot_losses, save_draft
+from training.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
+from training.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
                                           model_beam_search, rec_data, valid_mask)
 from pipelines.knowledge.validation import JobInputError
 

@@ -30,7 +30,7 @@ from tqdm import tqdm
 import laser
 from laser.models import LoadedModel
 from laser.sampling import SamplingParams
-from pipelines.tools.bench.report import Run, hf_generate
+from benchmarks.report import Run, hf_generate
 
 log = logging.getLogger(__name__)
 

@@ -101,7 +101,7 @@ def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path
                           seed: int = 0) -> dict[str, Any]:
     """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``.
     ``dataset`` is the config's ``DatasetConfig`` (loaded by the caller)."""
-    from pipelines.tools.bench.report import machine_info, versions
+    from benchmarks.report import machine_info, versions
     from pipelines.knowledge_store import read_knowledge
 
     out = work / "out"

@@ -37,7 +37,7 @@ from typing import Any
 
 import polars as pl
 
-from pipelines.tools.bench.incremental import write_tables
+from benchmarks.incremental import write_tables
 
 TARGET_REFRESH = 1.5  # day 2 decode tok/s, drafting over no drafting
 TARGET_FIRST = 1.1  # day 1 entities per minute, drafting over no drafting
@@ -121,7 +121,7 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     is taken as it was, so only day 2 runs again (e.g. after a change to drafting). Day 2 runs
     ``day2_repeats`` times each way, alternating the order; the ratio is of the medians."""
     from pipelines.knowledge_store import read_knowledge
-    from pipelines.tools.bench.report import machine_info, versions
+    from benchmarks.report import machine_info, versions
 
     if work.exists() and any(work.iterdir()):
         raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")

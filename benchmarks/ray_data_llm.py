@@ -1,6 +1,6 @@
 """The job's knowledge work as the pipeline users would write instead: Ray Data LLM over plain vLLM.
 
-``laser bench engines`` runs it in a fresh process (``python -m jobs.bench_rows ray-data-llm CONFIG --out DIR
+``laser bench engines`` runs it in a fresh process (``python -m benchmarks.rows ray-data-llm CONFIG --out DIR
 [--set k=v ...] [--speculation none|ngram|suffix]``, which loads the config and calls :func:`run`), timed
 from process start to its last row like the job's own rows. Same work as the job, built with the job's own code:
 

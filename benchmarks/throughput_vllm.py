@@ -10,7 +10,7 @@ times, interleaved (repeat 1 of every method, then repeat 2, ...):
 - ``vllm`` (no speculation), ``vllm ngram`` (prompt lookup, 8 tokens, n 2-4), ``vllm suffix`` (Arctic
   Inference's suffix decoding; only where ``arctic_inference`` imports), ``laser-vllm greedy`` and
   ``laser-vllm relaxed`` (LASER as vLLM's drafter, routed pools, draft length ``auto`` from the vLLM
-  step-cost model): each in a level process of its own (:mod:`pipelines.tools.bench.vllm_level`: which
+  step-cost model): each in a level process of its own (:mod:`benchmarks.vllm_level`: which
   engine state is reused between repeats, and why that is safe), ``max_num_seqs`` = c, the KV cache
   sized for every request in flight.
 
@@ -42,9 +42,9 @@ from laser.tree import DraftTree
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.quality import summarise_quality
-from pipelines.tools.bench.report import machine_info, versions, wide_console
-from pipelines.tools.bench.suite import build_task_pools, pool_for, user_fixture
-from pipelines.tools.bench.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
+from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.suite import build_task_pools, pool_for, user_fixture
+from benchmarks.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
                                               _engine_level, _generate_level, _warm_up, select_rows)
 
 log = logging.getLogger(__name__)
@@ -123,7 +123,7 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         cache_root: Path | None = None) -> dict[str, Any]:
     """Measure, print the table, write JSON, Markdown and the PNG; return the report."""
     from laser.cost import ForwardCost
-    from pipelines.tools.bench.vllm_level import (ENGINE_BASE_GIB, LevelProcess, available_gib, in_fresh_process,
+    from benchmarks.vllm_level import (ENGINE_BASE_GIB, LevelProcess, available_gib, in_fresh_process,
                                                   kv_cache_gib)
 
     if s.repeats < 1:

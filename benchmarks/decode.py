@@ -1,7 +1,7 @@
 """`laser bench decode`: decoders side by side on user-profile generation with the bundled model.
 
 Fixture: the synthetic demo data's old histories are answered once by greedy decoding (the "earlier
-knowledge"), cached on disk by :mod:`pipelines.tools.bench.fixture`. New histories of
+knowledge"), cached on disk by :mod:`benchmarks.fixture`. New histories of
 a few users are the measured prompts. Pools: ReSD gets one global pool of every old profile; LASER
 gets the pool of the user's taste group (the synthetic data's planted cluster stands in for the
 router's collaborative group here).
@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 import laser
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
-from pipelines.tools.bench.fixture import encode_user_prompts, greedy_knowledge
-from pipelines.tools.bench.report import hf_generate, machine_info, print_methods, summarise, timed_decode, versions
+from benchmarks.fixture import encode_user_prompts, greedy_knowledge
+from benchmarks.report import hf_generate, machine_info, print_methods, summarise, timed_decode, versions
 from pipelines.data.split import split_old_new
 from pipelines.data.synthetic import generate as synthetic_generate
 from pools import RetrievalPool

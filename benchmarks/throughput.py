@@ -32,8 +32,8 @@ from tqdm import tqdm
 import laser
 from laser.cost import ForwardCost, forward_cost
 from laser.engine import StepRecord
-from pipelines.tools.bench.report import machine_info, versions, wide_console
-from pipelines.tools.bench.suite import SuiteSettings, build_task_pools, pool_for, user_fixture
+from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.suite import SuiteSettings, build_task_pools, pool_for, user_fixture
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 
@@ -47,7 +47,7 @@ class ThroughputMethod:
     name: str
     decoder: str  # "generate" or a registered decoder
     params: dict[str, Any] = field(default_factory=dict, hash=False)
-    pool: str | None = None  # "crp" | "global" (see pipelines.tools.bench.suite.pool_for)
+    pool: str | None = None  # "crp" | "global" (see benchmarks.suite.pool_for)
 
 
 def default_methods(fixed_K: tuple[int, ...] = (8, 32)) -> list[ThroughputMethod]:
@@ -240,7 +240,7 @@ def _remeasured(lm: laser.LoadedModel) -> ForwardCost:
 
 
 def _as_suite_method(m: ThroughputMethod):
-    from pipelines.tools.bench.suite import Method
+    from benchmarks.suite import Method
 
     return Method(m.name, m.decoder, m.params, m.pool)
 

@@ -4,7 +4,7 @@ Rows (``--engines``, comma-separated):
 
 - ``hf``, ``vllm``: the job itself (``python -m jobs run CONFIG --set execution.engine=E``);
 - ``ray-data-llm``: the same entities, prompts, model, token budget and resources through ``ray.data.llm``
-  on plain vLLM (:mod:`pipelines.tools.bench.ray_data_llm`); ``ray-data-llm-ngram`` and
+  on plain vLLM (:mod:`benchmarks.ray_data_llm`); ``ray-data-llm-ngram`` and
   ``ray-data-llm-suffix`` add vLLM's prompt-lookup or Arctic Inference's suffix speculation (8 tokens).
 
 Every run is a fresh process on an empty output, timed from process start to its end. Figures per run,
@@ -65,7 +65,7 @@ def command(config: Path, engine: str, out: Path, overrides: Sequence[str] = ())
     if engine in JOB_ENGINES:
         return [sys.executable, "-m", "jobs", "run", str(config), *sets, "--set", f"execution.engine={engine}",
                 "--set", f"output.path={out}"]
-    return [sys.executable, "-m", "jobs.bench_rows", "ray-data-llm", str(config), "--out", str(out),
+    return [sys.executable, "-m", "benchmarks.rows", "ray-data-llm", str(config), "--out", str(out),
             "--speculation", RAY_DATA_ROWS[engine], *sets]
 
 
@@ -125,7 +125,7 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
                       repeats: int = 1, overrides: Sequence[str] = (), cold: bool = True) -> dict[str, Any]:
     """Each row cold once (``cold``), then ``repeats`` warm runs, interleaved; prints the table, writes
     ``json_out``, Markdown and a PNG."""
-    from pipelines.tools.bench.report import machine_info
+    from benchmarks.report import machine_info
 
     check_engines(engines)
     json_out.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +152,7 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
 def _save(json_out: Path, config: Path, overrides: Sequence[str], repeats: int, cold: bool, runs: list[dict[str, Any]],
           engines: tuple[str, ...], load_before: Any) -> dict[str, Any]:
     """The result so far, written after every run (a long bench killed midway keeps what it measured)."""
-    from pipelines.tools.bench.report import machine_info, versions
+    from benchmarks.report import machine_info, versions
 
     warm = {e: _median_run([r for r in runs if r["engine"] == e and r["phase"] == "warm"]) for e in engines}
     cold_runs = {e: next((r for r in runs if r["engine"] == e and r["phase"] == "cold"), None) for e in engines}
@@ -257,7 +257,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
 def print_result(result: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from pipelines.tools.bench.report import wide_console
+    from benchmarks.report import wide_console
 
     table = Table(title=f"entities per minute by engine ({result['config']})")
     for col in COLUMNS:

@@ -2,7 +2,7 @@
 
 Fixture (per task): the dataset is split into old and new (LASER 2.1 streaming simulation). Old
 histories (user task) and existing items (item task) are answered once by greedy decoding: the
-"earlier knowledge", cached on disk (:mod:`pipelines.tools.bench.fixture`). New histories and new items are
+"earlier knowledge", cached on disk (:mod:`benchmarks.fixture`). New histories and new items are
 the measured prompts. Groups: users by the router's collaborative groups (LightGCN + K-means), items by
 attribute groups, as the paper's binary router does; pools are built by :mod:`pools.build`:
 
@@ -21,7 +21,7 @@ hits all alike), each request the median of ``repeats`` timings:
 - Figure 2 pool-size sweep: the global pool capped at fractions of the earlier knowledge (greedy ``resd``);
 - draft-budget sweep: LASER with K tree tokens per step;
 - the item task: generate, prompt lookup, ``resd``, CRP greedy, LASER;
-- the ``draft`` study (:mod:`pipelines.tools.bench.draft_study`): ``spec_sampling`` and ``topk_imp`` (K in
+- the ``draft`` study (:mod:`benchmarks.draft_study`): ``spec_sampling`` and ``topk_imp`` (K in
   ``draft_ks``, paper and lossless) at temperatures 0 and 1 against ``generate``, the paper's Table 1.
   ``studies=("draft",)`` runs it alone: only the measured user prompts are built (no pools, no earlier
   knowledge).
@@ -46,10 +46,10 @@ from tqdm import tqdm
 import laser
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 import router
-from pipelines.tools.bench.draft_study import markdown_draft_table, plot_draft_study, print_draft_table, run_draft_study
-from pipelines.tools.bench.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
-from pipelines.tools.bench.plots import plot_studies
-from pipelines.tools.bench.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
+from benchmarks.draft_study import markdown_draft_table, plot_draft_study, print_draft_table, run_draft_study
+from benchmarks.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
+from benchmarks.plots import plot_studies
+from benchmarks.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
                                     print_breakdown, print_methods, repeat_median, summarise, timed_decode, versions,
                                     wide_console)
 from pipelines.data.config import DatasetConfig

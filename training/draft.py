@@ -3,7 +3,7 @@
 Data: the job's old-knowledge store (the target's greedy texts for old histories and existing items),
 each text after its own chat-templated prompt; when the store has fewer than ``samples`` rows, the
 target answers a seeded sample of the job's old-history and existing-item prompts greedily (cached
-like the benchmark fixtures, :func:`pipelines.tools.bench.fixture.greedy_knowledge`). A tenth is held out.
+like the benchmark fixtures, :func:`benchmarks.fixture.greedy_knowledge`). A tenth is held out.
 
 Loss: TopK-ImpSpecDec's (:mod:`laser.decoders.draft_model.distill`), Smooth-L1 on projected last hidden states + 0.1 x
 KL(draft || target), on the response positions only. The target runs once per example: its last
@@ -40,7 +40,7 @@ from laser.decoders.draft_model.distill import distill_loss_terms, hidden_projec
 from laser.decoders.draft_model.drafter import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
-from pipelines.tools.train.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
+from training.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ def _prompt_text(req: Any, lm: LoadedModel, cfg: JobConfig, domain: str) -> str:
 def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, response ids) from the job's old-knowledge store, topped up to ``s.samples`` by greedy
     answers to a seeded sample of the job's other old prompts."""
-    from pipelines.tools.bench.fixture import greedy_knowledge
+    from benchmarks.fixture import greedy_knowledge
     from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge_store import read_knowledge
 

@@ -1,1 +1,0 @@
-"""Developer tools: benchmarks (``bench``) and training of drafts, heads and fine-tunes (``train``)."""

@@ -1,1 +1,0 @@
-"""Benchmarks: each prints a table and writes JSON (+ PNG plots)."""

@@ -1,1 +1,0 @@
-"""Training of what the pipeline uses beside the target: draft models (`laser train-draft`) and ReDrafter heads (`laser train-redrafter`)."""
