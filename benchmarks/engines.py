@@ -43,7 +43,7 @@ from pipelines.knowledge.decoders import ENGINES as JOB_ENGINES
 
 RAY_DATA_ROWS = {"ray-data-llm": "none", "ray-data-llm-ngram": "ngram", "ray-data-llm-suffix": "suffix"}
 ENGINES = (*JOB_ENGINES, "ray-data-llm")  # the default rows
-KNOWN = JOB_ENGINES + tuple(RAY_DATA_ROWS)
+KNOWN = (*JOB_ENGINES, *RAY_DATA_ROWS)  # JOB_ENGINES: the engine registry (a dict), by name
 
 
 def check_engines(engines: Sequence[str]) -> None:

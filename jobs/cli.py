@@ -1,13 +1,90 @@
-"""The `laser` command line. Each sub-command lives in the module that owns its work."""
+"""The `laser` command line. Every command lives in the module that owns its work, whose `register(app)` adds it;
+this file only names those modules and the help panel their commands are listed under (`COMMANDS`). The research
+tools (`benchmarks`, `training`) are named here, never imported: their module loads when one of their commands
+runs, so `laser --help` and `laser run` do not import them."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
+from typing import Any
 
+import click
 import typer
+from typer.core import TyperGroup
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None, help="LASER: fast LLM knowledge generation for recommenders.")
+JOB, OPERATIONS, RESEARCH = "Job", "Operations", "Research"
+
+# (module whose `register(app)` adds commands, their help panel, None: loaded now | {command: its one-line help}:
+# loaded when one of them runs). tests/integration/test_cli_registration.py checks the help against the modules.
+COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
+    ("jobs.run", JOB, None),
+    ("jobs.recommend", JOB, None),
+    ("jobs.features", OPERATIONS, None),
+    ("jobs.failures", OPERATIONS, None),
+    ("jobs.decoders", OPERATIONS, None),
+    ("jobs.ctr_eval", RESEARCH, None),
+    ("training.cli", RESEARCH, {
+        "train-draft": "Distil a draft from the target on its own generations for the job's prompts; "
+                       "resumes after a kill.",
+        "train-recommender": "Fine-tune the recommender on next-item prediction from the old histories; "
+                             "resumes after a kill.",
+        "train-align": "Align a draft to the frozen target with AtSpeed's losses; resumes after a kill.",
+        "train-redrafter": "Train a ReDrafter head by distillation on the target's own generations "
+                           "(resumes after a kill).",
+    }),
+    ("benchmarks.cli", RESEARCH, {"bench": "Benchmarks: each prints a table and writes JSON + a PNG plot."}),
+)
+
+
+class _Deferred(click.Command):
+    """A command listed in the help whose module loads only when the command runs."""
+
+    def __init__(self, name: str, module: str, short_help: str, panel: str) -> None:
+        super().__init__(name, help=short_help)
+        self.module, self.rich_help_panel = module, panel
+
+    def load(self) -> click.Command:
+        """The real command, from its module's `register` on a fresh app of the same settings."""
+        sub = typer.Typer(rich_markup_mode=None)
+        importlib.import_module(self.module).register(sub)
+        command = typer.main.get_group(sub).commands[self.name]
+        command.rich_help_panel = self.rich_help_panel
+        return command
+
+
+class _LaserGroup(TyperGroup):
+    """The root group: deferred commands load when resolved; the plain help lists commands by panel."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        for module, panel, deferred in COMMANDS:
+            for name, short_help in (deferred or {}).items():
+                self.commands[name] = _Deferred(name, module, short_help, panel)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if isinstance(command, _Deferred):
+            command = self.commands[cmd_name] = command.load()
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        listed = [(name, cmd) for name, cmd in self.commands.items() if not cmd.hidden]  # no load: help stays fast
+        if not listed:
+            return
+        limit = formatter.width - 6 - max(len(name) for name, _ in listed)
+        panels: dict[str, list[tuple[str, str]]] = {}
+        for name, cmd in listed:
+            panels.setdefault(getattr(cmd, "rich_help_panel", None) or "Commands", []).append(
+                (name, cmd.get_short_help_str(limit)))
+        for panel, rows in panels.items():
+            with formatter.section(panel):
+                formatter.write_dl(rows)
+
+
+app = typer.Typer(cls=_LaserGroup, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
+                  help="LASER: fast LLM knowledge generation for recommenders.")
 
 
 def _version(value: bool) -> None:
@@ -30,42 +107,17 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logg
         os.environ.setdefault("TQDM_MININTERVAL", "30")
 
 
-@app.command("decoders")
-def decoders() -> None:
-    """List the registered decoders (built-ins and `laser.decoders` entry-point plug-ins)."""
-    from laser import available_decoders
+def _register(module: str, panel: str) -> None:
+    """Add a module's commands now, listed under `panel`."""
+    commands, groups = len(app.registered_commands), len(app.registered_groups)
+    importlib.import_module(module).register(app)
+    for info in app.registered_commands[commands:] + app.registered_groups[groups:]:
+        info.rich_help_panel = panel
 
-    for name, cls in available_decoders().items():
-        typer.echo(f"{name:16s} pool={cls.pool:7s} {cls.summary}")
 
-
-from jobs import run as _job_commands  # noqa: E402  (run, demo, route, build-pools, generate, submit)
-
-_job_commands.register(app)
-
-from jobs import features as _feature_commands  # noqa: E402  (latest, encode, ingest feast)
-
-_feature_commands.register(app)
-
-from jobs import recommend as _recommend_commands  # noqa: E402  (recommend)
-
-_recommend_commands.register(app)
-
-from jobs import failures as _failure_commands  # noqa: E402  (failures)
-
-_failure_commands.register(app)
-
-from jobs.ctr_eval import ctr_eval as _ctr_eval  # noqa: E402
-
-app.command("ctr-eval")(_ctr_eval)
-
-from training.cli import register as _register_training  # noqa: E402
-
-_register_training(app)
-
-from benchmarks.cli import register as _register_benchmarks  # noqa: E402
-
-_register_benchmarks(app)
+for _module, _panel, _deferred in COMMANDS:
+    if _deferred is None:
+        _register(_module, _panel)
 
 
 if __name__ == "__main__":

@@ -249,3 +249,7 @@ def ctr_eval(config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/co
         json_out.with_suffix(".md").write_text(markdown(clean))
         plot(clean, json_out.with_suffix(".png"))
         log.info("wrote %s and its .md and .png", json_out)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ctr-eval")(ctr_eval)
