@@ -1,5 +1,6 @@
-"""Draft budgets that follow the load: each step, the tree size that maximises the batch's expected
-tokens per second, from the forward cost model and every row's running acceptance by depth.
+"""The hf engine's tree budget: each step, the tree size that maximises the batch's expected tokens per
+second, from the forward cost model and every row's running acceptance by depth. (The vLLM proposer's
+per-row chain lengths are :mod:`laser.vllm.chain_budget`; it starts from the same ``OPTIMISM``.)
 
 Trees of one step are padded to a common width, so the forward costs ``rows x (budget + 1)`` tokens
 whatever each row drafts: the policy picks one budget per step. A row's expected accepted tokens
@@ -31,7 +32,7 @@ from laser.verify import Outcome
 
 LADDER = (0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 MAX_DEPTH = 64
-OPTIMISM = 0.8  # the engine-wide acceptance assumed before any evidence (two steps' worth)
+OPTIMISM = 0.8  # the engine-wide acceptance assumed before any evidence (two steps' worth; both engines)
 PROBE_EVERY = 32  # after this many steps without drafting, one step drafts PROBE_BUDGET to refresh the estimates
 PROBE_BUDGET = 4
 

@@ -21,7 +21,9 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -97,7 +99,7 @@ class ForwardCost:
 def cost_key(model: torch.nn.Module) -> str:
     """What the timings depend on: the model's shape, dtype, device, attention backend and threads."""
     p = next(model.parameters())
-    cfg = model.config
+    cfg: Any = model.config  # a transformers config (its fields are not typed)
     parts = [type(model).__name__, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
              getattr(cfg, "num_key_value_heads", cfg.num_attention_heads), cfg.intermediate_size, cfg.vocab_size,
              str(p.dtype), torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
@@ -132,23 +134,26 @@ def measure(model: torch.nn.Module, key: str, rows: tuple[int, ...], nodes: tupl
     from laser.tree import additive_mask
 
     device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(0)
+    cfg: Any = model.config  # a transformers config (its fields are not typed)
+    vocab = int(cfg.vocab_size)
     log.info("measuring the forward cost model (%d shapes; cached for the next run)", len(rows) * len(nodes))
     measured: dict[str, float] = {}
     context = DynamicCache()  # one row's context, copied into every row (timings do not depend on contents)
-    model(input_ids=torch.randint(0, model.config.vocab_size, (1, CONTEXT), generator=gen).to(device),
+    model(input_ids=torch.randint(0, vocab, (1, CONTEXT), generator=gen).to(device),
           past_key_values=context, use_cache=True)
     for b in rows:
         cache = SlotKVCache(b, CONTEXT + max(nodes))
-        wide = SimpleNamespace(layers=[SimpleNamespace(keys=layer.keys.expand(b, -1, -1, -1),
-                                                       values=layer.values.expand(b, -1, -1, -1))
-                                       for layer in context.layers])
+        layers: list[Any] = list(context.layers)
+        wide: Any = SimpleNamespace(layers=[SimpleNamespace(keys=layer.keys.expand(b, -1, -1, -1),
+                                                            values=layer.values.expand(b, -1, -1, -1))
+                                            for layer in layers])
         cache.write_rows(list(range(b)), wide)
         for n in nodes:
             if b * n > MAX_MEASURED_TOKENS:
                 continue
-            ids = torch.randint(0, model.config.vocab_size, (b, n), generator=gen).to(device)
+            ids = torch.randint(0, vocab, (b, n), generator=gen).to(device)
             pos = (CONTEXT + torch.arange(n, device=device)).expand(b, n)
             seen = torch.ones(b, 1, n, CONTEXT + n, dtype=torch.bool, device=device)
             seen[..., CONTEXT:] = torch.tril(torch.ones(n, n, dtype=torch.bool, device=device))

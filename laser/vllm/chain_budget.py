@@ -115,7 +115,8 @@ class ChainBudget:
     def gains(self, key: Hashable, match: int | None = None) -> npt.NDArray[np.float64]:
         """``[max_len]`` expected tokens added by a row's 1st, 2nd, ... draft token at a match of ``match``
         tokens (None: not said)."""
-        return self._gains(np.array([self._slot.get(key, 0)]), np.array([bucket(match)]))[0]
+        row: npt.NDArray[np.float64] = self._gains(np.array([self._slot.get(key, 0)]), np.array([bucket(match)]))[0]
+        return row
 
     def observe(self, key: Hashable, drafted: int, accepted: int) -> None:
         """Row ``key`` drafted ``drafted`` tokens last step (at the match :meth:`lengths` was told) and

@@ -133,8 +133,6 @@ class VllmEngine:
         spec = env.speculative_config(speculation, max_draft, ngram)
         _check_draft_len(draft_len)
         env.set_engine_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads)
-        from vllm import LLM
-
         from laser.vllm.proposer import COST_ENV
 
         self.path = model_dir(model)  # a bundled name de-quantised once, a saved name, or a path
@@ -145,33 +143,41 @@ class VllmEngine:
             os.environ[COST_ENV] = self.cost.to_json()  # the proposer's budget, in whichever process
             if not in_process or int(vllm_kwargs.get("tensor_parallel_size", 1)) > 1:
                 vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # stats from elsewhere
-        t0, wall_t0, inductor_t0 = time.perf_counter(), time.time(), env.inductor_cache_counts()
-        _say(on_start, f"vLLM engine: loading {Path(self.path).name} ({dtype}, threads={threads or 'auto'}, "
-                       f"speculation={speculation})" + ("" if enforce_eager else
-                       "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
-        keep_stat_loggers = "disable_log_stats" in vllm_kwargs
         block_size = block_size or default_block_size()
         if block_size is not None:
             vllm_kwargs["block_size"] = block_size
-        vllm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
-        self.llm: LLM | None = LLM(model=self.path, dtype=dtype, seed=seed, enable_prefix_caching=True,
-                                   max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                   max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
-                                   speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
-        if not keep_stat_loggers:
-            self._vllm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
-        self.start_seconds = time.perf_counter() - t0
-        self.compile_cache_dir, self.compile_cache_reused = env.compile_cache(self._vllm, wall_t0, inductor_t0)
-        _say(on_start, f"vLLM engine: ready in {self.start_seconds:.1f} s" + (
-            "" if self.compile_cache_dir is None else
-            f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
-            f"{self.compile_cache_dir})"))
+        self.llm: LLM | None = self._start(on_start, enforce_eager, seed=seed, enable_prefix_caching=True,
+                                           max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                                           max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
+                                           speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
         self.tokenizer = self._vllm.get_tokenizer()
         self.proposer: LaserProposer | None = self._find_proposer() if speculation == "laser" else None
         self._watch_engine_core()
         self._serial = 0
         self._pending: dict[str, tuple[int, float]] = {}  # tag -> (prompt tokens, submit time)
         self._halts: dict[str, Halt] = {}  # tag -> the caller's stop check
+
+    def _start(self, on_start: Callable[[str], None] | None, eager: bool, **llm_kwargs: Any) -> LLM:
+        """vLLM's ``LLM`` for this engine's model, with start-up progress (:func:`_say`) and where the
+        compiled model is cached (``compile_cache_dir``, ``compile_cache_reused``)."""
+        from vllm import LLM
+
+        t0, wall_t0, inductor_t0 = time.perf_counter(), time.time(), env.inductor_cache_counts()
+        _say(on_start, f"vLLM engine: loading {Path(self.path).name} ({self.dtype}, threads={self.threads or 'auto'}, "
+                       f"speculation={self.speculation})" + ("" if eager else
+                       "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
+        keep_stat_loggers = "disable_log_stats" in llm_kwargs
+        llm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
+        llm = LLM(model=self.path, dtype=self.dtype, **llm_kwargs)  # type: ignore[arg-type]  # vLLM checks dtype
+        if not keep_stat_loggers:
+            llm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
+        self.start_seconds = time.perf_counter() - t0
+        self.compile_cache_dir, self.compile_cache_reused = env.compile_cache(llm, wall_t0, inductor_t0)
+        _say(on_start, f"vLLM engine: ready in {self.start_seconds:.1f} s" + (
+            "" if self.compile_cache_dir is None else
+            f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
+            f"{self.compile_cache_dir})"))
+        return llm
 
     @property
     def _vllm(self) -> LLM:
@@ -197,9 +203,11 @@ class VllmEngine:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A string is chat-templated (as our engine does); token ids are used as they are."""
         if isinstance(prompt, str):
-            return list(self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                           add_generation_prompt=True, tokenize=True,
-                                                           return_dict=False))
+            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                     add_generation_prompt=True, tokenize=True, return_dict=False)
+            if isinstance(ids, str):
+                raise TypeError("the tokenizer's chat template gave text, not token ids")
+            return list(ids)
         return list(prompt)
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
@@ -207,7 +215,7 @@ class VllmEngine:
                sampling: dict[str, Any] | None = None, stop: Sequence[str] | None = None, ignore_eos: bool = False,
                rules: dict[str, Any] | None = None,
                draft: bool = True, n_max: int = N_MAX, min_prob: float = 0.0,
-               pool_store: str | os.PathLike | None = None,
+               pool_store: str | os.PathLike[str] | None = None,
                halt: Halt | None = None, earlier: Sequence[int] | None = None) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
@@ -272,11 +280,13 @@ class VllmEngine:
 
     def step(self) -> list[tuple[str, VllmResult]]:
         """One vLLM engine step; the requests it finished, as (tag, result)."""
+        from vllm import RequestOutput
+
         done = []
         engine = self._vllm.llm_engine
         for out in engine.step():
             tag, stop = out.request_id, None
-            if tag not in self._pending:
+            if tag not in self._pending or not isinstance(out, RequestOutput):  # (pooling outputs: not ours)
                 continue
             if not out.finished:  # a partial output: only requests with a stop check stream them
                 halt = self._halts.get(tag)

@@ -20,7 +20,12 @@ pool ``none`` or no pool  no drafts                                   ``draft=Fa
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
+
+if TYPE_CHECKING:
+    from laser.decoders.base import Decoder
 
 MAX_DRAFT = 8  # the longest draft chain of a job's vLLM engine (vLLM's num_speculative_tokens)
 # vLLM 0.32 refuses custom logits processors while speculative decoding is on, and no built-in
@@ -28,14 +33,15 @@ MAX_DRAFT = 8  # the longest draft chain of a job's vLLM engine (vLLM's num_spec
 NO_VLLM_FORM = ("no_repeat_ngram_size",)
 
 
-def decoder_options(cls: type, settings: dict[str, Any], pooled: bool) -> dict[str, Any]:
+def decoder_options(cls: type[Decoder], settings: dict[str, Any], pooled: bool) -> dict[str, Any]:
     """:meth:`~laser.vllm.VllmEngine.submit` keywords of one request decoded by decoder class ``cls`` with
     ``settings``; ``pooled``: the request has a pool to draft from."""
     if "vllm" not in cls.engines:
         raise ValueError(f"decoder {cls.name!r} has no vLLM form (it runs on {list(cls.engines)})")
-    return {"verification": settings.get("verification", "greedy"), "k": int(settings.get("k", 2)),
-            "p": float(settings.get("p", 0.1)), "draft": pooled and cls.pool != "none" and settings.get("K", 0) != 0,
-            "n_max": int(settings.get("n_max", 8)), "min_prob": float(settings.get("min_prob", 0.0))}
+    return {"verification": settings.get("verification", "greedy"), "k": int(settings.get("k", RELAXED_K)),
+            "p": float(settings.get("p", RELAXED_P)),
+            "draft": pooled and cls.pool != "none" and settings.get("K", 0) != 0,
+            "n_max": int(settings.get("n_max", N_MAX)), "min_prob": float(settings.get("min_prob", 0.0))}
 
 
 def draft_length(settings: dict[str, Any]) -> str | int:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ def check_vllm() -> str | None:
         return (f"laser's vLLM plug-in was written for vLLM {SUPPORTED}x, this is vLLM {version}: "
                 f"pin vllm(-cpu)=={SUPPORTED}0 or port laser/vllm/plugin.py")
     for module_name, path in _REQUIRED:
+        obj: object
         try:
             obj = importlib.import_module(module_name)
         except ImportError as exc:
@@ -93,7 +96,7 @@ def register() -> None:
 
     original = GPUModelRunner.__init__
     if not getattr(original, "_laser_hook", False):
-        GPUModelRunner.__init__ = _runner_init_hook(original)
+        GPUModelRunner.__init__ = _runner_init_hook(original)  # type: ignore[method-assign]
     _installed = True
 
 
@@ -101,11 +104,11 @@ def installed() -> bool:
     return _installed
 
 
-def _runner_init_hook(original):
+def _runner_init_hook(original: Callable[..., None]) -> Callable[..., None]:
     """``GPUModelRunner.__init__`` followed by attaching a laser proposer to its runner (the one wrapper)."""
 
     @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         drafter = getattr(self, "drafter", None)
         if drafter is not None and type(drafter).__module__ == "laser.vllm.proposer":
@@ -114,7 +117,7 @@ def _runner_init_hook(original):
                 raise RuntimeError(f"laser's vLLM plug-in: vLLM's {type(self).__name__} has no {missing}")
             drafter.attach(self)
 
-    __init__._laser_hook = True
+    __init__._laser_hook = True  # type: ignore[attr-defined]
     return __init__
 
 

@@ -148,6 +148,8 @@ class LaserProposer:
             raise RuntimeError(plugin.PROBLEM)
         self.vllm_config = vllm_config
         spec = vllm_config.speculative_config
+        if spec is None or spec.num_speculative_tokens is None:
+            raise ValueError("the laser proposer needs vLLM's speculative_config with num_speculative_tokens")
         self.max_len = int(spec.num_speculative_tokens)
         self.runner: Any = None  # vLLM's model runner, attached by the plug-in once vLLM built it
         self.rows: dict[str, _Row] = {}

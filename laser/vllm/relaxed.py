@@ -29,14 +29,21 @@ Worked example (k=2, p=0.1): target probabilities at the three draft positions
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+if TYPE_CHECKING:
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.sample.rejection_sampler import RejectionSampler
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: "no token here"
 
-Rules = Callable[[], "list[tuple[int, float] | None] | None"]
+Rule = tuple[int, float]  # (k, p)
+Rules = Callable[[], "list[Rule | None] | None"]
 
 
 def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
@@ -126,14 +133,16 @@ class RelaxedRule:
     relaxed_rows: int
     relaxed_positions: int
 
-    def apply_logits_processors(self, logits, sampling_metadata, metadata):
-        logits = super().apply_logits_processors(logits, sampling_metadata, metadata)
+    def apply_logits_processors(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata,
+                                metadata: SpecDecodeMetadata) -> torch.Tensor:
+        logits = super().apply_logits_processors(logits, sampling_metadata, metadata)  # type: ignore[misc]
         rules = self.laser_rules()
         if rules is not None and logits.shape[0]:
             self._relax(logits, sampling_metadata, metadata, rules)
         return logits
 
-    def _relax(self, logits: torch.Tensor, sampling_metadata, metadata, rules) -> None:
+    def _relax(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, metadata: SpecDecodeMetadata,
+               rules: Sequence[Rule | None]) -> None:
         counts = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
         if len(rules) != len(counts):
             raise RuntimeError(f"laser relaxed rule: {len(rules)} rules for a batch of {len(counts)} rows "
@@ -164,18 +173,18 @@ class RelaxedRule:
         self.relaxed_positions += len(pos)
 
 
-_SAMPLER_CLASS = None
+_SAMPLER_CLASS: type[RejectionSampler] | None = None
 
 
-def build_sampler(runner, rules: Rules):
+def build_sampler(runner: Any, rules: Rules) -> RejectionSampler:
     """vLLM's rejection sampler for ``runner`` (built as vLLM builds it) with :class:`RelaxedRule` mixed in."""
     global _SAMPLER_CLASS
     from vllm.v1.sample.rejection_sampler import RejectionSampler
 
     if _SAMPLER_CLASS is None:
         _SAMPLER_CLASS = type("LaserRejectionSampler", (RelaxedRule, RejectionSampler), {})
-    sampler = _SAMPLER_CLASS(runner.sampler, runner.speculative_config, runner.device)
+    sampler: Any = _SAMPLER_CLASS(runner.sampler, runner.speculative_config, runner.device)
     sampler.laser_rules = rules
     sampler.relaxed_rows = 0
     sampler.relaxed_positions = 0
-    return sampler
+    return sampler  # type: ignore[no-any-return]

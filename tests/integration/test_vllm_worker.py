@@ -51,7 +51,7 @@ def test_requests_join_while_others_are_in_flight(worker):
 
     busy = decode = tokens = 0
     for part in worker.serve(task, take, slots=3):
-        events.extend(f"row {r['entity_id']}" for r in part.rows)
+        events.extend(f"row {r.entity_id}" for r in part.rows)
         busy, decode, tokens = busy + part.busy_s, decode + part.decode_s, tokens + part.decode_tokens
     assert events[:3] == ["take u0", "take u1", "take u2"], events
     assert sorted(events[3:]) == ["row u0", "row u1", "row u2"]
