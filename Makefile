@@ -7,6 +7,7 @@ demo: setup
 
 check: setup
 	.venv/bin/ruff check .
+	.venv/bin/mypy
 
 test: setup
 	.venv/bin/python -m pytest -q

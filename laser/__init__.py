@@ -5,7 +5,8 @@ that can open a drafter (see :mod:`laser.drafting`).
 """
 from laser.decoders import Decoder, Generation, available_decoders, get_decoder, register_decoder
 from laser.drafting import DraftSource, Drafter, NoDrafter
-from laser.engine import DecodeStats, Request, TreeDecodingEngine
+from laser.engine import TreeDecodingEngine
+from laser.request import DecodeStats, Request
 from laser.models import DEFAULT_MODEL, LoadedModel, load_model, load_tokenizer
 from laser.testing import tiny_llama
 from laser.tree import DraftTree

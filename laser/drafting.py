@@ -11,17 +11,19 @@ A *draft source* (e.g. a retrieval pool) opens one drafter per request.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Protocol, Sequence
+from typing import Protocol, Sequence, TypeVar
 
 import torch
 
 from laser.tree import DraftTree
 
+D = TypeVar("D", bound="Drafter")
+
 
 class Drafter:
     """Base class with the default (no-op) behaviour of every hook."""
 
-    needs_hidden: ClassVar[bool] = False
+    needs_hidden: bool = False  # a class default; a wrapping drafter sets it per instance
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         """A draft tree rooted at ``context[-1]`` (not yet in the KV cache) with at most ``budget`` drafts."""
@@ -33,7 +35,7 @@ class Drafter:
         return self.propose(context, budget).first_path()
 
     @classmethod
-    def propose_batch(cls, drafters: Sequence["Drafter"], contexts: Sequence[Sequence[int]],
+    def propose_batch(cls: type[D], drafters: Sequence[D], contexts: Sequence[Sequence[int]],
                       budgets: Sequence[int | None]) -> list[DraftTree]:
         """Trees for several requests whose drafters are all of this class (override to batch)."""
         return [d.propose(c, b) for d, c, b in zip(drafters, contexts, budgets)]

@@ -11,14 +11,15 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator, TypeVar, cast
 
 import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache
 
 from laser.kv_cache import SlotKVCache
-from laser.request import DecodeStats, Request  # noqa: F401 - DecodeStats: re-exported (laser/__init__.py)
+from laser.drafting import Drafter
+from laser.request import Request
 from laser.rules import TokenText, apply_rules, stop_string_hit
 from laser.tree import DraftTree, pack_trees
 from laser.verify import Outcome, Verifier
@@ -32,14 +33,16 @@ TREE_ROOM = 128  # KV positions reserved per slot beyond prompt + new tokens, fo
 # padding masks, kernels that assume causality) would silently attend to sibling branches of a tree.
 TREE_MASK_BACKENDS = ("eager", "sdpa")
 
+T = TypeVar("T")
+
 
 class _Clock:
     """Adds elapsed wall time to a stats field of every active request (device synchronised)."""
 
     def __init__(self, device: torch.device):
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.sync: Callable[[], None] = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
-    def timed(self, seqs: list[Request], field_name: str, fn: Callable):
+    def timed(self, seqs: list[Request], field_name: str, fn: Callable[[], T]) -> T:
         self.sync()
         t0 = time.perf_counter()
         out = fn()
@@ -66,7 +69,7 @@ class StepRecord:
 class EngineLog:
     """What the engine did since the last ``clear``: every decoding step, and prefill totals."""
 
-    steps: deque = field(default_factory=lambda: deque(maxlen=200_000))
+    steps: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=200_000))
     prefill_s: float = 0.0
     prefill_forwards: int = 0
     decode_s: float = 0.0  # decoding steps' seconds (prefill excluded)
@@ -87,9 +90,9 @@ def check_tree_attention(model: torch.nn.Module) -> None:
 
 def check_cached(s: Request, tree: DraftTree) -> None:
     """A tree's ``cached`` nodes must be exactly the nodes the request kept last step, in the same order."""
-    n = s.kv_len - s.cache_len
-    same = tree.cached == n and (n == 0 or np.array_equal(tree.tokens[:n], s.kept.tokens)
-                                 and np.array_equal(tree.parents[:n], s.kept.parents))
+    n, kept = s.kv_len - s.cache_len, s.kept
+    same = tree.cached == n and (n == 0 or kept is not None and np.array_equal(tree.tokens[:n], kept.tokens)
+                                 and np.array_equal(tree.parents[:n], kept.parents))
     if not same:
         raise RuntimeError(f"{type(s.drafter).__name__} laid out a tree whose {tree.cached} cached nodes are not the "
                            f"{n} nodes kept in the cache")
@@ -163,10 +166,10 @@ class TreeDecodingEngine:
             self._compact(active, cache)
             if not active:
                 return
-            finished = self._step(active, cache)
+            finished = self._step(cast(list[Request], active), cache)  # _compact left no holes
             done = {id(s) for s in finished}
             for row, s in enumerate(active):
-                if id(s) in done:
+                if s is not None and id(s) in done:
                     active[row] = None
                     s.drafter.close()
                     s.stats.new_tokens = len(s.new_tokens)
@@ -231,27 +234,27 @@ class TreeDecodingEngine:
         """Close the holes finished requests left: the last live rows move into them."""
         row = 0
         while row < len(active):
-            if active[-1] is None:
+            last = active[-1]
+            if last is None:
                 active.pop()
             elif active[row] is None:
-                cache.move_row(len(active) - 1, row, active[-1].kv_len)
+                cache.move_row(len(active) - 1, row, last.kv_len)
                 active[row] = active.pop()
             else:
                 row += 1
-        cache.resize(len(active), max((s.kv_len for s in active), default=0))
+        cache.resize(len(active), max((s.kv_len for s in active if s is not None), default=0))
 
-    def _propose(self, seqs: list[Request]) -> list:
+    def _propose(self, seqs: list[Request]) -> list[DraftTree]:
         """Every request's tree; drafters of one class propose together (one draft forward for a batch)."""
-        trees: list = [None] * len(seqs)
-        by_class: dict[type, list[int]] = defaultdict(list)
+        by_row: dict[int, DraftTree] = {}
+        by_class: dict[type[Drafter], list[int]] = defaultdict(list)
         for i, s in enumerate(seqs):
             by_class[type(s.drafter)].append(i)
         for cls, rows in by_class.items():
             made = cls.propose_batch([seqs[i].drafter for i in rows], [seqs[i].tokens for i in rows],
                                      [seqs[i].budget for i in rows])
-            for i, tree in zip(rows, made):
-                trees[i] = tree
-        return trees
+            by_row.update(zip(rows, made))
+        return [by_row[i] for i in range(len(seqs))]
 
     def _step(self, seqs: list[Request], cache: SlotKVCache) -> list[Request]:
         """One speculative step for every active request; returns those that finished."""
@@ -308,7 +311,7 @@ class TreeDecodingEngine:
             self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
         return finished
 
-    def _logits(self, logits: torch.Tensor, trees: list, seqs: list[Request]) -> torch.Tensor:
+    def _logits(self, logits: torch.Tensor, trees: list[DraftTree], seqs: list[Request]) -> torch.Tensor:
         """The target's logits with each request's generation rules applied (unchanged when none)."""
         if not any(s.rules.active for s in seqs):
             return logits
@@ -318,14 +321,15 @@ class TreeDecodingEngine:
         """Cut ``new`` at the first end-of-sequence token or the token budget, and record why."""
         room = s.max_new_tokens - len(s.new_tokens)
         new = new[:room]
-        stops = s.rules.stop_strings
-        if stops and self.token_text is None:
+        stops, token_text = s.rules.stop_strings, self.token_text
+        if stops and token_text is None:
             raise ValueError("stop_strings need the model's tokenizer; this engine has none (LoadedModel.tokenizer)")
         for i, tok in enumerate(new):
             if tok in self.eos_ids:
                 s.stats.finish_reason = "eos"
                 return new[: i + 1]
-            if stops and stop_string_hit(s.tokens[-max(map(len, stops)) - 1:] + new[: i + 1], stops, self.token_text):
+            if stops and token_text is not None and stop_string_hit(
+                    s.tokens[-max(map(len, stops)) - 1:] + new[: i + 1], stops, token_text):
                 s.stats.finish_reason = "stop"
                 return new[: i + 1]
         if len(new) == room:

@@ -17,6 +17,8 @@ capacity arrives (doubling), never per step.
 """
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
@@ -25,7 +27,7 @@ class _SlotLayer(DynamicLayer):
     """One layer's keys/values in ``[slots, H, capacity, D]`` buffers; ``keys``/``values`` are views."""
 
     def __init__(self, slots: int, capacity: int, rows: int = 0) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # transformers leaves this __init__ unannotated
         self.slots, self.capacity, self.rows, self.used = slots, capacity, rows, 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -37,18 +39,25 @@ class _SlotLayer(DynamicLayer):
         self.is_initialized = True
         self._publish()
 
-    def _publish(self) -> None:
-        self.keys, self.values = self._k[: self.rows, :, : self.used], self._v[: self.rows, :, : self.used]
+    def _publish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._k[: self.rows, :, : self.used], self._v[: self.rows, :, : self.used]
+        self.keys, self.values = keys, values
+        return keys, values
 
     def reserve(self, slots: int) -> None:
         """Make room for ``slots`` positions per row (doubling; existing entries kept)."""
         have = self._k.shape[2]
         if slots <= have:
             return
-        grow = lambda buf: torch.cat([buf, buf.new_zeros(*buf.shape[:2], max(slots, 2 * have) - have, buf.shape[3])], 2)  # noqa: E731
+
+        def grow(buf: torch.Tensor) -> torch.Tensor:
+            return torch.cat([buf, buf.new_zeros(*buf.shape[:2], max(slots, 2 * have) - have, buf.shape[3])], 2)
+
         self._k, self._v = grow(self._k), grow(self._v)
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start, n = self.used, key_states.shape[2]
@@ -56,8 +65,7 @@ class _SlotLayer(DynamicLayer):
         self._k[: self.rows, :, start:start + n] = key_states
         self._v[: self.rows, :, start:start + n] = value_states
         self.used = start + n
-        self._publish()
-        return self.keys, self.values
+        return self._publish()
 
     def get_seq_length(self) -> int:
         return self.used if self.is_initialized else 0
@@ -94,48 +102,73 @@ class SlotKVCache(Cache):
     """
 
     def __init__(self, slots: int, capacity: int) -> None:
-        super().__init__(layer_class_to_replicate=lambda: _SlotLayer(slots, capacity, self.rows))
         self.slots, self.capacity = slots, capacity
         self.rows = 0
+        # Cache calls the factory with no arguments for each new layer; it is typed as taking a layer class
+        super().__init__(layer_class_to_replicate=self._new_layer)  # type: ignore[arg-type]
+
+    def _new_layer(self) -> _SlotLayer:
+        return _SlotLayer(self.slots, self.capacity, self.rows)
+
+    def _slot_layers(self) -> list[_SlotLayer]:
+        # every layer comes from _new_layer
+        return cast(list[_SlotLayer], self.layers)
 
     @property
     def used(self) -> int:
-        return self.layers[0].used if self.layers else 0
+        return self._slot_layers()[0].used if self.layers else 0
 
     def resize(self, rows: int, used: int) -> None:
         """Expose rows ``[0, rows)`` and slots ``[0, used)`` to the next forward."""
         self.rows = rows
-        for layer in self.layers:
+        for layer in self._slot_layers():
             layer.set_rows(rows, used)
 
     def write_rows(self, rows: list[int], prefill: Cache) -> None:
         """Copy a prefill cache's rows (one per new request, right-padded) into slot rows ``rows``."""
         while len(self.layers) < len(prefill.layers):
-            self.layers.append(self.layer_class_to_replicate())
-        index = torch.tensor(rows, dtype=torch.long, device=prefill.layers[0].keys.device)
-        for layer, src in zip(self.layers, prefill.layers):
-            layer.write_rows(index, src.keys, src.values)
+            self.layers.append(self._new_layer())
+        sources = [layer_kv(src) for src in prefill.layers]
+        index = torch.tensor(rows, dtype=torch.long, device=sources[0][0].device)
+        for layer, (keys, values) in zip(self._slot_layers(), sources):
+            layer.write_rows(index, keys, values)
 
     def move_row(self, src: int, dst: int, width: int) -> None:
         """Copy row ``src``'s first ``width`` entries to row ``dst`` (compaction after a request leaves)."""
-        for layer in self.layers:
+        for layer in self._slot_layers():
             layer.move_row(src, dst, width)
 
     def reserve(self, slots: int) -> None:
-        for layer in self.layers:
+        for layer in self._slot_layers():
             layer.reserve(slots)
 
     def keep_slots(self, starts: list[int], slots: list[list[int]]) -> None:
         """For each active row b, move slots ``slots[b]`` (in order) to ``starts[b]`` onwards; the rest of
         the row beyond them is dropped. Sources are read before anything is written."""
-        b_idx, src, dst = [], [], []
+        b_idx: list[int] = []
+        src: list[int] = []
+        dst: list[int] = []
         for row, (start, keep) in enumerate(zip(starts, slots)):
             for j, slot in enumerate(keep):
                 if slot != start + j:
-                    b_idx.append(row), src.append(slot), dst.append(start + j)
+                    b_idx.append(row)
+                    src.append(slot)
+                    dst.append(start + j)
         used = max(start + len(keep) for start, keep in zip(starts, slots))
-        device = self.layers[0].device
-        as_t = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)  # noqa: E731
-        b_idx, src, dst = as_t(b_idx), as_t(src), as_t(dst)
-        for layer in self.layers:
-            layer.keep(b_idx, src, dst, used)
+        layers = self._slot_layers()
+        device = layers[0].device
+
+        def as_t(xs: list[int]) -> torch.Tensor:
+            return torch.tensor(xs, dtype=torch.long, device=device)
+
+        b_t, src_t, dst_t = as_t(b_idx), as_t(src), as_t(dst)
+        for layer in layers:
+            layer.keep(b_t, src_t, dst_t, used)
+
+
+def layer_kv(layer: object) -> tuple[torch.Tensor, torch.Tensor]:
+    """A prefill cache layer's keys and values (any layer object holding both as tensors)."""
+    keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+    if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+        raise TypeError(f"prefill cache layer {type(layer).__name__} holds no key/value tensors")
+    return keys, values

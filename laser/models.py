@@ -38,6 +38,13 @@ BUNDLED = {
 }
 
 
+def move_model(model: PreTrainedModel, where: torch.device | torch.dtype | str) -> PreTrainedModel:
+    """``model.to(where)``, typed."""
+    # transformers wraps Module.to with functools.wraps, whose type drops the bound self
+    moved: PreTrainedModel = model.to(where)  # type: ignore[arg-type]
+    return moved
+
+
 @dataclass
 class LoadedModel:
     """A target model with its tokenizer (``tokenizer`` may be None for token-id-only use)."""
@@ -76,7 +83,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except OSError as err:
         raise ValueError(f"cannot load model {name_or_path!r}: {err}. Known bundled models: {sorted(BUNDLED)}") from err
-    model.to(device).eval()
+    move_model(model, device).eval()
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
 
 
@@ -124,7 +131,7 @@ def _materialise_bundled(name: str) -> Path:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=spec.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=spec.gguf_file, dtype=torch.float32)
         # The weights are plain tensors now; drop the GGUF quantisation marker so they can be saved.
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # not a declared attribute of the model class
         if hasattr(model.config, "quantization_config"):
             delattr(model.config, "quantization_config")
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))

@@ -96,7 +96,7 @@ class OwnText:
         if not root:
             return []
         text, room = self.tokens, self.window - len(prefix)  # the window bounds the depth too
-        heap: list = []
+        heap: list[tuple[int, int, tuple[int, ...], list[int]]] = []  # (-count, tie, path, ends)
         tie = itertools.count()
 
         def push(path: tuple[int, ...], ends: list[int]) -> None:

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
 from laser.tree import DraftTree
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class _Ruled(Protocol):
@@ -71,18 +74,22 @@ class TokenText:
 
     PREFIX = "abcdef"
 
-    def __init__(self, tokenizer) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self.base: list[str] | None = None  # the prefix's tokens, made on first use (stop strings only)
         self.cache: dict[int, str] = {}
 
+    def _pieces(self, ids: int | list[int]) -> list[str]:
+        pieces = self.tokenizer.convert_ids_to_tokens(ids)
+        return [pieces] if isinstance(pieces, str) else pieces
+
     def __call__(self, token: int) -> str:
-        if self.base is None:
+        base = self.base
+        if base is None:
             ids = self.tokenizer(self.PREFIX, add_special_tokens=False)["input_ids"]
-            self.base = self.tokenizer.convert_ids_to_tokens(ids)
+            base = self.base = self._pieces(ids)
         if token not in self.cache:
-            piece = self.tokenizer.convert_ids_to_tokens(int(token))
-            text = self.tokenizer.convert_tokens_to_string(self.base + [piece])
+            text = self.tokenizer.convert_tokens_to_string(base + self._pieces(int(token)))
             self.cache[token] = text[text.index(self.PREFIX) + len(self.PREFIX):]
         return self.cache[token]
 
@@ -148,11 +155,13 @@ def _repetition_penalty(rows: torch.Tensor, tree: DraftTree, context: list[int],
     """Penalise, per row, the tokens present in the context or on the draft path to that row."""
     present = torch.zeros(rows.shape, dtype=torch.bool, device=rows.device)
     present[:, torch.as_tensor(sorted(set(context)), device=rows.device)] = True
-    path_rows, path_toks = [], []
+    path_rows: list[int] = []
+    path_toks: list[int] = []
     for i in range(1, len(tree)):
         j = i
         while j > 0:  # node i's row sees every draft token from it up to the root
-            path_rows.append(i), path_toks.append(int(tree.tokens[j]))
+            path_rows.append(i)
+            path_toks.append(int(tree.tokens[j]))
             j = int(tree.parents[j])
     if path_rows:
         present[path_rows, path_toks] = True

@@ -57,7 +57,8 @@ def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor
         scores = TopKLogitsWarper(sampling.top_k)(None, scores)
     if sampling.top_p < 1.0:
         scores = TopPLogitsWarper(sampling.top_p)(None, scores)
-    return scores.softmax(-1).reshape(shape)
+    probs: torch.Tensor = scores.softmax(-1).reshape(shape)
+    return probs
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

@@ -139,7 +139,8 @@ class DraftTree:
         n = 1
         while n < len(self.parents) and self.parents[n] == n - 1:
             n += 1
-        return self.tokens[1:n].tolist()
+        path: list[int] = self.tokens[1:n].tolist()
+        return path
 
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""
@@ -188,7 +189,10 @@ def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slot
     input_ids = np.where(valid, tokens, tokens[:, :1])
     positions = np.where(valid, lens[:, None] + depth, lens[:, None])
     seen = np.concatenate([seen_cache & valid[:, :, None], ancestors], axis=2)
-    as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+
+    def as_tensor(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
     return TreeBatch(
         input_ids=as_tensor(input_ids),
         position_ids=as_tensor(positions),

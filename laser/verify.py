@@ -68,7 +68,10 @@ class TopKVerifier(Verifier):
         ``[B]`` bool: rows held to the greedy rule."""
         # logits [B, N, V]. Row statistics once per tree row, then read at each node's parent row.
         rows = batch.parents.clamp(min=0)  # [B, N] root and padding read row 0, masked below
-        at_parent = lambda t: t.gather(1, rows)  # noqa: E731  [B, N] row stat -> node
+
+        def at_parent(t: torch.Tensor) -> torch.Tensor:  # [B, N] row stat -> node
+            return t.gather(1, rows)
+
         b_idx = torch.arange(logits.shape[0], device=logits.device)[:, None]
         draft_logit = logits[b_idx, rows, batch.tokens.clamp(min=0)]  # [B, N]
         ok = batch.tokens == at_parent(logits.argmax(-1))

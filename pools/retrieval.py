@@ -12,12 +12,16 @@ before permanent, depth <= ``max_depth``, and laid out depth-first with the best
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from laser import DraftTree, Drafter
 from laser.defaults import N_MAX
 from laser.own_text import OwnText
 from pools.trie import TokenTrie, paused_gc
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 class RetrievalPool:
@@ -40,7 +44,7 @@ class RetrievalPool:
         self.texts = 0
 
     @classmethod
-    def from_token_ids(cls, seqs: Sequence[Sequence[int]], **kwargs) -> "RetrievalPool":
+    def from_token_ids(cls, seqs: Sequence[Sequence[int]], **kwargs: Any) -> "RetrievalPool":
         pool = cls(**kwargs)
         with paused_gc():
             for seq in seqs:
@@ -48,7 +52,7 @@ class RetrievalPool:
         return pool
 
     @classmethod
-    def from_texts(cls, tokenizer, texts: Sequence[str], **kwargs) -> "RetrievalPool":
+    def from_texts(cls, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], **kwargs: Any) -> "RetrievalPool":
         """Pool of ``texts`` tokenised without special tokens (as generated knowledge is)."""
         ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
         return cls.from_token_ids(ids, **kwargs)
@@ -119,15 +123,21 @@ class PoolDrafter(Drafter):
         longest = self._match[1] if self._match is not None and self._match[0] == len(context) else self.n_max
         return self.pool.nodes(context, nodes, longest, self.temporary, self.min_prob)
 
-    def commit(self, new_tokens: Sequence[int], hidden=None) -> None:
-        self.temporary.extend(new_tokens)
+    def _own(self) -> OwnText:
+        if self.temporary is None:
+            raise RuntimeError("PoolDrafter used after close()")
+        return self.temporary
+
+    def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
+        self._own().extend(new_tokens)
         self._match = None
 
     def match_length(self, context: Sequence[int]) -> int:
         """The longest suffix of ``context`` (up to ``n_max`` tokens) that something followed, in this
         request's text or the pool: retrieval drafts nothing when it is 0."""
         n, top = 0, min(self.n_max, len(context))
-        while n < top and (self.temporary.follows(context[-n - 1:]) or self.pool.trie.follows(context[-n - 1:])):
+        own = self._own()
+        while n < top and (own.follows(context[-n - 1:]) or self.pool.trie.follows(context[-n - 1:])):
             n += 1
         self._match = (len(context), n)
         return n

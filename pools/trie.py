@@ -11,7 +11,7 @@ import gc
 import heapq
 import itertools
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pygtrie
@@ -31,11 +31,13 @@ class TokenTrie:
         return self._nodes
 
     def count(self, key: Sequence[int]) -> int:
-        return self._trie.get(tuple(key), 0)
+        count: int = self._trie.get(tuple(key), 0)
+        return count
 
     def follows(self, key: Sequence[int]) -> bool:
         """Whether some token followed ``key`` (the node has children)."""
-        return self._trie.has_subtrie(tuple(key))
+        followed: bool = self._trie.has_subtrie(tuple(key))
+        return followed
 
     def extend(self, tokens: Sequence[int], old_len: int = 0) -> None:
         """Count the windows of ``tokens`` that end past ``old_len`` (tokens before it were counted earlier).
@@ -68,10 +70,10 @@ class TokenTrie:
             root = self._trie.traverse(_lazy_node, prefix=tuple(prefix))
         except KeyError:
             return []
-        heap: list = []
+        heap: list[tuple[int, int, tuple[int, ...], Iterable[_Node]]] = []  # (-count, tie, path, children)
         tie = itertools.count()  # equal counts: the earlier-inserted child first
 
-        def push(children) -> None:
+        def push(children: Iterable[_Node]) -> None:
             for path, count, grandchildren in children:
                 heapq.heappush(heap, (-(count or 0), next(tie), tuple(path[len(prefix):]), grandchildren))
 
@@ -114,7 +116,10 @@ class TokenTrie:
         return trie
 
 
-def _lazy_node(path_conv, path, children, value=None):
+_Node = tuple[tuple[int, ...], "int | None", Iterable[Any]]  # (path, count, children) as _lazy_node makes
+
+
+def _lazy_node(path_conv: Any, path: tuple[int, ...], children: Iterable[Any], value: int | None = None) -> _Node:
     # pygtrie.traverse callback: the children iterator stays unconsumed until the node is expanded.
     return path, value, children
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
+from polars.datatypes import DataTypeClass
 from sklearn.cluster import KMeans, MiniBatchKMeans
 from sklearn.preprocessing import OneHotEncoder
 from sklearn.tree import DecisionTreeClassifier
@@ -30,7 +31,7 @@ from router.embeddings import Embeddings
 
 log = logging.getLogger(__name__)
 
-GROUP_SCHEMA = {"entity_id": pl.Utf8, "group_id": pl.Utf8}
+GROUP_SCHEMA = pl.Schema({"entity_id": pl.Utf8, "group_id": pl.Utf8})
 
 
 def collaborative_groups(embeddings: Embeddings, n_clusters: int | None = None, target_group_size: int | None = None,
@@ -46,6 +47,7 @@ def collaborative_groups(embeddings: Embeddings, n_clusters: int | None = None, 
     if (n_clusters is None) == (target_group_size is None):
         raise ValueError("give exactly one of n_clusters or target_group_size")
     if n_clusters is None:
+        assert target_group_size is not None  # exactly one of the two, checked above
         n_clusters = math.ceil(n / target_group_size)
     if not 1 <= n_clusters <= n:
         raise ValueError(f"n_clusters must be in 1..{n} (number of entities), got {n_clusters}")
@@ -72,7 +74,7 @@ class AttributeGrouping:
 
 def _attribute_values(table: pl.DataFrame, column: str, config: AttributeGrouping) -> pl.Expr:
     """One string per entity for ``column`` (first value of lists, buckets for numbers, missing -> fallback)."""
-    dtype = table.schema[column]
+    dtype: pl.DataType | DataTypeClass = table.schema[column]
     expr = pl.col(column)
     if isinstance(dtype, (pl.List, pl.Array)):
         expr = expr.list.first() if isinstance(dtype, pl.List) else expr.arr.first()

@@ -20,6 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -188,12 +189,12 @@ class _Propagate(torch.autograd.Function):
     """``A_hat @ x`` for a symmetric sparse ``A_hat``: the backward is ``A_hat @ grad`` (no transpose built)."""
 
     @staticmethod
-    def forward(ctx, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, adjacency: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         ctx.adjacency = adjacency
         return adjacency @ x
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[None, torch.Tensor]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, torch.Tensor]:
         return None, ctx.adjacency @ grad
 
 
@@ -221,7 +222,7 @@ class LightGCN(nn.Module):
         layer = self.embedding.weight
         total = layer
         for _ in range(self.num_layers):
-            layer = _Propagate.apply(adjacency, layer)
+            layer = _Propagate.apply(adjacency, layer)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
             total = total + layer
         final = total / (self.num_layers + 1)
         return final[: self.num_users], final[self.num_users:]
@@ -287,7 +288,10 @@ def _train_step(model: LightGCN, adjacency: torch.Tensor, triples: torch.Tensor,
         grad_layer0.index_add_(0, nodes, rows[3].grad)
         total += float(loss.detach()) * n
     torch.autograd.backward([user_final, item_final], [grad_users, grad_items])
-    model.embedding.weight.grad.add_(grad_layer0)
+    weight_grad = model.embedding.weight.grad
+    if weight_grad is None:
+        raise RuntimeError("the LightGCN backward left no gradient on the embedding table")
+    weight_grad.add_(grad_layer0)
     return total
 
 

@@ -95,7 +95,7 @@ def route(entity_type: str, entity_ids: Sequence[str], attribute: pl.DataFrame,
         raise ValueError(f"{len(no_attr)} {entity_type}s have no attribute group (the fallback every entity "
                          f"needs): {no_attr[:5]}")
     counts = counts or {}
-    rows: dict[str, list[str]] = {name: [] for name in ROUTING_SCHEMA.names}
+    rows: dict[str, list[str | None]] = {name: [] for name in ROUTING_SCHEMA.names}
     for entity_id in ids:
         info = EntityInfo(entity_type, entity_id, int(counts.get(entity_id, 0)), collab.get(entity_id), attr[entity_id])
         kind, reason = _decide(info, policy, warm_threshold)

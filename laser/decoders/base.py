@@ -31,9 +31,9 @@ from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
 from laser.defaults import N_MAX
 from laser.drafting import DraftSource, Drafter, NoDrafter
-from laser.engine import DecodeStats, Request, TreeDecodingEngine, check_tree_attention
+from laser.engine import TreeDecodingEngine, check_tree_attention
 from laser.models import LoadedModel
-from laser.request import Halt
+from laser.request import DecodeStats, Halt, Request
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import RejectionSampler, TopKVerifier, Verifier

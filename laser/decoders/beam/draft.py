@@ -8,18 +8,19 @@ nodes the target keeps (the live beams' prefixes) and drops the rest.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import CacheLayerMixin
 
 from laser.decoders.beam.search import BeamState, Hyp, Seq, beam_probs, beam_step, candidates
 from laser.drafting import Drafter
 from laser.tree import DraftTree, additive_mask
 
 
-def head_rows(model: torch.nn.Module, vocab: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def head_rows(model: PreTrainedModel, vocab: Sequence[int] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(token ids, their output-embedding rows) for a head restricted to ``vocab``; None: the full head
     (no vocabulary given, or a head that is not a plain linear layer)."""
     head = model.get_output_embeddings()
@@ -37,7 +38,7 @@ class TreeDraftModel:
     and the head's cost shrinks from the whole vocabulary to the catalogue's.
     """
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: Sequence[int], vocab: Sequence[int] | None = None):
+    def __init__(self, model: PreTrainedModel, prompt_ids: Sequence[int], vocab: Sequence[int] | None = None):
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -62,7 +63,8 @@ class TreeDraftModel:
         self.depth = [self.depth[old] for old in nodes]
         index = torch.tensor([self.prefix + n for n in nodes], dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None \
+                    or layer.keys.numel() == 0:
                 continue
             layer.keys = torch.cat([layer.keys[:, :, : self.prefix], layer.keys[:, :, index]], 2)
             layer.values = torch.cat([layer.values[:, :, : self.prefix], layer.values[:, :, index]], 2)
@@ -105,9 +107,10 @@ class TreeDraftModel:
         out[:, vocab] = torch.log_softmax((hidden @ weight.T).float(), dim=-1)
         return out
 
-    def _body(self, **kwargs) -> torch.Tensor:
+    def _body(self, **kwargs: Any) -> torch.Tensor:
         """The model without its head: last hidden states ``[1, n, H]``."""
-        return self.model.base_model(**kwargs).last_hidden_state
+        hidden: torch.Tensor = self.model.base_model(**kwargs).last_hidden_state
+        return hidden
 
 
 class BeamTreeDrafter(Drafter):
@@ -154,7 +157,8 @@ class BeamTreeDrafter(Drafter):
         q (from all target beams, finished ones included); records each step's draws and q."""
         from laser.decoders.beam.relaxed import sample_distinct
 
-        hyps, steps = list(self.state.hyps), []
+        hyps = list(self.state.hyps)
+        steps: list[tuple[list[Seq], dict[Seq, float]]] = []
         self.state.drafted = steps
         for j in range(self.gamma):
             seqs, scores = candidates(hyps, rows, self.state.trie)

@@ -19,9 +19,11 @@ from collections import defaultdict
 from typing import Sequence
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, PreTrainedModel
 
 from laser.drafting import Drafter
+from laser.kv_cache import layer_kv
+from laser.models import move_model
 from laser.sampling import GREEDY, SamplingParams, sample, target_probs
 from laser.tree import DraftTree, additive_mask
 
@@ -50,7 +52,7 @@ class ModelDrafter(Drafter):
                       budgets: Sequence[int | None]) -> list[DraftTree]:
         """Chains for several requests: drafters sharing a draft model advance together, one draft
         forward per draft position for all of them."""
-        trees: list[DraftTree | None] = [None] * len(drafters)
+        trees: dict[int, DraftTree] = {}
         groups: dict[int, list[int]] = defaultdict(list)
         gammas = [d.gamma if b is None else min(d.gamma, b) for d, b in zip(drafters, budgets)]
         for i, (d, g) in enumerate(zip(drafters, gammas)):
@@ -61,9 +63,8 @@ class ModelDrafter(Drafter):
                 groups[id(d.model)].append(i)
         for rows in groups.values():
             made = _draft_together([drafters[i] for i in rows], [contexts[i] for i in rows], [gammas[i] for i in rows])
-            for i, tree in zip(rows, made):
-                trees[i] = tree
-        return trees  # type: ignore[return-value]
+            trees.update(zip(rows, made))
+        return [trees[i] for i in range(len(drafters))]
 
     def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         """Keep the cache of the context plus the drafts the target accepted; drop the rest."""
@@ -84,7 +85,7 @@ class ModelDrafter(Drafter):
         self.cache = DynamicCache()
 
 
-def truncated_copy(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+def truncated_copy(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     """A draft made of the target's embeddings, first ``layers`` decoder layers, final norm and head
     (weights copied; the target is untouched)."""
     import copy
@@ -98,9 +99,9 @@ def truncated_copy(model: torch.nn.Module, layers: int) -> torch.nn.Module:
     config.num_hidden_layers = layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:layers]
-    draft = AutoModelForCausalLM.from_config(config).to(next(model.parameters()).dtype)
+    draft: PreTrainedModel = AutoModelForCausalLM.from_config(config).to(next(model.parameters()).dtype)
     draft.load_state_dict(model.state_dict(), strict=False)  # the deeper layers' weights are not needed
-    return draft.to(next(model.parameters()).device).eval()
+    return move_model(draft, next(model.parameters()).device).eval()
 
 
 def _draft_together(drafters: Sequence[ModelDrafter], contexts: Sequence[Sequence[int]],
@@ -139,7 +140,8 @@ class _RowCache:
     def forward(self, feeds: list[list[int]], live: list[bool]) -> torch.Tensor:
         d = self.drafter
         out = d.model(input_ids=torch.tensor(feeds, device=d.device), past_key_values=d.cache, use_cache=True)
-        return out.logits[:, -1]
+        logits: torch.Tensor = out.logits[:, -1]
+        return logits
 
     def write_back(self, drafters: Sequence[ModelDrafter]) -> None:
         pass
@@ -166,12 +168,14 @@ class _StackedCache:
             return
         ref = next(d.cache for d, n in zip(drafters, lens) if n == width)
         for layer, ref_layer in enumerate(ref.layers):
-            keys = ref_layer.keys.new_zeros(len(drafters), *ref_layer.keys.shape[1:])
-            values = ref_layer.values.new_zeros(len(drafters), *ref_layer.values.shape[1:])
+            ref_keys, ref_values = layer_kv(ref_layer)
+            keys = ref_keys.new_zeros(len(drafters), *ref_keys.shape[1:])
+            values = ref_values.new_zeros(len(drafters), *ref_values.shape[1:])
             for b, (d, n) in enumerate(zip(drafters, lens)):
                 if n:
-                    keys[b, :, :n] = d.cache.layers[layer].keys[0]
-                    values[b, :, :n] = d.cache.layers[layer].values[0]
+                    own_keys, own_values = layer_kv(d.cache.layers[layer])
+                    keys[b, :, :n] = own_keys[0]
+                    values[b, :, :n] = own_values[0]
             self.cache.update(keys, values, layer)
 
     def forward(self, feeds: list[list[int]], live: list[bool]) -> torch.Tensor:
@@ -189,11 +193,13 @@ class _StackedCache:
                          use_cache=True)
         self.valid = torch.cat([self.valid, ok], dim=1)
         self.next_pos = self.next_pos + ok.sum(1)
-        return out.logits[torch.arange(len(feeds), device=self.device), lens - 1]
+        logits: torch.Tensor = out.logits[torch.arange(len(feeds), device=self.device), lens - 1]
+        return logits
 
     def write_back(self, drafters: Sequence[ModelDrafter]) -> None:
         for b, d in enumerate(drafters):
             slots = self.valid[b].nonzero().flatten()
             d.cache = DynamicCache()
             for layer, stacked in enumerate(self.cache.layers):
-                d.cache.update(stacked.keys[b:b + 1, :, slots], stacked.values[b:b + 1, :, slots], layer)
+                keys, values = layer_kv(stacked)
+                d.cache.update(keys[b:b + 1, :, slots], values[b:b + 1, :, slots], layer)
