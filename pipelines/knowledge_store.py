@@ -10,7 +10,6 @@ there and nowhere else. Old knowledge (the pools' source) lives in the same form
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +19,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import polars as pl
 import pyarrow as pa
 
+from pipelines.frames import as_frame
 from pipelines.sharded_store import (COMPACT_AFTER, COMPACT_ROWS, KEY_COLUMNS, ShardedWriter, iter_tables,
                                      scan_store, utc_now)
 from pipelines.storage import Location
@@ -53,7 +53,7 @@ class KnowledgeRow:
     knowledge: str = column(pa.string(), "the generated text", nullable=False, feature=True)
     model: str = column(pa.string(), "the target model", nullable=False)
     decoder: str = column(pa.string(), "the decoder's registered name", nullable=False)
-    decoder_params: str = column(pa.string(), "JSON object, keys sorted (laser.params)", nullable=False)
+    decoder_params: str = column(pa.string(), "JSON object, keys sorted (pipelines.workers.encode_params)", nullable=False)
     prompt_version: str = column(pa.string(), "the prompt templates' version", nullable=False)
     pool_kind: str | None = column(pa.string(), '"collaborative" | "attribute" | null (no pool)')
     group_id: str | None = column(pa.string(), "the retrieval pool's group")
@@ -124,9 +124,18 @@ class RowSpec:
     features: tuple[str, ...]
 
 
-@functools.cache
+_SPECS: dict[type[KnowledgeRow], RowSpec] = {}  # by row class: a dict, since mypy takes no class as Hashable
+
+
 def row_spec(row_type: type[KnowledgeRow] = KnowledgeRow) -> RowSpec:
-    """The :class:`RowSpec` of ``row_type`` (a subclass may add columns)."""
+    """The :class:`RowSpec` of ``row_type`` (a subclass may add columns), derived once per class."""
+    spec = _SPECS.get(row_type)
+    if spec is None:
+        spec = _SPECS[row_type] = _derive_spec(row_type)
+    return spec
+
+
+def _derive_spec(row_type: type[KnowledgeRow]) -> RowSpec:
     cols = [(f.name, f.metadata) for f in dataclasses.fields(row_type)]
     schema = pa.schema([pa.field(n, m["arrow"], nullable=m["nullable"]) for n, m in cols])
     required = tuple(n for n, m in cols if not m["nullable"] and n not in STAMPED)
@@ -180,7 +189,9 @@ class KnowledgeWriter(ShardedWriter):
     def complete(self, row: KnowledgeRow | Mapping[str, Any]) -> dict[str, Any]:
         """The row as {column: value}; a Mapping is converted first (a ValueError names the row and its unknown
         or missing columns)."""
-        if isinstance(row, self.row_type):
+        if isinstance(row, KnowledgeRow):
+            if not isinstance(row, self.row_type):
+                raise TypeError(f"{self.store}: a {type(row).__name__} given to a writer of {self.row_type.__name__}")
             return row.as_dict()
         try:
             return self.row_type.from_mapping(row).as_dict()
@@ -228,7 +239,7 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True,
     tables = [t for _, t in iter_tables(root, scan_store(root), None, schema)]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if dedup and table.num_rows:
-        frame = _dedup(pl.from_arrow(table), root)
+        frame = _dedup(as_frame(table), root)
         if frame.height < table.num_rows:
             table = frame.to_arrow().cast(schema)
     return table
@@ -236,7 +247,7 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True,
 
 def read_knowledge(store: str | Path, dedup: bool = True, row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
     """All knowledge in ``store`` as one polars frame (see :func:`read_knowledge_arrow`)."""
-    return pl.from_arrow(read_knowledge_arrow(store, dedup=dedup, row_type=row_type))
+    return as_frame(read_knowledge_arrow(store, dedup=dedup, row_type=row_type))
 
 
 INDEX_SCHEMA = pa.schema([KNOWLEDGE_SCHEMA.field(c) for c in INDEX_COLUMNS] + [pa.field(POSITION, pa.int64())])
@@ -251,7 +262,7 @@ def read_index(store: str | Path | Location) -> pl.DataFrame:
     for start, table in iter_tables(root, scan_store(root), INDEX_COLUMNS, KNOWLEDGE_SCHEMA):
         tables.append(table.append_column(POSITION, pa.array(range(start, start + table.num_rows), pa.int64())))
     index = pa.concat_tables(tables).cast(INDEX_SCHEMA) if tables else INDEX_SCHEMA.empty_table()
-    return _dedup(pl.from_arrow(index), root)
+    return _dedup(as_frame(index), root)
 
 
 def knowledge_at(store: str | Path | Location, rows: pl.DataFrame) -> dict[tuple[str, str], str]:

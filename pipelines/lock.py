@@ -93,22 +93,23 @@ class RunLock:
             self.stale = self._lease.acquire()
             _LEASES.add(self)
             return self
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = _open_lock_file(self.path)
+        path = self.location.local_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = _open_lock_file(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _read_record(fd)
             os.close(fd)
-            raise LockHeld(self.path, holder) from None
+            raise LockHeld(path, holder) from None
         previous = _read_record(fd)
         if previous:
             self.stale = previous
-            log.warning("%s: took over a stale lock from a run that did not release it: %s", self.path,
+            log.warning("%s: took over a stale lock from a run that did not release it: %s", path,
                         _shown(previous) or "(not a lock record)")
-        _write_record(fd, self._record(), self.path)
+        _write_record(fd, self._record(), path)
         self._fd = fd
-        _clear_temp_files(self.path.parent)
+        _clear_temp_files(path.parent)
         return self
 
     def check(self) -> None:
@@ -124,7 +125,7 @@ class RunLock:
             self._lease = None
         if self._fd is None:
             return
-        _write_record(self._fd, None, self.path)  # empty = released cleanly
+        _write_record(self._fd, None, self.location.local_path)  # empty = released cleanly
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None

@@ -224,7 +224,7 @@ def genre_forms(genre: str) -> tuple[str, ...]:
 def _genre_mentions(text: str, vocabulary: Iterable[str]) -> set[str]:
     """Canonical (lower-case) genres of ``vocabulary`` that ``text`` names."""
     low = text.lower()
-    found = set()
+    found: set[str] = set()
     for genre in vocabulary:
         if any(_same_genre(genre.lower(), f) for f in found):
             continue  # one genre under two names (Sci-Fi, Science Fiction) is one mention

@@ -295,7 +295,9 @@ class Manifest:
         run_id (when its rows share one); shards that a merged shard replaces are left out (``retired``).
         Returns it and the names of the shards Parquet cannot read."""
         root = Location.of(store)
-        shards, unreadable, replaced = [], [], set()
+        shards: list[dict[str, Any]] = []
+        unreadable: list[str] = []
+        replaced: set[str] = set()
         for name in sorted(_shard_files(root), key=lambda n: (_shard_number(n), n)):
             data = (root / name).read_bytes()
             try:
@@ -324,12 +326,19 @@ def _is_entry(shard: Any) -> bool:
         and isinstance(shard.get("rows"), int)
 
 
+def _shard_match(name: str) -> re.Match[str]:
+    match = _SHARD_RE.match(name)
+    if match is None:  # callers pass names _shard_files matched
+        raise ValueError(f"{name}: not a shard file name (part-<number>[-c][-<hex8>].parquet)")
+    return match
+
+
 def _shard_number(name: str) -> int:
-    return int(_SHARD_RE.match(name).group(1))  # type: ignore[union-attr]  (names are matched first)
+    return int(_shard_match(name).group(1))
 
 
 def _is_merged(name: str) -> bool:
-    return _SHARD_RE.match(name).group(2) is not None  # type: ignore[union-attr]
+    return _shard_match(name).group(2) is not None
 
 
 def _shard_files(root: Location) -> list[str]:

@@ -470,3 +470,25 @@ def test_a_knowledge_row_writes_as_its_mapping_does(tmp_path):
     a, b = (kn.read_knowledge(tmp_path / n).drop("generated_at") for n in "ab")
     assert a.equals(b) and a.columns == [c for c in kn.KNOWLEDGE_SCHEMA.names if c != "generated_at"]
     assert list(kn.KnowledgeRow.from_mapping(row(1)).as_dict()) == kn.KNOWLEDGE_SCHEMA.names
+
+
+def test_a_writer_of_a_row_subclass_refuses_a_plain_row_naming_both(tmp_path):
+    from dataclasses import dataclass
+
+    @dataclass(slots=True, kw_only=True)
+    class MoodRow(kn.KnowledgeRow):
+        mood: str | None = kn.column(pa.string(), "the text's mood")
+
+    class MoodWriter(kn.KnowledgeWriter):
+        row_type = MoodRow
+
+    w = MoodWriter(tmp_path, shard_rows=10)
+    with pytest.raises(TypeError, match="a KnowledgeRow given to a writer of MoodRow"):
+        w.add(kn.KnowledgeRow.from_mapping(row(1)))
+    assert w.complete(MoodRow.from_mapping({**row(2), "mood": "calm"}))["mood"] == "calm"
+
+
+def test_a_name_that_is_no_shard_file_is_refused_naming_it():
+    assert ss._shard_number("part-00012-c-0123abcd.parquet") == 12 and ss._is_merged("part-00012-c-0123abcd.parquet")
+    with pytest.raises(ValueError, match=r"notes\.parquet: not a shard file name"):
+        ss._shard_number("notes.parquet")
