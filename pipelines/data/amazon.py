@@ -17,15 +17,15 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.readers import records_frame
-from pipelines.data.schema import INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items
+from pipelines.data.schema import INTERACTIONS_SCHEMA, Dataset, DType, conform_interactions, conform_items
 
 log = logging.getLogger(__name__)
 
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
 _MS_THRESHOLD = 100_000_000_000  # timestamps above this are milliseconds (year 5138 in seconds)
 _YEAR = re.compile(r"\b(1[5-9]\d\d|20\d\d)\b")
-_ITEM_SCHEMA = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8), "category": pl.Utf8,
-                "sub_category": pl.Utf8, "year": pl.Int32}
+_ITEM_SCHEMA: dict[str, DType] = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8),
+                                  "category": pl.Utf8, "sub_category": pl.Utf8, "year": pl.Int32}
 
 
 def _first(record: dict, *keys: str) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.readers import DataFileError, coerce, drop_unknown_items, read_checked_csv, read_delimited
-from pipelines.data.schema import Dataset, conform_interactions, conform_items, conform_users
+from pipelines.data.schema import Dataset, DType, conform_interactions, conform_items, conform_users
 from pipelines.data.titles import split_title_year
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ OCCUPATIONS_1M = ["other", "academic/educator", "artist", "clerical/admin", "col
 NO_GENRES = "(no genres listed)"
 
 _RATING_NAMES = ["user_id", "item_id", "rating", "timestamp"]
-_RATING_TYPES = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64}
+_RATING_TYPES: dict[str, DType] = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64}
 
 
 def detect_variant(directory: Path) -> str:
@@ -49,6 +49,7 @@ def load_movielens(path: Path) -> Dataset:
     variant = detect_variant(directory)
     log.info("reading MovieLens %s from %s", variant, directory)
     notes: dict[str, Any] = {}
+    users: pl.DataFrame | None  # None: the variant has no users file
     if variant == "100k":
         inter, items, users = _read_100k(directory, notes)
         ratings = directory / "u.data"
@@ -94,7 +95,7 @@ def _read_dat(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFram
     movies = read_delimited(d / "movies.dat", "::", ["item_id", "title", "genres"],
                             {"item_id": pl.Utf8, "title": pl.Utf8}, ["item_id", "title"], notes=notes)
     items = movies.with_columns(*split_title_year("title"), _genre_list("genres"))
-    users = None
+    users: pl.DataFrame | None = None
     if (d / "users.dat").exists():
         users = read_delimited(d / "users.dat", "::", ["user_id", "gender", "age", "occupation", "zip_code"],
                                {"user_id": pl.Utf8, "age": pl.Int32, "occupation": pl.Int32}, ["user_id"],
@@ -104,7 +105,7 @@ def _read_dat(d: Path, notes: dict[str, Any]) -> tuple[pl.DataFrame, pl.DataFram
     return inter, items, users
 
 
-def _read_csv(path: Path, names: dict[str, str], dtypes: dict[str, pl.DataType], required: list[str],
+def _read_csv(path: Path, names: dict[str, str], dtypes: dict[str, DType], required: list[str],
               notes: dict[str, Any]) -> pl.DataFrame:
     """A headed MovieLens CSV, source columns renamed per ``names``, with ``line_no`` (header = line 1);
     bad rows skipped and reported (``read_checked_csv``)."""

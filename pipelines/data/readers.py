@@ -10,11 +10,13 @@ import gzip
 import io
 import json
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import polars as pl
+
+from pipelines.data.schema import DType
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +84,9 @@ def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: st
         _record(notes, path, f"malformed {what}s{why}, skipped", bad_line_numbers)
 
 
-def _cast(frame: pl.DataFrame, dtypes: dict[str, pl.DataType]) -> pl.DataFrame:
+def _cast(frame: pl.DataFrame, dtypes: Mapping[str, DType]) -> pl.DataFrame:
     """Columns cast non-strictly (a value that does not cast is null); text stripped, empty text null."""
-    def typed(name: str, dtype: pl.DataType) -> pl.Expr:
+    def typed(name: str, dtype: DType) -> pl.Expr:
         col = pl.col(name)
         if frame.schema[name] == pl.Utf8:
             col = col.str.strip_chars()
@@ -94,7 +96,7 @@ def _cast(frame: pl.DataFrame, dtypes: dict[str, pl.DataType]) -> pl.DataFrame:
     return frame.with_columns(typed(name, dtype) for name, dtype in dtypes.items())
 
 
-def cast_rows(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequence[str],
+def cast_rows(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequence[str],
               row_no: str = "line_no", keep_row_no: bool = False) -> tuple[pl.DataFrame, list[int]]:
     """Cast columns (non-strict; text stripped, empty text = missing); split off rows whose ``required``
     columns end up null. Returns (good rows without ``row_no``, row numbers of the bad rows)."""
@@ -104,7 +106,7 @@ def cast_rows(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Seq
     return (good if keep_row_no else good.drop(row_no)), cast.filter(~ok)[row_no].to_list()
 
 
-def coerce(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequence[str], path: Path,
+def coerce(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequence[str], path: Path,
            row_no: str = "line_no", keep_row_no: bool = False, notes: dict[str, Any] | None = None,
            names: dict[str, str] | None = None) -> pl.DataFrame:
     """``cast_rows`` plus ``report_bad``: the typed good rows of a frame read from ``path``; the skipped
@@ -113,13 +115,13 @@ def coerce(frame: pl.DataFrame, dtypes: dict[str, pl.DataType], required: Sequen
     ok = pl.all_horizontal(pl.col(c).is_not_null() for c in required)
     good, bad = cast.filter(ok), cast.filter(~ok)
     at_fault = [(names or {}).get(c, c) for c in required if bad[c].null_count()]
-    good, bad = (good if keep_row_no else good.drop(row_no)), bad[row_no].to_list()
+    good, bad_rows = (good if keep_row_no else good.drop(row_no)), bad[row_no].to_list()
     why = f" (empty or invalid {', '.join(repr(c) for c in at_fault)})" if at_fault else ""
-    report_bad(path, frame.height, bad, "line" if row_no == "line_no" else "row", notes, why, at_fault)
+    report_bad(path, frame.height, bad_rows, "line" if row_no == "line_no" else "row", notes, why, at_fault)
     return good
 
 
-def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: dict[str, pl.DataType],
+def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: Mapping[str, DType],
                    required: Sequence[str], keep_line_no: bool = False,
                    notes: dict[str, Any] | None = None) -> pl.DataFrame:
     """A headerless file with a (possibly multi-character) separator, e.g. MovieLens ``::`` or ``|``.
@@ -157,7 +159,7 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict | None]]:
         yield no, record if isinstance(record, dict) else None
 
 
-def records_frame(path: Path, extract: Callable[[dict], dict | None], schema: dict[str, pl.DataType],
+def records_frame(path: Path, extract: Callable[[dict], dict | None], schema: Mapping[str, DType],
                   notes: dict[str, Any] | None = None, needs: str = "a required field") -> pl.DataFrame:
     """Map each JSON-lines record through ``extract`` into a typed frame.
 

@@ -10,14 +10,18 @@ users         user_id: Utf8, plus attribute columns (age: Int32?, gender: Utf8?,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, Union
 
 import polars as pl
 
-INTERACTIONS_SCHEMA = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64}
-ITEM_COLUMNS = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8), "category": pl.Utf8,
-                "sub_category": pl.Utf8, "year": pl.Int32}
-USER_ID = {"user_id": pl.Utf8}
+# a polars dtype, as a class (pl.Utf8) or an instance (pl.List(pl.Utf8)): polars takes both
+DType: TypeAlias = Union[pl.DataType, type[pl.DataType]]
+
+INTERACTIONS_SCHEMA: dict[str, DType] = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64,
+                                        "timestamp": pl.Int64}
+ITEM_COLUMNS: dict[str, DType] = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8),
+                                 "category": pl.Utf8, "sub_category": pl.Utf8, "year": pl.Int32}
+USER_ID: dict[str, DType] = {"user_id": pl.Utf8}
 
 
 @dataclass

@@ -174,7 +174,7 @@ def _scale_items(rng: np.random.Generator, n_items: int) -> pl.DataFrame:
         title=pl.concat_str("adj", "noun", pl.col("item_id").str.slice(1), separator=" "),  # the id keeps it unique
         genres=pl.concat_list("g0", "g1", "g2").list.drop_nulls(),
         category="g0", sub_category="g1", year="year",
-    ).cast(ITEM_COLUMNS)
+    ).cast(pl.Schema(ITEM_COLUMNS))
 
 
 def scale_catalogue(n_users: int, n_items: int, mean_history: float = 20.0, seed: int = 0,
