@@ -260,3 +260,34 @@ def test_each_request_drafts_its_own_length_on_the_cost_table_from_the_environme
     prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["bad"]), requests={"bad": state("many")})
     with pytest.raises(ValueError, match="request bad: draft_len"):
         prop.propose([[8]], [32], ids[:1])
+
+
+@needs_vllm
+def test_the_proposer_owns_its_chain_budget():
+    """The budget is the proposer's: a reset forgets what it learned, a trial budget lasts one block, and
+    calibration drafts junk on a throwaway budget, leaving the running one and no statistics behind."""
+    from laser.cost import ForwardCost
+    from laser.vllm.proposer import LaserProposer
+
+    prop = LaserProposer(SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4)))
+    running = prop.budget
+    running.observe("a", 3, 2)
+    prop.reset_budget()
+    assert prop.budget is not running and prop.budget.max_len == 4 and not prop.budget._slot
+    running = prop.budget
+    table = ForwardCost("t", [1, 2], [1, 5], [[0.01, 0.02], [0.01, 0.02]])
+    with prop.trial_budget(table) as trial:
+        assert prop.budget is trial and trial.step_cost.table is table
+    assert prop.budget is running
+    prompt = list(range(1, 9)) * 2
+    params = SimpleNamespace(extra_args=None, temperature=0.0)
+    prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["c"]),
+                                  requests={"c": SimpleNamespace(sampling_params=params, prompt_token_ids=prompt)})
+    ids = torch.tensor([prompt + [1] + [0] * 8], dtype=torch.int32)
+    with prop.calibrating([2, 3]) as log:
+        assert prop.budget is not running and prop.budget.fixed == 4
+        out = prop.propose([[1]], [17], ids)
+        assert prop.rows["c"].force_cycle == (2, 3) and len(out[0]) in (2, 3) and log is prop.step_log
+    prop.runner.requests = {}
+    prop.finish_all()
+    assert prop.budget is running and prop.step_log is None and not prop.rows and prop.stats == {}
