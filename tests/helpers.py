@@ -48,7 +48,7 @@ def random_prompts(n: int, vocab: int, seed: int = 0, length: tuple[int, int] = 
 
 def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict:
     """A knowledge-store row for entity ``u{i}`` (fixed timestamp)."""
-    from laser.params import encode_params
+    from pipelines.workers import encode_params
 
     return {
         "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",

@@ -8,6 +8,7 @@ outside a trial sample) gets none: counted here, logged, and written to the clos
 from __future__ import annotations
 
 import logging
+from typing import Mapping
 
 import polars as pl
 
@@ -46,7 +47,7 @@ def lightgcn_notes(best_recall: float | None) -> dict[str, str]:
     return {"warning_lightgcn": msg}
 
 
-def pool_kind_notes(routing: pl.DataFrame, policies: dict[str, str]) -> dict[str, str]:
+def pool_kind_notes(routing: pl.DataFrame, policies: Mapping[str, str]) -> dict[str, str]:
     """A warning note per entity type routed ``warm_cold`` whose entities all went to one pool kind (the
     binary router then routes nothing). ``routing``: entity_type, pool_kind columns."""
     out = {}

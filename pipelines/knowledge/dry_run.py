@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from pipelines.config import JobConfig
+from pipelines.frames import as_frame
 from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.generation import entity_prompt
 from pipelines.knowledge.inputs import JobData, load_job_data
@@ -125,7 +126,7 @@ def _tokens_per_entity(store: Path | None) -> dict[str, float]:
     totals: Counter[str] = Counter()
     rows: Counter[str] = Counter()
     for batch in iter_knowledge(store, ["entity_type", "n_tokens"]):
-        for t, n, k in pl.from_arrow(batch).group_by("entity_type").agg(pl.col("n_tokens").sum(), pl.len()).iter_rows():
+        for t, n, k in as_frame(batch).group_by("entity_type").agg(pl.col("n_tokens").sum(), pl.len()).iter_rows():
             totals[t] += n
             rows[t] += k
     return {t: totals[t] / rows[t] for t in rows if rows[t]}
@@ -163,7 +164,7 @@ def print_estimate(est: RunEstimate) -> None:
     for col in ("entity type", "pool", "reason", "entities"):
         table.add_column(col, justify="right" if col == "entities" else "left")
     for row in est.entities:
-        table.add_row(row["entity_type"], row["pool_kind"], row["reason"], str(row["entities"]))
+        table.add_row(*(str(row[k]) for k in ("entity_type", "pool_kind", "reason", "entities")))
     console = Console()
     console.print(table)
     console.print(f"to generate: {est.planned} entities, {est.prompt_tokens} prompt tokens, about {est.new_tokens} "

@@ -106,7 +106,11 @@ class GenerationWorker(StreamWorker):
         surely degenerate (:class:`pipelines.knowledge.retry.LoopStop`); None under the others."""
         if task.degenerate not in LOOP_POLICIES:
             return None
-        decode = partial(self.tokenizer.decode, skip_special_tokens=True)
+        tokenizer = self.tokenizer
+
+        def decode(ids: list[int]) -> str:
+            return str(tokenizer.decode(ids, skip_special_tokens=True))
+
         return partial(LoopStop, decode, task.max_new_tokens, self.words_per_token)
 
     @cached_property

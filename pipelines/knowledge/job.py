@@ -86,48 +86,62 @@ class JobRun:
     old: GenerationReport = field(default_factory=GenerationReport)
     new: GenerationReport = field(default_factory=GenerationReport)
 
+    @property
+    def inputs(self) -> JobData:
+        """The loaded inputs (the load step's; a step that reads them runs after it)."""
+        if self.data is None:
+            raise RuntimeError("the job's inputs are read before its load step ran")
+        return self.data
+
+    @property
+    def new_pass(self) -> DecodeTask:
+        """The new-knowledge pass (the plan step's)."""
+        if self.task is None:
+            raise RuntimeError("the new-knowledge pass is read before the plan step made it")
+        return self.task
+
 
 # ---- the steps ---------------------------------------------------------------------------------------
 
 def _load(job: JobRun) -> None:
     if job.data is None:
         job.data = load_inputs(load_job_data, job.cfg)
-    inter = job.data.dataset.interactions
-    job.record.watermark = int(inter["timestamp"].max()) if inter.height else None
+    inter = job.inputs.dataset.interactions
+    job.record.watermark = int(inter.select(pl.col("timestamp").max()).item()) if inter.height else None
     job.record.users_after_watermark = users_after(inter, job.record.previous_watermark)
 
 
 def _old_knowledge(job: JobRun) -> None:
-    if job.data.split.mode != "paper":  # earlier knowledge is what earlier runs wrote
+    if job.inputs.split.mode != "paper":  # earlier knowledge is what earlier runs wrote
         return
-    job.old = step_old_knowledge(job.cfg, job.data, job.workers, job.record.seq)
+    job.old = step_old_knowledge(job.cfg, job.inputs, job.workers, job.record.seq)
     job.record.old_generated, job.record.old_failed = job.old.done, job.old.failed
 
 
 def _route(job: JobRun) -> None:
-    job.routing = step_route(job.cfg, job.data, incremental=job.incremental)
+    job.routing = step_route(job.cfg, job.inputs, incremental=job.incremental)
 
 
 def _earlier_knowledge(job: JobRun) -> pa.Table:
     """Every entity's newest knowledge (the latest view), or old knowledge alone (paper mode, full run)."""
     paths = job.paths
-    if job.data.split.mode == "paper" and not job.incremental:
+    if job.inputs.split.mode == "paper" and not job.incremental:
         return read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
     return latest_view(paths.knowledge, paths.old_knowledge, ["entity_type", "entity_id", "knowledge"]).drop(
         "store").to_arrow()
 
 
 def _plan(job: JobRun) -> None:
-    rec, data = job.record, job.data
+    rec, data = job.record, job.inputs
     job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools)
     store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
     index, resuming = read_index(store), rec.run_id if job.resuming else None
-    plan = plan_run(data.dataset, data.split, job.routing, job.decoder.cls.pool, index, job.task.config_hash,
+    plan = plan_run(data.dataset, data.split, job.routing, job.decoder.cls.pool, index, job.new_pass.config_hash,
                     job.paths.work / SOURCE_CACHE, resuming, job.keep_existing)  # hashes: changed inputs only
     job.todo = plan.todo
     job.resumed = plan.resumed
     job.todo, rec.given_up = drop_given_up(job.todo, job.paths.knowledge, job.cfg.generation.give_up_after,
-                                           job.task.config_hash, rec.run_id)
+                                           job.new_pass.config_hash, rec.run_id)
     earlier = earlier_texts(index, resuming, job.todo, lambda rows: knowledge_at(store, rows))
     for req in job.todo:  # its own earlier text is an entity's likeliest draft
         req.earlier = earlier.get(req.key)
@@ -150,7 +164,7 @@ def _pools(job: JobRun) -> None:
 
 
 def _new_knowledge(job: JobRun) -> None:
-    task = job.task
+    task = job.new_pass
     check_pool_store(job.decoder, job.paths)
     job.new = GenerationReport()
     if job.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
@@ -172,7 +186,7 @@ def _new_knowledge(job: JobRun) -> None:
 
 def _payloads(job: JobRun) -> Callable[[list[GenerationRequest]], None]:
     """How a batch of the run's planned requests gets its prompt inputs (histories, item rows)."""
-    return lambda batch: attach_payloads(job.data.dataset, job.data.split, batch)
+    return lambda batch: attach_payloads(job.inputs.dataset, job.inputs.split, batch)
 
 
 def _latest(job: JobRun) -> None:
@@ -236,7 +250,7 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, time.perf_counter() - start)
     summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
     summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
-    summary.skipped, summary.input_notes = skipped_entities(job.data.dataset, job.data.split), dict(job.data.dataset.notes)
+    summary.skipped, summary.input_notes = skipped_entities(job.inputs.dataset, job.inputs.split), dict(job.inputs.dataset.notes)
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
     return summary
 

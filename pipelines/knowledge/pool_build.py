@@ -12,12 +12,13 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import polars as pl
 import pyarrow as pa
 
 from pipelines.config import JobConfig
+from pipelines.frames import as_frame
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge_store import read_knowledge
 from pipelines.workers.tasks import map_tasks
@@ -112,7 +113,7 @@ def _reusable(directory: Path, fingerprint: TokenizerFingerprint, meta: dict[str
         return {}
     if previous is None or {k: store.manifest["meta"].get(k) for k in meta} != meta:
         return {}
-    stale = stale_pools(pl.from_arrow(previous), members, refresh_share)
+    stale = stale_pools(as_frame(previous), members, refresh_share)
     wanted = set(members["pool_key"].unique())
     keep = {k: e for k, e in store.manifest["pools"].items() if k not in stale and k in wanted}
     return {k: e for k, e in keep.items() if _whole(store, k)}
@@ -147,17 +148,17 @@ def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Pre
     is configured (a task would only add a worker process's start on this machine). Their manifest entries."""
     from pipelines.workers.driver import ensure_ray
 
-    how = {"column": column, "directory": str(directory), "snapshot": cfg.routing.pool_snapshots}
+    how = (column, str(directory), cfg.routing.pool_snapshots)
     if not cfg.execution.address and todo.height <= PART_TEXTS:
-        return build_part(todo.to_arrow(), tokenizer=tokenizer, **how) if todo.height else {}
+        return build_part(todo.to_arrow(), tokenizer, *how) if todo.height else {}
     ensure_ray(cfg.execution.address, num_cpus=_local_cpus(cfg))
     import ray
 
     cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
     parts = _parts(todo, max(2 * cpus, math.ceil(todo.height / PART_TEXTS)))
-    shared = ray.put(tokenizer)
+    shared = ray.put(tokenizer)  # one copy in the object store, resolved by each task
     entries: dict[str, PartEntry] = {}
-    for result in map_tasks(build_part, [(part.to_arrow(),) for part in parts], {"tokenizer": shared, **how},
+    for result in map_tasks(build_part, [(part.to_arrow(), shared, *how) for part in parts],
                             desc="pools: tokenise and write", unit="part"):
         entries.update(result)
     return entries
@@ -171,16 +172,16 @@ def _local_cpus(cfg: JobConfig) -> int:
     return n * spec.threads
 
 
-def build_part(part: pa.Table, *, tokenizer: PreTrainedTokenizerBase, column: str, directory: str,
+def build_part(part: pa.Table, tokenizer: PreTrainedTokenizerBase, column: str, directory: str,
                snapshot: bool) -> dict[str, PartEntry]:
     """One build task: the part's texts tokenised (unless they are token ids already) and written, pool by pool
     (rows sorted by pool key), as one part file of the store; returns their manifest entries."""
     from pools.build import TOKENS_COLUMN, tokenize
     from pools.store import write_part
 
-    keys = part.column("pool_key").to_pylist()
-    values = part.column(column).to_pylist()
-    tokens = values if column == TOKENS_COLUMN else tokenize(tokenizer, values)
+    keys = cast("list[str]", part.column("pool_key").to_pylist())
+    values = part.column(column).to_pylist()  # texts, or token ids already
+    tokens = cast("list[list[int]]", values) if column == TOKENS_COLUMN else tokenize(tokenizer, cast("list[str]", values))
     pools: list[tuple[str, list[list[int]]]] = []
     for key, ids in zip(keys, tokens):
         if not pools or pools[-1][0] != key:

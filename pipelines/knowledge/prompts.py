@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
+
+from pipelines.workers import HistoryEntry
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -35,14 +37,6 @@ MAX_WORDS = 120
 TOKENS_PER_WORD = 1.6  # measured 1.56 on SmolLM2 profile-like prose with quoted titles (101 words, 158 tokens)
 HEADROOM = 0.6  # ask for this share of what the budget holds: small models overshoot a requested length
 HISTORY_GENRES = 2  # genres shown per history entry
-
-
-class HistoryEntry(NamedTuple):
-    """One rated item in a user's history; ``genres`` (optional) give a small model something to go on."""
-
-    title: str
-    rating: float
-    genres: tuple[str, ...] = ()
 
 
 class PromptTooLongError(ValueError):

@@ -10,11 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.data import Dataset, Split
-from pipelines.knowledge.prompts import PROMPT_VERSION, HistoryEntry, ItemRow, user_histories
+from pipelines.frames import as_frame
+from pipelines.knowledge.prompts import PROMPT_VERSION, ItemRow, user_histories
 from pipelines.knowledge.sources import source_hash
 from pipelines.sharded_store import done_keys
 from pipelines.storage import Location, atomic_write_local
-from pipelines.workers import GenerationRequest
+from pipelines.workers import GenerationRequest, HistoryEntry
 from pools.build import group_key
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ def attach_payloads(dataset: Dataset, split: Split, requests: list[GenerationReq
         if req.entity_type == "user":
             req.history = histories.get(req.entity_id, [])
         else:
-            req.item = rows[req.entity_id]
+            req.item = dict(rows[req.entity_id])
 
 
 def drop_payloads(requests: list[GenerationRequest]) -> None:
@@ -184,7 +185,7 @@ def _read_cache(cache: Path | None) -> pl.DataFrame | None:
         return None
     if (table.schema.metadata or {}) != _cache_meta():  # another polars hashes otherwise: recompute all
         return None
-    return pl.from_arrow(table)
+    return as_frame(table)
 
 
 def _write_cache(cache: Path, keys: pl.DataFrame) -> None:

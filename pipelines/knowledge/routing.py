@@ -10,6 +10,7 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.config import JobConfig
+from pipelines.frames import as_frame
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.paths import JobPaths
@@ -97,7 +98,7 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
         router.write_routing(table, paths.routing)
         router.write_routing(pa.concat_tables(members), paths.memberships)
         _save_routed(paths, data.split.routing_interactions)
-    frame = pl.from_arrow(table)
+    frame = as_frame(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
     log.info("routing: %s%s", counts, f" -> {paths.routing}" if write else " (dry run: not saved)")
@@ -131,7 +132,7 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
         log.info("routing: %.1f%% of the interactions are new since the last routing (> routing.retrain_share "
                  "%.0f%%): routed afresh", 100 * share, 100 * cfg.routing.retrain_share)
         return None
-    routing, members = pl.from_arrow(router.read_routing(paths.routing)), router.read_routing(paths.memberships)
+    routing, members = as_frame(router.read_routing(paths.routing)), router.read_routing(paths.memberships)
     added, added_members = [], []
     for etype, attr in _attribute_groups(cfg, data).items():
         fresh = attr.join(routing.filter(pl.col("entity_type") == etype).select(entity_id="entity_id"),
@@ -140,7 +141,7 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
             added.append(router.route(etype, fresh["entity_id"].to_list(), fresh, None, {}, policy="attribute"))
             added_members.append(router.group_memberships(etype, fresh, None))
     if added:
-        routing = pl.concat([routing, pl.from_arrow(pa.concat_tables(added))], how="vertical_relaxed")
+        routing = pl.concat([routing, as_frame(pa.concat_tables(added))], how="vertical_relaxed")
         router.write_routing(routing.to_arrow(), paths.routing)
         router.write_routing(pa.concat_tables([members, *added_members]), paths.memberships)
     log.info("routing: kept from the last run (%.1f%% of the interactions new, routing.retrain_share %.0f%%); "
@@ -158,4 +159,4 @@ def read_routing(cfg: JobConfig) -> pl.DataFrame:
     path = JobPaths.of(cfg).routing
     if not path.exists():
         raise FileNotFoundError(f"{path}: no routing table; run `laser route` (or `laser run`) first")
-    return pl.from_arrow(router.read_routing(path))
+    return as_frame(router.read_routing(path))

@@ -9,15 +9,15 @@ the driver sends more requests and collects finished ones).
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, NamedTuple
 
-from laser.params import encode_params
 
 if TYPE_CHECKING:
     from laser.decoders.base import Decoder
@@ -33,6 +33,20 @@ class WorkerDead(RuntimeError):
     after its one restart): the driver counts the actor as dead and hands its requests to the others."""
 
 
+def encode_params(params: Mapping[str, object]) -> str:
+    """Decoder parameters as canonical JSON (keys sorted, no spaces): a worker's decoder-cache key and the
+    stored ``decoder_params`` column."""
+    return json.dumps(dict(params), sort_keys=True, separators=(",", ":"))
+
+
+class HistoryEntry(NamedTuple):
+    """One rated item in a user's history; ``genres`` (optional) give a small model something to go on."""
+
+    title: str
+    rating: float
+    genres: tuple[str, ...] = ()
+
+
 @dataclass
 class GenerationRequest:
     """One entity to work on. Users carry ``history`` ((title, rating) oldest first), items carry ``item``
@@ -43,7 +57,7 @@ class GenerationRequest:
     pool_key: str | None = None
     pool_kind: str | None = None
     group_id: str | None = None
-    history: list[tuple[str, float]] | None = None
+    history: list[HistoryEntry] | None = None
     item: dict[str, Any] | None = None
     source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
     earlier: str | None = None  # the entity's newest earlier knowledge: its first draft source (refresh)
@@ -66,7 +80,7 @@ class ModelSpec:
     compile: bool = True  # engines that compile the model (vLLM) do; pipelines/workers/layout.compile_model
     gpu_memory_utilization: float | None = None  # vLLM's share of each GPU; None: 0.9 of the actor's share
     engine: str = "hf"  # the engine a generation worker drives (pipelines/knowledge/engines: its registry)
-    engine_options: Mapping[str, object] = field(default_factory=dict, hash=False)  # more keywords of its engine
+    engine_options: Mapping[str, Any] = field(default_factory=dict, hash=False)  # more keywords for its engine
 
     @property
     def device(self) -> str:
@@ -216,7 +230,7 @@ class StreamWorker:
     def _take(self, task: Any, n: int) -> list[GenerationRequest]:
         """Up to ``n`` queued requests of ``task`` (the serve loop's ``take``)."""
         with self._lock:
-            got = []
+            got: list[GenerationRequest] = []
             while self._inbox and len(got) < n and self._inbox[0][0] == task:
                 got.append(self._inbox.popleft()[1])
             self._taken.update(r.key for r in got)

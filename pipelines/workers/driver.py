@@ -70,7 +70,9 @@ class FirstFailures:
     was held and ends the watch."""
 
     def __init__(self, slots: int) -> None:
-        self.slots, self.reason, self.held = slots, None, []
+        self.slots = slots
+        self.reason: str | None = None
+        self.held: list[WorkResult] = []
         self.watching = True
         self.sent: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
@@ -84,11 +86,11 @@ class FirstFailures:
             return self.release() + [result]  # the engine works (a failure marked "decoded" judged its text)
         if not result.failures:
             return [result]
-        self.reason = reasons.pop()
+        reason = self.reason = reasons.pop()
         self.held.append(result)
         self.failed[actor] += len(result.failures)
         if all(self.failed[a] >= min(self.slots, self.sent[a]) for a in alive if self.sent[a]):
-            raise EngineUnusable("every request of the first batch failed with one error", self.reason)
+            raise EngineUnusable("every request of the first batch failed with one error", reason)
         return []
 
     def release(self) -> list[WorkResult]:
@@ -255,7 +257,7 @@ class WorkerGroup:
             while retry and len(outstanding[a]) + len(new) < slots + chunk:
                 new.append(retry.popleft())
             while scheduler and len(outstanding[a]) + len(new) < slots + chunk:
-                new += scheduler.next_for(a)
+                new += scheduler.next_for(a) or []
             for req in new:
                 outstanding[a][req.key] = req
             first.sent[a] += len(new)

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from jobs.cli import app
-from laser.params import encode_params
+from pipelines.workers import encode_params
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
 from pipelines.lock import RunLock
 

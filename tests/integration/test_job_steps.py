@@ -18,7 +18,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge.summary import JobSummary, print_summary
-from laser.params import encode_params
+from pipelines.workers import encode_params
 from pipelines.knowledge_store import KnowledgeWriter
 
 

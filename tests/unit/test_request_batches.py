@@ -5,7 +5,7 @@ from __future__ import annotations
 import pipelines.knowledge.job as job_mod
 from jobs.config import load_config
 from pipelines.knowledge.generation import GenerationRequest
-from pipelines.workers.actors import WorkResult
+from pipelines.knowledge.generation import BatchResult
 
 
 class RecordingGroup:
@@ -17,7 +17,7 @@ class RecordingGroup:
     def stream(self, batch, task, *, slots, desc, unit="entity"):
         filled = {r.key for r in self.all if r.history is not None}
         self.sent.append(([r.key for r in batch], filled, desc))
-        yield WorkResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id, "reason": "test"}
+        yield BatchResult(failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id, "reason": "test"}
                                    for r in batch])
 
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
 from laser.sampling import SamplingParams
 from pipelines.knowledge.engines.base import Admit, EngineClock
 from pipelines.knowledge.records import Attempt, DecodeTask, Params
-from laser.params import encode_params
-from pipelines.workers import ModelSpec, WorkerDead
+from pipelines.workers import ModelSpec, WorkerDead, encode_params
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -57,7 +56,7 @@ class VllmGeneration:
                                  cached_prompt_tokens=res.cached_prompt_tokens, own_accepted=res.own_accepted)
 
 
-def gpu_engine_args(spec: ModelSpec) -> dict[str, float | int]:
+def gpu_engine_args(spec: ModelSpec) -> dict[str, float]:
     """vLLM's GPU settings for an actor's engine: tensor parallel over the actor's whole GPUs, and memory
     within its share of each (``execution.gpu_memory_utilization``, default 0.9 of the share); none on CPU."""
     if spec.device != "cuda":
@@ -105,12 +104,12 @@ class VllmAdapter:
 
             spec = self.spec
             dtype = spec.dtype if spec.dtype != "auto" or spec.device == "cuda" else "float32"
+            more: dict[str, Any] = {**gpu_engine_args(spec), **spec.engine_options}  # vLLM's own keywords
             self.engine = VllmEngine(spec.model, speculation="laser", max_draft=MAX_DRAFT, draft_len=MAX_DRAFT,
                                      threads=spec.threads if spec.device == "cpu" else None,
                                      bind_threads=False,  # the node's other actors share its cores
                                      max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed,
-                                     enforce_eager=not spec.compile, **gpu_engine_args(spec),
-                                     **dict(spec.engine_options))
+                                     enforce_eager=not spec.compile, **more)
         return self.engine
 
     def start(self, task: DecodeTask, slots: int, pools: PoolCache) -> None:
