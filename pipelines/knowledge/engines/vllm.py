@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
 from laser.sampling import SamplingParams
+from laser.vllm.engine import VllmEngine, VllmResult  # vLLM itself loads when an engine starts
 from pipelines.knowledge.engines.base import Admit, EngineClock
 from pipelines.knowledge.records import Attempt, DecodeTask, Params
 from pipelines.workers import ModelSpec, WorkerDead, encode_params
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from laser.decoders.base import Decoder
-    from laser.vllm import VllmEngine, VllmResult
     from pipelines.knowledge.pool_cache import PoolCache
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,6 @@ class VllmAdapter:
     def _engine(self, slots: int) -> VllmEngine:
         """The actor's engine, started on first use."""
         if self.engine is None:
-            from laser.vllm import VllmEngine
             from laser.vllm.forms import MAX_DRAFT
 
             spec = self.spec
@@ -149,7 +148,8 @@ class VllmAdapter:
         rules = dict(attempt.rules) if attempt.rules else None
         if attempt.first is not None:  # a retry's stronger rules: those with no vLLM form are left out
             rules = with_vllm_form(rules)
-        tag = self._engine(self.slots).submit(
+        engine: VllmEngine = self._engine(self.slots)
+        tag = engine.submit(
             attempt.prompt, self.task.max_new_tokens, sampling=_sampling(attempt.sampling),
             pool_key=attempt.pool_key if opts["draft"] else None,
             pool_store=self.task.pool_store if opts["draft"] else None, rules=rules,
