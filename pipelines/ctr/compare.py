@@ -88,6 +88,14 @@ def mean_ci95(values) -> tuple[float, float]:
     return mean - half, mean + half
 
 
+def as_float(value: object, what: str) -> float:
+    """A polars aggregate (``Series.mean``, ``std``) as a float; None (an empty or all-null column) is refused
+    naming ``what``."""
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"{what}: {value!r} is no number (an empty or all-null column)")
+    return float(value)
+
+
 def paired_deltas(frame: pl.DataFrame, source: str, baseline: str) -> dict[str, dict[str, float | list[float]]]:
     """Per model: mean of (source - baseline) test AUC and log loss over the seeds both ran, with 95% intervals."""
     base = frame.filter(pl.col("source") == baseline).select(
@@ -113,12 +121,15 @@ def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float
     Verdicts exist for every source except ``none`` and the reference, and only when the reference was run.
     """
     frame = pl.DataFrame([asdict(r) for r in runs])
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, dict[str, dict[str, float | list[float]]]] = {}
     for (source, model), group in frame.group_by(["source", "model"], maintain_order=True):
+        what = f"{source}/{model}"
         table.setdefault(source, {})[model] = {
-            "auc_mean": float(group["auc"].mean()), "auc_std": float(group["auc"].std(ddof=0)),
+            "auc_mean": as_float(group["auc"].mean(), f"{what} auc"),
+            "auc_std": as_float(group["auc"].std(ddof=0), f"{what} auc"),
             "auc_ci95": list(mean_ci95(group["auc"].to_list())),
-            "logloss_mean": float(group["logloss"].mean()), "logloss_std": float(group["logloss"].std(ddof=0)),
+            "logloss_mean": as_float(group["logloss"].mean(), f"{what} logloss"),
+            "logloss_std": as_float(group["logloss"].std(ddof=0), f"{what} logloss"),
             "logloss_ci95": list(mean_ci95(group["logloss"].to_list())), "n": group.height}
     differences: dict[str, dict[str, dict]] = {}
     for source in table:
@@ -134,7 +145,8 @@ def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float
             if source in (NO_KNOWLEDGE, reference):
                 continue
             paired = frame.filter(pl.col("source") == source).join(ref, on=["model", "seed"], how="inner")
-            deltas = {m: float((g["auc"] - g["ref_auc"]).mean()) for (m,), g in paired.group_by(["model"], maintain_order=True)}
+            deltas = {m: as_float((g["auc"] - g["ref_auc"]).mean(), f"{source}/{m} auc - {reference}")
+                      for (m,), g in paired.group_by(["model"], maintain_order=True)}
             lossless = bool(deltas) and set(deltas) == set(table[source]) and all(abs(d) <= tolerance for d in deltas.values())
             verdicts[source] = {"delta_auc": deltas, "lossless": lossless}
     return {"table": table, "verdicts": verdicts, "deltas": differences, "reference": reference, "tolerance": tolerance,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import polars as pl
@@ -115,7 +115,7 @@ class CtrTensors:
 
     def take(self, idx: torch.Tensor) -> "CtrTensors":
         """The samples at ``idx`` (a long tensor)."""
-        picked = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx.numpy() if f.name == "user_ids" else idx])
+        picked: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx.numpy() if f.name == "user_ids" else idx])
                   for f in fields(self)}
         return replace(self, **picked)
 

@@ -62,6 +62,9 @@ class MoEConverter(nn.Module):
 class ItemEmbedding(nn.Module):
     """Item representation: item id ⊕ category ⊕ mean of genre embeddings, each ``embed_dim`` wide."""
 
+    item_category: torch.Tensor  # buffers (register_buffer), declared for the type checker
+    item_genres: torch.Tensor
+
     def __init__(self, catalog: ItemCatalog, embed_dim: int) -> None:
         super().__init__()
         self.item = nn.Embedding(catalog.n_items, embed_dim, padding_idx=0)
@@ -88,7 +91,7 @@ class KnowledgeInput(nn.Module):
         self.dim = 2 * cfg.converter_dim + 2
 
     def forward(self, batch: CtrTensors) -> torch.Tensor:  # -> [B, 2 * converter_dim + 2]
-        if batch.user_vec is None or batch.item_vec is None:
+        if batch.user_vec is None or batch.item_vec is None or batch.user_has is None or batch.item_has is None:
             raise ValueError("this model was built with knowledge inputs but the batch has no knowledge vectors")
         user = self.user(batch.user_vec) * batch.user_has.unsqueeze(-1)
         item = self.item(batch.item_vec) * batch.item_has.unsqueeze(-1)

@@ -96,6 +96,8 @@ def fit(model: nn.Module, train: CtrTensors, val: CtrTensors, cfg: TrainConfig =
             result.best_epoch, best_state = epoch, copy.deepcopy(model.state_dict())
         elif epoch - result.best_epoch >= cfg.patience:
             break
+    if best_state is None:
+        raise ValueError(f"max_epochs is {cfg.max_epochs}: no epoch ran, so there is no model to keep (need >= 1)")
     model.load_state_dict(best_state)
     return result
 
