@@ -62,7 +62,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, TypeVar
 
 import polars as pl
 import pyarrow as pa
@@ -599,6 +599,9 @@ def compact_store(store: str | Path | Location, schema: pa.Schema,
     return replaced
 
 
+_Writer = TypeVar("_Writer", bound="ShardedWriter")  # `with SomeWriter(...) as w`: w is a SomeWriter
+
+
 class ShardedWriter:
     """Buffers rows and writes them as atomic Parquet shards of ``shard_rows`` rows.
 
@@ -733,7 +736,7 @@ class ShardedWriter:
         finally:
             self._lock.close()
 
-    def __enter__(self) -> "ShardedWriter":
+    def __enter__(self: _Writer) -> _Writer:
         return self
 
     def __exit__(self, *exc: object) -> None:

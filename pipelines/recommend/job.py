@@ -52,7 +52,7 @@ def recommend_requests(old: pl.DataFrame, new: pl.DataFrame, items: pl.DataFrame
     """One request per user with a new history; the prompt shows the old history (may be empty: a failure)."""
     histories = user_histories(old, items)
     users = sorted(new["user_id"].unique().to_list())
-    return [GenerationRequest("user", u, history=[tuple(e) for e in histories.get(u, [])]) for u in users]
+    return [GenerationRequest("user", u, history=list(histories.get(u, []))) for u in users]
 
 
 def check_recommend_decoder(cfg: RecommendJobConfig) -> None:

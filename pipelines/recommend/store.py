@@ -10,11 +10,12 @@ from typing import Any, Mapping
 import polars as pl
 import pyarrow as pa
 
+from pipelines.frames import as_frame
 from pipelines.sharded_store import ShardedWriter, done_keys, read_shard, scan_store
 
 log = logging.getLogger(__name__)
 
-RECOMMENDATION_SCHEMA = pa.schema(
+_FIELDS: list[pa.Field] = (  # typed: the stubs' Field is invariant, so a mixed list would be list[object]
     [
         pa.field("user_id", pa.string(), nullable=False),
         pa.field("rank", pa.int32(), nullable=False),  # 1 = best
@@ -31,6 +32,7 @@ RECOMMENDATION_SCHEMA = pa.schema(
         pa.field("decode_s", pa.float64()),
     ]
 )
+RECOMMENDATION_SCHEMA = pa.schema(_FIELDS)
 USER_KEY = ("user_id",)
 
 
@@ -54,4 +56,4 @@ def read_recommendations(store: str | Path) -> pl.DataFrame:
     root = Path(store)
     tables = [read_shard(root, s, schema=RECOMMENDATION_SCHEMA) for s in scan_store(root).shards]
     table = pa.concat_tables(tables) if tables else RECOMMENDATION_SCHEMA.empty_table()
-    return pl.from_arrow(table).sort("user_id", "rank")
+    return as_frame(table).sort("user_id", "rank")

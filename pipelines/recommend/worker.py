@@ -5,14 +5,28 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from pipelines.sharded_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
 from pipelines.workers import GenerationRequest, ModelWorker, WorkResult
 
+if TYPE_CHECKING:
+    from laser.decoders.base import Prompt
+    from laser.decoders.beam.decoders import Recommendation
+    from laser.decoders.beam.search import ItemTrie
+
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Ranker(Protocol):
+    """What a ranking decoder (``produces = "ranking"``: beam, atspeed) offers the worker."""
+
+    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int) -> list[Recommendation]: ...
+
+    def recommend(self, prompt: Prompt, trie: ItemTrie, K: int) -> Recommendation: ...
 
 
 @dataclass
@@ -76,6 +90,8 @@ class RecommendWorker(ModelWorker):
         """K ranked rows per user; a user that fails (no history, prompt too long) becomes a failure."""
         out = RecommendResult()
         decoder, params_json = self.decoder(task.decoder, task.decoder_params)
+        if not isinstance(decoder, Ranker):  # the job resolved it with produces="ranking"
+            raise TypeError(f"decoder {task.decoder!r} ranks no items (it has no recommend_batch)")
         trie = self.trie(task)
         ready = []
         for req in requests:
