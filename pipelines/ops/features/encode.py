@@ -76,7 +76,10 @@ def _encode_latest(output: str | Path, encoder: str, batch_size: int, row_type: 
     if dropped:
         log.warning("%s: %d entities without a vector (empty knowledge) are left out of the features", latest_path,
                     dropped)
-    tables = FeatureTables(out, vectors.schema["vector"].size, row_type)
+    vector_type = vectors.schema["vector"]
+    if not isinstance(vector_type, pl.Array):
+        raise ValueError(f"{vectors_path}: column 'vector' is {vector_type}, not a fixed-size array")
+    tables = FeatureTables(out, vector_type.size, row_type)
     for etype in ENTITY_TYPES:
         _write_table(joined.filter(pl.col("entity_type") == etype), etype, tables)
     return tables

@@ -136,11 +136,12 @@ def apply(repo: FeastRepo) -> Any:
 
 
 def _oldest_event(paths: list[Path]) -> datetime | None:
-    times = []
+    times: list[datetime] = []
     for p in paths:
         col = pq.read_table(p, columns=["event_timestamp"]).column("event_timestamp")
-        if len(col):
-            times.append(min(col.to_pylist()))
+        stamps = [t for t in col.to_pylist() if t is not None]  # never null: written from generated_at
+        if stamps:
+            times.append(min(stamps))
     return min(times) if times else None
 
 

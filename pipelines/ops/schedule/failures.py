@@ -52,10 +52,10 @@ def streaks(lines: pl.DataFrame) -> dict[Key, Streak]:
             if prev is not None:
                 out[key] = Streak(prev.reason, prev.source_hash, prev.config_hash, prev.count, prev.last_run, True)
             continue
-        same = prev is not None and prev.reason == rec["reason"] and \
-            prev.matches(rec["source_hash"], rec["config_hash"])
-        out[key] = Streak(rec["reason"], rec["source_hash"], rec["config_hash"], prev.count + 1 if same else 1,
-                          rec["run_id"])
+        count = 1
+        if prev is not None and prev.reason == rec["reason"] and prev.matches(rec["source_hash"], rec["config_hash"]):
+            count = prev.count + 1
+        out[key] = Streak(rec["reason"], rec["source_hash"], rec["config_hash"], count, rec["run_id"])
     return out
 
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import polars as pl
 import pyarrow as pa
 
+from pipelines.frames import as_frame
 from pipelines.knowledge_store import POSITION, KnowledgeRow, iter_knowledge, read_index, row_spec
 from pipelines.sharded_store import KEY_COLUMNS, parquet_bytes
 from pipelines.lock import check_held
@@ -49,7 +50,7 @@ def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Lo
         rows = newest.filter(pl.col("store") == name)[POSITION].sort().to_list()
         batches = list(iter_knowledge(where, names, rows=rows, row_type=row_type))
         table = pa.Table.from_batches(batches, schema=pa.schema([schema.field(c) for c in names]))
-        frames.append(pl.from_arrow(table).with_columns(store=pl.lit(name)))
+        frames.append(as_frame(table).with_columns(store=pl.lit(name)))
     return pl.concat(frames).sort(list(KEY_COLUMNS))
 
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 LEDGER_FILE = "runs.parquet"
 STATUSES = ("running", "succeeded", "partial", "failed")
 _TS = pa.timestamp("us", tz="UTC")
-LEDGER_SCHEMA = pa.schema([
+_FIELDS: list[pa.Field] = [  # typed: the stubs' Field is invariant, so a mixed list would be list[object]
     pa.field("run_id", pa.string(), nullable=False),
     pa.field("seq", pa.int64()),  # the run's place in this output's sequence (rows carry it as run_seq)
     pa.field("started", _TS, nullable=False),
@@ -47,7 +47,8 @@ LEDGER_SCHEMA = pa.schema([
     pa.field("decoder", pa.string(), nullable=False),
     pa.field("config_hash", pa.string(), nullable=False),
     pa.field("error", pa.string()),
-])
+]
+LEDGER_SCHEMA = pa.schema(_FIELDS)
 
 
 @dataclass
