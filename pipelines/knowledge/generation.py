@@ -14,7 +14,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
@@ -27,6 +27,9 @@ from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_
                                        worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class BatchResult(WorkResult):
         self.decode_tokens += getattr(other, "decode_tokens", 0)
 
 
-def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: Any) -> str:
+def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str:
     """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
     tokens)."""
     words = words_for_budget(task.max_new_tokens)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Mapping
 
 from laser.sampling import GREEDY, SamplingParams
 
@@ -18,7 +18,7 @@ def entity_seed(seed: int, entity_type: str, entity_id: str) -> int:
     return int.from_bytes(digest[:8], "big") >> 1
 
 
-def entity_sampling(settings: Mapping[str, Any] | None, entity_type: str, entity_id: str) -> SamplingParams:
+def entity_sampling(settings: Mapping[str, float] | None, entity_type: str, entity_id: str) -> SamplingParams:
     """The sampling settings of one entity (greedy when ``settings`` is None or its temperature is 0)."""
     if not settings or not settings.get("temperature"):
         return GREEDY
