@@ -118,17 +118,17 @@ class RejectionSampler(Verifier):
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         greedy_rows = [b for b, r in enumerate(requests) if r.sampling.greedy]
-        out: list[Outcome | None] = [None] * len(requests)
+        out: dict[int, Outcome] = {}
         if greedy_rows:  # temperature 0: the vectorised greedy rule (what rejection reduces to)
             verdicts = self._greedy.verify(logits, batch)
             for b in greedy_rows:
                 out[b] = verdicts[b]
         for b, req in enumerate(requests):
-            if out[b] is None:
+            if b not in out:
                 tree = batch.trees[b]
                 probs = target_probs(logits[b, : len(tree)], req.sampling)
                 out[b] = self.verify_tree(tree, probs, req.generator)
-        return out  # type: ignore[return-value]
+        return [out[b] for b in range(len(requests))]
 
     def verify_tree(self, tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Outcome:
         """Walk down from the root: accept a child by min(1, p/q), else move p to the residual."""
