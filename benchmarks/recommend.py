@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -88,6 +88,8 @@ def fixture(s: RecommendBenchSettings, lm: laser.LoadedModel) -> Fixture:
     users = [u for u in sorted(held) if hist.get(u)][: s.users]
     if not users:
         raise ValueError("no user has both an old and a new history: nothing to recommend from")
+    if lm.tokenizer is None:
+        raise ValueError(f"bench recommend: model {lm.name!r} has no tokenizer: item titles need one")
     eos = sorted(lm.eos_ids)[0]
     trie = ItemTrie({i: lm.tokenizer.encode(t, add_special_tokens=False)
                      for i, t in item_identifiers(ds.items).items()}, eos)
@@ -117,18 +119,21 @@ def load_drafts(s: RecommendBenchSettings, lm: laser.LoadedModel) -> dict[str, A
 
 def draft_lm(lm: laser.LoadedModel, name: str) -> laser.LoadedModel:
     """The draft ``name`` (model-cache name, path or truncate:N) for ``lm``, with the target's tokenizer."""
+    from transformers import PreTrainedModel
+
     from laser.decoders.draft_model.decoders import load_draft
 
-    model, canonical = load_draft(lm, name)
-    return laser.LoadedModel(model, lm.tokenizer, canonical)
+    model, canonical = load_draft(lm, name)  # a PreTrainedModel (load_draft annotates the wider nn.Module)
+    return laser.LoadedModel(cast(PreTrainedModel, model), lm.tokenizer, canonical)
 
 
 def measure_k(s: RecommendBenchSettings, fx: Fixture, decoders: dict[str, Any], K: int) -> dict[str, dict]:
     """Every method on every user at width K (interleaved), totals and means."""
     for dec in decoders.values():  # warm-up
         dec.recommend(fx.prompts[0], fx.trie, K)
-    rows = {m: {"wall_s": 0.0, "decode_s": 0.0, "prefill_s": 0.0, "forwards": 0, "steps": 0, "recall": 0.0,
-                "ndcg": 0.0, "items": [], "scores": []} for m in decoders}
+    rows: dict[str, dict[str, Any]] = {
+        m: {"wall_s": 0.0, "decode_s": 0.0, "prefill_s": 0.0, "forwards": 0, "steps": 0, "recall": 0.0,
+            "ndcg": 0.0, "items": [], "scores": []} for m in decoders}
     for prompt, held in zip(fx.prompts, fx.held_out):
         for name, dec in decoders.items():
             t0 = time.perf_counter()

@@ -160,15 +160,17 @@ class Ctx:
         return result.exists() and "error" not in json.loads(result.read_text())
 
     def job(self) -> Any:
-        from pipelines.config import JobConfig
+        from pipelines.config import JobConfig, OutputConfig, RoutingConfig
 
-        return JobConfig(output={"path": str(self.root / "out")}, routing={"seed": self.settings.seed})
+        return JobConfig(output=OutputConfig(path=str(self.root / "out")),
+                         routing=RoutingConfig(seed=self.settings.seed))
 
     def dataset(self) -> Any:
         from pipelines.data.schema import Dataset
 
-        tables = {n: pl.read_parquet(self.data / f"{n}.parquet") for n in ("interactions", "items", "users")}
-        return Dataset(name="bench-scale", domain="movie", **tables)
+        names = ("interactions", "items", "users")
+        interactions, items, users = (pl.read_parquet(self.data / f"{n}.parquet") for n in names)
+        return Dataset(name="bench-scale", domain="movie", interactions=interactions, items=items, users=users)
 
     def split(self) -> Any:
         from pipelines.data.schema import Split
@@ -179,11 +181,12 @@ class Ctx:
                      existing_items=items.clear(), new_items=items.sort("item_id"), mode="latest")
 
     def routing(self) -> pl.DataFrame | None:
+        from pipelines.frames import as_frame
         from pipelines.knowledge.paths import JobPaths
         from router import read_routing
 
         path = JobPaths.of(self.job()).routing
-        return pl.from_arrow(read_routing(path)) if self.done("route") and path.exists() else None
+        return as_frame(read_routing(path)) if self.done("route") and path.exists() else None
 
 
 def _table_config(path: Path) -> Any:
@@ -400,9 +403,9 @@ def stage_store_write(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     rows = fake_rows(pl.read_parquet(ctx.root / "plan.parquet"), ctx.settings.text_words, ctx.settings.seed + 1)
     shutil.rmtree(ctx.root / "out" / "knowledge", ignore_errors=True)  # a first run's store
     with meter:
-        rows = _write_rows(ctx.root / "out" / "knowledge", rows, "bench-full", 1, ctx.job().output.shard_rows)
+        written = _write_rows(ctx.root / "out" / "knowledge", rows, "bench-full", 1, ctx.job().output.shard_rows)
     shards = len(list((ctx.root / "out" / "knowledge").glob("part-*.parquet")))
-    return {"rows": rows, "shards": shards}
+    return {"rows": written, "shards": shards}
 
 
 def stage_latest_view(ctx: Ctx, meter: Meter) -> dict[str, Any]:
@@ -706,9 +709,9 @@ def slopes(sizes: dict[str, Any], key: str = "s") -> dict[str, dict[str, float]]
         points = [(int(k), sizes[k].get(total) if stage == "total" else sizes[k]["stages"].get(stage, {}).get(key))
                   for k in order]
         points = [(n, y) for n, y in points if y]
-        pairs = {f"{a[0]}-{b[0]}": loglog_slope(*a, *b) for a, b in zip(points, points[1:])
-                 if stage != "total" or _same_stages(sizes, a[0], b[0])}
-        pairs = {k: round(v, 3) for k, v in pairs.items() if v is not None}
+        raw = {f"{a[0]}-{b[0]}": loglog_slope(*a, *b) for a, b in zip(points, points[1:])
+               if stage != "total" or _same_stages(sizes, a[0], b[0])}
+        pairs = {k: round(v, 3) for k, v in raw.items() if v is not None}
         if pairs:
             out[stage] = pairs
     return out
@@ -730,7 +733,7 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
     json_out = Path(json_out)
     earlier = json.loads(json_out.read_text())["sizes"] if merge and json_out.exists() else {}
     own = work is None
-    work = Path(tempfile.mkdtemp(prefix="laser-bench-scale-")) if own else Path(work)
+    work = Path(tempfile.mkdtemp(prefix="laser-bench-scale-")) if work is None else Path(work)
     sizes: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     try:
@@ -795,14 +798,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
             if pts:
                 ax.plot(*zip(*pts), "o-", label=stage, markersize=4)
         total_key = "total_s" if key == "s" else "peak_gb"
-        pts = [(int(k), sizes[k][total_key], tuple(sizes[k].get("finished", ()))) for k in order
-               if sizes[k].get(total_key)]
-        for i, segment in enumerate(_segments(pts)):  # a total is only joined to totals of the same stages
+        totals = [(int(k), sizes[k][total_key], tuple(sizes[k].get("finished", ()))) for k in order
+                  if sizes[k].get(total_key)]
+        for i, segment in enumerate(_segments(totals)):  # a total is only joined to totals of the same stages
             ax.plot(*zip(*segment), "ks-", lw=2, markersize=5,
                     label=("all stages (joined where the same stages finished)" if key == "s" else
                            "peak (any stage)") if i == 0 else None)
-        if pts:
-            n0, y0, _ = pts[0]
+        if totals:
+            n0, y0, _ = totals[0]
             ax.plot([n0, n0 * 100], [y0, y0 * 100], "k:", lw=1, label="linear from the smallest")
         ax.axhline(target, color="tab:red", ls="--", lw=1, label="1M target")
         ax.set_xscale("log")

@@ -35,6 +35,8 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
+from transformers import PreTrainedModel
+
 import laser
 from laser.decoders.draft_model.distill import distill_loss_terms, hidden_projection
 from laser.decoders.draft_model.drafter import truncated_copy
@@ -111,15 +113,16 @@ def parse_init(init: str) -> tuple[str, list[int]]:
     return kind, [int(n) for n in nums]
 
 
-def build_draft(target: torch.nn.Module, init: str, seed: int = 0) -> torch.nn.Module:
+def build_draft(target: PreTrainedModel, init: str, seed: int = 0) -> PreTrainedModel:
     """The untrained draft for ``init`` (deterministic for a target and seed)."""
     kind, nums = parse_init(init)
     if kind == "truncate":
         return truncated_copy(target, nums[0])
-    return fresh_draft(target, *nums, seed=seed)
+    layers, hidden = nums
+    return fresh_draft(target, layers, hidden, seed=seed)
 
 
-def fresh_draft(target: torch.nn.Module, layers: int, hidden: int, seed: int = 0) -> torch.nn.Module:
+def fresh_draft(target: PreTrainedModel, layers: int, hidden: int, seed: int = 0) -> PreTrainedModel:
     """A small Llama-style draft over the target's vocabulary; tied embeddings = the target's projected
     on their top-``hidden`` principal directions (so tokens start where the target put them)."""
     from transformers import AutoModelForCausalLM
@@ -136,12 +139,20 @@ def fresh_draft(target: torch.nn.Module, layers: int, hidden: int, seed: int = 0
     torch.manual_seed(seed)
     draft = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
-        emb = target.get_input_embeddings().weight.float()
+        emb = _input_weight(target).float()
         basis = torch.linalg.svd(emb - emb.mean(0), full_matrices=False).Vh[:hidden]  # [hidden, H_target]
         small = emb @ basis.T
-        draft.get_input_embeddings().weight.copy_(small / small.std() * 0.02 * 8)
+        _input_weight(draft).copy_(small / small.std() * 0.02 * 8)
     draft.tie_weights()
     return draft.eval()
+
+
+def _input_weight(model: PreTrainedModel) -> torch.Tensor:
+    """The input embedding matrix ``[V, H]`` (a clear error for a model whose embeddings hold none)."""
+    weight = model.get_input_embeddings().weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"train-draft: {type(model).__name__}'s input embeddings have no weight matrix")
+    return weight
 
 
 # ---- data ---------------------------------------------------------------------------------------
@@ -184,6 +195,8 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
         if row is None:
             missing.append(req)
             continue
+        if lm.tokenizer is None:
+            raise ValueError(f"train-draft: model {lm.name!r} has no tokenizer: the store's texts need one")
         answer = lm.tokenizer.encode(row["knowledge"], add_special_tokens=False)
         eos = sorted(lm.eos_ids)[:1] if row["finish_reason"] == "eos" else []
         pairs.append((encode(_prompt_text(req, lm, cfg, domain)), answer + eos))
@@ -201,7 +214,7 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
 
 
 @torch.inference_mode()
-def make_examples(target: torch.nn.Module, pairs: list[tuple[list[int], list[int]]],
+def make_examples(target: PreTrainedModel, pairs: list[tuple[list[int], list[int]]],
                   max_prompt_tokens: int) -> list[Example]:
     """Examples with the target's last hidden states at the response positions (one target forward each)."""
     out = []
@@ -218,7 +231,7 @@ def make_examples(target: torch.nn.Module, pairs: list[tuple[list[int], list[int
 
 # ---- training -----------------------------------------------------------------------------------
 
-def _batch_loss(draft: torch.nn.Module, target: torch.nn.Module, proj: torch.nn.Module, batch: list[Example],
+def _batch_loss(draft: PreTrainedModel, target: PreTrainedModel, proj: torch.nn.Module, batch: list[Example],
                 kl_weight: float, positions: int, rng: random.Random) -> torch.Tensor:
     """The distillation loss of a right-padded batch over up to ``positions`` response positions per text
     (a seeded sample: the vocabulary head dominates a small draft's cost)."""
@@ -235,7 +248,7 @@ def _batch_loss(draft: torch.nn.Module, target: torch.nn.Module, proj: torch.nn.
 
 
 @torch.inference_mode()
-def agreement(draft: torch.nn.Module, target: torch.nn.Module, examples: list[Example]) -> float:
+def agreement(draft: PreTrainedModel, target: PreTrainedModel, examples: list[Example]) -> float:
     """Share of response positions where the draft's argmax is the target's (greedy acceptance proxy)."""
     hits = total = 0
     for e in examples:
@@ -247,7 +260,7 @@ def agreement(draft: torch.nn.Module, target: torch.nn.Module, examples: list[Ex
 
 
 @torch.inference_mode()
-def step_ms(model: torch.nn.Module, context: int = 256, repeats: int = 15, seed: int = 0) -> float:
+def step_ms(model: PreTrainedModel, context: int = 256, repeats: int = 15, seed: int = 0) -> float:
     """Median milliseconds of one cached one-token decoding forward after ``context`` tokens (the cost of
     one draft position, or of one target step)."""
     from transformers import DynamicCache
@@ -319,7 +332,7 @@ def _examples(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings, work: Path
     return examples
 
 
-def save_draft(draft: torch.nn.Module, lm: LoadedModel, name: str) -> Path:
+def save_draft(draft: PreTrainedModel, lm: LoadedModel, name: str) -> Path:
     """Save a model (a draft, a fine-tuned target) with ``lm``'s generation config and tokenizer in the model
     cache under ``name``, so ``laser.load_model(name)`` loads it."""
     out = cached_model_dir(name)
