@@ -21,7 +21,7 @@ from process start to its last row like the job's own rows. Same work as the job
   ``(n, n)``: a plain ``n`` would autoscale from one engine), each holding
   ``threads_per_worker`` CPUs and OMP threads, ``execution.batch_size`` requests in flight per engine
   (``max_num_seqs`` and Ray Data's ``batch_size``), local Ray with ``num_workers x threads`` CPUs, vLLM's
-  KV cache, context length, prefix caching and KV block size (``laser.vllm.engine.default_block_size``:
+  KV cache, context length, prefix caching and KV block size (``laser.vllm.env.default_block_size``:
   32 tokens on CPU, so the prompts' shared opening is served from the cache as in the job) as the job's
   vLLM workers set them.
 
@@ -134,10 +134,10 @@ def sampling_params(row: dict[str, Any]) -> dict[str, Any]:
 
 def engine_env(threads: int) -> dict[str, str]:
     """What every vLLM engine of the row reads at start, as the job's vLLM workers have it
-    (:func:`laser.vllm.engine.vllm_env`: threads with placement left to the OS, KV cache size, and on CPU
+    (:func:`laser.vllm.env.vllm_env`: threads with placement left to the OS, KV cache size, and on CPU
     the compiled model reused from torch inductor's cache instead of compiled at every start); compile
     caches are inherited from this process's environment. vLLM's engine core keeps its own process."""
-    from laser.vllm.engine import vllm_env
+    from laser.vllm.env import vllm_env
 
     env = vllm_env(threads, KV_CACHE_GIB, in_process=False, bind=False)
     for key in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "LASER_CACHE_DIR", "HF_HUB_OFFLINE"):
@@ -150,7 +150,7 @@ def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
     """The ``vLLMEngineProcessorConfig`` of the row (module docstring: resources and the CPU settings)."""
     from ray.data.llm import vLLMEngineProcessorConfig
 
-    from laser.vllm.engine import default_block_size
+    from laser.vllm.env import default_block_size
 
     ex = cfg.execution
     slots = max(int(ex.batch_size), 1)

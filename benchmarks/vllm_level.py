@@ -123,7 +123,7 @@ class _Level:
             raise RuntimeError("vLLM refused to reset its prefix cache (requests still running)")
         if self.eng.proposer is not None:
             self.eng.proposer.finish_all()
-            self.eng.proposer.budget = self.eng.proposer.fresh_budget()
+            self.eng.proposer.reset_budget()
         if self.timer is not None:
             self.timer.reset()
 

@@ -38,13 +38,7 @@ from laser.models import model_dir
 from laser.request import Halt
 from laser.vllm import calibrate, env, sources
 from laser.vllm.calibrate import CALIBRATION_LENS, CALIBRATION_ROWS
-from laser.vllm.env import (  # noqa: F401 - also importable from here (benchmarks do)
-    BAD_WORDS_LIMITS,
-    CPU_BLOCK,
-    SPECULATION,
-    default_block_size,
-    vllm_env,
-)
+from laser.vllm.env import default_block_size
 from laser.vllm.forms import rule_params
 from laser.vllm.request_args import DraftLen, LaserArgs
 

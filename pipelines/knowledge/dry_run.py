@@ -150,7 +150,7 @@ def _seconds(cfg: JobConfig, paths: JobPaths, est: RunEstimate, threads: int) ->
 
 def _prior(cfg: JobConfig, threads: int) -> ForwardCost:
     from laser.models import model_dir
-    from laser.vllm.budget import prior_cost
+    from laser.vllm.step_cost import prior_cost
 
     config = json.loads((Path(model_dir(cfg.model.name)) / "config.json").read_text())
     return prior_cost(config, threads)

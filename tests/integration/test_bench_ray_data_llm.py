@@ -96,7 +96,7 @@ def _tokenizer(path: str):
 
 def test_engines_get_the_jobs_kv_blocks_and_start_up_settings(tiny, tmp_path, monkeypatch):
     """Prefix caching as the job's engines have it: the same KV block size (32 tokens on CPU)."""
-    from laser.vllm.engine import default_block_size
+    from laser.vllm.env import default_block_size
 
     cfg = load_config(_config(tmp_path, tiny), [])
     kwargs = ray_data_llm.processor_config(cfg, tiny, "none").engine_kwargs
