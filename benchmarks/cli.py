@@ -6,6 +6,7 @@ Registered on the `laser` app by :mod:`jobs.cli` only when `laser bench` runs (`
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -120,7 +121,7 @@ def bench_throughput(json_out: Path = typer.Option(Path("bench-throughput.json")
     settings = ThroughputSettings(model=model, threads=threads, min_prompts=8 if min_prompts is None else min_prompts,
                                   max_new_tokens=max_new_tokens, fixed_K=ints(fixed_k), remeasure_cost=remeasure_cost,
                                   old_users=old_users, seed=seed, device=device,
-                                  **({"concurrency": ints(concurrency)} if concurrency else {}))
+                                  concurrency=ints(concurrency) if concurrency else ThroughputSettings.concurrency)
     rows = {m.name: m for m in default_methods(settings.fixed_K)}
     try:
         names = _names(methods)  # generate always runs: it is every ratio's baseline
@@ -232,12 +233,13 @@ def bench_suite(json_out: Path = typer.Option(Path("bench-suite.json"), "--json"
     if study not in (None, "redrafter"):
         raise typer.BadParameter(f"unknown study {study!r}; known: redrafter")
     ints = lambda text: tuple(int(x) for x in text.split(",")) if text else None  # noqa: E731
-    given = {"model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
-             "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "studies": studies, "draft": draft,
-             "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(",")),
-             "redrafter_head": redrafter_head, "only_redrafter": study == "redrafter" or None,
-             "redrafter_widths": ints(widths), "redrafter_lengths": ints(lengths),
-             "redrafter_nodedup_lengths": ints(nodedup_lengths)}
+    given: dict[str, Any] = {
+        "model": model, "repeats": repeats, "threads": threads, "seed": seed, "user_prompts": user_prompts,
+        "item_prompts": item_prompts, "max_new_tokens": max_new_tokens, "studies": studies, "draft": draft,
+        "gamma": gamma, "draft_temperatures": tuple(float(t) for t in draft_temperatures.split(",")),
+        "redrafter_head": redrafter_head, "only_redrafter": study == "redrafter" or None,
+        "redrafter_widths": ints(widths), "redrafter_lengths": ints(lengths),
+        "redrafter_nodedup_lengths": ints(nodedup_lengths)}
     given = {k: v for k, v in given.items() if v is not None}
     settings = SuiteSettings.quick(**given) if quick else SuiteSettings(**given)
     if study != "redrafter":

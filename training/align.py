@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from transformers import PreTrainedModel
 
 import laser
 from laser.decoders.beam.align import alignment_objective
@@ -39,7 +40,7 @@ from pipelines.recommend.config import RecommendJobConfig
 from training.draft import build_draft, plot_losses, save_draft
 from training.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
 from training.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
-                                          model_beam_search, rec_data, valid_mask)
+                                          model_beam_search, ranking_decoder, rec_data, valid_mask)
 from pipelines.knowledge.validation import JobInputError
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class AlignResult:
 
 # ---- draft and data -----------------------------------------------------------------------------
 
-def init_draft(lm: LoadedModel, init: str, seed: int = 0) -> torch.nn.Module:
+def init_draft(lm: LoadedModel, init: str, seed: int = 0) -> PreTrainedModel:
     """The draft to train: built from the target (``truncate:N``, ``fresh:L:H``) or loaded by name/path."""
     if init.split(":")[0] in ("truncate", "fresh"):
         draft = build_draft(lm.model, init, seed)
@@ -126,15 +127,23 @@ def init_draft(lm: LoadedModel, init: str, seed: int = 0) -> torch.nn.Module:
 def mixture_rows(q_rows: PrefixRows | None, p_rows: PrefixRows | None, seqs: list[Seq], lam: float
                  ) -> dict[Seq, torch.Tensor]:
     """log((1 - lam) * q + lam * p) of each sequence's next token (exactly log p at lam = 1, log q at 0)."""
-    q = q_rows(seqs) if lam < 1 else None
-    p = p_rows(seqs) if lam > 0 else None
-    if q is None or p is None:
-        return p if q is None else q
+    if lam >= 1:
+        return _needed(p_rows, "target", lam)(seqs)
+    q = _needed(q_rows, "draft", lam)(seqs)
+    if lam <= 0:
+        return q
+    p = _needed(p_rows, "target", lam)(seqs)
     w = torch.log(torch.tensor([1.0 - lam, lam]))
     return {s: torch.logsumexp(torch.stack([w[0] + q[s], w[1] + p[s]]), 0) for s in seqs}
 
 
-def mixture_beams(draft: torch.nn.Module, target: torch.nn.Module, prompt: Sequence[int], trie: ItemTrie,
+def _needed(rows: PrefixRows | None, model: str, lam: float) -> PrefixRows:
+    if rows is None:
+        raise ValueError(f"train-align: the mixture at lam={lam} needs the {model}'s rows")
+    return rows
+
+
+def mixture_beams(draft: PreTrainedModel, target: PreTrainedModel, prompt: Sequence[int], trie: ItemTrie,
                   K: int, lam: float) -> list[list[int]]:
     """AtSpeed-S data: the top-K identifier sequences of beam search over the draft/target mixture."""
     q_rows = PrefixRows(draft, prompt) if lam < 1 else None
@@ -149,7 +158,7 @@ def target_beams(lm: LoadedModel, prompts: list[list[int]], trie: ItemTrie, K: i
     """AtSpeed-R data: the target's own top-K (the ``beam`` decoder) as identifier sequences."""
     from tqdm.auto import tqdm
 
-    dec = laser.get_decoder("beam", lm)
+    dec = ranking_decoder("beam", lm)
     out = []
     for i in tqdm(range(0, len(prompts), chunk), desc="target beams", unit="chunk"):
         for rec in dec.recommend_batch(prompts[i:i + chunk], trie, K):
@@ -157,7 +166,7 @@ def target_beams(lm: LoadedModel, prompts: list[list[int]], trie: ItemTrie, K: i
     return out
 
 
-def align_examples(lm: LoadedModel, draft: torch.nn.Module, examples: list[RecExample], trie: ItemTrie,
+def align_examples(lm: LoadedModel, draft: PreTrainedModel, examples: list[RecExample], trie: ItemTrie,
                    codes: dict[str, list[int]], K: int, mode: str, lam: float) -> list[AlignExample]:
     from tqdm.auto import tqdm
 
@@ -212,13 +221,14 @@ def held_terms(draft, target, held: Sequence[AlignExample], trie: ItemTrie, K: i
 
 
 @torch.no_grad()
-def topk_coverage(draft: torch.nn.Module, target: torch.nn.Module, prompts: Sequence[Sequence[int]],
+def topk_coverage(draft: PreTrainedModel, target: PreTrainedModel, prompts: Sequence[Sequence[int]],
                   trie: ItemTrie, K: int, N: int) -> dict[str, list[float]]:
     """Per beam step of the target's search: the mean share of its top-K beams among the draft's top-N
     grown from the same parents (``coverage``), and how often all K are (``all_in``: a strict step accepted)."""
     cover, all_in = defaultdict(list), defaultdict(list)
     for prompt in prompts:
-        hyps, q_score = initial_beams(), {(): 0.0}
+        hyps = initial_beams()
+        q_score: dict[Seq, float] = {(): 0.0}
         p_rows, q_rows = PrefixRows(target, prompt), PrefixRows(draft, prompt)
         step = 0
         while any(not h.done for h in hyps):
@@ -237,18 +247,18 @@ def topk_coverage(draft: torch.nn.Module, target: torch.nn.Module, prompts: Sequ
     return {"coverage": mean(cover), "all_in": mean(all_in)}
 
 
-def atspeed_steps_per_forward(lm: LoadedModel, draft: torch.nn.Module, prompts: list[list[int]], trie: ItemTrie,
+def atspeed_steps_per_forward(lm: LoadedModel, draft: PreTrainedModel, prompts: list[list[int]], trie: ItemTrie,
                               K: int, s: AlignSettings) -> float:
     """Beam steps per target forward of the ``atspeed`` decoder (verification = the mode) with this draft."""
     if not prompts:
         return 0.0
-    dec = laser.get_decoder("atspeed", lm, draft=LoadedModel(draft.eval(), lm.tokenizer, "draft"), gamma=s.gamma,
+    dec = ranking_decoder("atspeed", lm, draft=LoadedModel(draft.eval(), lm.tokenizer, "draft"), gamma=s.gamma,
                             N=max(s.top_n, K), verification=s.mode, seed=s.seed)
     recs = dec.recommend_batch(prompts, trie, K)
     return sum(r.beam_steps for r in recs) / max(1, sum(r.stats.target_forwards for r in recs))
 
 
-def measures(lm: LoadedModel, draft: torch.nn.Module, held: list[AlignExample], trie: ItemTrie, K: int,
+def measures(lm: LoadedModel, draft: PreTrainedModel, held: list[AlignExample], trie: ItemTrie, K: int,
              s: AlignSettings) -> dict:
     prompts = [e.prompt for e in held[:s.eval_prompts]]
     draft.eval()

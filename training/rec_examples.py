@@ -17,12 +17,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import polars as pl
 import torch
+from transformers import PreTrainedModel
 
 import laser
+from laser.decoders.beam.decoders import BeamDecoder
 from laser.decoders.beam.search import Hyp, ItemTrie, Seq, beam_step, initial_beams
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
@@ -114,9 +116,25 @@ def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.
 
 # ---- forwards -----------------------------------------------------------------------------------
 
-def _causal_lm(model: torch.nn.Module) -> torch.nn.Module:
+def transformers_model(model: Any, what: str) -> PreTrainedModel:
+    """``model`` as the transformers model it must be (a clear error naming ``what`` otherwise)."""
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"{what}: expected a transformers model, got {type(model).__name__}")
+    return model
+
+
+def _causal_lm(model: torch.nn.Module) -> PreTrainedModel:
     """The transformers model under a peft wrapper (LoRA layers stay injected in it)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    unwrap = getattr(model, "get_base_model", None)
+    return transformers_model(unwrap() if unwrap is not None else model, "the model trained")
+
+
+def ranking_decoder(name: str, lm: LoadedModel, **params: Any) -> BeamDecoder:
+    """``laser.get_decoder(name, lm, **params)`` for a decoder that ranks items (beam, atspeed)."""
+    dec = laser.get_decoder(name, lm, **params)
+    if not isinstance(dec, BeamDecoder):
+        raise TypeError(f"decoder {name!r} ranks no items (it has no recommend_batch)")
+    return dec
 
 
 def _padded(seqs: Sequence[Sequence[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,7 +178,7 @@ class PrefixRows:
     """Next-token log-probabilities of sequences after one prompt: the prompt's KV is computed once and
     each sequence's last token fed once, as a tree node under its prefix (``TreeDraftModel``)."""
 
-    def __init__(self, model: torch.nn.Module, prompt: Sequence[int]):
+    def __init__(self, model: PreTrainedModel, prompt: Sequence[int]):
         from laser.decoders.beam.draft import TreeDraftModel
 
         self.tree = TreeDraftModel(model, prompt)
@@ -169,7 +187,9 @@ class PrefixRows:
         self.rows: dict[Seq, torch.Tensor] = {}
 
     def __call__(self, seqs: Sequence[Seq]) -> dict[Seq, torch.Tensor]:
-        tokens, parents, fed = [], [], []
+        tokens: list[int] = []
+        parents: list[int] = []
+        fed: list[Seq] = []
         for seq in seqs:
             for d in range(len(seq) + 1):
                 prefix = seq[:d]
@@ -200,7 +220,7 @@ def beam_metrics(lm: LoadedModel, data: RecData, K: int) -> dict[str, float]:
     if not data.eval_prompts:
         return {"users": 0.0, f"recall@{K}": 0.0, f"ndcg@{K}": 0.0}
     lm.model.eval()
-    recs = laser.get_decoder("beam", lm).recommend_batch(data.eval_prompts, data.trie, K)
+    recs = ranking_decoder("beam", lm).recommend_batch(data.eval_prompts, data.trie, K)
     pairs = [user_metrics([i for i, _ in r.items], held, K) for r, held in zip(recs, data.eval_items)]
     return {"users": float(len(pairs)), f"recall@{K}": sum(p[0] for p in pairs) / len(pairs),
             f"ndcg@{K}": sum(p[1] for p in pairs) / len(pairs)}

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from transformers import PreTrainedModel
 
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
 from training.draft import plot_losses, save_draft
 from training.loop import LoopSettings, batch_indices, run_steps, start_run, trainable
-from training.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss
+from training.rec_examples import RecData, RecExample, beam_metrics, rec_data, rec_loss, transformers_model
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +110,10 @@ def prepare(model: torch.nn.Module, s: RecTrainSettings) -> torch.nn.Module:
     return get_peft_model(model, config)
 
 
-def finish(model: torch.nn.Module) -> torch.nn.Module:
+def finish(model: torch.nn.Module) -> PreTrainedModel:
     """The plain transformers model to save: LoRA merged into the weights, nothing trainable."""
-    out = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+    merge = getattr(model, "merge_and_unload", None)
+    out = transformers_model(merge() if merge is not None else model, "train-recommender")
     for p in out.parameters():
         p.requires_grad_(False)
     return out.eval()
