@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import yaml
 from pydantic import ValidationError
@@ -105,6 +105,17 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(tree, dict):
         raise ConfigError(f"{p}: top level must be a mapping of config blocks, got {type(tree).__name__}")
     return tree
+
+
+_Config = TypeVar("_Config", bound=JobConfig)
+
+
+@overload
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> JobConfig: ...
+
+
+@overload
+def load_config(path: str | Path | None, overrides: list[str] | None = None, *, schema: type[_Config]) -> _Config: ...
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None,

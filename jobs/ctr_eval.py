@@ -36,26 +36,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+CtrModelName = Literal["din", "dcnv2"]
+CTR_MODELS: tuple[CtrModelName, ...] = ("din", "dcnv2")
+
+
 class CtrTrainParams(_Strict):
     """Adam + early stopping on validation log loss."""
 
-    lr: float = Field(1e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    batch_size: int = Field(256, ge=1)
-    max_epochs: int = Field(20, ge=1)
-    patience: int = Field(3, ge=1, description="epochs without a better validation loss before stopping")
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    batch_size: int = Field(default=256, ge=1)
+    max_epochs: int = Field(default=20, ge=1)
+    patience: int = Field(default=3, ge=1, description="epochs without a better validation loss before stopping")
 
 
 class CtrModelParams(_Strict):
     """Sizes of DIN / DCNv2 and the mixture-of-experts knowledge converter."""
 
-    embed_dim: int = Field(16, ge=1)
-    converter_dim: int = Field(32, ge=1, description="knowledge vector dim -> this, per entity (KAR uses 32/64)")
-    n_experts: int = Field(4, ge=1)
-    expert_hidden: int = Field(128, ge=1)
+    embed_dim: int = Field(default=16, ge=1)
+    converter_dim: int = Field(default=32, ge=1,
+                               description="knowledge vector dim -> this, per entity (KAR uses 32/64)")
+    n_experts: int = Field(default=4, ge=1)
+    expert_hidden: int = Field(default=128, ge=1)
     mlp: list[int] = Field(default_factory=lambda: [200, 80], min_length=1)
-    cross_layers: int = Field(3, ge=1, description="DCNv2 cross layers")
-    dropout: float = Field(0.0, ge=0, lt=1)
+    cross_layers: int = Field(default=3, ge=1, description="DCNv2 cross layers")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
 
 
 class CtrEvalConfig(_Strict):
@@ -64,16 +69,20 @@ class CtrEvalConfig(_Strict):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     split: SplitConfig = Field(default_factory=SplitConfig)
     knowledge: dict[str, str] = Field(default_factory=dict, description="source name -> knowledge store/Parquet path")
-    reference: str = Field("greedy", description="the lossless baseline source the others are compared with")
-    encoder: str = Field(DEFAULT_ENCODER, description="packaged encoder name or local transformers encoder folder")
-    encode_batch_size: int = Field(32, ge=1)
+    reference: str = Field(default="greedy", description="the lossless baseline source the others are compared with")
+    encoder: str = Field(default=DEFAULT_ENCODER,
+                         description="packaged encoder name or local transformers encoder folder")
+    encode_batch_size: int = Field(default=32, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    rating_threshold: float | None = Field(None, description="label = rating >= this; default dataset.min_positive_rating")
-    history_len: int = Field(5, ge=1)
-    models: list[Literal["din", "dcnv2"]] = Field(default_factory=lambda: ["din", "dcnv2"], min_length=1)
-    split_fractions: tuple[float, float, float] = Field((0.8, 0.1, 0.1), description="train/val/test share of users")
-    lossless_tolerance: float = Field(0.002, ge=0)
-    threads: int | None = Field(None, ge=1, description="torch CPU threads for training; null = torch's default")
+    rating_threshold: float | None = Field(default=None,
+                                           description="label = rating >= this; default dataset.min_positive_rating")
+    history_len: int = Field(default=5, ge=1)
+    models: list[CtrModelName] = Field(default_factory=lambda: list(CTR_MODELS), min_length=1)
+    split_fractions: tuple[float, float, float] = Field(default=(0.8, 0.1, 0.1),
+                                                        description="train/val/test share of users")
+    lossless_tolerance: float = Field(default=0.002, ge=0)
+    threads: int | None = Field(default=None, ge=1,
+                                description="torch CPU threads for training; null = torch's default")
     train: CtrTrainParams = Field(default_factory=CtrTrainParams)
     model: CtrModelParams = Field(default_factory=CtrModelParams)
 
@@ -117,6 +126,7 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     from pipelines.ctr import ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig, build_samples, compare_sources, summarise
+    from pipelines.ctr.compare import as_float
     from pipelines.data import load_dataset, split_old_new
     from pipelines.ops.features.encoding import encode_knowledge
 
@@ -144,7 +154,7 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     sample = {"users": ds.users.height, "items": ds.items.height, "interactions": ds.interactions.height,
               "old_interactions": split.old_interactions.height, "new_interactions": split.new_interactions.height}
     return {"dataset": ds.name, "sample": sample, "n_samples": samples.height,
-            "positive_rate": float(samples["label"].mean()), "encoder": cfg.encoder, "vectors": vector_files,
+            "positive_rate": as_float(samples["label"].mean(), "ctr samples' label"), "encoder": cfg.encoder, "vectors": vector_files,
             "knowledge_rows": knowledge_rows, "config": cfg.model_dump(mode="json"), **summary,
             "verdict": verdict_text(summary), "wall_s": time.perf_counter() - started}
 

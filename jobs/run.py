@@ -4,6 +4,7 @@ Registered on the `laser` app by :mod:`jobs.cli`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -46,6 +47,7 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
             "tokens and time the run would take (estimated); writes nothing."))) -> None:
     """Run the whole job: route, plan, build pools, generate knowledge, summary. Exits 3 when entities
     failed (`laser failures CONFIG` lists them; a re-run retries them)."""
+    from jobs.scheduled import run_record
     from pipelines.knowledge.job import run_job
     from pipelines.knowledge.summary import print_summary
 
@@ -61,7 +63,7 @@ def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
     # a held lock: one line, exit 75 (jobs/errors.py)
     summary = run_job(_load(config, set_), keep_existing=keep_existing)
     print_summary(summary)
-    code = _finished(summary.record, config)
+    code = _finished(run_record(summary), config)
     if code:
         raise typer.Exit(code)
 
@@ -167,8 +169,8 @@ def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
     raise typer.Exit(code)
 
 
-COMMANDS = {"run": run, "demo": demo, "route": route, "build-pools": build_pools, "generate": generate,
-            "submit": submit}
+COMMANDS: dict[str, Callable[..., None]] = {"run": run, "demo": demo, "route": route, "build-pools": build_pools,
+                                            "generate": generate, "submit": submit}
 
 
 def register(app: typer.Typer) -> None:

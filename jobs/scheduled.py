@@ -8,13 +8,25 @@ Entities given up on after ``generation.give_up_after`` identical failures are n
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import typer
 
 from pipelines.config import JobConfig
 from pipelines.ops.schedule import exitcodes
 
+if TYPE_CHECKING:
+    from pipelines.knowledge.summary import JobSummary
+    from pipelines.ops.schedule.ledger import RunRecord
+
 log = logging.getLogger(__name__)
+
+
+def run_record(summary: JobSummary) -> RunRecord:
+    """The run's ledger row, which ``run_job`` always sets (a summary without one is a bug, said so)."""
+    if summary.record is None:
+        raise RuntimeError(f"run {summary.run_id}: the job ended without its ledger record")
+    return summary.record
 
 
 def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
@@ -54,7 +66,7 @@ def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
         typer.secho(f"laser: run failed: {type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         return exitcodes.ERROR
     print_summary(summary)
-    rec = summary.record
+    rec = run_record(summary)
     typer.echo(f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
                f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}, "
                f"given up {rec.given_up}; "

@@ -57,9 +57,16 @@ def entrypoint(config_name: str, overrides: list[str] | None = None, extra: list
 
 def project_modules() -> list[str]:
     """Folders of the project's packages, uploaded with the job (``runtime_env.py_modules``)."""
+    return [_package_dir(name) for name in PACKAGES]
+
+
+def _package_dir(name: str) -> str:
     import importlib
 
-    return [str(Path(importlib.import_module(name).__file__).parent) for name in PACKAGES]
+    file = importlib.import_module(name).__file__
+    if file is None:  # a namespace package (no __init__.py): nothing names its one folder
+        raise RuntimeError(f"package {name!r} has no __init__.py, so its folder cannot be uploaded with the job")
+    return str(Path(file).parent)
 
 
 def runtime_env(working_dir: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:

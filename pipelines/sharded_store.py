@@ -785,7 +785,7 @@ def iter_tables(root: Location, manifest: Manifest, columns: Sequence[str] | Non
         i, start, skip = i + 1, start + shard["rows"], 0
 
 
-def done_keys(store: str | Path, key_columns: tuple[str, ...] = KEY_COLUMNS) -> set[tuple[str, ...]]:
+def done_keys(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS) -> set[tuple[str, ...]]:
     """Keys (by default (entity_type, entity_id) pairs) already written to ``store``: what a resumed run skips.
     A corrupt shard's keys are not done: its entities are generated again."""
     root = Location.of(store)
@@ -833,7 +833,7 @@ def append_failures(store: str | Path | Location, records: list[dict[str, Any]])
         path.write_bytes((path.read_bytes() if path.exists() else b"") + data.encode())
 
 
-def read_failures(store: str | Path, unresolved: bool = True, every_line: bool = False) -> pl.DataFrame:
+def read_failures(store: str | Path | Location, unresolved: bool = True, every_line: bool = False) -> pl.DataFrame:
     """Recorded failures (columns :data:`FAILURE_FIELDS`), the newest line per entity; ``unresolved`` drops
     entities that a later run did write; ``every_line`` keeps every line, in the order written."""
     path = Location.of(store) / FAILURES

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 import polars as pl
 
 from pipelines.sharded_store import append_failures, read_failures, utc_now
+from pipelines.storage import Location
 
 if TYPE_CHECKING:
     from pipelines.workers import GenerationRequest
@@ -85,7 +86,7 @@ def drop_given_up(todo: Sequence[GenerationRequest], store: str | Path, give_up_
     return keep, len(dropped)
 
 
-def failure_table(store: str | Path) -> pl.DataFrame:
+def failure_table(store: str | Path | Location) -> pl.DataFrame:
     """The entities with failures no later run resolved, one row each: entity_type, entity_id, status
     (``failed``: retried by the next run; ``given up``), reason, count (identical failures in a row),
     last_run (the run of the newest failure)."""
