@@ -5,8 +5,8 @@ import polars as pl
 import pyarrow as pa
 
 
-def as_frame(table: pa.Table) -> pl.DataFrame:
-    """``table`` as a polars DataFrame (zero-copy where polars can)."""
+def as_frame(table: pa.Table | pa.RecordBatch) -> pl.DataFrame:
+    """``table`` (or one record batch) as a polars DataFrame (zero-copy where polars can)."""
     frame = pl.from_arrow(table)
     if not isinstance(frame, pl.DataFrame):  # only an Arrow array converts to a Series
         raise TypeError(f"expected an Arrow table, got {type(table).__name__}")

@@ -230,7 +230,7 @@ def _dedup(frame: pl.DataFrame, root: Location) -> pl.DataFrame:
     return kept
 
 
-def read_knowledge_arrow(store: str | Path, dedup: bool = True,
+def read_knowledge_arrow(store: str | Path | Location, dedup: bool = True,
                          row_type: type[KnowledgeRow] = KnowledgeRow) -> pa.Table:
     """All committed shards as one Arrow table in write order (``dedup``: see :func:`_dedup`), with the
     columns of ``row_type``."""
@@ -245,7 +245,8 @@ def read_knowledge_arrow(store: str | Path, dedup: bool = True,
     return table
 
 
-def read_knowledge(store: str | Path, dedup: bool = True, row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
+def read_knowledge(store: str | Path | Location, dedup: bool = True,
+                   row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
     """All knowledge in ``store`` as one polars frame (see :func:`read_knowledge_arrow`)."""
     return as_frame(read_knowledge_arrow(store, dedup=dedup, row_type=row_type))
 

@@ -60,8 +60,8 @@ def streaks(lines: pl.DataFrame) -> dict[Key, Streak]:
     return out
 
 
-def drop_given_up(todo: Sequence[GenerationRequest], store: str | Path, give_up_after: int, config_hash: str | None,
-                  run_id: str = "") -> tuple[list[GenerationRequest], int]:
+def drop_given_up(todo: Sequence[GenerationRequest], store: str | Path | Location, give_up_after: int,
+                  config_hash: str | None, run_id: str = "") -> tuple[list[GenerationRequest], int]:
     """``todo`` without the entities given up on (see the module docstring), and how many were dropped;
     records each new give-up in ``store``'s failures.jsonl under ``run_id``. Call under the output's lock."""
     if give_up_after <= 0 or not todo:
