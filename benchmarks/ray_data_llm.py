@@ -44,7 +44,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from pipelines.workers.layout import with_layout
 
@@ -75,10 +75,12 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     rules of the job's first text for it, genre ban included, as vLLM ``SamplingParams`` keywords).
 
     A request whose prompt cannot be made (too long, no title) is left out and listed under "failed"."""
+    from laser.models import chat_ids
     from laser.vllm.forms import rule_params
     from pipelines.knowledge.decoders import new_knowledge_decoder, old_knowledge_decoder
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.job import knowledge_task
+    from pipelines.knowledge.prompts import entity_prompt
     from pipelines.knowledge.requests import new_requests, old_requests
     from pipelines.knowledge.retry import GenreBan, first_rules
 
@@ -94,36 +96,20 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
         task = tasks[name]
         for req in requests[name]:
             try:
-                ids = chat_ids(tokenizer, request_prompt(tokenizer, task, req))
+                ids = chat_ids(tokenizer, entity_prompt(task, req, tokenizer))
             except Exception as exc:  # as in the job: one bad entity never takes down the others
                 out["failed"].append({"pass": name, "entity_type": req.entity_type, "entity_id": req.entity_id,
                                       "reason": f"{type(exc).__name__}: {exc}"})
                 continue
             out[name].append({"entity_type": req.entity_type, "entity_id": req.entity_id, "tokenized_prompt": ids,
                               "max_tokens": task.max_new_tokens,
-                              "rule_params": rule_params(first_rules(task, req, ban), tokenizer)})
+                              "rule_params": rule_params(_plain(first_rules(task, req, ban)), tokenizer)})
     return out
 
 
-def request_prompt(tokenizer: Any, task: Any, req: Any) -> str:
-    """The chat message of one request, as the job's worker makes it (``GenerationWorker.prompt``): a user's
-    history cut to ``max_prompt_tokens``, the word count asked from the token budget."""
-    from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
-
-    words = words_for_budget(task.max_new_tokens)
-    if req.entity_type == "user":
-        return user_prompt(req.history or [], task.domain, user_id=req.entity_id, tokenizer=tokenizer,
-                           max_prompt_tokens=task.max_prompt_tokens, max_words=words)
-    if req.entity_type == "item":
-        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
-    raise ValueError(f"unknown entity_type {req.entity_type!r}")
-
-
-def chat_ids(tokenizer: Any, prompt: str) -> list[int]:
-    """Token ids of one user chat message with the generation prompt (as the decoders' ``encode``)."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
-    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+def _plain(rules: Mapping[str, object] | None) -> dict[str, Any] | None:
+    """A task's rules as the plain dict that ``rule_params`` takes."""
+    return None if rules is None else dict(rules)
 
 
 def sampling_params(row: dict[str, Any]) -> dict[str, Any]:
@@ -181,7 +167,8 @@ def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list
     items = [{"entity_type": r["entity_type"], "entity_id": r["entity_id"], "tokenized_prompt": r["tokenized_prompt"],
               "sampling_params": sampling_params(r)} for r in rows]
     ds = processor(ray.data.from_items(items))
-    got, arrivals = [], []
+    got: list[dict[str, Any]] = []
+    arrivals: list[tuple[float, str]] = []
     for row in ds.iter_rows():
         arrivals.append((time.perf_counter() - start, str(row.get("batch_uuid") or len(got))))
         got.append({"entity_type": row["entity_type"], "entity_id": row["entity_id"],
@@ -202,7 +189,7 @@ def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], w
     first_seen: dict[str, float] = {}
     for t, batch in arrivals:
         first_seen.setdefault(batch, t)
-    order = sorted(first_seen, key=first_seen.get)
+    order = sorted(first_seen, key=first_seen.__getitem__)
     running = None
     if len(order) > engines:
         startup = set(order[:engines])

@@ -87,6 +87,16 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
 
 
+def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Token ids of ``text`` as one user chat message with the generation prompt: how every engine here
+    turns a text prompt into tokens."""
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False)
+    if isinstance(ids, str):
+        raise TypeError("the tokenizer's chat template gave text, not token ids")
+    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+
+
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
     """The tokenizer of a model (bundled name, local path or hub id) without loading its weights."""
     try:

@@ -32,7 +32,7 @@ from laser.cost import forward_cost
 from laser.defaults import N_MAX
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import TreeDecodingEngine, check_tree_attention
-from laser.models import LoadedModel
+from laser.models import LoadedModel, chat_ids
 from laser.request import DecodeStats, Halt, Request
 from laser.rules import NO_RULES, GenerationRules, TokenText
 from laser.sampling import GREEDY, SamplingParams
@@ -205,9 +205,7 @@ class Decoder:
                 raise ValueError("empty prompt")
             if self.lm.tokenizer is None:
                 raise ValueError(f"model {self.lm.name!r} has no tokenizer: pass token ids")
-            ids = self.lm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                        add_generation_prompt=True, tokenize=True, return_dict=False)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+            ids = chat_ids(self.lm.tokenizer, prompt)
         else:
             ids = [int(t) for t in prompt]
             if not ids:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from laser.cost import ForwardCost
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
 from laser.drafting import DraftSource
-from laser.models import model_dir
+from laser.models import chat_ids, model_dir
 from laser.request import Halt
 from laser.vllm import calibrate, env, sources
 from laser.vllm.calibrate import CALIBRATION_LENS, CALIBRATION_ROWS
@@ -197,11 +197,7 @@ class VllmEngine:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A string is chat-templated (as our engine does); token ids are used as they are."""
         if isinstance(prompt, str):
-            ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                     add_generation_prompt=True, tokenize=True, return_dict=False)
-            if isinstance(ids, str):
-                raise TypeError("the tokenizer's chat template gave text, not token ids")
-            return list(ids)
+            return chat_ids(self.tokenizer, prompt)
         return list(prompt)
 
     def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,

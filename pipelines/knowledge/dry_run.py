@@ -26,11 +26,10 @@ import polars as pl
 from pipelines.config import JobConfig
 from pipelines.frames import as_frame
 from pipelines.knowledge.decoders import check_job_decoders
-from pipelines.knowledge.generation import entity_prompt
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.plan import classify, to_generate
-from pipelines.knowledge.prompts import count_prompt_tokens
+from pipelines.knowledge.prompts import count_prompt_tokens, entity_prompt
 from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, request_keys
 from pipelines.knowledge.pool_build import load_tokenizer
 from pipelines.knowledge.routing import step_route

@@ -14,11 +14,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
 from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
-from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
+from pipelines.knowledge.prompts import entity_prompt, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, row_quality, words_per_token
 from pipelines.knowledge.engines import build_adapter
 from pipelines.knowledge.pool_cache import PoolCache
@@ -27,9 +27,6 @@ from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_
                                        worse)
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -54,18 +51,6 @@ class BatchResult(WorkResult):
         self.discarded += getattr(other, "discarded", [])
         self.busy_s += getattr(other, "busy_s", 0.0)
         self.decode_tokens += getattr(other, "decode_tokens", 0)
-
-
-def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str:
-    """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
-    tokens)."""
-    words = words_for_budget(task.max_new_tokens)
-    if req.entity_type == "user":
-        return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
-                           tokenizer=tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
-    if req.entity_type == "item":
-        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
-    raise ValueError(f"unknown entity_type {req.entity_type!r}")
 
 
 class GenerationWorker(StreamWorker):

@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from pipelines.workers import HistoryEntry
+from pipelines.workers import GenerationRequest, HistoryEntry
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from pipelines.knowledge.records import DecodeTask
 
 ItemRow = Mapping[str, Any]  # a row of the items table as polars names it: item_id, title, year, genres, ...
 
@@ -121,12 +123,10 @@ def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = 
 
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
     """Tokens of ``text`` as one chat-templated user message (plain encoding without a chat template)."""
-    if getattr(tokenizer, "chat_template", None) and hasattr(tokenizer, "apply_chat_template"):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True)
-        if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
-            ids = ids["input_ids"]
-        return len(ids)
+    if getattr(tokenizer, "chat_template", None):
+        from laser.models import chat_ids
+
+        return len(chat_ids(tokenizer, text))
     try:
         return len(tokenizer.encode(text, add_special_tokens=False))
     except TypeError:
@@ -216,3 +216,15 @@ def iter_item_prompts(items: pl.DataFrame, domain: str) -> Iterable[tuple[str, s
     """(item_id, prompt) for every item row."""
     for row in items.iter_rows(named=True):
         yield row["item_id"], item_prompt(row, domain)
+
+
+def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str:
+    """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
+    tokens)."""
+    words = words_for_budget(task.max_new_tokens)
+    if req.entity_type == "user":
+        return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
+                           tokenizer=tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
+    if req.entity_type == "item":
+        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
+    raise ValueError(f"unknown entity_type {req.entity_type!r}")

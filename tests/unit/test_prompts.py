@@ -21,8 +21,8 @@ class TemplatedTokenizer(WhitespaceTokenizer):
 
     chat_template = "fake"
 
-    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True):
-        assert messages[0]["role"] == "user" and add_generation_prompt and tokenize
+    def apply_chat_template(self, messages, add_generation_prompt=True, tokenize=True, return_dict=False):
+        assert messages[0]["role"] == "user" and add_generation_prompt and tokenize and not return_dict
         return list(range(10 + len(messages[0]["content"].split())))
 
 
