@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -47,7 +48,8 @@ class DecodeBenchSettings:
     p: float = RELAXED_P
 
 
-METHODS = {  # name -> (decoder, params, pool kind); "draft" / "rule" add the settings' draft budget / k and p
+# name -> (decoder, params, pool kind); "draft" / "rule" add the settings' draft budget / k and p
+METHODS: dict[str, tuple[str, dict[str, Any], str | None]] = {
     "autoregressive": ("autoregressive", {}, None),
     "resd (global pool)": ("resd", {"draft": True}, "global"),
     "laser greedy": ("laser", {"verification": "greedy", "draft": True}, "group"),

@@ -72,8 +72,8 @@ def _ray_data_pass(spec: ModelSpec, task: DecodeTask, requests: list[GenerationR
     import ray.data
 
     ordered = [r for batches in make_batches(requests, s.slots).values() for b in batches for r in b]  # pool order
-    ds = ray.data.from_items([{"request": r} for r in ordered])
-    ds = ds.map_batches(DataWorker, fn_constructor_kwargs={"spec": spec, "task": task, "slots": s.slots},
+    items = ray.data.from_items([{"request": r} for r in ordered])
+    ds = items.map_batches(DataWorker, fn_constructor_kwargs={"spec": spec, "task": task, "slots": s.slots},
                         batch_size=s.slots, concurrency=s.workers, num_cpus=spec.threads,
                         max_restarts=3, max_task_retries=3)
     for row in ds.iter_rows():

@@ -76,6 +76,8 @@ def timed_job(config: Path, engine: str, out: Path, log_path: Path, overrides: S
     start = time.perf_counter()
     with open(log_path, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                                      env={**os.environ, **(env or {})}) as proc:
+        if proc.stdout is None:
+            raise RuntimeError(f"{engine}: the job's output pipe did not open")
         for line in proc.stdout:
             fh.write(f"{time.perf_counter() - start:7.1f}s {line}")
             fh.flush()  # the log follows a run of an hour as it goes

@@ -86,6 +86,8 @@ def timed_run(name: str, config: Path, overrides: list[str], out: Path, log_dir:
     start = time.perf_counter()
     with open(log_path, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                                      env=dict(os.environ)) as proc:
+        if proc.stdout is None:
+            raise RuntimeError(f"{name}: the job's output pipe did not open")
         for line in proc.stdout:  # each line stamped with the seconds since start: where the run's time goes
             fh.write(f"{time.perf_counter() - start:7.1f}s {line}")
         code = proc.wait()

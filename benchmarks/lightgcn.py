@@ -187,7 +187,7 @@ def run_lightgcn_bench(out: Path, data: Path, seed: int = 0, n_clusters: int = 8
             rows.append(executor.submit(_train_row, name, str(data), row_seed, overrides, warm_share, threads).result())
     _agreement(rows, n_clusters)
     today, linear = rows[0], rows[2]
-    results = {
+    results: dict[str, Any] = {
         "dataset": str(data), "seed": seed, "n_clusters": n_clusters, "warm_share": warm_share,
         "overrides": overrides, "threads": threads, "cpus": os.cpu_count(), "load_average": [load, os.getloadavg()[0]],
         "rows": [{k: v for k, v in asdict(r).items() if k != "vectors"} for r in rows],

@@ -140,7 +140,9 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
             reqs = _select(new_requests(data.dataset, data.split,
                                         pool_routes(available_decoders()[decoder].pool, routing)), chosen)
             t0 = time.perf_counter()
-            result: BatchResult = worker.generate(task, reqs, cfg.execution.batch_size)
+            result = worker.generate(task, reqs, cfg.execution.batch_size)
+            if not isinstance(result, BatchResult):  # a GenerationWorker's result_cls
+                raise TypeError(f"{name}: the worker returned a {type(result).__name__}, not knowledge rows")
             seconds[name] = time.perf_counter() - t0
             rows[name] = [r.as_dict() for r in sorted(result.rows, key=lambda r: order[(r.entity_type, r.entity_id)])]
             log.info("%s: %d rows, %d failures in %.1fs", name, len(result.rows), len(result.failures), seconds[name])
@@ -181,7 +183,7 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
                            "max_new_tokens": cfg.generation.max_new_tokens,
                            "generation": cfg.generation.model_dump(), "machine": machine_info(), "versions": versions()}
     for name, rs in rows.items():
-        s = _summary(rs).as_dict()
+        s: dict[str, Any] = _summary(rs).as_dict()
         n = len(rs)
         s["intervals"] = {f: wilson(int(_flags(rs, f).sum()), n) for f in SHARES}
         s["intervals"]["grounding"] = wilson(s["facts_matched"], s["facts_mentioned"])

@@ -78,7 +78,10 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
              .sample(fraction=1.0, shuffle=True, seed=seed)["user_id"].head(users).sort().to_list())
     if len(heavy) < users:
         raise RuntimeError(f"only {len(heavy)} users have {min_history}+ interactions; asked for {users}")
-    t = int(inter["timestamp"].max()) + 3600
+    latest = inter["timestamp"].max()
+    if not isinstance(latest, (int, float)):
+        raise ValueError(f"{inter_path}: column timestamp has no numeric maximum (got {latest!r})")
+    t = int(latest) + 3600
     counts = inter.group_by("item_id").len().sort(["len", "item_id"], descending=[True, False])["item_id"].to_list()
     counts += sorted(set(items["item_id"].to_list()) - set(counts))  # then the items nobody rated
     added = []

@@ -54,13 +54,25 @@ def hf_generate(lm: laser.LoadedModel, ids: list[int], max_new_tokens: int, **ge
     """transformers ``generate`` (greedy unless kwargs say otherwise) on one prompt, timed."""
     inputs = torch.tensor([ids], device=lm.model.device)
     t0 = time.perf_counter()
-    out = lm.model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                            **{"do_sample": False, **generate_kwargs})
+    out = generate_ids(lm, inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
+                       **{"do_sample": False, **generate_kwargs})
     seconds = time.perf_counter() - t0
     tokens = _until_eos(out[0, len(ids):].tolist(), lm.eos_ids)
     finish = "eos" if tokens and tokens[-1] in lm.eos_ids else "length"
-    text = lm.tokenizer.decode(tokens, skip_special_tokens=True) if lm.tokenizer is not None else None
+    text = str(lm.tokenizer.decode(tokens, skip_special_tokens=True)) if lm.tokenizer is not None else None
     return Run(tokens, seconds, text=text, finish_reason=finish)
+
+
+def generate_ids(lm: laser.LoadedModel, inputs: torch.Tensor, **generate_kwargs: Any) -> torch.Tensor:
+    """transformers ``generate`` on a batch of prompts: the token ids ``[B, prompt + new]``."""
+    model = lm.model
+    if not isinstance(model, transformers.GenerationMixin):
+        raise TypeError(f"{lm.name}: {type(model).__name__} has no generate (not a transformers causal LM)")
+    # transformers annotates generate's self as a Protocol its own models do not satisfy for mypy
+    out = model.generate(inputs, **generate_kwargs)  # type: ignore[misc]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{lm.name}: generate returned a {type(out).__name__}, not token ids")
+    return out
 
 
 def _until_eos(tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -122,9 +134,11 @@ def method_metrics(runs: Sequence[Run], reference: Sequence[Run]) -> dict[str, A
 
 def _quality(runs: Sequence[Run]) -> dict[str, Any] | None:
     """EOS share, mean repeated-4-gram share and degenerate count (pipelines/quality.py) when texts are known."""
-    if any(r.text is None or r.finish_reason is None for r in runs):
+    texts = [r.text for r in runs if r.text is not None]
+    reasons = [r.finish_reason for r in runs if r.finish_reason is not None]
+    if len(texts) < len(runs) or len(reasons) < len(runs):
         return None
-    return summarise_quality([r.text for r in runs], [r.finish_reason for r in runs]).as_dict()
+    return summarise_quality(texts, reasons).as_dict()
 
 
 def _per_step_ms(totals: dict[str, float], decode_s: float, steps: int, requests: int) -> dict[str, float]:

@@ -56,6 +56,7 @@ from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
 from pipelines.data.split import split_old_new
+from pipelines.frames import as_frame
 from pipelines.knowledge.routing import ITEM_ATTRIBUTES
 from pools.build import PoolBuildConfig, collect_sources, group_key, materialize
 from pools.retrieval import RetrievalPool
@@ -123,7 +124,7 @@ class TaskFixture:
     memberships: pa.Table             # routing schema; measured entities included
 
     def group_of(self) -> dict[str, str]:
-        frame = pl.from_arrow(self.memberships).filter(pl.col("pool_kind") == self.pool_kind)
+        frame = as_frame(self.memberships).filter(pl.col("pool_kind") == self.pool_kind)
         return dict(zip(frame["entity_id"].to_list(), frame["group_id"].to_list()))
 
 

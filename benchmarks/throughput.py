@@ -32,7 +32,7 @@ from tqdm import tqdm
 import laser
 from laser.cost import ForwardCost, forward_cost
 from laser.engine import StepRecord
-from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.report import generate_ids, machine_info, versions, wide_console
 from benchmarks.suite import SuiteSettings, build_task_pools, pool_for, user_fixture
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
@@ -123,10 +123,10 @@ def _generate_level(lm: laser.LoadedModel, prompts: list[list[int]], c: int, max
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=lm.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=lm.model.device)
         t0 = time.perf_counter()
-        out = lm.model.generate(ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
+        out = generate_ids(lm, ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
         wall += time.perf_counter() - t0
         t0 = time.perf_counter()
-        lm.model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=pad)
+        generate_ids(lm, ids, attention_mask=mask, max_new_tokens=1, do_sample=False, pad_token_id=pad)
         prefill += time.perf_counter() - t0
         outputs += [_until_eos(row[width:].tolist(), lm.eos_ids) for row in out]
     return Level(sum(map(len, outputs)), wall, prefill, outputs)
@@ -248,9 +248,9 @@ def _as_suite_method(m: ThroughputMethod):
 def _warm_up(lm: laser.LoadedModel, decoders: dict[str, laser.Decoder], prompt: list[int]) -> None:
     """First calls pay for allocator growth and kernel selection: make them before timing."""
     device = lm.model.device
-    lm.model.generate(torch.tensor([prompt], device=device),
-                      attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
-                      max_new_tokens=4, do_sample=False)
+    generate_ids(lm, torch.tensor([prompt], device=device),
+                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+                 max_new_tokens=4, do_sample=False)
     for d in decoders.values():
         d.generate_batch([prompt], 4)
 

@@ -185,12 +185,13 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
         specs: dict[str, dict[str, Any]] = {}
         for name in vllm_methods:
             m = VLLM_METHODS[name]
-            keys, used = [None] * n, {}
+            keys: list[str | None] = [None] * n
+            used: dict[str, Any] = {}
             if m.get("pool"):
                 for i, e in enumerate(order[:n]):
                     if ps[i] is not None:
-                        keys[i] = f"crp/{groups.get(e)}"
-                        used[keys[i]] = ps[i]
+                        keys[i] = key = f"crp/{groups.get(e)}"
+                        used[key] = ps[i]
             specs[name] = {**base, "method": m, "concurrency": c, "prompts": prompts[:n], "pool_keys": keys,
                            "pools": used, "kv_cache_gib": kv, "cost": cost if m.get("draft_len") == "auto" else None}
         engine_gib = kv + ENGINE_BASE_GIB
@@ -211,6 +212,8 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         lv = _generate_level(lm, prompts[:n], c, s.max_new_tokens)
                         runs[name].append(_hf_run(lv))
                     elif name in (HF_RELAXED, HF_CHAINS):
+                        if hf_decoder is None:
+                            raise RuntimeError(f"{name}: no HF decoder made for it")  # made above when chosen
                         src = ps if name == HF_RELAXED else [ChainSource(p) if p is not None else None for p in ps]
                         lv = _engine_level(hf_decoder, prompts[:n], src, c, s.max_new_tokens)
                         runs[name].append(_hf_run(lv, aal=_aal(lv)))
@@ -408,7 +411,7 @@ def check_vllm_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             ("laser-vllm relaxed ahead of vllm ngram (worst concurrency)", ratio(rel, "vllm ngram", cs), 1.0),
             ("laser-vllm relaxed ahead of vllm suffix (worst concurrency)", ratio(rel, "vllm suffix", cs), 1.0)):
         if value is not None:
-            t = {"target": target, "value": value, "minimum": minimum}
+            t: dict[str, Any] = {"target": target, "value": value, "minimum": minimum}
             if minimum == 1.0 and ties:
                 t["ties"] = [int(c) for c in ties]
                 t["met_by_ties"] = tied

@@ -231,7 +231,10 @@ class LevelProcess:
         self.proc = ctx.Process(target=_serve, args=(child, spec), daemon=False, name="laser-bench-level")
         self.proc.start()
         child.close()
-        _LIVE[self.proc.pid] = self
+        if self.proc.pid is None:
+            raise RuntimeError("the vLLM level process did not start")
+        self.pid: int = self.proc.pid
+        _LIVE[self.pid] = self
         self.ready = self._answer()  # start_s, warm_s (or the measured cost)
 
     def _answer(self) -> Any:
@@ -263,8 +266,8 @@ class LevelProcess:
 
     def stop(self) -> None:
         """Terminate the level's process group now (SIGTERM, then SIGKILL after 5 s)."""
-        _LIVE.pop(self.proc.pid, None)
-        _kill_group(self.proc.pid, self.proc)
+        _LIVE.pop(self.pid, None)
+        _kill_group(self.pid, self.proc)
         self.conn.close()
 
 
