@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 
@@ -171,8 +171,8 @@ def train_redrafter(
     typer.echo(f"use it with: --set decoder.name=redrafter --set decoder.params.head={head}")
 
 
-COMMANDS = {"train-draft": train_draft, "train-recommender": train_recommender, "train-align": train_align,
-            "train-redrafter": train_redrafter}
+COMMANDS: dict[str, Callable[..., None]] = {"train-draft": train_draft, "train-recommender": train_recommender,
+                                            "train-align": train_align, "train-redrafter": train_redrafter}
 
 
 def register(app: typer.Typer) -> None:
