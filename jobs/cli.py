@@ -8,11 +8,14 @@ import importlib
 import logging
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:  # typer carries its own click; its classes are what a TyperGroup holds
+    from typer._click.core import Command, Context
+    from typer._click.formatting import HelpFormatter
 
 JOB, OPERATIONS, RESEARCH = "Job", "Operations", "Research"
 
@@ -38,19 +41,19 @@ COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
 )
 
 
-class _Deferred(click.Command):
+class _Deferred(TyperCommand):
     """A command listed in the help whose module loads only when the command runs."""
 
     def __init__(self, name: str, module: str, short_help: str, panel: str) -> None:
-        super().__init__(name, help=short_help)
-        self.module, self.rich_help_panel = module, panel
+        super().__init__(name, help=short_help, rich_help_panel=panel)
+        self.command_name, self.module = name, module
 
-    def load(self) -> click.Command:
+    def load(self) -> Command:
         """The real command, from its module's `register` on a fresh app of the same settings."""
         sub = typer.Typer(rich_markup_mode=None)
         importlib.import_module(self.module).register(sub)
-        command = typer.main.get_group(sub).commands[self.name]
-        command.rich_help_panel = self.rich_help_panel
+        command = typer.main.get_group(sub).commands[self.command_name]
+        setattr(command, "rich_help_panel", self.rich_help_panel)  # typer's commands and groups both have one
         return command
 
 
@@ -63,13 +66,13 @@ class _LaserGroup(TyperGroup):
             for name, short_help in (deferred or {}).items():
                 self.commands[name] = _Deferred(name, module, short_help, panel)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         command = self.commands.get(cmd_name)
         if isinstance(command, _Deferred):
             command = self.commands[cmd_name] = command.load()
         return command
 
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
         listed = [(name, cmd) for name, cmd in self.commands.items() if not cmd.hidden]  # no load: help stays fast
         if not listed:
             return

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
+from laser.vllm.request_args import DraftLen
 
 if TYPE_CHECKING:
     from laser.decoders.base import Decoder
@@ -44,7 +45,7 @@ def decoder_options(cls: type[Decoder], settings: dict[str, Any], pooled: bool) 
             "n_max": int(settings.get("n_max", N_MAX)), "min_prob": float(settings.get("min_prob", 0.0))}
 
 
-def draft_length(settings: dict[str, Any]) -> str | int:
+def draft_length(settings: dict[str, Any]) -> DraftLen:
     """The engine's draft length for a decoder's ``K``: ``"auto"`` (follows the load) or a fixed chain."""
     K = settings.get("K", 0)
     return "auto" if K == "auto" else min(int(K), MAX_DRAFT)

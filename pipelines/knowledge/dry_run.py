@@ -36,6 +36,7 @@ from pipelines.knowledge.routing import step_route
 from pipelines.knowledge.validation import load_inputs
 from pipelines.knowledge_store import iter_knowledge, read_index
 from pipelines.ops.schedule.ledger import RunLedger
+from pipelines.storage import Location
 from pipelines.workers.layout import job_actors
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def _empty() -> pl.DataFrame:
         run_seq=pl.lit(None, pl.Int64), generated_at=pl.lit(None, pl.Datetime("us", "UTC")))
 
 
-def _tokens_per_entity(store: Path | None) -> dict[str, float]:
+def _tokens_per_entity(store: Path | Location | None) -> dict[str, float]:
     """Mean generated tokens per entity type over the rows the output holds (read two columns a shard)."""
     if store is None:
         return {}

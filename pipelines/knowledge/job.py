@@ -59,6 +59,7 @@ from pipelines.ops.schedule.failures import drop_given_up
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
+from pipelines.storage import Location
 from pipelines.workers.layout import job_actors
 
 log = logging.getLogger(__name__)
@@ -167,19 +168,19 @@ def _new_knowledge(job: JobRun) -> None:
     task = job.new_pass
     check_pool_store(job.decoder, job.paths)
     job.new = GenerationReport()
+    rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
     if job.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
         log.info("first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
                  "texts before the other %d", len(job.first_wave), len(job.todo))
         write_knowledge(job.cfg, job.first_wave, task, job.paths.knowledge, "new knowledge, first wave",
                         job.workers, job.record.seq, job.new, _payloads(job))
-        rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
         step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
     write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
                     job.new, _payloads(job))
     if job.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
         shutil.rmtree(job.paths.pools, ignore_errors=True)
-        Path(task.pool_store).rename(job.paths.pools)
+        rebuilt.rename(job.paths.pools)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
 
@@ -285,7 +286,7 @@ def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
     return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address)
 
 
-def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: object,
+def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: Path | str | None,
                    greedy: bool = False) -> DecodeTask:
     """A pass's decode task, with the hash of what decides its texts (pipelines/knowledge/provenance.py);
     ``greedy`` (old knowledge) ignores the job's sampling settings."""
@@ -305,7 +306,7 @@ def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: 
 REQUEST_BATCH = 50_000  # requests whose prompt inputs the driver holds at once (payloads attached per batch)
 
 
-def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: object, desc: str,
+def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path | Location, desc: str,
                     workers: WorkerGroup | LocalGroup | None, run_seq: int | None = None,
                     report: GenerationReport | None = None,
                     payloads: Callable[[list[GenerationRequest]], None] | None = None) -> GenerationReport:

@@ -26,6 +26,7 @@ from laser.decoders import available_decoders
 from laser.request import DecodeStats
 from laser.sampling import SamplingParams
 from laser.vllm.engine import VllmEngine, VllmResult  # vLLM itself loads when an engine starts
+from laser.vllm.request_args import DraftLen
 from pipelines.knowledge.engines.base import Admit, EngineClock
 from pipelines.knowledge.records import Attempt, DecodeTask, Params
 from pipelines.workers import ModelSpec, WorkerDead, encode_params
@@ -85,7 +86,7 @@ class VllmAdapter:
         self.engine: VllmEngine | None = None
         self.live: dict[str, Attempt] = {}  # vLLM request tag -> attempt
         self.seconds = 0.0  # wall seconds of every step
-        self.draft_len: int | str | None = None
+        self.draft_len: DraftLen | None = None
         self.restarts = 0
         self.dead_clock = EngineClock()  # decoding of engines that died
 
