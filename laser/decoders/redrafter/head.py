@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import PreTrainedModel
 
 from laser.drafting import Drafter
 from laser.request import Request
@@ -54,9 +55,27 @@ def head_path(head: str | Path) -> Path:
     return cache_dir() / "heads" / f"{text}.pt"
 
 
-def model_fingerprint(model: nn.Module) -> str:
+def _weight(module: nn.Module | None, what: str) -> torch.Tensor:
+    """The weight matrix of one of a target's embedding modules."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise ValueError(f"the target model's {what} embeddings have no weight matrix")
+    return weight
+
+
+def input_embeddings(model: PreTrainedModel) -> torch.Tensor:
+    """``[V, d]``: the target's input embedding matrix."""
+    return _weight(model.get_input_embeddings(), "input")
+
+
+def output_embeddings(model: PreTrainedModel) -> torch.Tensor:
+    """``[V, d]``: the target's output (LM head) matrix."""
+    return _weight(model.get_output_embeddings(), "output")
+
+
+def model_fingerprint(model: PreTrainedModel) -> str:
     """Identity of a target for head files: its embedding shape and a hash of a few embedding rows."""
-    emb = model.get_input_embeddings().weight
+    emb = input_embeddings(model)
     rows = emb[: min(64, emb.shape[0])].detach().float().cpu().numpy().tobytes()
     return f"{tuple(emb.shape)}:{hashlib.sha256(rows).hexdigest()[:16]}"
 
@@ -64,22 +83,25 @@ def model_fingerprint(model: nn.Module) -> str:
 class RecurrentDraftHead(nn.Module):
     """The draft head. ``embed`` and ``out_weight`` are the target's tensors (frozen, not saved)."""
 
-    def __init__(self, target: nn.Module, kind: str = "shortlist", blocks: int = 2,
-                 shortlist: Sequence[int] | torch.Tensor | None = None):
+    token_ids: torch.Tensor  # a buffer (saved with the weights)
+    meta: dict[str, Any]  # what the trainer recorded (set by ``load``)
+
+    def __init__(self, target: PreTrainedModel, kind: str = "shortlist", blocks: int = 2,
+                 shortlist: Sequence[int] | torch.Tensor | None = None) -> None:
         super().__init__()
         if kind not in HEAD_KINDS:
             raise ValueError(f"head kind must be one of {HEAD_KINDS}, got {kind!r}")
-        emb = target.get_input_embeddings().weight
-        out = target.get_output_embeddings().weight
+        emb, out = input_embeddings(target), output_embeddings(target)
         d, vocab = emb.shape[1], out.shape[0]
         self.kind, self.hidden_size, self.vocab_size, self.n_blocks = kind, d, vocab, blocks
         self.fingerprint = model_fingerprint(target)
         self._frozen = {"embed": emb.detach(), "out": out.detach()}  # plain dict: not parameters, not saved
         self.rnn_w = nn.Linear(d, d)
         self.rnn_u = nn.Linear(d, d, bias=False)
-        self.blocks = nn.ModuleList(nn.Linear(2 * d, 2 * d) for _ in range(blocks))
-        for block in self.blocks:  # start as identity-ish residual blocks
+        linears = [nn.Linear(2 * d, 2 * d) for _ in range(blocks)]
+        for block in linears:  # start as identity-ish residual blocks
             nn.init.zeros_(block.weight), nn.init.zeros_(block.bias)
+        self.blocks = nn.ModuleList(linears)
         if kind == "full":
             self.proj = nn.Linear(2 * d, vocab)
         else:
@@ -116,9 +138,9 @@ class RecurrentDraftHead(nn.Module):
         x = torch.cat([hidden.expand_as(state), state], dim=-1)
         for block in self.blocks:
             x = x + F.silu(block(x))
+        z: torch.Tensor = self.proj(x)
         if self.kind == "full":
-            return self.proj(x)
-        z = self.proj(x)
+            return z
         out = self._frozen["out"]
         if self.kind == "tied":
             return F.linear(z, out)
@@ -148,7 +170,7 @@ class RecurrentDraftHead(nn.Module):
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: str | Path, target: nn.Module, target_name: str = "the target") -> "RecurrentDraftHead":
+    def load(cls, path: str | Path, target: PreTrainedModel, target_name: str = "the target") -> "RecurrentDraftHead":
         """A saved head bound to ``target``; refused when it was trained for another model or vocabulary."""
         path = Path(path)
         if not path.exists():
@@ -163,10 +185,10 @@ class RecurrentDraftHead(nn.Module):
         return head.eval().requires_grad_(False)
 
 
-def check_head_matches(blob: dict[str, Any], target: nn.Module, target_name: str, path: Path | str) -> None:
+def check_head_matches(blob: dict[str, Any], target: PreTrainedModel, target_name: str, path: Path | str) -> None:
     """Refuse a head whose vocabulary, hidden size or embeddings differ from ``target``'s."""
-    vocab = target.get_output_embeddings().weight.shape[0]
-    d = target.get_input_embeddings().weight.shape[1]
+    vocab = output_embeddings(target).shape[0]
+    d = input_embeddings(target).shape[1]
     trained_for = blob.get("meta", {}).get("model", "another model")
     if blob["vocab_size"] != vocab or blob["hidden_size"] != d:
         raise ValueError(f"ReDrafter head {path} was trained for {trained_for!r} (vocabulary {blob['vocab_size']}, "
@@ -211,7 +233,10 @@ def beam_search(head: RecurrentDraftHead, hidden: torch.Tensor, roots: torch.Ten
         cand = (scores[..., None] + step.float().log_softmax(-1)).reshape(r, width * k)
         scores, flat = cand.topk(width, dim=-1)
         beam, tok = flat // k, flat % k
-        pick = lambda t: t.gather(1, beam.view(r, width, *([1] * (t.dim() - 2))).expand(r, width, *t.shape[2:]))  # noqa: E731
+
+        def pick(t: torch.Tensor) -> torch.Tensor:  # the chosen beams' rows of a [R, BW, ...] tensor
+            return t.gather(1, beam.view(r, width, *([1] * (t.dim() - 2))).expand(r, width, *t.shape[2:]))
+
         tokens = torch.cat([pick(tokens), ids[tok][..., None]], dim=-1)
         state = pick(state)
         if keep_logits:
@@ -280,7 +305,8 @@ def beams_to_trees(beams: Beams, dedup: bool = True, budgets: Sequence[int | Non
         cap = budgets[row]
         keep = w if cap is None else max(1, int((fits[row] <= cap + 1).sum()))
         beam_tokens = tokens[row, :keep]
-        dist = None if dists is None or dists[row] is None else dists[row][:keep]
+        dist = None if dists is None else dists[row]
+        dist = None if dist is None else dist[:keep]
         trees.append(_packed_tree(beam_tokens, dist) if dedup else _chains_tree(beam_tokens, dist))
     return trees
 
@@ -342,26 +368,27 @@ class ReDrafter(Drafter):
                       budgets: Sequence[int | None]) -> list[DraftTree]:
         """Trees for all requests; requests sharing a head and beam shape search in one head forward per
         position (the engine groups drafters by class; heads and shapes are grouped here)."""
-        trees: list[DraftTree | None] = [None] * len(drafters)
-        groups: dict[tuple, list[int]] = {}
+        trees: dict[int, DraftTree] = {}
+        groups: dict[tuple[int, int, int, bool, bool], list[tuple[int, torch.Tensor]]] = {}
         for i, (d, ctx, budget) in enumerate(zip(drafters, contexts, budgets)):
             length = d.length if budget is None else min(d.length, budget + 1)
             if d.hidden is None or length < 2:
                 trees[i] = DraftTree.chain(ctx[-1])
             else:
-                groups.setdefault((id(d.head), d.width, length, d.dedup, d.with_dists), []).append(i)
-        for (_, width, length, dedup, with_dists), rows in groups.items():
+                groups.setdefault((id(d.head), d.width, length, d.dedup, d.with_dists), []).append((i, d.hidden))
+        for (_, width, length, dedup, with_dists), members in groups.items():
+            rows = [i for i, _ in members]
             head = drafters[rows[0]].head
-            hidden = torch.stack([drafters[i].hidden for i in rows]).to(head.rnn_w.weight.dtype)
+            hidden = torch.stack([h for _, h in members]).to(head.rnn_w.weight.dtype)
             roots = torch.tensor([contexts[i][-1] for i in rows], device=hidden.device)
             beams = beam_search(head, hidden, roots, width, length, keep_logits=with_dists)
-            dists = None
-            if with_dists:
+            dists: list[torch.Tensor | None] | None = None
+            if with_dists and beams.logits is not None:  # kept whenever with_dists
                 dists = [target_probs(head.full_vocab(beams.logits[j]), drafters[i].sampling)
                          for j, i in enumerate(rows)]
             for i, tree in zip(rows, beams_to_trees(beams, dedup, [budgets[i] for i in rows], dists)):
                 trees[i] = tree
-        return trees  # type: ignore[return-value]
+        return [trees[i] for i in range(len(drafters))]
 
     def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         self.hidden = hidden
@@ -378,15 +405,15 @@ class PaperSamplingVerifier(Verifier):
     prefix (first on ties), then sample from ``norm(relu(p - q))`` where it stopped, or from p after a
     fully accepted beam. Not provably exact. Greedy rows (temperature 0) use greedy verification."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._greedy = TopKVerifier(1)
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         greedy = self._greedy.verify(logits, batch) if any(r.sampling.greedy for r in requests) else None
         out = []
         for b, req in enumerate(requests):
-            if req.sampling.greedy:
-                out.append(greedy[b])  # type: ignore[index]
+            if greedy is not None and req.sampling.greedy:  # greedy is None only when no row is greedy
+                out.append(greedy[b])
                 continue
             tree = batch.trees[b]
             probs = target_probs(logits[b, : len(tree)], req.sampling).cpu()
