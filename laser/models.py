@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from platformdirs import user_cache_dir
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +90,13 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
 def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of ``text`` as one user chat message with the generation prompt: how every engine here
     turns a text prompt into tokens."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+    out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                         tokenize=True, return_dict=False)
-    if isinstance(ids, str):
-        raise TypeError("the tokenizer's chat template gave text, not token ids")
-    return [int(t) for t in (ids["input_ids"] if hasattr(ids, "keys") else ids)]
+    ids = out["input_ids"] if isinstance(out, BatchEncoding) else out  # some return one despite return_dict=False
+    tokens = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
+    if not tokens or len(tokens) != len(ids):
+        raise TypeError("the tokenizer's chat template gave text or a batch, not one message's token ids")
+    return tokens
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:

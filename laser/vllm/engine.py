@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from laser.cost import ForwardCost
 from laser.defaults import N_MAX, RELAXED_K, RELAXED_P
@@ -43,6 +43,7 @@ from laser.vllm.forms import rule_params
 from laser.vllm.request_args import DraftLen, LaserArgs
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
     from vllm import LLM, RequestOutput
 
     from laser.vllm.proposer import LaserProposer
@@ -144,7 +145,8 @@ class VllmEngine:
                                            max_num_seqs=max_num_seqs, max_model_len=max_model_len,
                                            max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
                                            speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
-        self.tokenizer = self._vllm.get_tokenizer()
+        # vLLM hands back the Hugging Face tokenizer it loaded (typed as its own protocol)
+        self.tokenizer = cast("PreTrainedTokenizerBase", self._vllm.get_tokenizer())
         self.proposer: LaserProposer | None = self._find_proposer() if speculation == "laser" else None
         self._watch_engine_core()
         self._serial = 0
@@ -353,7 +355,7 @@ class VllmEngine:
         tokens, text = list(c.token_ids), c.text
         if halted:
             tokens = tokens[:halted[1]]
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+            text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
         if self.proposer is not None:
             stats = self.proposer.take_stats(out.request_id)
         else:  # engine core in another process: vLLM's per-request metrics, if it was asked to keep them

@@ -25,7 +25,7 @@ import polars as pl
 
 from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
-from pipelines.knowledge.generation import GenerationRequest
+from pipelines.workers import GenerationRequest
 from pipelines.knowledge.requests import planned_requests, pool_routes, request_keys
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.latest import newest_per_entity

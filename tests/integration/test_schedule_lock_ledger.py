@@ -165,7 +165,7 @@ def test_resumed_run_counts_its_whole_work():
 
     import polars as pl
 
-    from pipelines.knowledge.generation import GenerationRequest
+    from pipelines.workers import GenerationRequest
     from pipelines.knowledge.plan import plan_changes
 
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pipelines.knowledge.job as job_mod
 from jobs.config import load_config
-from pipelines.knowledge.generation import GenerationRequest
+from pipelines.workers import GenerationRequest
 from pipelines.knowledge.generation import BatchResult
 
 
