@@ -216,7 +216,12 @@ class Decoder:
 
     def decode(self, token_ids: list[int]) -> str:
         tok = self.lm.tokenizer
-        return tok.decode(token_ids, skip_special_tokens=True) if tok is not None else ""
+        if tok is None:
+            return ""
+        text = tok.decode(token_ids, skip_special_tokens=True)
+        if not isinstance(text, str):  # one sequence's ids decode to one text
+            raise TypeError(f"the tokenizer of {self.lm.name!r} decoded one sequence into {type(text).__name__}")
+        return text
 
 
 class RetrievalDecoder(Decoder):

@@ -35,7 +35,7 @@ def available_decoders() -> dict[str, type[Decoder]]:
     return dict(sorted(_REGISTRY.items()))
 
 
-def get_decoder(name: str, lm: LoadedModel, **params) -> Decoder:
+def get_decoder(name: str, lm: LoadedModel, **params: Any) -> Decoder:
     """Instantiate the decoder called ``name`` for model ``lm``."""
     known = available_decoders()
     if name not in known:

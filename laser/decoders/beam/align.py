@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 
-def _on_candidates(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int):
+def _on_candidates(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor,
+                   K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log q, log p) renormalised over each position's draft top-K valid tokens, and that set's mask."""
     if draft_logits.shape != target_logits.shape or valid.shape != draft_logits.shape:
         raise ValueError(f"shapes differ: draft {tuple(draft_logits.shape)}, target {tuple(target_logits.shape)}, "

@@ -26,6 +26,13 @@ from laser.sampling import GREEDY, SamplingParams
 from laser.verify import Verifier
 
 
+def beam_state(state: BeamState | None) -> BeamState:
+    """A beam request's state (``recommend_batch`` always passes one)."""
+    if state is None:
+        raise ValueError("a beam decoder's drafter needs the request's BeamState")
+    return state
+
+
 @dataclass
 class Recommendation:
     """The top-K items of one prompt, best first, with the decoding counters."""
@@ -52,7 +59,7 @@ class BeamDecoder(Decoder):
     def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
                 state: BeamState | None = None) -> Drafter:
         """Lays the request's live beams (``state``) out as each step's tree."""
-        return BeamDrafter(state)
+        return BeamDrafter(beam_state(state))
 
     def sampling(self, seed: int | None = None) -> SamplingParams:
         """The request's sampling settings (its seeded generator drives sampling verifiers)."""
@@ -64,10 +71,10 @@ class BeamDecoder(Decoder):
         ``seeds`` (sampling verifiers only): one per prompt, default the decoder's own seed."""
         t0 = time.perf_counter()
         seqs = []
-        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-        if len(seeds) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        for p, seed in zip(prompts, seeds):
+        chosen: list[int | None] = list(seeds) if seeds is not None else [None] * len(prompts)
+        if len(chosen) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(chosen)} seeds")
+        for p, seed in zip(prompts, chosen):
             ids, state, sampling = self.encode(p), BeamState(trie, K), self.sampling(seed)
             seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(ids, None, sampling, state),
                                 max_new_tokens=trie.max_len + 1, sampling=sampling, state=state))
@@ -132,6 +139,7 @@ class AtSpeed(UsesDraftModel, BeamDecoder):
                 state: BeamState | None = None) -> Drafter:
         from laser.decoders.beam.draft import BeamTreeDrafter, TreeDraftModel
 
+        state = beam_state(state)
         if self.N < state.width:
             raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
         seed = self.seed if sampling.greedy else int(sampling.seed)

@@ -61,9 +61,9 @@ def relaxed_accept(p: np.ndarray, q: np.ndarray, drafted: list[int], K: int, gen
     if len(more) < need:  # the residual's support ran out: fill from p
         left = p.copy()
         left[accepted + more] = -1.0
-        keep = np.flatnonzero(left >= 0)
-        left = np.maximum(left[keep], 0.0)
-        more += [int(keep[i]) for i in sample_distinct(left / max(left.sum(), 1e-300), need - len(more), generator)]
+        open_at = np.flatnonzero(left >= 0)
+        left = np.maximum(left[open_at], 0.0)
+        more += [int(open_at[i]) for i in sample_distinct(left / max(left.sum(), 1e-300), need - len(more), generator)]
     return accepted + more, False
 
 

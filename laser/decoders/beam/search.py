@@ -27,6 +27,7 @@ from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import pygtrie
 import torch
 
@@ -71,7 +72,8 @@ class ItemTrie:
 
     def item(self, seq: Seq) -> str | None:
         """The item a complete identifier (end token included) names; None for a prefix."""
-        return self.trie.get(seq)
+        item: str | None = self.trie.get(seq)  # pygtrie is untyped; the values are the item ids stored above
+        return item
 
     @cached_property
     def vocab(self) -> list[int]:
@@ -109,10 +111,11 @@ def candidates(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: Item
     return seqs, np.concatenate(scores)
 
 
-def beam_probs(scores: np.ndarray) -> np.ndarray:
+def beam_probs(scores: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The beam-level distribution over candidates: p(c) proportional to exp(score(c)) (temperature 1)."""
     w = np.exp(scores - scores.max())
-    return w / w.sum()
+    probs: npt.NDArray[np.float64] = w / w.sum()  # numpy types a scalar sum as Any
+    return probs
 
 
 def beam_step(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemTrie, width: int) -> list[Hyp]:
@@ -149,7 +152,9 @@ class PrefixTree:
 
     def lay_out(self, root: int, ends: Sequence[Seq]) -> tuple[list[int], list[int]]:
         """The step's tree so far: the kept nodes, then the beams' ends (tokens, parents)."""
-        tokens, parents, self.nodes = [], [], {}
+        tokens: list[int] = []
+        parents: list[int] = []
+        self.nodes = {}
         for seq in self.kept:
             self.nodes[seq] = len(tokens)
             tokens.append(seq[-1] if seq else root)
@@ -157,7 +162,8 @@ class PrefixTree:
         self.cached = len(tokens)
         if not self.kept:
             self.nodes[()] = 0
-            tokens.append(root), parents.append(-1)
+            tokens.append(root)
+            parents.append(-1)
         for seq in ends:
             for d in range(1, len(seq)):  # prefixes are normally kept; a missing one is fed
                 if seq[:d] not in self.nodes:
@@ -189,7 +195,7 @@ class PrefixTree:
         order; recorded as the next tree's ``kept``."""
         cached = {seq: i for i, seq in enumerate(self.kept)}
         want = {seq[:d] for seq in beams for d in range(len(seq))}
-        pairs = sorted((cached.get(seq, self.nodes.get(seq)), seq) for seq in want)
+        pairs = sorted((cached[seq] if seq in cached else self.nodes[seq], seq) for seq in want)
         self.kept_from = [i for i, _ in pairs]
         self.kept = [seq for _, seq in pairs]
         return self.kept_from
@@ -222,8 +228,14 @@ class BeamState:
         return not self.live
 
     def ranked(self) -> list[tuple[str, float]]:
-        """(item_id, score) best first."""
-        return [(self.trie.item(h.seq), h.score) for h in self.hyps]
+        """(item_id, score) best first, once every beam is a complete identifier."""
+        out = []
+        for h in self.hyps:
+            item = self.trie.item(h.seq)
+            if item is None:
+                raise RuntimeError(f"beam {list(h.seq)} is not a complete item identifier yet")
+            out.append((item, h.score))
+        return out
 
     def lay_out(self, root: int) -> tuple[list[int], list[int]]:
         return self.tree.lay_out(root, [h.seq for h in self.live])

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Literal
 
-import torch
+from transformers import PreTrainedModel
 
 from laser.decoders.base import Decoder
 from laser.decoders.registry import register_decoder
@@ -27,7 +27,7 @@ from laser.decoders.draft_model.topk_imp import TopKImportanceVerifier
 from laser.verify import Verifier
 
 
-def load_draft(target: LoadedModel, draft: str | LoadedModel | None) -> tuple[torch.nn.Module, str]:
+def load_draft(target: LoadedModel, draft: str | LoadedModel | None) -> tuple[PreTrainedModel, str]:
     """The draft model for ``target`` and its canonical name (``truncate:N``, the path/id given, or a
     loaded model's name)."""
     if isinstance(draft, LoadedModel):
@@ -65,8 +65,8 @@ def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
                          + ("" if same_tokens else " and their tokenizers map tokens differently"))
 
 
-class UsesDraftModel:
-    """Mixin of decoders with a ``draft`` parameter (a model name or path, or ``truncate:N``): its check
+class UsesDraftModel(Decoder):
+    """Base of decoders with a ``draft`` parameter (a model name or path, or ``truncate:N``): its check
     loads no weights. A named draft must exist and share the target's vocabulary (tokenizers compared);
     ``truncate:N`` is probed on a tiny model of at least N layers."""
 

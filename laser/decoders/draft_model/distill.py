@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 
 
-def hidden_projection(draft: torch.nn.Module, target: torch.nn.Module) -> torch.nn.Linear:
+def hidden_projection(draft: PreTrainedModel, target: PreTrainedModel) -> torch.nn.Linear:
     """The learned map from the draft's hidden width up to the target's."""
     return torch.nn.Linear(draft.config.hidden_size, target.config.hidden_size).to(next(draft.parameters()).device)
 

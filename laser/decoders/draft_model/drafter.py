@@ -101,7 +101,9 @@ def truncated_copy(model: PreTrainedModel, layers: int) -> PreTrainedModel:
         config.layer_types = config.layer_types[:layers]
     draft: PreTrainedModel = AutoModelForCausalLM.from_config(config).to(next(model.parameters()).dtype)
     draft.load_state_dict(model.state_dict(), strict=False)  # the deeper layers' weights are not needed
-    return move_model(draft, next(model.parameters()).device).eval()
+    draft = move_model(draft, next(model.parameters()).device)
+    draft.eval()
+    return draft
 
 
 def _draft_together(drafters: Sequence[ModelDrafter], contexts: Sequence[Sequence[int]],

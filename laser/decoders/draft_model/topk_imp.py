@@ -61,19 +61,22 @@ class TopKImportanceVerifier(Verifier):
         greedy = self._greedy.verify(logits, batch) if any(r.sampling.greedy for r in requests) else None
         out = []
         for b, (tree, req) in enumerate(zip(batch.trees, requests)):
-            if req.sampling.greedy:
-                out.append(greedy[b])  # type: ignore[index]
+            if greedy is not None and req.sampling.greedy:  # greedy is None only when no row is greedy
+                out.append(greedy[b])
             else:
                 out.append(self.verify_chain(tree, target_probs(logits[b, : len(tree)], req.sampling), req.generator))
         return out
 
     def verify_chain(self, tree: DraftTree, probs: torch.Tensor, generator: torch.Generator) -> Outcome:
         """Walk the chain from the root; ``probs[j]`` is the target's distribution after node j."""
-        if len(tree) > 1 and (not tree.is_chain or tree.draft_dists is None):
+        if len(tree) == 1:  # nothing drafted: the target's own token
+            return Outcome([0], [sample(probs[0], generator)])
+        dists = tree.draft_dists
+        if not tree.is_chain or dists is None:
             raise ValueError("TopK-ImpSpecDec verifies chains with draft distributions (a draft model's drafts)")
         path = [0]
         for j in range(len(tree) - 1):
-            p, q = probs[j], tree.draft_dists[j].to(probs.device, torch.float32)  # type: ignore[union-attr]
+            p, q = probs[j], dists[j].to(probs.device, torch.float32)
             token, keep_going = self._position(p, q, int(tree.tokens[j + 1]), generator)
             if not keep_going:
                 return Outcome(path, [int(t) for t in tree.tokens[path[1:]]] + [token])

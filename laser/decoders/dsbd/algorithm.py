@@ -23,9 +23,10 @@ the memory is that of plain speculative decoding. It is not distribution-equival
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from laser.decoders.beam.search import PrefixTree, Seq
@@ -33,6 +34,9 @@ from laser.drafting import Drafter
 from laser.request import Request
 from laser.tree import DraftTree
 from laser.verify import BeamVerifier, Outcome
+
+if TYPE_CHECKING:
+    from laser.decoders.beam.draft import TreeDraftModel
 
 # ---- the dynamic program --------------------------------------------------------------------------
 
@@ -142,7 +146,8 @@ class Beams:
         return Beams([self.seqs[i]], [1], [self.scores[i]])
 
 
-def beam_matrix(beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int], temperature: float = 1.0) -> np.ndarray:
+def beam_matrix(beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int],
+                temperature: float = 1.0) -> npt.NDArray[np.float64]:
     """``[B, V + 1]`` beam-level probabilities (column V: a finished beam stays as it is)."""
     V = next(iter(rows.values())).shape[-1] if rows else 1
     mass = np.zeros((len(beams.seqs), V + 1))
@@ -154,7 +159,8 @@ def beam_matrix(beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int], tem
         else:
             lp = torch.log_softmax(rows[seq].float().cpu().double() / temperature, -1).numpy()
             mass[b, :V] = np.exp(logw[b] + lp)
-    return mass / mass.sum()
+    probs: npt.NDArray[np.float64] = mass / mass.sum()  # numpy types a scalar sum as Any
+    return probs
 
 
 def finished(seq: Seq, ends: set[int]) -> bool:
@@ -179,16 +185,17 @@ def candidate_index(beams: Beams, seq: Seq, vocab: int, ends: set[int]) -> int:
 
 def next_beams(beams: Beams, chosen: Sequence[int], rows: dict[Seq, torch.Tensor], vocab: int) -> Beams:
     """The multiset of chosen children with their target scores."""
-    out: dict[Seq, list] = {}
+    counts: dict[Seq, int] = {}
+    scores: dict[Seq, float] = {}
     for idx in chosen:
         b, v = divmod(idx, vocab + 1)
         seq = child(beams, idx, vocab)
-        if seq not in out:
+        if seq not in scores:
             step = 0.0 if v == vocab else float(torch.log_softmax(rows[beams.seqs[b]].float(), -1)[v])
-            out[seq] = [0, beams.scores[b] + step]
-        out[seq][0] += 1
-    seqs = sorted(out)
-    return Beams(seqs, [out[s][0] for s in seqs], [out[s][1] for s in seqs])
+            scores[seq] = beams.scores[b] + step
+        counts[seq] = counts.get(seq, 0) + 1
+    seqs = sorted(scores)
+    return Beams(seqs, [counts[s] for s in seqs], [scores[s] for s in seqs])
 
 
 # ---- engine plumbing: state, drafter, verifier ------------------------------------------------------
@@ -230,7 +237,8 @@ class BeamSampleState:
 class ForestDrafter(Drafter):
     """Input beams + (with a draft model) ``gamma`` layers of ``width`` beams sampled by the draft."""
 
-    def __init__(self, state: BeamSampleState, draft=None, gamma: int = 0, width: int = 1, seed: int = 0):
+    def __init__(self, state: BeamSampleState, draft: TreeDraftModel | None = None, gamma: int = 0, width: int = 1,
+                 seed: int = 0) -> None:
         self.state, self.draft, self.gamma, self.width = state, draft, gamma, width
         self.generator = torch.Generator().manual_seed(seed + 1)
 
@@ -240,12 +248,13 @@ class ForestDrafter(Drafter):
         tokens, parents = st.tree.lay_out(context[-1], st.open_beams)
         st.drafted = []
         if self.draft is not None and self.gamma:
-            self._draft(tokens, parents, self.draft.sync(kept_from, tokens, parents, st.tree.nodes))
+            self._draft(self.draft, tokens, parents, self.draft.sync(kept_from, tokens, parents, st.tree.nodes))
         st.inputs.append(len(st.beams.seqs))
         st.forest_nodes.append(len(tokens))
         return DraftTree(np.array(tokens), np.array(parents), cached=st.tree.cached)
 
-    def _draft(self, tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor]) -> None:
+    def _draft(self, draft: TreeDraftModel, tokens: list[int], parents: list[int],
+               rows: dict[Seq, torch.Tensor]) -> None:
         st = self.state
         beams = st.beams
         for j in range(min(self.gamma, st.length - st.depth - 1)):
@@ -260,7 +269,7 @@ class ForestDrafter(Drafter):
             for seq in new:
                 st.tree.add(seq, tokens, parents)
             if new and j + 1 < self.gamma:
-                lp = self.draft.feed(tokens[first:], parents[first:])
+                lp = draft.feed(tokens[first:], parents[first:])
                 rows.update({seq: lp[i] for i, seq in enumerate(new)})
             if not new:
                 return
@@ -300,7 +309,8 @@ class BeamSampleVerifier(BeamVerifier):
             return Outcome(path=[], tokens=list(st.best()[0]), finished=True)
         return Outcome(path=[], tokens=[], keep=st.tree.keep(st.open_beams))
 
-    def _layer(self, st: BeamSampleState, p: np.ndarray, vocab: int, layer: int, gen: torch.Generator):
+    def _layer(self, st: BeamSampleState, p: npt.NDArray[np.float64], vocab: int, layer: int,
+               gen: torch.Generator) -> tuple[list[int], bool]:
         dseqs, qrows = st.drafted[layer]
         zero = np.zeros(vocab + 1)
         q = np.stack([qrows.get(s, zero) for s in st.beams.seqs]).ravel()

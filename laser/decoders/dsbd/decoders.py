@@ -14,11 +14,19 @@ from laser.decoders.base import Decoder
 from laser.decoders.draft_model.decoders import UsesDraftModel
 from laser.decoders.registry import register_decoder
 from laser.decoders.dsbd.algorithm import BeamSampleState, BeamSampleVerifier, ForestDrafter
+from laser.drafting import DraftSource
 from laser.models import LoadedModel
 from laser.request import Halt, Request
 from laser.rules import NO_RULES, GenerationRules
 from laser.sampling import GREEDY, SamplingParams
 from laser.verify import Verifier
+
+
+def sample_state(state: BeamSampleState | None) -> BeamSampleState:
+    """A beam-sampling request's state (``request`` always passes one)."""
+    if state is None:
+        raise ValueError("a beam-sampling decoder's drafter needs the request's BeamSampleState")
+    return state
 
 
 @register_decoder
@@ -51,7 +59,7 @@ class BeamSample(Decoder):
             raise ValueError(f"{cls.name} samples beams at temperature 1 without top-p/top-k filters; got "
                              f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
 
-    def request(self, ids: list[int], max_new_tokens: int, pool=None, sampling: SamplingParams = GREEDY,
+    def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
                 rules: GenerationRules = NO_RULES, halt: Halt | None = None, exact: bool = False) -> Request:
         """One engine request; its beams draw from a generator seeded by ``sampling.seed`` (the decoder's
         seed when ``sampling`` is greedy, i.e. unset). ``pool``, ``rules`` and ``halt`` are not used (the
@@ -68,7 +76,7 @@ class BeamSample(Decoder):
 
     def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
                 state: BeamSampleState | None = None) -> ForestDrafter:
-        return ForestDrafter(state)
+        return ForestDrafter(sample_state(state))
 
 
 @register_decoder
@@ -107,4 +115,4 @@ class Dsbd(UsesDraftModel, BeamSample):
                 state: BeamSampleState | None = None) -> ForestDrafter:
         from laser.decoders.beam.draft import TreeDraftModel
 
-        return ForestDrafter(state, TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, int(sampling.seed))
+        return ForestDrafter(sample_state(state), TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, int(sampling.seed))
