@@ -23,7 +23,7 @@ import zlib
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import polars as pl
@@ -90,10 +90,18 @@ def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]] if texts else []
 
 
+def _polars(table: pa.Table) -> pl.DataFrame:
+    """``table`` as a polars DataFrame (``pl.from_arrow`` gives a Series only for an Arrow array)."""
+    frame = pl.from_arrow(table)
+    if not isinstance(frame, pl.DataFrame):
+        raise TypeError(f"expected an Arrow table, got {type(table).__name__}")
+    return frame
+
+
 def _frame(knowledge: pa.Table) -> tuple[pl.DataFrame, str]:
     """(entity_type, entity_id, content) with the row order kept, and which content column it holds."""
     column = TOKENS_COLUMN if TOKENS_COLUMN in knowledge.column_names else TEXT_COLUMN
-    frame = pl.from_arrow(knowledge.select(["entity_type", "entity_id", column]))
+    frame = _polars(knowledge.select(["entity_type", "entity_id", column]))
     return frame.with_columns(pl.col("entity_id").cast(pl.Utf8), _row=pl.int_range(pl.len())), column
 
 
@@ -108,7 +116,7 @@ def _member_frame(memberships: pa.Table) -> pl.DataFrame:
     missing = [c for c in MEMBERSHIP_COLUMNS if c not in memberships.column_names]
     if missing:
         raise ValueError(f"membership/routing table lacks column(s) {missing}")
-    frame = pl.from_arrow(memberships.select(list(MEMBERSHIP_COLUMNS))).with_columns(pl.col("entity_id").cast(pl.Utf8))
+    frame = _polars(memberships.select(list(MEMBERSHIP_COLUMNS))).with_columns(pl.col("entity_id").cast(pl.Utf8))
     bad = frame.filter(pl.col("group_id").is_null() | pl.col("pool_kind").is_null())
     if bad.height:
         raise ValueError(f"{bad['entity_type'][0]} {bad['entity_id'][0]!r} has no pool_kind/group_id in the "
@@ -232,7 +240,7 @@ def collect_sources(knowledge: pa.Table | str | Path, memberships: pa.Table, tok
     return PoolSources(dict(texts), selection.empty_groups, selection.skipped)
 
 
-def materialize(texts: list[list[int]]) -> RetrievalPool:
+def materialize(texts: Sequence[Sequence[int]]) -> RetrievalPool:
     """One retrieval pool (token trie) from token-id texts."""
     return RetrievalPool.from_token_ids(texts)
 

@@ -31,6 +31,7 @@ import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.fchmod(fd, _file_mode())
     os.close(fd)
@@ -93,7 +94,7 @@ def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int32, count=len(texts))
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
     values = np.fromiter((tok for t in texts for tok in t), dtype=np.int32, count=int(offsets[-1]))
-    return pa.table({_COLUMN: pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))})
+    return pa.table({_COLUMN: pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.int32()))})
 
 
 def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequence[int]]]],
@@ -103,7 +104,8 @@ def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequen
     :func:`commit_store` names them."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    name, tables, entries, offset = f"part-{uuid.uuid4().hex[:12]}.arrow", [], {}, 0
+    name, tables, offset = f"part-{uuid.uuid4().hex[:12]}.arrow", [], 0
+    entries: dict[str, dict[str, Any]] = {}  # manifest entries (JSON)
     for key, texts in pools:
         if not texts:
             raise PoolStoreError(f"pool {key!r} is empty; empty groups get no pool (see PoolSources.empty_groups)")
@@ -124,8 +126,7 @@ def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequen
         entries[key]["sha256"] = digest
         if snapshot:
             entries[key]["snapshot"] = name.replace(".arrow", f"-{n}{SNAPSHOT_SUFFIX}")
-            _atomic_write(directory / entries[key]["snapshot"],
-                          lambda tmp, pool=materialize(list(texts)): _write_snapshot(tmp, pool))
+            _atomic_write(directory / entries[key]["snapshot"], partial(_write_snapshot, pool=materialize(texts)))
             entries[key]["snapshot_sha256"] = _sha256(directory / entries[key]["snapshot"])
     return entries
 
@@ -236,13 +237,15 @@ class PoolStore:
         with pa.memory_map(str(path)) as source:
             table = pa.ipc.open_file(source).read_all().slice(entry.get("offset", 0), entry["n_texts"])
             column = table.column(_COLUMN).combine_chunks()
+            if not isinstance(column, (pa.ListArray, pa.LargeListArray)):
+                raise PoolStoreError(f"{path}: column {_COLUMN!r} is {column.type}, not a list of token ids")
             values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
             return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
 
     def check(self, key: str) -> Path:
         """The part file of pool ``key``, its checksum checked (once per file); :class:`PoolStoreError` when corrupt."""
         entry = self.manifest["pools"][key]
-        path = self.directory / entry["file"]
+        path: Path = self.directory / entry["file"]
         if entry["file"] not in self._verified:
             if entry.get("sha256") and (not path.exists() or _sha256(path) != entry["sha256"]):
                 raise PoolStoreError(f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
