@@ -20,7 +20,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -59,15 +59,12 @@ def draft_methods(ks: tuple[int, ...]) -> list[DraftMethod]:
 
 def _decoders(lm: laser.LoadedModel, methods: list[DraftMethod], draft: str | None, gamma: int) -> dict[str, Any]:
     """One decoder per method; the draft model is loaded once and shared."""
-    from transformers import PreTrainedModel
-
     from laser.decoders.draft_model.decoders import DraftModelDecoder
 
     first = laser.get_decoder("spec_sampling", lm, draft=draft, gamma=gamma)
     if not isinstance(first, DraftModelDecoder):
         raise TypeError(f"spec_sampling is a {type(first).__name__}, not a draft-model decoder")
-    # load_draft annotates its model as nn.Module; it is the PreTrainedModel it loaded or truncated
-    shared = LoadedModel(cast(PreTrainedModel, first.draft_model), lm.tokenizer, first.draft)
+    shared = LoadedModel(first.draft_model, lm.tokenizer, first.draft)
     out: dict[str, Any] = {}
     for m in methods:
         if m.decoder == GENERATE_METHOD:

@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -119,12 +119,10 @@ def load_drafts(s: RecommendBenchSettings, lm: laser.LoadedModel) -> dict[str, A
 
 def draft_lm(lm: laser.LoadedModel, name: str) -> laser.LoadedModel:
     """The draft ``name`` (model-cache name, path or truncate:N) for ``lm``, with the target's tokenizer."""
-    from transformers import PreTrainedModel
-
     from laser.decoders.draft_model.decoders import load_draft
 
-    model, canonical = load_draft(lm, name)  # a PreTrainedModel (load_draft annotates the wider nn.Module)
-    return laser.LoadedModel(cast(PreTrainedModel, model), lm.tokenizer, canonical)
+    model, canonical = load_draft(lm, name)
+    return laser.LoadedModel(model, lm.tokenizer, canonical)
 
 
 def measure_k(s: RecommendBenchSettings, fx: Fixture, decoders: dict[str, Any], K: int) -> dict[str, dict]:

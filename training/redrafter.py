@@ -118,11 +118,13 @@ def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_n
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
     todo = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts) if p not in have]
     for start in tqdm(range(0, len(todo), batch), desc="target greedy answers", unit="batch", disable=not progress):
-        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=_HiddenRecorder(), max_new_tokens=max_new_tokens)
-                for p in todo[start:start + batch]]
+        chunk = todo[start:start + batch]
+        recorders = [_HiddenRecorder() for _ in chunk]
+        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=rec, max_new_tokens=max_new_tokens)
+                for p, rec in zip(chunk, recorders)]
         engine.run(reqs)
-        for r in reqs:
-            hidden = torch.stack(r.drafter.hidden) if r.drafter.hidden else torch.zeros(0, lm.model.config.hidden_size)
+        for r, rec in zip(reqs, recorders):
+            hidden = torch.stack(rec.hidden) if rec.hidden else torch.zeros(0, lm.model.config.hidden_size)
             example = (r.tokens[:r.prompt_len], r.new_tokens, hidden.half())
             kept.append(example)
             have[tuple(example[0])] = example
@@ -332,7 +334,8 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge.requests import item_requests, user_requests
-    from pipelines.knowledge_store import MANIFEST, knowledge_texts
+    from pipelines.knowledge_store import knowledge_texts
+    from pipelines.sharded_store import MANIFEST
     from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 
     if source not in ("auto", "greedy", "store"):
@@ -357,6 +360,8 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
                          "or use source greedy")
     if texts:
         log.info("Training on %d texts of the old-knowledge store %s", len(texts), store)
+        if lm.tokenizer is None:
+            raise ValueError(f"train-redrafter: model {lm.name!r} has no tokenizer: the store's texts need one")
         return [(prompts[k], lm.tokenizer.encode(t, add_special_tokens=False), None)
                 for k, t in sorted(texts.items()) if k in prompts]
     return generate_examples(lm, [ids for _, ids in sorted(prompts.items())], max_new, workdir, progress=progress)
