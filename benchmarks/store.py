@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipelines import knowledge_store as kn
+from pipelines import knowledge_store as kn, sharded_store as ss
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def fake_rows(n: int, run_id: str) -> Iterator[dict[str, Any]]:
 
 @contextmanager
 def _timed(name: str, spent: dict[str, list[float]], nbytes: dict[str, int]) -> Iterator[None]:
-    """Time every call of ``kn.<name>`` (and count the bytes it writes) while the block runs."""
-    real = getattr(kn, name)
+    """Time every call of ``ss.<name>`` (and count the bytes it writes) while the block runs."""
+    real = getattr(ss, name)
 
     def timed(*args: Any) -> Any:
         start = time.perf_counter()
@@ -64,11 +64,11 @@ def _timed(name: str, spent: dict[str, list[float]], nbytes: dict[str, int]) -> 
             nbytes[name] = nbytes.get(name, 0) + len(args[1])
         return out
 
-    setattr(kn, name, timed)
+    setattr(ss, name, timed)
     try:
         yield
     finally:
-        setattr(kn, name, real)
+        setattr(ss, name, real)
 
 
 def _old_manifest_body(shards: list[dict[str, Any]]) -> str:
@@ -116,22 +116,22 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
                 writer.add(row)
     write_s = time.perf_counter() - start
     commits = spent["_put_log_entry"]
-    manifest = kn.Manifest.load(store)
+    manifest = ss.Manifest.load(store)
     # the old writer's manifest at the end of the run: one entry per 256-row shard
     old_shards = [{"file": f"part-{i:05d}.parquet", "rows": SHARD_ROWS, "run_id": "bench", "sha256": "0" * 64}
                   for i in range(shards_written)]
     old = old_commit(store, old_shards)
     time.sleep(2.1)  # files older than the slack of the checksum cache (a store written by an earlier run)
-    open_s, _ = _clock(lambda: kn.open_store(store, verify=False))
-    kn._VERIFIED.clear()
-    verify_s, _ = _clock(lambda: kn.open_store(store))
-    kn._VERIFIED.clear()
+    open_s, _ = _clock(lambda: ss.open_store(store, verify=False))
+    ss._VERIFIED.clear()
+    verify_s, _ = _clock(lambda: ss.open_store(store))
+    ss._VERIFIED.clear()
     index_cold_s, index = _clock(lambda: kn.read_index(store))
     index_warm_s, _ = _clock(lambda: kn.read_index(store))
     full_s, full = _clock(lambda: kn.read_knowledge(store))
     latest_s, view = _clock(lambda: latest_view(store))
     assert index.height == full.height == view.height == n, (index.height, full.height, view.height, n)
-    checkpoint_bytes = len((store / kn.MANIFEST).read_bytes())
+    checkpoint_bytes = len((store / ss.MANIFEST).read_bytes())
     return {
         "rows": n, "shards_written": shards_written, "shards_after": len(manifest.shards),
         "write_s": write_s, "commits": len(commits),
@@ -187,8 +187,8 @@ def run_store_bench(json_out: Path, sizes: tuple[int, ...] = SIZES, work: Path |
     finally:
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
-    report = {"bench": "store", "shard_rows": SHARD_ROWS, "checkpoint_min": kn.CHECKPOINT_MIN,
-              "compact_after": kn.COMPACT_AFTER, "compact_rows": kn.COMPACT_ROWS,
+    report = {"bench": "store", "shard_rows": SHARD_ROWS, "checkpoint_min": ss.CHECKPOINT_MIN,
+              "compact_after": ss.COMPACT_AFTER, "compact_rows": ss.COMPACT_ROWS,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": results}
     json_out.parent.mkdir(parents=True, exist_ok=True)

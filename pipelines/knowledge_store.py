@@ -279,7 +279,7 @@ def knowledge_at(store: str | Path | Location, rows: pl.DataFrame) -> dict[tuple
     return found
 
 
-def knowledge_texts(store: str | Path, entity_type: str | None = None) -> dict[tuple[str, str], str]:
+def knowledge_texts(store: str | Path | Location, entity_type: str | None = None) -> dict[tuple[str, str], str]:
     """{(entity_type, entity_id): knowledge} over a store; the input pools are built from."""
     frame = read_knowledge(store)
     if entity_type is not None:
