@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_q
 from benchmarks.report import machine_info, versions, wide_console
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
 from pipelines.workers.layout import compile_model
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -325,8 +325,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 def _write(json_out: Path, report: dict[str, Any]) -> None:
     json_out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = json_out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=1, default=str))
-    os.replace(tmp, json_out)
+    atomic_write_local(json_out, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1, default=str)))
     json_out.with_suffix(".md").write_text(markdown(report))
     plot(report, json_out.with_suffix(".png"))

@@ -39,6 +39,7 @@ from pipelines.data.split import split_old_new
 from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.items import item_identifiers, recommend_prompt
 from pipelines.recommend.metrics import user_metrics
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +198,7 @@ def _write(path: Path, results: dict) -> None:
     for rows in slim["K"].values():
         for r in rows.values():
             r.pop("scores", None)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(slim, indent=1))
-    os.replace(tmp, path)
+    atomic_write_local(path, lambda tmp: Path(tmp).write_text(json.dumps(slim, indent=1)))
 
 
 def markdown(res: dict) -> str:

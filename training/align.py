@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ from training.loop import LoopSettings, batch_indices, load_plain, run_steps, st
 from training.rec_examples import (PrefixRows, RecExample, identifier_logits, labels_of,
                                           model_beam_search, ranking_decoder, rec_data, valid_mask)
 from pipelines.knowledge.validation import JobInputError
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -186,10 +186,8 @@ def _cached_data(path: Path, meta: dict, make: Callable[[], dict]) -> dict:
             raise ValueError(f"{path}: data made for {data['meta']}, not {meta}; use another --name or delete it")
         return {k: [AlignExample(*e) for e in v] if k != "meta" else v for k, v in data.items()}
     data = {"meta": meta, **make()}
-    tmp = path.with_suffix(".tmp")
     plain = {k: [(e.prompt, e.seqs, e.truth) for e in v] if k != "meta" else v for k, v in data.items()}
-    torch.save(plain, tmp)  # plain lists: loaded back with weights_only=True
-    os.replace(tmp, path)
+    atomic_write_local(path, lambda tmp: torch.save(plain, tmp))  # plain lists: loaded back with weights_only=True
     return data
 
 

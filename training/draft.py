@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from laser.decoders.draft_model.drafter import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
 from training.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -326,9 +326,8 @@ def _examples(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings, work: Path
     if path.exists():
         return [Example(*e) for e in load_plain(path)]
     examples = make_examples(lm.model, training_pairs(cfg, lm, s), s.max_prompt_tokens)
-    tmp = path.with_suffix(".tmp")
-    torch.save([(e.ids, e.start, e.target_hidden) for e in examples], tmp)  # plain: loaded with weights_only
-    os.replace(tmp, path)
+    plain = [(e.ids, e.start, e.target_hidden) for e in examples]  # plain: loaded with weights_only
+    atomic_write_local(path, lambda tmp: torch.save(plain, tmp))
     return examples
 
 

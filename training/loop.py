@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import pickle
 import random
 import time
@@ -21,6 +20,8 @@ from typing import Any, Callable
 
 import torch
 from tqdm.auto import tqdm
+
+from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,9 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, res: LoopResult,
                     meta: dict[str, Any]) -> None:
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    tmp = path.with_suffix(".tmp")
-    torch.save({"step": res.steps, "meta": meta, "weights": weights, "optimizer": opt.state_dict(),
-                "losses": res.losses, "held_losses": res.held_losses}, tmp)
-    os.replace(tmp, path)
+    state = {"step": res.steps, "meta": meta, "weights": weights, "optimizer": opt.state_dict(),
+             "losses": res.losses, "held_losses": res.held_losses}
+    atomic_write_local(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_plain(path: Path) -> Any:
