@@ -5,12 +5,13 @@ an id column and a vector column (list or fixed-size list of floats).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+
+from laser.files import atomic_write
 
 _SHOW = 5  # how many offending ids an error message names
 
@@ -64,14 +65,10 @@ class Embeddings:
 
 def save_embeddings(embeddings: Embeddings, path: str | Path, id_column: str = "id",
                     vector_column: str = "embedding") -> None:
-    """Write ``embeddings`` to ``path`` (Parquet, the layout :func:`load_embeddings` reads); atomic: a
-    temporary file beside it, then renamed."""
-    path = Path(path)
+    """Write ``embeddings`` to ``path`` (Parquet, the layout :func:`load_embeddings` reads), atomically."""
     frame = pl.DataFrame({id_column: pl.Series(embeddings.ids, dtype=pl.Utf8),
                           vector_column: pl.Series(embeddings.vectors, dtype=pl.Array(pl.Float32, embeddings.dim))})
-    partial = path.with_name(f".{path.name}.partial")
-    frame.write_parquet(partial)
-    os.replace(partial, path)
+    atomic_write(path, frame.write_parquet)
 
 
 def load_embeddings(path: str | Path, id_column: str = "id", vector_column: str = "embedding",

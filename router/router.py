@@ -11,8 +11,6 @@ says so. Every entity must have an attribute group: that is the fallback that al
 """
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +19,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from laser.files import atomic_write
 
 COLLABORATIVE, ATTRIBUTE = "collaborative", "attribute"
 POOL_KINDS = (COLLABORATIVE, ATTRIBUTE)
@@ -127,19 +127,7 @@ def write_routing(table: pa.Table, path: str | Path) -> Path:
     missing = [n for n in ROUTING_SCHEMA.names if n not in table.column_names]
     if missing:
         raise ValueError(f"routing table lacks column(s) {missing}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    mask = os.umask(0)  # mkstemp makes 0600; give the file the mode a normal write would
-    os.umask(mask)
-    os.fchmod(fd, 0o666 & ~mask)
-    os.close(fd)
-    try:
-        pq.write_table(table.select(ROUTING_SCHEMA.names).cast(ROUTING_SCHEMA), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
+    return atomic_write(path, lambda tmp: pq.write_table(table.select(ROUTING_SCHEMA.names).cast(ROUTING_SCHEMA), tmp))
 
 
 def read_routing(path: str | Path) -> pa.Table:

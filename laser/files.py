@@ -1,0 +1,33 @@
+"""Atomic file writes for the layers under the pipeline (laser, pools, router): a file is either its old
+version or its whole new one, never a partly written one. (The pipeline's own, with fsync and object stores,
+is :func:`pipelines.storage.atomic_write_local`.)"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+
+def file_mode() -> int:
+    """The mode a plain ``open(..., "w")`` would give a new file under the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
+    """Write ``path`` through a temp file beside it (``write(temp_path)``, then a rename); the temp file never
+    outlives a failure. Returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.fchmod(fd, file_mode())  # mkstemp makes 0600
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
