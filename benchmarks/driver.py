@@ -17,7 +17,6 @@ Markdown and a PNG.
 """
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 import time
@@ -31,7 +30,7 @@ from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport, GenerationWorker, record_result
 from pipelines.knowledge.records import DecodeTask
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
-from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.report import machine_info, versions, wide_console, save_report
 from pipelines.workers import GenerationRequest, ModelSpec, WorkerGroup, ensure_ray, make_batches
 
 log = logging.getLogger(__name__)
@@ -120,9 +119,7 @@ def run_driver_bench(json_out: Path, cfg: JobConfig, s: DriverBenchSettings) -> 
     summary["ray data"]["speed_vs_driver"] = summary["ray data"]["entities_per_s_median"] / summary["driver"]["entities_per_s_median"]
     report = {"settings": asdict(s), "requests": len(requests), "runs": runs, "summary": summary,
               "machine": machine_info(), "versions": {**versions(), "ray": _ray_version()}}
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(report, indent=1))
-    json_out.with_suffix(".md").write_text(markdown_driver(report))
+    save_report(report, json_out, markdown_driver(report))
     plot_driver(report, json_out.with_suffix(".png"))
     print_driver(report)
     return report

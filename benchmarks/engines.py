@@ -154,14 +154,14 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
 def _save(json_out: Path, config: Path, overrides: Sequence[str], repeats: int, cold: bool, runs: list[dict[str, Any]],
           engines: tuple[str, ...], load_before: Any) -> dict[str, Any]:
     """The result so far, written after every run (a long bench killed midway keeps what it measured)."""
-    from benchmarks.report import machine_info, versions
+    from benchmarks.report import machine_info, save_report, versions
 
     warm = {e: _median_run([r for r in runs if r["engine"] == e and r["phase"] == "warm"]) for e in engines}
     cold_runs = {e: next((r for r in runs if r["engine"] == e and r["phase"] == "cold"), None) for e in engines}
     result = {"config": str(config), "overrides": list(overrides), "repeats": repeats, "cold": cold, "runs": runs,
               "median": {e: r for e, r in warm.items() if r}, "cold_runs": {e: r for e, r in cold_runs.items() if r},
               "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
-    json_out.write_text(json.dumps(result, indent=1, default=str))
+    save_report(result, json_out)
     return result
 
 

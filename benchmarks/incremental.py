@@ -14,7 +14,6 @@ JSON); the target of the operations issue is incremental <= 20% of full.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import subprocess
@@ -103,7 +102,7 @@ def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path
                           seed: int = 0) -> dict[str, Any]:
     """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``.
     ``dataset`` is the config's ``DatasetConfig`` (loaded by the caller)."""
-    from benchmarks.report import machine_info, versions
+    from benchmarks.report import machine_info, save_report, versions
     from pipelines.knowledge_store import read_knowledge
 
     out = work / "out"
@@ -121,7 +120,7 @@ def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path
               "full": full.__dict__, "incremental": inc.__dict__, "ratio": ratio, "target_ratio": TARGET_RATIO,
               "met": ratio <= TARGET_RATIO, "load_average_before": load_before, "machine": machine_info(),
               "versions": versions()}
-    json_out.write_text(json.dumps(result, indent=1, default=str))
+    save_report(result, json_out)
     print_result(result)
     return result
 

@@ -21,7 +21,6 @@ writes JSON.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import resource
@@ -195,9 +194,9 @@ def run_lightgcn_bench(out: Path, data: Path, seed: int = 0, n_clusters: int = 8
         "epoch_speedup": today.epoch_s / linear.epoch_s if linear.epoch_s else None,
     }
     results["recall_within_5pct"] = bool(results["recall_ratio"] and results["recall_ratio"] >= 1 - RECALL_TOLERANCE)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=1) + "\n")
+    from benchmarks.report import save_report
+
+    save_report(results, Path(out))
     _print(results)
     return results
 

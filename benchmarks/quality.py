@@ -44,10 +44,9 @@ from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import step_route
 from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
-from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.report import machine_info, versions, wide_console, save_report
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
 from pipelines.workers.layout import compile_model
-from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +323,6 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def _write(json_out: Path, report: dict[str, Any]) -> None:
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_local(json_out, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1, default=str)))
+    save_report(report, json_out)
     json_out.with_suffix(".md").write_text(markdown(report))
     plot(report, json_out.with_suffix(".png"))

@@ -19,7 +19,7 @@ import polars as pl
 import laser
 from laser.decoders.redrafter.head import head_path
 from benchmarks.fixture import encode_user_prompts
-from benchmarks.report import Run, machine_info, print_methods, summarise, versions, wide_console
+from benchmarks.report import Run, machine_info, print_methods, summarise, versions, wide_console, save_report
 from pipelines.data.schema import Dataset
 from pipelines.data.split import split_old_new
 
@@ -110,8 +110,7 @@ def run_redrafter_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s:
                   f"{s.max_new_tokens} new tokens max", metrics, wide_console())
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_study(metrics, json_out.with_name(json_out.stem + "-redrafter.png")))
-    json_out.write_text(json.dumps(report, indent=2))
-    json_out.with_suffix(".md").write_text(markdown(report))
+    save_report(report, json_out, markdown(report))
     return report
 
 

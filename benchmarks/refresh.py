@@ -124,7 +124,7 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     is taken as it was, so only day 2 runs again (e.g. after a change to drafting). Day 2 runs
     ``day2_repeats`` times each way, alternating the order; the ratio is of the medians."""
     from pipelines.knowledge_store import read_knowledge
-    from benchmarks.report import machine_info, versions
+    from benchmarks.report import machine_info, save_report, versions
 
     if work.exists() and any(work.iterdir()):
         raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")
@@ -166,7 +166,7 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
               "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
               "quality": run_quality(work, runs), "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
               "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
-    json_out.write_text(json.dumps(result, indent=1, default=str))
+    save_report(result, json_out)
     print_result(result)
     return result
 

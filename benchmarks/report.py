@@ -12,12 +12,14 @@ Metric definitions (LASER section 4.1.3; ``shared/notes`` section 6), over all p
 """
 from __future__ import annotations
 
+import json
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,6 +31,7 @@ import laser
 from laser import DecodeStats
 from pipelines.knowledge.prompts import PROMPT_VERSION
 from pipelines.quality import summarise_quality
+from pipelines.storage import atomic_write_local
 
 STAGES = ("prefill_s", "retrieval_s", "tree_s", "forward_s", "verify_s", "cache_s")
 
@@ -151,6 +154,14 @@ def _per_step_ms(totals: dict[str, float], decode_s: float, steps: int, requests
 def summarise(rows: dict[str, list[Run]], reference: str) -> dict[str, dict[str, Any]]:
     """Metrics of every method in ``rows`` against the method named ``reference``."""
     return {name: method_metrics(runs, rows[reference]) for name, runs in rows.items()}
+
+
+def save_report(report: dict[str, Any], json_out: Path, markdown: str | None = None) -> None:
+    """Write a benchmark's JSON (atomically, its folder made) and, given one, its Markdown table beside it."""
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_local(json_out, lambda tmp: Path(tmp).write_text(json.dumps(report, indent=1, default=str) + "\n"))
+    if markdown is not None:
+        json_out.with_suffix(".md").write_text(markdown)
 
 
 def machine_info() -> dict[str, Any]:

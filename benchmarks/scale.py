@@ -728,7 +728,7 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
     ``merge`` the sizes ``json_out`` already holds are kept (what this run measures replaces them stage by
     stage) and project the sizes of this run, and a size folder in ``work`` from an earlier run on the same
     data is resumed: its catalogue and the finished stages the selected ones need are reused."""
-    from benchmarks.report import machine_info, versions
+    from benchmarks.report import machine_info, save_report, versions
 
     json_out = Path(json_out)
     earlier = json.loads(json_out.read_text())["sizes"] if merge and json_out.exists() else {}
@@ -760,8 +760,7 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
               "skipped_sizes": skipped,
               "slopes": slopes(sizes), "peak_slopes": slopes(sizes, "peak_gb"),
               "machine": machine_info(), "versions": versions(), "code": code_version()}
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(result, indent=1, default=str))
+    save_report(result, json_out)
     plot(result, json_out.with_suffix(".png"))
     print_result(result)
     return result

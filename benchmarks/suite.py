@@ -51,7 +51,7 @@ from benchmarks.fixture import encode_item_prompts, encode_user_prompts, greedy_
 from benchmarks.plots import plot_studies
 from benchmarks.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
                                     print_breakdown, print_methods, repeat_median, summarise, timed_decode, versions,
-                                    wide_console)
+                                    wide_console, save_report)
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
@@ -313,8 +313,7 @@ def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSe
     report["machine"]["load_average_after"] = machine_info()["load_average"]
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plots"] = [str(p) for p in plot_studies(report, json_out)]
-    json_out.write_text(json.dumps(report, indent=2))
-    json_out.with_suffix(".md").write_text(markdown_report(report))
+    save_report(report, json_out, markdown_report(report))
     _print_targets(report.get("targets", []), console)
     return report
 
@@ -422,7 +421,7 @@ def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | 
         with json_out.with_suffix(".md").open("a") as md:
             md.write("\n**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"]) + "\n")
     report["total_s"] = time.perf_counter() - started
-    json_out.write_text(json.dumps(report, indent=2))
+    save_report(report, json_out)
     return report
 
 
@@ -434,7 +433,5 @@ def _draft_only(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, dataset: D
     report["draft_study"] = draft_study(lm, measured_user_prompts(lm, ds, s), s, json_out)
     report["machine"]["load_average_after"] = machine_info()["load_average"]
     report["total_s"] = time.perf_counter() - started
-    json_out.write_text(json.dumps(report, indent=2))
-    json_out.with_suffix(".md").write_text("**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"])
-                                           + "\n")
+    save_report(report, json_out, "**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"]) + "\n")
     return report

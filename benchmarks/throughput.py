@@ -17,7 +17,6 @@ method. Table, JSON, Markdown and a PNG of tokens/s against concurrency.
 """
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -32,7 +31,7 @@ from tqdm import tqdm
 import laser
 from laser.cost import ForwardCost, forward_cost
 from laser.engine import StepRecord
-from benchmarks.report import generate_ids, machine_info, versions, wide_console
+from benchmarks.report import generate_ids, machine_info, versions, wide_console, save_report
 from benchmarks.suite import SuiteSettings, build_task_pools, pool_for, user_fixture
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
@@ -225,8 +224,7 @@ def run_throughput(json_out: Path, s: ThroughputSettings, dataset: DatasetConfig
     print_throughput(report)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_throughput(report, json_out.with_suffix(".png")))
-    json_out.write_text(json.dumps(report, indent=2))
-    json_out.with_suffix(".md").write_text(markdown_throughput(report))
+    save_report(report, json_out, markdown_throughput(report))
     return report
 
 

@@ -42,7 +42,7 @@ from laser.tree import DraftTree
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.quality import summarise_quality
-from benchmarks.report import machine_info, versions, wide_console
+from benchmarks.report import machine_info, versions, wide_console, save_report
 from benchmarks.suite import build_task_pools, pool_for, user_fixture
 from benchmarks.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
                                               _engine_level, _generate_level, _warm_up, select_rows)
@@ -274,8 +274,7 @@ def finish_vllm_report(report: dict[str, Any], json_out: Path) -> dict[str, Any]
     print_vllm_throughput(report)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_vllm_throughput(report, json_out.with_suffix(".png")))
-    json_out.write_text(json.dumps(report, indent=2))
-    json_out.with_suffix(".md").write_text(markdown_vllm_throughput(report))
+    save_report(report, json_out, markdown_vllm_throughput(report))
     return report
 
 
