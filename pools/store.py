@@ -26,10 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from laser.files import atomic_write
 from pools.build import materialize
 from pools.trie import TokenTrie
 from pools.retrieval import RetrievalPool
@@ -71,25 +70,6 @@ class TokenizerFingerprint:
                    hashlib.sha256(vocab).hexdigest())
 
 
-def _file_mode() -> int:
-    """0o666 minus the process umask: the mode of a normally written file (mkstemp's default is 0600)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
-def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.fchmod(fd, _file_mode())
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int32, count=len(texts))
     offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype(np.int32)
@@ -120,13 +100,13 @@ def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequen
         with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
 
-    _atomic_write(directory / name, write)
+    atomic_write(directory / name, write)
     digest = _sha256(directory / name)
     for n, (key, texts) in enumerate(pools):
         entries[key]["sha256"] = digest
         if snapshot:
             entries[key]["snapshot"] = name.replace(".arrow", f"-{n}{SNAPSHOT_SUFFIX}")
-            _atomic_write(directory / entries[key]["snapshot"], partial(_write_snapshot, pool=materialize(texts)))
+            atomic_write(directory / entries[key]["snapshot"], partial(_write_snapshot, pool=materialize(texts)))
             entries[key]["snapshot_sha256"] = _sha256(directory / entries[key]["snapshot"])
     return entries
 
@@ -140,10 +120,10 @@ def commit_store(directory: str | Path, entries: Mapping[str, Mapping[str, Any]]
     members_file = None
     if members is not None:
         members_file = f"members-{uuid.uuid4().hex[:12]}.parquet"
-        _atomic_write(directory / members_file, lambda tmp: pq.write_table(members, tmp))
+        atomic_write(directory / members_file, lambda tmp: pq.write_table(members, tmp))
     manifest = {"format_version": FORMAT_VERSION, "tokenizer": asdict(tokenizer), "meta": dict(meta or {}),
                 "members": members_file, "pools": {key: dict(entries[key]) for key in sorted(entries)}}
-    _atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
+    atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
     keep = {e.get(f) for e in entries.values() for f in ("file", "snapshot")} | {members_file}
     for stale in [*directory.glob("p*-*.arrow"), *directory.glob("pool-*.pkl"), *directory.glob("members-*.parquet")]:
         if stale.name not in keep:  # this store's earlier files (and format 1's pool-*.arrow, .pkl)
