@@ -7,6 +7,7 @@ demo: setup
 
 check: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	.venv/bin/mypy
 
 test: setup

@@ -11,6 +11,7 @@ and the quality of the returned sequences: each is scored by one teacher-forced 
 method is scored identically (mean target log-probability per token, over all returned tokens, and per
 sequence, the mean of each sequence's total).
 """
+
 from __future__ import annotations
 
 import time
@@ -25,12 +26,23 @@ from laser.sampling import SamplingParams
 
 BASELINE = "beam_sample"
 METHODS = (BASELINE, "dsbd", "dsbd_one_cache")
-DSBD_VARIANTS = {"dsbd": {"dynamic": True}, "dsbd_one_cache": {"dynamic": True, "one_cache": True},
-                 "dsbd_fixed": {"dynamic": False}}  # dsbd_fixed (width W at every layer): on request
+DSBD_VARIANTS = {
+    "dsbd": {"dynamic": True},
+    "dsbd_one_cache": {"dynamic": True, "one_cache": True},
+    "dsbd_fixed": {"dynamic": False},
+}  # dsbd_fixed (width W at every layer): on request
 
 
-def study_decoders(lm: LoadedModel, draft_lm: LoadedModel | str | None, W: int, gamma: int, W_S: int,
-                   t: float = 0.7, W_min: int = 1, methods: Sequence[str] = METHODS) -> dict[str, Any]:
+def study_decoders(
+    lm: LoadedModel,
+    draft_lm: LoadedModel | str | None,
+    W: int,
+    gamma: int,
+    W_S: int,
+    t: float = 0.7,
+    W_min: int = 1,
+    methods: Sequence[str] = METHODS,
+) -> dict[str, Any]:
     """{method: decoder} for ``beam_sample`` and the DSBD variants named in ``methods`` (one draft model)."""
     out: dict[str, Any] = {BASELINE: laser.get_decoder(BASELINE, lm, W=W)}
     draft = draft_lm
@@ -39,8 +51,9 @@ def study_decoders(lm: LoadedModel, draft_lm: LoadedModel | str | None, W: int, 
             continue
         if m not in DSBD_VARIANTS:
             raise ValueError(f"unknown method {m!r}; choose from {[BASELINE, *DSBD_VARIANTS]}")
-        out[m] = laser.get_decoder("dsbd", lm, draft=draft, gamma=gamma, W=W, W_S=W_S, t=t, W_min=W_min,
-                                   **DSBD_VARIANTS[m])
+        out[m] = laser.get_decoder(
+            "dsbd", lm, draft=draft, gamma=gamma, W=W, W_S=W_S, t=t, W_min=W_min, **DSBD_VARIANTS[m]
+        )
         draft = LoadedModel(out[m].draft_model, lm.tokenizer, out[m].draft_name)  # loaded once, shared
     return out
 
@@ -52,10 +65,18 @@ def decode_one(dec: Any, ids: list[int], max_new_tokens: int, seed: int) -> dict
     dec.engine.run([req])
     wall = time.perf_counter() - t0
     st, stats = req.state, req.stats
-    return {"tokens": list(req.new_tokens), "wall_s": wall, "prefill_s": stats.prefill_s,
-            "decode_s": max(stats.decode_s, wall - stats.prefill_s), "drafting_s": stats.retrieval_s,
-            "forwards": int(stats.target_forwards), "layers": list(st.layers_per_forward), "widths": list(st.widths),
-            "inputs": list(st.inputs), "forest_nodes": list(st.forest_nodes)}
+    return {
+        "tokens": list(req.new_tokens),
+        "wall_s": wall,
+        "prefill_s": stats.prefill_s,
+        "decode_s": max(stats.decode_s, wall - stats.prefill_s),
+        "drafting_s": stats.retrieval_s,
+        "forwards": int(stats.target_forwards),
+        "layers": list(st.layers_per_forward),
+        "widths": list(st.widths),
+        "inputs": list(st.inputs),
+        "forest_nodes": list(st.forest_nodes),
+    }
 
 
 @torch.no_grad()
@@ -65,8 +86,8 @@ def target_log_probs(lm: LoadedModel, ids: Sequence[int], tokens: Sequence[int])
         return np.zeros(0)
     device = next(lm.model.parameters()).device
     seq = torch.tensor([list(ids) + list(tokens)], device=device)
-    logits = lm.model(seq).logits[0, len(ids) - 1:-1].float()
-    lp = torch.log_softmax(logits, -1).gather(1, seq[0, len(ids):, None])[:, 0]
+    logits = lm.model(seq).logits[0, len(ids) - 1 : -1].float()
+    lp = torch.log_softmax(logits, -1).gather(1, seq[0, len(ids) :, None])[:, 0]
     return lp.double().cpu().numpy()
 
 
@@ -78,23 +99,39 @@ def summarise(runs: list[dict[str, Any]], scores: list[np.ndarray]) -> dict[str,
     layers = [n for r in runs for n in r["layers"]]
     nodes = [n for r in runs for n in r["forest_nodes"]]
     inputs = [n for r in runs for n in r["inputs"]]
-    return {"runs": len(runs), "tokens": tokens, "wall_s": wall, "prefill_s": sum(r["prefill_s"] for r in runs),
-           "decode_s": decode, "target_forwards": forwards,
-           "layers_per_forward": float(np.mean(layers)) if layers else 0.0,
-           "mean_width": float(np.mean([w for r in runs for w in r["widths"]] or [0.0])),
-           "tokens_per_s": tokens / wall if wall else 0.0,
-           "drafting_share": sum(r["drafting_s"] for r in runs) / decode if decode else 0.0,
-           "mean_input_beams": float(np.mean(inputs)) if inputs else 0.0,
-           "mean_forest_nodes": float(np.mean(nodes)) if nodes else 0.0, "max_forest_nodes": max(nodes, default=0),
-           "logprob_per_token": float(np.concatenate(scores).sum() / tokens) if tokens else 0.0,
-           "logprob_per_sequence": float(np.mean([s.sum() for s in scores])) if scores else 0.0}
+    return {
+        "runs": len(runs),
+        "tokens": tokens,
+        "wall_s": wall,
+        "prefill_s": sum(r["prefill_s"] for r in runs),
+        "decode_s": decode,
+        "target_forwards": forwards,
+        "layers_per_forward": float(np.mean(layers)) if layers else 0.0,
+        "mean_width": float(np.mean([w for r in runs for w in r["widths"]] or [0.0])),
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "drafting_share": sum(r["drafting_s"] for r in runs) / decode if decode else 0.0,
+        "mean_input_beams": float(np.mean(inputs)) if inputs else 0.0,
+        "mean_forest_nodes": float(np.mean(nodes)) if nodes else 0.0,
+        "max_forest_nodes": max(nodes, default=0),
+        "logprob_per_token": float(np.concatenate(scores).sum() / tokens) if tokens else 0.0,
+        "logprob_per_sequence": float(np.mean([s.sum() for s in scores])) if scores else 0.0,
+    }
 
 
-def run_beam_sampling_study(lm: LoadedModel, draft_lm: LoadedModel | str | None,
-                            prompts: Sequence[Sequence[int]] | Mapping[str, Sequence[int]], W: int = 4,
-                            gamma: int = 4, W_S: int = 8, seeds: Sequence[int] = (0,), max_new_tokens: int = 64,
-                            t: float = 0.7, W_min: int = 1, warmup: bool = True,
-                            methods: Sequence[str] = METHODS) -> dict[str, Any]:
+def run_beam_sampling_study(
+    lm: LoadedModel,
+    draft_lm: LoadedModel | str | None,
+    prompts: Sequence[Sequence[int]] | Mapping[str, Sequence[int]],
+    W: int = 4,
+    gamma: int = 4,
+    W_S: int = 8,
+    seeds: Sequence[int] = (0,),
+    max_new_tokens: int = 64,
+    t: float = 0.7,
+    W_min: int = 1,
+    warmup: bool = True,
+    methods: Sequence[str] = METHODS,
+) -> dict[str, Any]:
     """Measure ``beam_sample`` and the DSBD ``methods`` (default ``dsbd``, ``dsbd_one_cache``; also
     ``dsbd_fixed``) on every prompt x seed, interleaved; returns {"settings": ..., "methods": {method:
     figures}} with speedups against ``beam_sample``."""
@@ -127,9 +164,18 @@ def run_beam_sampling_study(lm: LoadedModel, draft_lm: LoadedModel | str | None,
     for fig in figures.values():
         fig["speedup"] = base["wall_s"] / fig["wall_s"] if fig["wall_s"] else 0.0
         fig["decode_speedup"] = base["decode_s"] / fig["decode_s"] if fig["decode_s"] else 0.0
-    settings = {"W": W, "gamma": gamma, "W_S": W_S, "t": t, "W_min": W_min, "seeds": [int(s) for s in seeds],
-                "prompts": len(items), "max_new_tokens": max_new_tokens, "draft": decoders[names[-1]].draft_name if len(names) > 1 else None,
-                "device": str(next(lm.model.parameters()).device)}
+    settings = {
+        "W": W,
+        "gamma": gamma,
+        "W_S": W_S,
+        "t": t,
+        "W_min": W_min,
+        "seeds": [int(s) for s in seeds],
+        "prompts": len(items),
+        "max_new_tokens": max_new_tokens,
+        "draft": decoders[names[-1]].draft_name if len(names) > 1 else None,
+        "device": str(next(lm.model.parameters()).device),
+    }
     return {"settings": settings, "methods": figures}
 
 

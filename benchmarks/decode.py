@@ -9,6 +9,7 @@ router's collaborative group here).
 Methods run interleaved prompt by prompt (so machine noise hits all alike) after a warm-up, and are
 compared with transformers' greedy ``generate`` in the same process.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,8 +78,9 @@ def run_decode_bench(json_out: Path, settings: DecodeBenchSettings, cache_root: 
     for user, ids in profiles.items():
         groups.setdefault(cluster[user], RetrievalPool()).add(ids)
 
-    decoders = {name: laser.get_decoder(d, lm, **method_params(params, settings))
-                for name, (d, params, _) in METHODS.items()}
+    decoders = {
+        name: laser.get_decoder(d, lm, **method_params(params, settings)) for name, (d, params, _) in METHODS.items()
+    }
     pool_of = lambda kind, c: {"global": global_pool, "group": groups.get(c)}.get(kind)  # noqa: E731
 
     first = next(iter(prompts.values()))
@@ -90,9 +92,13 @@ def run_decode_bench(json_out: Path, settings: DecodeBenchSettings, cache_root: 
         rows[REFERENCE].append(hf_generate(lm, ids, settings.max_new_tokens))
         for name, (_, _, kind) in METHODS.items():
             rows[name].append(timed_decode(decoders[name], ids, settings.max_new_tokens, pool_of(kind, cluster[user])))
-    report = {"settings": asdict(settings), "methods": summarise(rows, REFERENCE),
-              "pool_nodes": {"global": len(global_pool), "groups": {c: len(p) for c, p in groups.items()}},
-              "machine": machine_info(), "versions": versions()}
+    report = {
+        "settings": asdict(settings),
+        "methods": summarise(rows, REFERENCE),
+        "pool_nodes": {"global": len(global_pool), "groups": {c: len(p) for c, p in groups.items()}},
+        "machine": machine_info(),
+        "versions": versions(),
+    }
     print_methods(f"bench decode: {settings.model}, {settings.threads} threads", report["methods"])
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=2))
@@ -109,5 +115,8 @@ def _prompts(lm, s: DecodeBenchSettings) -> tuple[dict[str, list[int]], dict[str
     counts = dict(split.new_interactions.group_by("user_id").len().iter_rows())
     measured = [u for u in sorted(new_users & old_users) if counts[u] >= 3][: s.users]
     others = [u for u in sorted(old_users) if u not in measured][: s.old_users]
-    return (encode_user_prompts(lm, split.new_interactions, ds, measured, s.max_prompt_tokens),
-            encode_user_prompts(lm, split.old_interactions, ds, others, s.max_prompt_tokens), cluster)
+    return (
+        encode_user_prompts(lm, split.new_interactions, ds, measured, s.max_prompt_tokens),
+        encode_user_prompts(lm, split.old_interactions, ds, others, s.max_prompt_tokens),
+        cluster,
+    )

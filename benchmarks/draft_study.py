@@ -14,6 +14,7 @@ drafting share (the draft model's proposal and upkeep seconds / decoding seconds
 whether the tokens equal ``generate``'s. At temperature 0 ``topk_imp`` takes the greedy rule (lossless),
 so its rows measure the same decoding as ``spec_sampling``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,7 @@ def _decoders(lm: laser.LoadedModel, methods: list[DraftMethod], draft: str | No
     return out
 
 
-def _run(lm: laser.LoadedModel, m: DraftMethod, dec: Any, ids: list[int], n: int, temperature: float,
-         seed: int) -> Run:
+def _run(lm: laser.LoadedModel, m: DraftMethod, dec: Any, ids: list[int], n: int, temperature: float, seed: int) -> Run:
     if m.decoder == GENERATE_METHOD:
         if temperature == 0:
             return hf_generate(lm, ids, n)
@@ -103,9 +103,14 @@ def metrics(runs: list[Run], reference: list[Run]) -> dict[str, Any]:
     ref_tps = sum(len(r.tokens) for r in reference) / max(1e-9, sum(r.seconds for r in reference))
     tps = tokens / seconds if seconds else 0.0
     stats = [r.stats for r in runs if r.stats is not None]
-    out: dict[str, Any] = {"tokens_per_s": tps, "speedup": tps / ref_tps if ref_tps else 0.0, "tokens": tokens,
-                           "seconds": seconds, "prompts": len(runs),
-                           "identical_to_generate": all(r.tokens == g.tokens for r, g in zip(runs, reference))}
+    out: dict[str, Any] = {
+        "tokens_per_s": tps,
+        "speedup": tps / ref_tps if ref_tps else 0.0,
+        "tokens": tokens,
+        "seconds": seconds,
+        "prompts": len(runs),
+        "identical_to_generate": all(r.tokens == g.tokens for r, g in zip(runs, reference)),
+    }
     if stats:
         steps = sum(len(st.accepted_per_step) for st in stats)
         accepted = sum(sum(st.accepted_per_step) for st in stats)
@@ -116,23 +121,45 @@ def metrics(runs: list[Run], reference: list[Run]) -> dict[str, Any]:
             tested, passed = sum(t[0] for t in tests), sum(t[1] for t in tests)  # type: ignore[index]
             if tested:  # (none at temperature 0: greedy requests take the greedy rule)
                 out.update(paper_acceptance_rate=passed / tested, tested=tested, passed=passed)
-        out.update(acceptance_rate=accepted / proposed if proposed else 0.0, aal=(accepted + steps) / steps if steps else 0.0,
-                   drafting_share=sum(st.retrieval_s for st in stats) / decode_s if decode_s else 0.0,
-                   target_forwards=steps, accepted=accepted, proposed=proposed,
-                   ms_per_step=1000 * decode_s / steps if steps else None)
+        out.update(
+            acceptance_rate=accepted / proposed if proposed else 0.0,
+            aal=(accepted + steps) / steps if steps else 0.0,
+            drafting_share=sum(st.retrieval_s for st in stats) / decode_s if decode_s else 0.0,
+            target_forwards=steps,
+            accepted=accepted,
+            proposed=proposed,
+            ms_per_step=1000 * decode_s / steps if steps else None,
+        )
     return out
 
 
-def run_draft_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], *, draft: str | None, gamma: int,
-                    ks: tuple[int, ...], temperatures: tuple[float, ...], max_new_tokens: int,
-                    seed: int) -> dict[str, Any]:
+def run_draft_study(
+    lm: laser.LoadedModel,
+    prompts: dict[str, list[int]],
+    *,
+    draft: str | None,
+    gamma: int,
+    ks: tuple[int, ...],
+    temperatures: tuple[float, ...],
+    max_new_tokens: int,
+    seed: int,
+) -> dict[str, Any]:
     """Measure every method at every temperature on ``prompts``; {"settings", "temperatures": {T: {method: metrics}}}."""
     methods = draft_methods(ks)
     decoders = _decoders(lm, methods, draft, gamma)
     items = sorted(prompts.items())
-    result: dict[str, Any] = {"settings": {"draft": decoders[SPEC].draft, "gamma": gamma, "ks": list(ks),
-                                           "temperatures": list(temperatures), "max_new_tokens": max_new_tokens,
-                                           "prompts": len(items), "seed": seed}, "temperatures": {}}
+    result: dict[str, Any] = {
+        "settings": {
+            "draft": decoders[SPEC].draft,
+            "gamma": gamma,
+            "ks": list(ks),
+            "temperatures": list(temperatures),
+            "max_new_tokens": max_new_tokens,
+            "prompts": len(items),
+            "seed": seed,
+        },
+        "temperatures": {},
+    }
     for m in methods:  # warm-up
         _run(lm, m, decoders.get(m.name), items[0][1], 8, temperatures[-1], seed)
     for t in temperatures:
@@ -152,9 +179,15 @@ def draft_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     greedy = result["temperatures"].get("0")
     if greedy:
         s = greedy[SPEC]
-        out.append({"target": "greedy spec_sampling vs generate (tokens/s), identical tokens", "value": s["speedup"],
-                    "minimum": 1.2, "identical": s["identical_to_generate"],
-                    "met": s["speedup"] >= 1.2 and s["identical_to_generate"]})
+        out.append(
+            {
+                "target": "greedy spec_sampling vs generate (tokens/s), identical tokens",
+                "value": s["speedup"],
+                "minimum": 1.2,
+                "identical": s["identical_to_generate"],
+                "met": s["speedup"] >= 1.2 and s["identical_to_generate"],
+            }
+        )
     hot = result["temperatures"].get("1")
     if hot:
         k = max(result["settings"]["ks"])
@@ -162,35 +195,63 @@ def draft_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         if paper is None:
             raise ValueError(f"T=1 topk_imp K={k} paper: no acceptance rate in the result")
         ratio = paper / spec if spec else float("inf")
-        out.append({"target": f"T=1 acceptance rate topk_imp K={k} paper / spec_sampling", "value": ratio,
-                    "minimum": 2.0, "met": ratio >= 2.0})
+        out.append(
+            {
+                "target": f"T=1 acceptance rate topk_imp K={k} paper / spec_sampling",
+                "value": ratio,
+                "minimum": 2.0,
+                "met": ratio >= 2.0,
+            }
+        )
     return out
 
 
 def print_draft_table(result: dict[str, Any], console: Console) -> None:
     """The study as the paper's Table 1: one block per temperature, one row per method."""
     st = result["settings"]
-    table = Table(title=f"draft study (user task): draft {st['draft']}, gamma={st['gamma']}, {st['prompts']} prompts, "
-                        f"{st['max_new_tokens']} new tokens max")
-    for col in ("T", "method", "accept. rate", "drafts kept", "AAL", "tok/s", "speedup", "drafting share",
-                "= generate"):
+    table = Table(
+        title=f"draft study (user task): draft {st['draft']}, gamma={st['gamma']}, {st['prompts']} prompts, "
+        f"{st['max_new_tokens']} new tokens max"
+    )
+    for col in (
+        "T",
+        "method",
+        "accept. rate",
+        "drafts kept",
+        "AAL",
+        "tok/s",
+        "speedup",
+        "drafting share",
+        "= generate",
+    ):
         table.add_column(col, justify="left" if col in ("T", "method") else "right", no_wrap=True)
     for t, rows in result["temperatures"].items():
         for name, m in rows.items():
             fmt = lambda key, spec: format(m[key], spec) if m.get(key) is not None else "-"  # noqa: E731
-            table.add_row(t, name, format(alpha(m), ".1%") if alpha(m) is not None else "-",
-                          fmt("acceptance_rate", ".1%"), fmt("aal", ".2f"), fmt("tokens_per_s", ".1f"),
-                          fmt("speedup", ".2f") + "x", fmt("drafting_share", ".0%"),
-                          ("yes" if m["identical_to_generate"] else "no") if t == "0" else "-")
+            table.add_row(
+                t,
+                name,
+                format(alpha(m), ".1%") if alpha(m) is not None else "-",
+                fmt("acceptance_rate", ".1%"),
+                fmt("aal", ".2f"),
+                fmt("tokens_per_s", ".1f"),
+                fmt("speedup", ".2f") + "x",
+                fmt("drafting_share", ".0%"),
+                ("yes" if m["identical_to_generate"] else "no") if t == "0" else "-",
+            )
         table.add_section()
     console.print(table)
     for tgt in result.get("targets", []):
-        console.print(f"{'met ' if tgt['met'] else 'MISS'}  {tgt['target']}: {tgt['value']:.2f} (needs >= {tgt['minimum']})")
+        console.print(
+            f"{'met ' if tgt['met'] else 'MISS'}  {tgt['target']}: {tgt['value']:.2f} (needs >= {tgt['minimum']})"
+        )
 
 
 def markdown_draft_table(result: dict[str, Any]) -> str:
-    lines = ["| T | method | acceptance rate | drafts kept | AAL | tok/s | speedup | drafting share | = generate |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| T | method | acceptance rate | drafts kept | AAL | tok/s | speedup | drafting share | = generate |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
     for t, rows in result["temperatures"].items():
         for name, m in rows.items():
             acc = f"{alpha(m):.1%}" if alpha(m) is not None else "-"
@@ -198,7 +259,9 @@ def markdown_draft_table(result: dict[str, Any]) -> str:
             aal = f"{m['aal']:.2f}" if "aal" in m else "-"
             share = f"{m['drafting_share']:.0%}" if "drafting_share" in m else "-"
             same = ("yes" if m["identical_to_generate"] else "no") if t == "0" else "-"
-            lines.append(f"| {t} | {name} | {acc} | {kept} | {aal} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {share} | {same} |")
+            lines.append(
+                f"| {t} | {name} | {acc} | {kept} | {aal} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}x | {share} | {same} |"
+            )
     return "\n".join(lines)
 
 
@@ -219,8 +282,9 @@ def plot_draft_study(result: dict[str, Any], path: Path) -> Path:
         axes[0].bar(xs, [alpha(rows[n]) or 0.0 for n in names], width, label=f"T={t}")
         axes[1].bar(xs, [rows[n]["speedup"] for n in names], width, label=f"T={t}")
     for ax, label in zip(axes, ("acceptance rate (paper's definition)", "speedup vs generate (same T)")):
-        ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(names))], names, rotation=60, ha="right",
-                      fontsize=8)
+        ax.set_xticks(
+            [i + width * (len(temps) - 1) / 2 for i in range(len(names))], names, rotation=60, ha="right", fontsize=8
+        )
         ax.set_ylabel(label)
         ax.legend()
     axes[1].axhline(1.0, color="grey", lw=0.8)

@@ -27,6 +27,7 @@ Prints a table and writes JSON, Markdown (the cold run and the median warm run o
 (``<stem>.png``), and stamps each run's output with the seconds since its start
 (``<json stem>-<row>-<phase><i>.log`` beside the JSON).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -63,19 +64,49 @@ def command(config: Path, engine: str, out: Path, overrides: Sequence[str] = ())
     """The fresh process of one run."""
     sets = [a for o in overrides for a in ("--set", o)]
     if engine in JOB_ENGINES:
-        return [sys.executable, "-m", "jobs", "run", str(config), *sets, "--set", f"execution.engine={engine}",
-                "--set", f"output.path={out}"]
-    return [sys.executable, "-m", "benchmarks.rows", "ray-data-llm", str(config), "--out", str(out),
-            "--speculation", RAY_DATA_ROWS[engine], *sets]
+        return [
+            sys.executable,
+            "-m",
+            "jobs",
+            "run",
+            str(config),
+            *sets,
+            "--set",
+            f"execution.engine={engine}",
+            "--set",
+            f"output.path={out}",
+        ]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.rows",
+        "ray-data-llm",
+        str(config),
+        "--out",
+        str(out),
+        "--speculation",
+        RAY_DATA_ROWS[engine],
+        *sets,
+    ]
 
 
-def timed_job(config: Path, engine: str, out: Path, log_path: Path, overrides: Sequence[str] = (),
-              env: dict[str, str] | None = None) -> dict[str, Any]:
+def timed_job(
+    config: Path,
+    engine: str,
+    out: Path,
+    log_path: Path,
+    overrides: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """One full run of row ``engine`` in a fresh process: wall seconds and the summary's passes."""
     cmd = command(config, engine, out, overrides)
     start = time.perf_counter()
-    with open(log_path, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                     env={**os.environ, **(env or {})}) as proc:
+    with (
+        open(log_path, "w") as fh,
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+        ) as proc,
+    ):
         if proc.stdout is None:
             raise RuntimeError(f"{engine}: the job's output pipe did not open")
         for line in proc.stdout:
@@ -92,17 +123,23 @@ def timed_job(config: Path, engine: str, out: Path, log_path: Path, overrides: S
     else:
         passes = {name: summary[name] for name in ("old", "new")}
     entities = passes["old"]["entities"] + passes["new"]["entities"]
-    return {"engine": engine, "wall_s": wall, "entities": entities, "entities_per_min": 60 * entities / wall,
-            **passes}
+    return {"engine": engine, "wall_s": wall, "entities": entities, "entities_per_min": 60 * entities / wall, **passes}
 
 
 def _pass(rep: dict[str, Any]) -> dict[str, Any]:
     done, wall = int(rep["done"]), float(rep["wall_s"])
-    return {"entities": done, "failed": int(rep["failed"]), "wall_s": wall, "tokens": int(rep["n_tokens"]),
-            "entities_per_min": 60 * done / wall if wall else 0.0, "tokens_per_s": float(rep["tokens_per_s_wall"]),
-            "aal": float(rep["aal"]), "decoded_tokens": int(rep.get("decoded_tokens", rep["n_tokens"])),
-            "retries": int(rep.get("retries", rep.get("greedy_retries", 0))),
-            "decode_tokens_per_s": float(rep.get("tokens_per_s_decode") or 0.0) or None}
+    return {
+        "entities": done,
+        "failed": int(rep["failed"]),
+        "wall_s": wall,
+        "tokens": int(rep["n_tokens"]),
+        "entities_per_min": 60 * done / wall if wall else 0.0,
+        "tokens_per_s": float(rep["tokens_per_s_wall"]),
+        "aal": float(rep["aal"]),
+        "decoded_tokens": int(rep.get("decoded_tokens", rep["n_tokens"])),
+        "retries": int(rep.get("retries", rep.get("greedy_retries", 0))),
+        "decode_tokens_per_s": float(rep.get("tokens_per_s_decode") or 0.0) or None,
+    }
 
 
 def cache_env(work: Path, engine: str) -> dict[str, str]:
@@ -119,12 +156,22 @@ def cache_env(work: Path, engine: str) -> dict[str, str]:
     link = laser_cache / "models"
     if not link.exists():
         link.symlink_to(models.resolve(), target_is_directory=True)
-    return {"VLLM_CACHE_ROOT": str(root / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-            "LASER_CACHE_DIR": str(laser_cache)}
+    return {
+        "VLLM_CACHE_ROOT": str(root / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "LASER_CACHE_DIR": str(laser_cache),
+    }
 
 
-def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[str, ...] = ENGINES,
-                      repeats: int = 1, overrides: Sequence[str] = (), cold: bool = True) -> dict[str, Any]:
+def run_engines_bench(
+    json_out: Path,
+    config: Path,
+    work: Path,
+    engines: tuple[str, ...] = ENGINES,
+    repeats: int = 1,
+    overrides: Sequence[str] = (),
+    cold: bool = True,
+) -> dict[str, Any]:
     """Each row cold once (``cold``), then ``repeats`` warm runs, interleaved; prints the table, writes
     ``json_out``, Markdown and a PNG."""
     from benchmarks.report import machine_info
@@ -140,8 +187,14 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
     runs: list[dict[str, Any]] = []
     for phase, i, engine in plan:
         env = cache_env(work, engine) if cold else None
-        run = timed_job(config, engine, work / f"{engine}-{phase}{i}",
-                        json_out.parent / f"{json_out.stem}-{engine}-{phase}{i}.log", overrides, env)
+        run = timed_job(
+            config,
+            engine,
+            work / f"{engine}-{phase}{i}",
+            json_out.parent / f"{json_out.stem}-{engine}-{phase}{i}.log",
+            overrides,
+            env,
+        )
         runs.append({**run, "phase": phase})
         _save(json_out, config, overrides, repeats, cold, runs, engines, load_before)
     result = _save(json_out, config, overrides, repeats, cold, runs, engines, load_before)
@@ -151,16 +204,33 @@ def run_engines_bench(json_out: Path, config: Path, work: Path, engines: tuple[s
     return result
 
 
-def _save(json_out: Path, config: Path, overrides: Sequence[str], repeats: int, cold: bool, runs: list[dict[str, Any]],
-          engines: tuple[str, ...], load_before: Any) -> dict[str, Any]:
+def _save(
+    json_out: Path,
+    config: Path,
+    overrides: Sequence[str],
+    repeats: int,
+    cold: bool,
+    runs: list[dict[str, Any]],
+    engines: tuple[str, ...],
+    load_before: Any,
+) -> dict[str, Any]:
     """The result so far, written after every run (a long bench killed midway keeps what it measured)."""
     from benchmarks.report import machine_info, save_report, versions
 
     warm = {e: _median_run([r for r in runs if r["engine"] == e and r["phase"] == "warm"]) for e in engines}
     cold_runs = {e: next((r for r in runs if r["engine"] == e and r["phase"] == "cold"), None) for e in engines}
-    result = {"config": str(config), "overrides": list(overrides), "repeats": repeats, "cold": cold, "runs": runs,
-              "median": {e: r for e, r in warm.items() if r}, "cold_runs": {e: r for e, r in cold_runs.items() if r},
-              "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
+    result = {
+        "config": str(config),
+        "overrides": list(overrides),
+        "repeats": repeats,
+        "cold": cold,
+        "runs": runs,
+        "median": {e: r for e, r in warm.items() if r},
+        "cold_runs": {e: r for e, r in cold_runs.items() if r},
+        "load_average_before": load_before,
+        "machine": machine_info(),
+        "versions": versions(),
+    }
     save_report(result, json_out)
     return result
 
@@ -188,16 +258,37 @@ def _rows(result: dict[str, Any]) -> list[list[str]]:
         for engine, r in runs.items():
             new = r["new"]
             aal = new.get("aal")
-            rows.append([engine, phase, f"{r['entities']}", f"{r['wall_s']:.1f}", f"{r['entities_per_min']:.1f}",
-                         _pass_rate(r["old"]), _pass_rate(new),
-                         _rate(new.get("running_entities_per_min")), _rate(new["tokens_per_s"]),
-                         "-" if aal is None else f"{aal:.2f}", _decode_cell(r["old"], new)])
+            rows.append(
+                [
+                    engine,
+                    phase,
+                    f"{r['entities']}",
+                    f"{r['wall_s']:.1f}",
+                    f"{r['entities_per_min']:.1f}",
+                    _pass_rate(r["old"]),
+                    _pass_rate(new),
+                    _rate(new.get("running_entities_per_min")),
+                    _rate(new["tokens_per_s"]),
+                    "-" if aal is None else f"{aal:.2f}",
+                    _decode_cell(r["old"], new),
+                ]
+            )
     return rows
 
 
-COLUMNS = ["engine", "run", "entities", "whole wall s", "whole entities/min", "old pass entities/min",
-           "new pass entities/min", "new pass, engines running", "new pass tok/s", "new pass AAL",
-           "decode tok/s old / new pass"]
+COLUMNS = [
+    "engine",
+    "run",
+    "entities",
+    "whole wall s",
+    "whole entities/min",
+    "old pass entities/min",
+    "new pass entities/min",
+    "new pass, engines running",
+    "new pass tok/s",
+    "new pass AAL",
+    "decode tok/s old / new pass",
+]
 
 
 def _decode_cell(old: dict[str, Any], new: dict[str, Any]) -> str:
@@ -211,20 +302,31 @@ def _decode_cell(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def markdown(result: dict[str, Any]) -> str:
     sets = " ".join(f"--set {o}" for o in result.get("overrides", []))
-    lines = [f"# Entities per minute by engine ({result['config']}{' ' + sets if sets else ''})", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"# Entities per minute by engine ({result['config']}{' ' + sets if sets else ''})",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in _rows(result)]
     m = result["machine"]
-    phases = (f"cold: each row's first run, on empty compile and cost-model caches; warm: median of {result['repeats']} "
-              "interleaved run(s) per row on the caches the cold run filled." if result.get("cold", True) else
-              f"warm: median of {result['repeats']} interleaved run(s) per row on the machine's own caches (--no-cold).")
-    lines += ["", f"{phases} Each run is a fresh process on an empty output. Whole-run figures include imports, "
-              "Ray start, engine start and model load, (job rows) routing and pools, and writing. The job's actors serve both passes (its old pass "
-              "pays their start); Ray Data LLM starts its engines for each pass, so its new pass pays a start too. "
-              "'engines running': the job's new pass; Ray Data LLM's rows after each engine's first batch, over the "
-              "seconds after it.",
-              f"Machine: {m.get('cpu_count')} CPUs; load average before {result['load_average_before']}, "
-              f"after {m.get('load_average')}.", ""]
+    phases = (
+        f"cold: each row's first run, on empty compile and cost-model caches; warm: median of {result['repeats']} "
+        "interleaved run(s) per row on the caches the cold run filled."
+        if result.get("cold", True)
+        else f"warm: median of {result['repeats']} interleaved run(s) per row on the machine's own caches (--no-cold)."
+    )
+    lines += [
+        "",
+        f"{phases} Each run is a fresh process on an empty output. Whole-run figures include imports, "
+        "Ray start, engine start and model load, (job rows) routing and pools, and writing. The job's actors serve both passes (its old pass "
+        "pays their start); Ray Data LLM starts its engines for each pass, so its new pass pays a start too. "
+        "'engines running': the job's new pass; Ray Data LLM's rows after each engine's first batch, over the "
+        "seconds after it.",
+        f"Machine: {m.get('cpu_count')} CPUs; load average before {result['load_average_before']}, "
+        f"after {m.get('load_average')}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -236,11 +338,18 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (title, get) in zip(axes, (("whole run", lambda r: r["entities_per_min"]),
-                                       ("new pass, engines running",
-                                        lambda r: r["new"].get("running_entities_per_min") or 0.0))):
+    for ax, (title, get) in zip(
+        axes,
+        (
+            ("whole run", lambda r: r["entities_per_min"]),
+            ("new pass, engines running", lambda r: r["new"].get("running_entities_per_min") or 0.0),
+        ),
+    ):
         labels, values, colors = [], [], []
-        for phase, runs, color in (("cold", result.get("cold_runs", {}), "tab:gray"), ("warm", result["median"], "tab:blue")):
+        for phase, runs, color in (
+            ("cold", result.get("cold_runs", {}), "tab:gray"),
+            ("warm", result["median"], "tab:blue"),
+        ):
             for engine, r in runs.items():
                 labels.append(f"{engine}\n{phase}")
                 values.append(get(r))

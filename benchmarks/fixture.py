@@ -6,6 +6,7 @@ hash of each prompt's token ids (which encode the data: history, item attributes
 greedy answer. Any run that renders the same prompts, whatever the number of them, reuses the answers
 and generates only the missing ones, so later runs start measuring at once.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,13 +38,19 @@ def prompt_key(ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:20]
 
 
-def encode_user_prompts(lm: laser.LoadedModel, interactions: pl.DataFrame, ds: Dataset, users: list[str],
-                        max_prompt_tokens: int) -> dict[str, list[int]]:
+def encode_user_prompts(
+    lm: laser.LoadedModel, interactions: pl.DataFrame, ds: Dataset, users: list[str], max_prompt_tokens: int
+) -> dict[str, list[int]]:
     """{user_id: chat-templated prompt ids} of the users' histories in ``interactions`` (oldest dropped to fit)."""
     encode = laser.get_decoder("autoregressive", lm).encode
     histories = user_histories(interactions.filter(pl.col("user_id").is_in(users)), ds.items)
-    return {u: encode(user_prompt(histories[u], ds.domain, user_id=u, tokenizer=lm.tokenizer,
-                                  max_prompt_tokens=max_prompt_tokens)) for u in users if u in histories}
+    return {
+        u: encode(
+            user_prompt(histories[u], ds.domain, user_id=u, tokenizer=lm.tokenizer, max_prompt_tokens=max_prompt_tokens)
+        )
+        for u in users
+        if u in histories
+    }
 
 
 def encode_item_prompts(lm: laser.LoadedModel, items: pl.DataFrame, domain: str) -> dict[str, list[int]]:
@@ -57,9 +64,14 @@ def strip_eos(lm: laser.LoadedModel, ids: list[int]) -> list[int]:
     return ids[:-1] if ids and ids[-1] in lm.eos_ids else ids
 
 
-def greedy_knowledge(lm: laser.LoadedModel, prompts: Mapping[str, list[int]], max_new_tokens: int,
-                     cache_root: Path | None = None, batch_size: int = FIXTURE_BATCH,
-                     desc: str = "earlier knowledge") -> dict[str, list[int]]:
+def greedy_knowledge(
+    lm: laser.LoadedModel,
+    prompts: Mapping[str, list[int]],
+    max_new_tokens: int,
+    cache_root: Path | None = None,
+    batch_size: int = FIXTURE_BATCH,
+    desc: str = "earlier knowledge",
+) -> dict[str, list[int]]:
     """{entity: greedy answer ids (no EOS)} for ``prompts``; answers are cached on disk (module docstring)."""
     root = cache_root or default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
@@ -73,7 +85,7 @@ def greedy_knowledge(lm: laser.LoadedModel, prompts: Mapping[str, list[int]], ma
             log.info("Generating %d of %d %s greedily (cache %s)", len(todo), len(prompts), desc, path)
             decoder = laser.get_decoder("autoregressive", lm)
             for start in tqdm(range(0, len(todo), batch_size), desc=desc, unit="batch"):
-                chunk = todo[start:start + batch_size]
+                chunk = todo[start : start + batch_size]
                 for entity, gen in zip(chunk, decoder.generate_batch([prompts[e] for e in chunk], max_new_tokens)):
                     cached[keys[entity]] = strip_eos(lm, gen.token_ids)
                 _write_atomic(path, cached)  # after every batch: an interrupted run keeps what it made

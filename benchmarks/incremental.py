@@ -12,6 +12,7 @@ table and writes JSON (times, the ledger's counts per run, machine and load aver
 output with every line stamped by the seconds since its start (``incremental-<run>.log`` beside the
 JSON); the target of the operations issue is incremental <= 20% of full.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,9 +51,17 @@ def write_tables(dataset: Any, data_dir: Path) -> list[str]:
     data_dir.mkdir(parents=True, exist_ok=True)
     for name in ("interactions", "items", "users"):
         getattr(ds, name).write_parquet(data_dir / f"{name}.parquet")
-    return ["dataset.format=table", f"dataset.path={data_dir}", "dataset.interactions_file=interactions.parquet",
-            "dataset.items_file=items.parquet", "dataset.users_file=users.parquet", f"dataset.name={ds.name}",
-            f"dataset.domain={ds.domain}", "dataset.limit_users=null", "dataset.limit_items=null"]
+    return [
+        "dataset.format=table",
+        f"dataset.path={data_dir}",
+        "dataset.interactions_file=interactions.parquet",
+        "dataset.items_file=items.parquet",
+        "dataset.users_file=users.parquet",
+        f"dataset.name={ds.name}",
+        f"dataset.domain={ds.domain}",
+        "dataset.limit_users=null",
+        "dataset.limit_items=null",
+    ]
 
 
 def edit_users(data_dir: Path, users: list[str]) -> None:
@@ -61,8 +70,9 @@ def edit_users(data_dir: Path, users: list[str]) -> None:
     inter = pl.read_parquet(path)
     newest = pl.col("timestamp") == pl.col("timestamp").max().over("user_id")
     flipped = pl.when(pl.col("rating") >= 3).then(1.0).otherwise(5.0).cast(inter.schema["rating"])
-    inter.with_columns(rating=pl.when(pl.col("user_id").is_in(users) & newest).then(flipped)
-                       .otherwise(pl.col("rating"))).write_parquet(path)
+    inter.with_columns(
+        rating=pl.when(pl.col("user_id").is_in(users) & newest).then(flipped).otherwise(pl.col("rating"))
+    ).write_parquet(path)
 
 
 def pick_users(knowledge: pl.DataFrame, share: float, seed: int) -> list[str]:
@@ -83,8 +93,12 @@ def timed_run(name: str, config: Path, overrides: list[str], out: Path, log_dir:
         cmd += ["--set", item]
     log_path = log_dir / f"incremental-{name}.log"
     start = time.perf_counter()
-    with open(log_path, "w") as fh, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                     env=dict(os.environ)) as proc:
+    with (
+        open(log_path, "w") as fh,
+        subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ)
+        ) as proc,
+    ):
         if proc.stdout is None:
             raise RuntimeError(f"{name}: the job's output pipe did not open")
         for line in proc.stdout:  # each line stamped with the seconds since start: where the run's time goes
@@ -98,8 +112,9 @@ def timed_run(name: str, config: Path, overrides: list[str], out: Path, log_dir:
     return TimedRun(name, wall, code, row)
 
 
-def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path, share: float = 0.1,
-                          seed: int = 0) -> dict[str, Any]:
+def run_incremental_bench(
+    json_out: Path, config: Path, dataset: Any, work: Path, share: float = 0.1, seed: int = 0
+) -> dict[str, Any]:
     """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``.
     ``dataset`` is the config's ``DatasetConfig`` (loaded by the caller)."""
     from benchmarks.report import machine_info, save_report, versions
@@ -116,10 +131,20 @@ def run_incremental_bench(json_out: Path, config: Path, dataset: Any, work: Path
     edit_users(work / "data", changed)
     inc = timed_run("incremental", config, overrides, out, json_out.parent)
     ratio = inc.wall_s / full.wall_s
-    result = {"config": str(config), "share": share, "seed": seed, "changed_users": changed,
-              "full": full.__dict__, "incremental": inc.__dict__, "ratio": ratio, "target_ratio": TARGET_RATIO,
-              "met": ratio <= TARGET_RATIO, "load_average_before": load_before, "machine": machine_info(),
-              "versions": versions()}
+    result = {
+        "config": str(config),
+        "share": share,
+        "seed": seed,
+        "changed_users": changed,
+        "full": full.__dict__,
+        "incremental": inc.__dict__,
+        "ratio": ratio,
+        "target_ratio": TARGET_RATIO,
+        "met": ratio <= TARGET_RATIO,
+        "load_average_before": load_before,
+        "machine": machine_info(),
+        "versions": versions(),
+    }
     save_report(result, json_out)
     print_result(result)
     return result
@@ -134,9 +159,18 @@ def print_result(result: dict[str, Any]) -> None:
         table.add_column(col, justify="left" if col == "run" else "right")
     for name in ("full", "incremental"):
         r, led = result[name], result[name]["ledger"]
-        table.add_row(name, f"{r['wall_s']:.1f}", str(led["generated"]), str(led["entities_new"]),
-                      str(led["entities_changed"]), str(led["entities_unchanged"]), str(led["old_generated"]))
+        table.add_row(
+            name,
+            f"{r['wall_s']:.1f}",
+            str(led["generated"]),
+            str(led["entities_new"]),
+            str(led["entities_changed"]),
+            str(led["entities_unchanged"]),
+            str(led["old_generated"]),
+        )
     Console().print(table)
     verdict = "met" if result["met"] else "missed"
-    Console().print(f"incremental / full = {result['ratio']:.3f} ({verdict}: target <= {result['target_ratio']:.2f}); "
-                    f"load average {result['machine']['load_average']}")
+    Console().print(
+        f"incremental / full = {result['ratio']:.3f} ({verdict}: target <= {result['target_ratio']:.2f}); "
+        f"load average {result['machine']['load_average']}"
+    )

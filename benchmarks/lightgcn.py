@@ -19,6 +19,7 @@ positives of the run it starts from), and the agreement of its K-means groups (`
 with the per-batch row's: adjusted Rand index over the users, and over the items. Prints a table and
 writes JSON.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -87,8 +88,16 @@ def train_per_batch(interactions, config):
     with torch.no_grad():
         model.embedding.weight.copy_(best[2])
         users, items = (t.numpy() for t in _coo_forward(model, adjacency))
-    return lg.LightGCNResult(Embeddings(graph.user_ids, users), Embeddings(graph.item_ids, items), best[0], best[1],
-                             history, time.perf_counter() - started, epochs=epoch, epoch_seconds=epoch_time / epoch)
+    return lg.LightGCNResult(
+        Embeddings(graph.user_ids, users),
+        Embeddings(graph.item_ids, items),
+        best[0],
+        best[1],
+        history,
+        time.perf_counter() - started,
+        epochs=epoch,
+        epoch_seconds=epoch_time / epoch,
+    )
 
 
 def _coo_forward(model, adjacency):
@@ -98,7 +107,7 @@ def _coo_forward(model, adjacency):
         layer = adjacency @ layer
         total = total + layer
     final = total / (model.num_layers + 1)
-    return final[: model.num_users], final[model.num_users:]
+    return final[: model.num_users], final[model.num_users :]
 
 
 def _per_batch_epoch(model, adjacency, train, optimizer, config, generator) -> float:
@@ -111,13 +120,14 @@ def _per_batch_epoch(model, adjacency, train, optimizer, config, generator) -> f
     negatives = torch.randint(model.num_items, (len(train),), generator=generator)
     total = 0.0
     for start in range(0, len(train), config.batch_size):
-        batch = order[start:start + config.batch_size]
+        batch = order[start : start + config.batch_size]
         u, p, n = train[batch, 0], train[batch, 1], negatives[batch]
         user_final, item_final = _coo_forward(model, adjacency)
         loss = bpr_loss(user_final[u], item_final[p], item_final[n])
         layer0 = model.embedding.weight
-        reg = (layer0[u].pow(2).sum() + layer0[p + model.num_users].pow(2).sum()
-               + layer0[n + model.num_users].pow(2).sum()) / (2 * len(batch))
+        reg = (
+            layer0[u].pow(2).sum() + layer0[p + model.num_users].pow(2).sum() + layer0[n + model.num_users].pow(2).sum()
+        ) / (2 * len(batch))
         optimizer.zero_grad()
         (loss + config.weight_decay * reg).backward()
         optimizer.step()
@@ -151,8 +161,17 @@ def _train_row(name: str, data: str, seed: int, overrides: dict, warm_share: flo
     else:
         result = lg.train_lightgcn(interactions, config, init=init)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return Row(name, result.epochs, result.best_epoch, result.epoch_seconds, result.train_seconds, peak,
-               max(peak - before, 0.0), result.best_recall, vectors={"users": result.users, "items": result.items})
+    return Row(
+        name,
+        result.epochs,
+        result.best_epoch,
+        result.epoch_seconds,
+        result.train_seconds,
+        peak,
+        max(peak - before, 0.0),
+        result.best_recall,
+        vectors={"users": result.users, "items": result.items},
+    )
 
 
 def _agreement(rows: list[Row], n_clusters: int) -> None:
@@ -173,8 +192,15 @@ def _agreement(rows: list[Row], n_clusters: int) -> None:
             setattr(row, f"ari_{kind}", float(ari))
 
 
-def run_lightgcn_bench(out: Path, data: Path, seed: int = 0, n_clusters: int = 8, warm_share: float = 0.1,
-                       threads: int = 1, overrides: dict | None = None) -> dict:
+def run_lightgcn_bench(
+    out: Path,
+    data: Path,
+    seed: int = 0,
+    n_clusters: int = 8,
+    warm_share: float = 0.1,
+    threads: int = 1,
+    overrides: dict | None = None,
+) -> dict:
     """Train every row (``threads`` torch threads each), print a table, write ``out`` (JSON); returns it."""
     overrides = overrides or {}
     names = [("per-batch", seed), ("per-batch, seed+1", seed + 1), ("linear", seed), ("warm", seed)]
@@ -187,8 +213,14 @@ def run_lightgcn_bench(out: Path, data: Path, seed: int = 0, n_clusters: int = 8
     _agreement(rows, n_clusters)
     today, linear = rows[0], rows[2]
     results: dict[str, Any] = {
-        "dataset": str(data), "seed": seed, "n_clusters": n_clusters, "warm_share": warm_share,
-        "overrides": overrides, "threads": threads, "cpus": os.cpu_count(), "load_average": [load, os.getloadavg()[0]],
+        "dataset": str(data),
+        "seed": seed,
+        "n_clusters": n_clusters,
+        "warm_share": warm_share,
+        "overrides": overrides,
+        "threads": threads,
+        "cpus": os.cpu_count(),
+        "load_average": [load, os.getloadavg()[0]],
         "rows": [{k: v for k, v in asdict(r).items() if k != "vectors"} for r in rows],
         "recall_ratio": linear.recall_at_20 / today.recall_at_20 if today.recall_at_20 else None,
         "epoch_speedup": today.epoch_s / linear.epoch_s if linear.epoch_s else None,
@@ -205,16 +237,39 @@ def _print(results: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"LightGCN on {results['dataset']}: per-batch propagation vs linear "
-                        f"({results['threads']} thread(s), load average {results['load_average'][0]:.1f})")
-    for name in ("training", "epochs", "best epoch", "s / epoch", "s total", "peak RSS MiB", "training MiB",
-                 "recall@20", "ARI users", "ARI items"):
+    table = Table(
+        title=f"LightGCN on {results['dataset']}: per-batch propagation vs linear "
+        f"({results['threads']} thread(s), load average {results['load_average'][0]:.1f})"
+    )
+    for name in (
+        "training",
+        "epochs",
+        "best epoch",
+        "s / epoch",
+        "s total",
+        "peak RSS MiB",
+        "training MiB",
+        "recall@20",
+        "ARI users",
+        "ARI items",
+    ):
         table.add_column(name, justify="right")
     for r in results["rows"]:
-        table.add_row(r["name"], str(r["epochs"]), str(r["best_epoch"]), f"{r['epoch_s']:.3f}",
-                      f"{r['train_s']:.1f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_rss_mib']:.0f}",
-                      f"{r['recall_at_20']:.4f}", f"{r['ari_users']:.3f}", f"{r['ari_items']:.3f}")
+        table.add_row(
+            r["name"],
+            str(r["epochs"]),
+            str(r["best_epoch"]),
+            f"{r['epoch_s']:.3f}",
+            f"{r['train_s']:.1f}",
+            f"{r['peak_rss_mib']:.0f}",
+            f"{r['train_rss_mib']:.0f}",
+            f"{r['recall_at_20']:.4f}",
+            f"{r['ari_users']:.3f}",
+            f"{r['ari_items']:.3f}",
+        )
     console = Console(width=150)
     console.print(table)
-    console.print(f"recall@20 linear / per-batch = {results['recall_ratio']:.3f} "
-                  f"(target >= {1 - RECALL_TOLERANCE:.2f}); epoch speed-up {results['epoch_speedup']:.1f}x")
+    console.print(
+        f"recall@20 linear / per-batch = {results['recall_ratio']:.3f} "
+        f"(target >= {1 - RECALL_TOLERANCE:.2f}); epoch speed-up {results['epoch_speedup']:.1f}x"
+    )

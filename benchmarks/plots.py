@@ -3,6 +3,7 @@
 ``<stem>-ablation.png`` (Table 3), ``<stem>-verification.png`` (Figure 6), ``<stem>-pool-size.png``
 (Figure 2) and ``<stem>-draft-budget.png`` (tokens/s and AAL vs K).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,8 +24,12 @@ def plot_studies(report: dict[str, Any], json_out: Path) -> list[Path]:
     stem = json_out.with_suffix("")
     title = f"{report['settings']['model']}, {report['settings']['threads']} threads"
     out = []
-    for name, draw in (("ablation", _ablation), ("verification", _verification), ("pool-size", _pool_size),
-                       ("draft-budget", _draft_budget)):
+    for name, draw in (
+        ("ablation", _ablation),
+        ("verification", _verification),
+        ("pool-size", _pool_size),
+        ("draft-budget", _draft_budget),
+    ):
         fig = draw(studies, methods, title)
         path = Path(f"{stem}-{name}.png")
         fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -77,18 +82,28 @@ def _speed_and(x, xlabel, speeds, other, other_label, color, title):
 
 def _pool_size(studies, methods, title):
     sweep = studies["pool_size"]
-    fig, _ = _speed_and([row["texts"] for row in sweep], "texts in the global pool",
-                        [methods[r["method"]]["tokens_per_s"] for r in sweep],
-                        [100 * (methods[r["method"]]["retrieval_share"] or 0.0) for r in sweep],
-                        "retrieval time share (%)", "tab:red", f"Pool size (Figure 2), resd: {title}")
+    fig, _ = _speed_and(
+        [row["texts"] for row in sweep],
+        "texts in the global pool",
+        [methods[r["method"]]["tokens_per_s"] for r in sweep],
+        [100 * (methods[r["method"]]["retrieval_share"] or 0.0) for r in sweep],
+        "retrieval time share (%)",
+        "tab:red",
+        f"Pool size (Figure 2), resd: {title}",
+    )
     return fig
 
 
 def _draft_budget(studies, methods, title):
     sweep = studies["draft_budget"]
-    fig, speed = _speed_and([row["K"] for row in sweep], "K (draft tree tokens per step)",
-                            [methods[r["method"]]["tokens_per_s"] for r in sweep],
-                            [methods[r["method"]]["aal"] or 0.0 for r in sweep],
-                            "AAL", "tab:green", f"Draft budget, LASER: {title}")
+    fig, speed = _speed_and(
+        [row["K"] for row in sweep],
+        "K (draft tree tokens per step)",
+        [methods[r["method"]]["tokens_per_s"] for r in sweep],
+        [methods[r["method"]]["aal"] or 0.0 for r in sweep],
+        "AAL",
+        "tab:green",
+        f"Draft budget, LASER: {title}",
+    )
     speed.set_xscale("log", base=2)
     return fig

@@ -7,6 +7,7 @@ store's load time (rebuild from token ids, and from a snapshot (plain integers))
 decoding step. Every pool size runs in a fresh process so its peak RSS is its own. Writes JSON and a
 PNG plot next to it and prints a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,19 @@ from router.synthetic import planted_interactions  # noqa: E402
 
 log = logging.getLogger(__name__)
 
-TARGETS = {"lightgcn_s": 60.0, "build_2000_s": 20.0, "build_2000_mib": 1024.0, "load_s": 3.0, "retrieval_median_ms": 2.0}
+TARGETS = {
+    "lightgcn_s": 60.0,
+    "build_2000_s": 20.0,
+    "build_2000_mib": 1024.0,
+    "load_s": 3.0,
+    "retrieval_median_ms": 2.0,
+}
 _FAKE_TOKENIZER = TokenizerFingerprint("synthetic", "0" * 64)
 
 
-def synthetic_knowledge_tokens(n_texts: int, length: int = 200, vocab: int = 49_152, n_phrases: int = 600,
-                               seed: int = 0) -> list[list[int]]:
+def synthetic_knowledge_tokens(
+    n_texts: int, length: int = 200, vocab: int = 49_152, n_phrases: int = 600, seed: int = 0
+) -> list[list[int]]:
     """Token texts built from a Zipf-distributed phrase book (3-8 tokens a phrase) plus 15% random tokens."""
     rng = np.random.default_rng(seed)
     phrases = [rng.integers(0, vocab, rng.integers(3, 9)).tolist() for _ in range(n_phrases)]
@@ -49,7 +57,9 @@ def synthetic_knowledge_tokens(n_texts: int, length: int = 200, vocab: int = 49_
     for _ in range(n_texts):
         text: list[int] = []
         while len(text) < length:
-            text += phrases[rng.choice(n_phrases, p=weights)] if rng.random() < 0.85 else rng.integers(0, vocab, 3).tolist()
+            text += (
+                phrases[rng.choice(n_phrases, p=weights)] if rng.random() < 0.85 else rng.integers(0, vocab, 3).tolist()
+            )
         texts.append(text[:length])
     return texts
 
@@ -59,9 +69,9 @@ class PoolSizeResult:
     pool_texts: int
     trie_nodes: int
     build_s: float
-    build_peak_mib: float        # resident memory after the build minus before it (a trie only grows)
-    load_rebuild_s: float        # PoolStore.get from token ids
-    load_snapshot_s: float       # PoolStore.get from a snapshot (plain integers)
+    build_peak_mib: float  # resident memory after the build minus before it (a trie only grows)
+    load_rebuild_s: float  # PoolStore.get from token ids
+    load_snapshot_s: float  # PoolStore.get from a snapshot (plain integers)
     retrieval_median_ms: float
     retrieval_p95_ms: float
     mean_draft_nodes: float
@@ -86,7 +96,7 @@ def _retrieval_ms(pool, queries: list[list[int]], prompt_len: int = 40, step: in
             tree = drafter.propose(query[:end])
             times.append(time.perf_counter() - started)
             nodes.append(len(tree.tokens) - 1)
-            drafter.commit(query[end - step:end])
+            drafter.commit(query[end - step : end])
         drafter.close()
     return np.asarray(times) * 1e3, float(np.mean(nodes))
 
@@ -111,8 +121,17 @@ def _one_size(n_texts: int, seed: int) -> PoolSizeResult:
             started = time.perf_counter()
             PoolStore.open(Path(tmp) / name, _FAKE_TOKENIZER).get("bench/attribute/0")
             loads[name] = time.perf_counter() - started
-    return PoolSizeResult(n_texts, nodes, build_s, peak, loads["plain"], loads["snap"],
-                          float(np.median(times)), float(np.percentile(times, 95)), mean_nodes)
+    return PoolSizeResult(
+        n_texts,
+        nodes,
+        build_s,
+        peak,
+        loads["plain"],
+        loads["snap"],
+        float(np.median(times)),
+        float(np.percentile(times, 95)),
+        mean_nodes,
+    )
 
 
 def _lightgcn(seed: int) -> dict:
@@ -121,13 +140,21 @@ def _lightgcn(seed: int) -> dict:
     result = train_lightgcn(graph.interactions, config)
     split = build_graph(graph.interactions, config.positive_threshold, config.holdout_fraction, seed)
     popularity = recall_at_k(popularity_scores(split.train, split.num_users, split.num_items), split.train, split.test)
-    return {"ratings": graph.interactions.height, "users": 943, "items": 1682, "train_s": result.train_seconds,
-            "best_epoch": result.best_epoch, "epochs_run": result.history[-1][0], "recall_at_20": result.best_recall,
-            "popularity_recall_at_20": popularity}
+    return {
+        "ratings": graph.interactions.height,
+        "users": 943,
+        "items": 1682,
+        "train_s": result.train_seconds,
+        "best_epoch": result.best_epoch,
+        "epochs_run": result.history[-1][0],
+        "recall_at_20": result.best_recall,
+        "popularity_recall_at_20": popularity,
+    }
 
 
-def run_pools_bench(out: Path, sizes: tuple[int, ...] = (500, 1000, 2000, 3000, 5000), seed: int = 0,
-                    skip_lightgcn: bool = False) -> dict:
+def run_pools_bench(
+    out: Path, sizes: tuple[int, ...] = (500, 1000, 2000, 3000, 5000), seed: int = 0, skip_lightgcn: bool = False
+) -> dict:
     """Run the benchmark, print a table, write ``out`` (JSON) and ``out`` with suffix ``.png``."""
     results: dict = {"lightgcn": None if skip_lightgcn else _lightgcn(seed), "pools": [], "targets": TARGETS}
     context = multiprocessing.get_context("spawn")
@@ -164,15 +191,34 @@ def _print(results: dict) -> None:
     console = Console()
     if results["lightgcn"]:
         g = results["lightgcn"]
-        console.print(f"LightGCN on {g['users']}x{g['items']}, {g['ratings']} ratings: {g['train_s']:.1f} s to early "
-                      f"stop (best epoch {g['best_epoch']} of {g['epochs_run']}), recall@20 {g['recall_at_20']:.3f} "
-                      f"vs popularity {g['popularity_recall_at_20']:.3f}")
+        console.print(
+            f"LightGCN on {g['users']}x{g['items']}, {g['ratings']} ratings: {g['train_s']:.1f} s to early "
+            f"stop (best epoch {g['best_epoch']} of {g['epochs_run']}), recall@20 {g['recall_at_20']:.3f} "
+            f"vs popularity {g['popularity_recall_at_20']:.3f}"
+        )
     table = Table(title="Retrieval pools vs size")
-    for name in ("texts", "trie nodes", "build s", "build MiB", "load rebuild s", "load snapshot s",
-                 "retr. median ms", "retr. p95 ms", "draft nodes"):
+    for name in (
+        "texts",
+        "trie nodes",
+        "build s",
+        "build MiB",
+        "load rebuild s",
+        "load snapshot s",
+        "retr. median ms",
+        "retr. p95 ms",
+        "draft nodes",
+    ):
         table.add_column(name, justify="right")
     for r in results["pools"]:
-        table.add_row(str(r["pool_texts"]), f"{r['trie_nodes']:,}", f"{r['build_s']:.2f}", f"{r['build_peak_mib']:.0f}",
-                      f"{r['load_rebuild_s']:.2f}", f"{r['load_snapshot_s']:.2f}", f"{r['retrieval_median_ms']:.3f}",
-                      f"{r['retrieval_p95_ms']:.3f}", f"{r['mean_draft_nodes']:.1f}")
+        table.add_row(
+            str(r["pool_texts"]),
+            f"{r['trie_nodes']:,}",
+            f"{r['build_s']:.2f}",
+            f"{r['build_peak_mib']:.0f}",
+            f"{r['load_rebuild_s']:.2f}",
+            f"{r['load_snapshot_s']:.2f}",
+            f"{r['retrieval_median_ms']:.3f}",
+            f"{r['retrieval_p95_ms']:.3f}",
+            f"{r['mean_draft_nodes']:.1f}",
+        )
     console.print(table)

@@ -19,6 +19,7 @@ Wilson intervals, and tokens/s. Differences come with a paired bootstrap 95% int
 relaxed minus greedy LASER on each engine, and, with two engines, the second minus the first for each
 method, called equal when every interval holds 0. Output: a table, JSON, Markdown and a PNG beside the JSON.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,8 +77,11 @@ def label(engine: str, method: str, engines: tuple[str, ...]) -> str:
 def methods(cfg: JobConfig) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, decoder, params) of the compared methods; relaxed keeps the config's k and p."""
     relaxed = {"k": RELAXED_K, "p": RELAXED_P, **{k: v for k, v in cfg.decoder.params.items() if k in ("k", "p")}}
-    return [("autoregressive greedy", "autoregressive", {}), (GREEDY_REF, "laser", {"verification": "greedy"}),
-            (RELAXED, "laser", {"verification": "relaxed", **relaxed})]
+    return [
+        ("autoregressive greedy", "autoregressive", {}),
+        (GREEDY_REF, "laser", {"verification": "greedy"}),
+        (RELAXED, "laser", {"verification": "relaxed", **relaxed}),
+    ]
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -89,8 +93,14 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return max(0.0, (mid - half) / (1 + z * z / n)), min(1.0, (mid + half) / (1 + z * z / n))
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, weights_a: np.ndarray | None = None,
-                     weights_b: np.ndarray | None = None, n: int = 2000, seed: int = 0) -> dict[str, float]:
+def paired_bootstrap(
+    a: np.ndarray,
+    b: np.ndarray,
+    weights_a: np.ndarray | None = None,
+    weights_b: np.ndarray | None = None,
+    n: int = 2000,
+    seed: int = 0,
+) -> dict[str, float]:
     """Mean (or weighted ratio) of ``a`` minus that of ``b`` over the same entities, with a paired
     percentile-bootstrap 95% interval (entities resampled together)."""
     wa = np.ones_like(a, dtype=float) if weights_a is None else weights_a
@@ -112,8 +122,9 @@ def _select(requests: list[GenerationRequest], ids: list[tuple[str, str]]) -> li
     return [by_key[k] for k in ids]
 
 
-def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSettings,
-                      config_name: str = "") -> dict[str, Any]:
+def run_quality_bench(
+    json_out: Path, cfg: JobConfig, settings: QualityBenchSettings, config_name: str = ""
+) -> dict[str, Any]:
     """Run the methods on the same entities of ``cfg``'s job (output.path holds old knowledge and pools)."""
     data = load_job_data(cfg)
     paths = JobPaths.of(cfg)
@@ -136,8 +147,9 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
         for method, decoder, params in methods(cfg):
             name = label(engine, method, settings.engines)
             task = dataclasses.replace(base_task, decoder=decoder, decoder_params=params, sampling=None)
-            reqs = _select(new_requests(data.dataset, data.split,
-                                        pool_routes(available_decoders()[decoder].pool, routing)), chosen)
+            reqs = _select(
+                new_requests(data.dataset, data.split, pool_routes(available_decoders()[decoder].pool, routing)), chosen
+            )
             t0 = time.perf_counter()
             result = worker.generate(task, reqs, cfg.execution.batch_size)
             if not isinstance(result, BatchResult):  # a GenerationWorker's result_cls
@@ -153,8 +165,14 @@ def run_quality_bench(json_out: Path, cfg: JobConfig, settings: QualityBenchSett
 
 def _worker(cfg: JobConfig, engine: str, settings: QualityBenchSettings) -> GenerationWorker:
     """An in-process worker of ``engine`` (vLLM compiles as the job would for this many entities)."""
-    spec = ModelSpec(cfg.model.name, cfg.model.dtype, settings.threads, cfg.dataset.seed,
-                     compile=compile_model(cfg.execution, settings.entities), engine=engine)
+    spec = ModelSpec(
+        cfg.model.name,
+        cfg.model.dtype,
+        settings.threads,
+        cfg.dataset.seed,
+        compile=compile_model(cfg.execution, settings.entities),
+        engine=engine,
+    )
     return GenerationWorker(spec)
 
 
@@ -175,12 +193,25 @@ def flag_contradicts(row: dict[str, Any]) -> bool:
     return bool(row["degenerate"]) != bool(expected)
 
 
-def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], settings: QualityBenchSettings,
-            cfg: JobConfig, chosen: list[tuple[str, str]], config_name: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"methods": {}, "settings": dataclasses.asdict(settings), "config": config_name,
-                           "entities": len(chosen), "users": sum(k[0] == "user" for k in chosen),
-                           "max_new_tokens": cfg.generation.max_new_tokens,
-                           "generation": cfg.generation.model_dump(), "machine": machine_info(), "versions": versions()}
+def _report(
+    rows: dict[str, list[dict[str, Any]]],
+    seconds: dict[str, float],
+    settings: QualityBenchSettings,
+    cfg: JobConfig,
+    chosen: list[tuple[str, str]],
+    config_name: str,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "methods": {},
+        "settings": dataclasses.asdict(settings),
+        "config": config_name,
+        "entities": len(chosen),
+        "users": sum(k[0] == "user" for k in chosen),
+        "max_new_tokens": cfg.generation.max_new_tokens,
+        "generation": cfg.generation.model_dump(),
+        "machine": machine_info(),
+        "versions": versions(),
+    }
     for name, rs in rows.items():
         s: dict[str, Any] = _summary(rs).as_dict()
         n = len(rs)
@@ -194,7 +225,9 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
         out["methods"][name] = s
     out["differences"] = {}
     for engine in settings.engines:
-        ref, greedy, relaxed = (label(engine, m, settings.engines) for m in ("autoregressive greedy", GREEDY_REF, RELAXED))
+        ref, greedy, relaxed = (
+            label(engine, m, settings.engines) for m in ("autoregressive greedy", GREEDY_REF, RELAXED)
+        )
         if ref in rows and greedy in rows:
             same = [a["knowledge"] == b["knowledge"] for a, b in zip(rows[ref], rows[greedy])]
             out.setdefault("laser_greedy_identical_to_autoregressive", {})[engine] = f"{sum(same)}/{len(same)}"
@@ -207,19 +240,26 @@ def _report(rows: dict[str, list[dict[str, Any]]], seconds: dict[str, float], se
             if a in rows and b in rows:
                 d = _differences(rows[a], rows[b], settings)
                 d["equal"] = all(m["lo"] <= 0.0 <= m["hi"] for m in d.values())
-                d["same_texts"] = f"{sum(x['knowledge'] == y['knowledge'] for x, y in zip(rows[a], rows[b]))}/{len(rows[a])}"
+                d["same_texts"] = (
+                    f"{sum(x['knowledge'] == y['knowledge'] for x, y in zip(rows[a], rows[b]))}/{len(rows[a])}"
+                )
                 out["differences"][f"{a} - {b}"] = d
-    out["samples"] = {name: [{"entity": f"{r['entity_type']}:{r['entity_id']}", "text": r["knowledge"]}
-                              for r in rs[:4]] for name, rs in rows.items()}
+    out["samples"] = {
+        name: [{"entity": f"{r['entity_type']}:{r['entity_id']}", "text": r["knowledge"]} for r in rs[:4]]
+        for name, rs in rows.items()
+    }
     return out
 
 
-def _differences(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]],
-                 settings: QualityBenchSettings) -> dict[str, Any]:
+def _differences(
+    a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]], settings: QualityBenchSettings
+) -> dict[str, Any]:
     """Paired bootstrap of a - b (same entities, same order) for each share and for grounding (matched /
     mentioned facts)."""
-    diffs: dict[str, Any] = {f: paired_bootstrap(_flags(a_rows, f), _flags(b_rows, f), n=settings.bootstrap,
-                                                 seed=settings.seed) for f in SHARES}
+    diffs: dict[str, Any] = {
+        f: paired_bootstrap(_flags(a_rows, f), _flags(b_rows, f), n=settings.bootstrap, seed=settings.seed)
+        for f in SHARES
+    }
 
     def facts(rs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
         mentioned = np.array([r["facts_mentioned"] or 0 for r in rs], dtype=float)
@@ -239,11 +279,26 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     out = []
     for label, m in report["methods"].items():
         iv = m["intervals"]
-        cell = lambda f: f"{_pct(m[f + '_share'] if f + '_share' in m else m[f] / max(1, m['n']))} [{_pct(iv[f][0])}, {_pct(iv[f][1])}]"  # noqa: E731
-        out.append([label, str(m["n"]), cell("ended"), cell("cut"), cell("degenerate"), cell("fragment"),
-                    str(m["retried"]), f"{m['mean_length_ratio']:.2f}" if m["mean_length_ratio"] is not None else "-",
-                    f"{_pct(m['grounding'])} [{_pct(iv['grounding'][0])}, {_pct(iv['grounding'][1])}] "
-                    f"of {m['facts_mentioned']}", f"{m['tokens_per_s']}"])
+
+        def cell(f: str) -> str:
+            share = m[f + "_share"] if f + "_share" in m else m[f] / max(1, m["n"])
+            return f"{_pct(share)} [{_pct(iv[f][0])}, {_pct(iv[f][1])}]"
+
+        out.append(
+            [
+                label,
+                str(m["n"]),
+                cell("ended"),
+                cell("cut"),
+                cell("degenerate"),
+                cell("fragment"),
+                str(m["retried"]),
+                f"{m['mean_length_ratio']:.2f}" if m["mean_length_ratio"] is not None else "-",
+                f"{_pct(m['grounding'])} [{_pct(iv['grounding'][0])}, {_pct(iv['grounding'][1])}] "
+                f"of {m['facts_mentioned']}",
+                f"{m['tokens_per_s']}",
+            ]
+        )
     return out
 
 
@@ -261,9 +316,15 @@ def print_table(report: dict[str, Any]) -> None:
     console = wide_console()
     console.print(table)
     for name, diffs in report.get("differences", {}).items():
-        verdict = "" if "equal" not in diffs else f" ({'equal' if diffs['equal'] else 'NOT equal'} within 95% intervals; same texts {diffs['same_texts']})"
-        console.print(f"{name}{verdict}: " + ", ".join(f"{f} {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]"
-                                                       for f, d in _measures(diffs)))
+        verdict = (
+            ""
+            if "equal" not in diffs
+            else f" ({'equal' if diffs['equal'] else 'NOT equal'} within 95% intervals; same texts {diffs['same_texts']})"
+        )
+        console.print(
+            f"{name}{verdict}: "
+            + ", ".join(f"{f} {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}]" for f, d in _measures(diffs))
+        )
 
 
 def _measures(diffs: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
@@ -273,21 +334,41 @@ def _measures(diffs: dict[str, Any]) -> list[tuple[str, dict[str, float]]]:
 
 def markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
-    lines = [f"# Knowledge quality ({report['config'] or 'job config'})", "",
-             f"{report['entities']} new-knowledge entities ({report['users']} users), max_new_tokens "
-             f"{report['max_new_tokens']}; load average {m['load_average']} on {m['cpu_count']} CPUs. "
-             f"Shares with 95% Wilson intervals.", "",
-             "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines = [
+        f"# Knowledge quality ({report['config'] or 'job config'})",
+        "",
+        f"{report['entities']} new-knowledge entities ({report['users']} users), max_new_tokens "
+        f"{report['max_new_tokens']}; load average {m['load_average']} on {m['cpu_count']} CPUs. "
+        f"Shares with 95% Wilson intervals.",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "---|" * len(HEADER),
+    ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(report)]
-    lines += ["", "Rows whose degenerate flag contradicts their stored repeat share: " +
-              ", ".join(f"{k} {m['flag_contradictions']}" for k, m in report["methods"].items()) + "."]
+    lines += [
+        "",
+        "Rows whose degenerate flag contradicts their stored repeat share: "
+        + ", ".join(f"{k} {m['flag_contradictions']}" for k, m in report["methods"].items())
+        + ".",
+    ]
     for engine, same in report.get("laser_greedy_identical_to_autoregressive", {}).items():
         lines += ["", f"laser greedy identical to autoregressive greedy on {engine}: {same} rows."]
     for name, diffs in report.get("differences", {}).items():
-        verdict = "" if "equal" not in diffs else (f" {'Equal' if diffs['equal'] else 'Not equal'} within the 95% "
-                                                   f"intervals; identical texts {diffs['same_texts']}.")
-        lines += ["", f"{name} (paired bootstrap over entities, 95% interval).{verdict}", "",
-                  "| measure | difference | interval |", "|---|---|---|"]
+        verdict = (
+            ""
+            if "equal" not in diffs
+            else (
+                f" {'Equal' if diffs['equal'] else 'Not equal'} within the 95% "
+                f"intervals; identical texts {diffs['same_texts']}."
+            )
+        )
+        lines += [
+            "",
+            f"{name} (paired bootstrap over entities, 95% interval).{verdict}",
+            "",
+            "| measure | difference | interval |",
+            "|---|---|---|",
+        ]
         lines += [f"| {f} | {d['diff']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] |" for f, d in _measures(diffs)]
     lines += ["", "Samples (first rows per method):", ""]
     for label, samples in report["samples"].items():

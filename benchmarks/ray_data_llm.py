@@ -37,6 +37,7 @@ included), tokens, and the **engines' running rate** (:func:`pass_figures`: the 
 first batch over the seconds after it; comparable with the job's new pass, whose actors are up already).
 Rows are written as Parquet (entity, knowledge, tokens, error) under ``--out``.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,12 @@ def speculative_config(speculation: str) -> dict[str, Any] | None:
     if speculation == "none":
         return None
     if speculation == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": DRAFT_TOKENS, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 4}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": DRAFT_TOKENS,
+            "prompt_lookup_min": 2,
+            "prompt_lookup_max": 4,
+        }
     if speculation == "suffix":
         return {"method": "suffix", "num_speculative_tokens": DRAFT_TOKENS}
     raise ValueError(f"speculation must be one of {list(SPECULATION)}, got {speculation!r}")
@@ -87,10 +92,14 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
     data = load_job_data(cfg)
     domain = data.dataset.domain
     ban = GenreBan(tokenizer)
-    tasks = {"old": knowledge_task(cfg, old_knowledge_decoder(cfg), "ray-data-llm-old", domain, None, greedy=True),
-             "new": knowledge_task(cfg, new_knowledge_decoder(cfg), "ray-data-llm", domain, None)}
-    requests = {"old": old_requests(data.dataset, data.split) if cfg.old_knowledge.generate_missing else [],
-                "new": new_requests(data.dataset, data.split, {})}  # routes only name pools; prompts are the same
+    tasks = {
+        "old": knowledge_task(cfg, old_knowledge_decoder(cfg), "ray-data-llm-old", domain, None, greedy=True),
+        "new": knowledge_task(cfg, new_knowledge_decoder(cfg), "ray-data-llm", domain, None),
+    }
+    requests = {
+        "old": old_requests(data.dataset, data.split) if cfg.old_knowledge.generate_missing else [],
+        "new": new_requests(data.dataset, data.split, {}),
+    }  # routes only name pools; prompts are the same
     out: dict[str, list[dict[str, Any]]] = {"old": [], "new": [], "failed": []}
     for name in ("old", "new"):
         task = tasks[name]
@@ -98,12 +107,24 @@ def job_prompts(cfg: Any, tokenizer: Any) -> dict[str, list[dict[str, Any]]]:
             try:
                 ids = chat_ids(tokenizer, entity_prompt(task, req, tokenizer))
             except Exception as exc:  # as in the job: one bad entity never takes down the others
-                out["failed"].append({"pass": name, "entity_type": req.entity_type, "entity_id": req.entity_id,
-                                      "reason": f"{type(exc).__name__}: {exc}"})
+                out["failed"].append(
+                    {
+                        "pass": name,
+                        "entity_type": req.entity_type,
+                        "entity_id": req.entity_id,
+                        "reason": f"{type(exc).__name__}: {exc}",
+                    }
+                )
                 continue
-            out[name].append({"entity_type": req.entity_type, "entity_id": req.entity_id, "tokenized_prompt": ids,
-                              "max_tokens": task.max_new_tokens,
-                              "rule_params": rule_params(_plain(first_rules(task, req, ban)), tokenizer)})
+            out[name].append(
+                {
+                    "entity_type": req.entity_type,
+                    "entity_id": req.entity_id,
+                    "tokenized_prompt": ids,
+                    "max_tokens": task.max_new_tokens,
+                    "rule_params": rule_params(_plain(first_rules(task, req, ban)), tokenizer),
+                }
+            )
     return out
 
 
@@ -114,8 +135,14 @@ def _plain(rules: Mapping[str, object] | None) -> dict[str, Any] | None:
 
 def sampling_params(row: dict[str, Any]) -> dict[str, Any]:
     """Greedy, the row's token budget and its first text's generation rules in their vLLM form."""
-    return {"max_tokens": int(row["max_tokens"]), "temperature": 0.0, "top_p": 1.0, "top_k": 0, "detokenize": True,
-            **row["rule_params"]}
+    return {
+        "max_tokens": int(row["max_tokens"]),
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "detokenize": True,
+        **row["rule_params"],
+    }
 
 
 def engine_env(threads: int) -> dict[str, str]:
@@ -142,19 +169,30 @@ def processor_config(cfg: Any, model_path: str, speculation: str) -> Any:
     slots = max(int(ex.batch_size), 1)
     spec = speculative_config(speculation)
     dtype = cfg.model.dtype if cfg.model.dtype != "auto" else "float32"
-    engine_kwargs = {"dtype": dtype, "seed": cfg.dataset.seed, "enable_prefix_caching": True, "max_num_seqs": slots,
-                     "max_model_len": MAX_MODEL_LEN,
-                     "max_num_batched_tokens": max(2048, slots * ((DRAFT_TOKENS if spec else 0) + 1))}
+    engine_kwargs = {
+        "dtype": dtype,
+        "seed": cfg.dataset.seed,
+        "enable_prefix_caching": True,
+        "max_num_seqs": slots,
+        "max_model_len": MAX_MODEL_LEN,
+        "max_num_batched_tokens": max(2048, slots * ((DRAFT_TOKENS if spec else 0) + 1)),
+    }
     if spec:
         engine_kwargs["speculative_config"] = spec
     if (block := default_block_size()) is not None:
         engine_kwargs["block_size"] = block
     return vLLMEngineProcessorConfig(
-        model_source=model_path, engine_kwargs=engine_kwargs, batch_size=slots,
+        model_source=model_path,
+        engine_kwargs=engine_kwargs,
+        batch_size=slots,
         concurrency=(int(ex.num_workers), int(ex.num_workers)),  # a fixed pool, as the job's (an int autoscales from 1)
         placement_group_config={"bundles": [{"CPU": int(ex.threads_per_worker)}]},
-        log_engine_metrics=False, chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
-        runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))})
+        log_engine_metrics=False,
+        chat_template_stage=False,
+        tokenize_stage=False,
+        detokenize_stage=False,
+        runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))},
+    )
 
 
 def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -164,21 +202,35 @@ def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list
     start = time.perf_counter()
     if not rows:
         return [], pass_figures([], [], 0.0, 1)
-    items = [{"entity_type": r["entity_type"], "entity_id": r["entity_id"], "tokenized_prompt": r["tokenized_prompt"],
-              "sampling_params": sampling_params(r)} for r in rows]
+    items = [
+        {
+            "entity_type": r["entity_type"],
+            "entity_id": r["entity_id"],
+            "tokenized_prompt": r["tokenized_prompt"],
+            "sampling_params": sampling_params(r),
+        }
+        for r in rows
+    ]
     ds = processor(ray.data.from_items(items))
     got: list[dict[str, Any]] = []
     arrivals: list[tuple[float, str]] = []
     for row in ds.iter_rows():
         arrivals.append((time.perf_counter() - start, str(row.get("batch_uuid") or len(got))))
-        got.append({"entity_type": row["entity_type"], "entity_id": row["entity_id"],
-                    "knowledge": row.get("generated_text") or "", "n_tokens": int(row.get("num_generated_tokens") or 0),
-                    "error": row.get("__inference_error__") or ""})
+        got.append(
+            {
+                "entity_type": row["entity_type"],
+                "entity_id": row["entity_id"],
+                "knowledge": row.get("generated_text") or "",
+                "n_tokens": int(row.get("num_generated_tokens") or 0),
+                "error": row.get("__inference_error__") or "",
+            }
+        )
     return got, pass_figures(got, arrivals, time.perf_counter() - start, int(cfg.execution.num_workers))
 
 
-def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], wall: float,
-                 engines: int) -> dict[str, Any]:
+def pass_figures(
+    got: list[dict[str, Any]], arrivals: list[tuple[float, str]], wall: float, engines: int
+) -> dict[str, Any]:
     """Entities, wall seconds, tokens and rates of one pass. ``arrivals``: (seconds since the pass began, vLLM
     batch) per row in arrival order. ``running_entities_per_min``: the rows of every batch after each engine's
     first (the first ``engines`` batches to arrive, which paid the engines' start) over the seconds from the
@@ -196,10 +248,18 @@ def pass_figures(got: list[dict[str, Any]], arrivals: list[tuple[float, str]], w
         after = sum(1 for _, b in arrivals if b not in startup)
         span = arrivals[-1][0] - first_seen[order[engines - 1]]
         running = 60 * after / span if span > 0 else None
-    return {"entities": done, "failed": failed, "wall_s": wall, "tokens": tokens,
-            "entities_per_min": 60 * done / wall if wall else 0.0, "tokens_per_s": tokens / wall if wall else 0.0,
-            "first_row_s": arrivals[0][0] if arrivals else None, "batches": len(order),
-            "running_entities_per_min": running, "aal": None}
+    return {
+        "entities": done,
+        "failed": failed,
+        "wall_s": wall,
+        "tokens": tokens,
+        "entities_per_min": 60 * done / wall if wall else 0.0,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "first_row_s": arrivals[0][0] if arrivals else None,
+        "batches": len(order),
+        "running_entities_per_min": running,
+        "aal": None,
+    }
 
 
 def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None) -> dict[str, Any]:
@@ -224,13 +284,25 @@ def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None)
 
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
-    ray.init(num_cpus=int(ex.num_workers) * int(ex.threads_per_worker), include_dashboard=False,
-             log_to_driver=False, configure_logging=False, runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))})
-    processor = build_processor(processor_config(cfg, model_path, speculation),
-                                preprocess_map_kwargs={"num_cpus": 0}, postprocess_map_kwargs={"num_cpus": 0})
+    ray.init(
+        num_cpus=int(ex.num_workers) * int(ex.threads_per_worker),
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        runtime_env={"env_vars": engine_env(int(ex.threads_per_worker))},
+    )
+    processor = build_processor(
+        processor_config(cfg, model_path, speculation),
+        preprocess_map_kwargs={"num_cpus": 0},
+        postprocess_map_kwargs={"num_cpus": 0},
+    )
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict[str, Any] = {"speculation": speculation, "model": model_path, "prompts_s": t_prompts,
-                               "prompt_failures": prompts["failed"]}
+    summary: dict[str, Any] = {
+        "speculation": speculation,
+        "model": model_path,
+        "prompts_s": t_prompts,
+        "prompt_failures": prompts["failed"],
+    }
     for name in ("old", "new"):
         log.info("ray data llm: %s pass, %d entities", name, len(prompts[name]))
         rows, figures = run_pass(processor, cfg, prompts[name])
@@ -246,5 +318,11 @@ def run(cfg: Any, out: Path, speculation: str = "none", t0: float | None = None)
 def _write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     import polars as pl
 
-    schema = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "knowledge": pl.Utf8, "n_tokens": pl.Int64, "error": pl.Utf8}
+    schema = {
+        "entity_type": pl.Utf8,
+        "entity_id": pl.Utf8,
+        "knowledge": pl.Utf8,
+        "n_tokens": pl.Int64,
+        "error": pl.Utf8,
+    }
     pl.DataFrame(rows, schema=schema).write_parquet(path)

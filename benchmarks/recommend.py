@@ -18,6 +18,7 @@ The DSBD section runs ``benchmarks.beam_sampling`` on the users' knowledge promp
 against DSBD (dynamic width, one-cache variant): speed and mean target log-probability of the returned
 sequences. Output: JSON, Markdown and a PNG beside the JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
 
-DEMO_DATA = DatasetConfig(format="synthetic", seed=0,
-                          synthetic=SyntheticParams(n_users=12, n_items=24, n_clusters=3, max_history=16))
+DEMO_DATA = DatasetConfig(
+    format="synthetic", seed=0, synthetic=SyntheticParams(n_users=12, n_items=24, n_clusters=3, max_history=16)
+)
 
 
 @dataclass
@@ -92,17 +94,24 @@ def fixture(s: RecommendBenchSettings, lm: laser.LoadedModel) -> Fixture:
     if lm.tokenizer is None:
         raise ValueError(f"bench recommend: model {lm.name!r} has no tokenizer: item titles need one")
     eos = sorted(lm.eos_ids)[0]
-    trie = ItemTrie({i: lm.tokenizer.encode(t, add_special_tokens=False)
-                     for i, t in item_identifiers(ds.items).items()}, eos)
+    trie = ItemTrie(
+        {i: lm.tokenizer.encode(t, add_special_tokens=False) for i, t in item_identifiers(ds.items).items()}, eos
+    )
     knowledge = list(encode_user_prompts(lm, split.old_interactions, ds, users[: s.dsbd_prompts], 512).values())
-    return Fixture([recommend_prompt(hist[u], ds.domain, u, s.max_history) for u in users], [held[u] for u in users],
-                   trie, knowledge)
+    return Fixture(
+        [recommend_prompt(hist[u], ds.domain, u, s.max_history) for u in users],
+        [held[u] for u in users],
+        trie,
+        knowledge,
+    )
 
 
 def methods_for(s: RecommendBenchSettings, lm: laser.LoadedModel, drafts: dict[str, Any], K: int) -> dict[str, Any]:
     n = max(s.N, K)
-    atspeed = lambda draft, mode: laser.get_decoder("atspeed", lm, draft=draft, gamma=s.gamma, N=n,  # noqa: E731
-                                                    verification=mode, seed=s.seed)
+
+    def atspeed(draft: Any, mode: str) -> laser.Decoder:
+        return laser.get_decoder("atspeed", lm, draft=draft, gamma=s.gamma, N=n, verification=mode, seed=s.seed)
+
     out = {"beam": laser.get_decoder("beam", lm), "atspeed strict": atspeed(drafts["draft"], "strict")}
     if "strict" in drafts:
         out["atspeed strict (aligned)"] = atspeed(drafts["strict"], "strict")
@@ -131,8 +140,19 @@ def measure_k(s: RecommendBenchSettings, fx: Fixture, decoders: dict[str, Any], 
     for dec in decoders.values():  # warm-up
         dec.recommend(fx.prompts[0], fx.trie, K)
     rows: dict[str, dict[str, Any]] = {
-        m: {"wall_s": 0.0, "decode_s": 0.0, "prefill_s": 0.0, "forwards": 0, "steps": 0, "recall": 0.0,
-            "ndcg": 0.0, "items": [], "scores": []} for m in decoders}
+        m: {
+            "wall_s": 0.0,
+            "decode_s": 0.0,
+            "prefill_s": 0.0,
+            "forwards": 0,
+            "steps": 0,
+            "recall": 0.0,
+            "ndcg": 0.0,
+            "items": [],
+            "scores": [],
+        }
+        for m in decoders
+    }
     for prompt, held in zip(fx.prompts, fx.held_out):
         for name, dec in decoders.items():
             t0 = time.perf_counter()
@@ -164,9 +184,14 @@ def run_recommend_bench(json_out: Path, s: RecommendBenchSettings) -> dict:
     lm = laser.load_model(s.model, device="cpu", dtype="float32")
     fx = fixture(s, lm)
     drafts = load_drafts(s, lm)
-    results: dict = {"settings": {**asdict(s), "dataset": (s.dataset or DEMO_DATA).model_dump()},
-                     "machine": machine_info(), "load_avg_start": os.getloadavg(), "items": len(fx.trie),
-                     "users": len(fx.prompts), "K": {}}
+    results: dict = {
+        "settings": {**asdict(s), "dataset": (s.dataset or DEMO_DATA).model_dump()},
+        "machine": machine_info(),
+        "load_avg_start": os.getloadavg(),
+        "items": len(fx.trie),
+        "users": len(fx.prompts),
+        "K": {},
+    }
     for K in s.Ks:
         if K > len(fx.trie):
             log.warning("K=%d is larger than the catalogue (%d items): skipped", K, len(fx.trie))
@@ -174,18 +199,32 @@ def run_recommend_bench(json_out: Path, s: RecommendBenchSettings) -> dict:
         rows = measure_k(s, fx, methods_for(s, lm, drafts, K), K)
         results["K"][K] = rows
         for name, r in rows.items():
-            print(f"K={K:3d} {name:26s} wall {r['wall_s']:7.2f}s WS {r['speedup']:.2f}x decode WS "
-                  f"{r['decode_speedup']:.2f}x AS {r['steps_per_forward']:.2f} recall@K {r['recall']:.3f} "
-                  f"NDCG@K {r['ndcg']:.3f} same as beam {r['same_as_beam']}", flush=True)
+            print(
+                f"K={K:3d} {name:26s} wall {r['wall_s']:7.2f}s WS {r['speedup']:.2f}x decode WS "
+                f"{r['decode_speedup']:.2f}x AS {r['steps_per_forward']:.2f} recall@K {r['recall']:.3f} "
+                f"NDCG@K {r['ndcg']:.3f} same as beam {r['same_as_beam']}",
+                flush=True,
+            )
         _write(json_out, results)  # partial results survive an interrupted run
     if s.dsbd_prompts and fx.knowledge_prompts:
         from benchmarks.beam_sampling import run_beam_sampling_study
 
-        results["dsbd"] = run_beam_sampling_study(lm, draft_lm(lm, s.dsbd_draft or s.draft), fx.knowledge_prompts, W=s.dsbd_W, gamma=s.dsbd_gamma,
-                                                  W_S=s.dsbd_W_S, seeds=s.seeds, max_new_tokens=s.dsbd_tokens)
+        results["dsbd"] = run_beam_sampling_study(
+            lm,
+            draft_lm(lm, s.dsbd_draft or s.draft),
+            fx.knowledge_prompts,
+            W=s.dsbd_W,
+            gamma=s.dsbd_gamma,
+            W_S=s.dsbd_W_S,
+            seeds=s.seeds,
+            max_new_tokens=s.dsbd_tokens,
+        )
         for name, f in results["dsbd"]["methods"].items():
-            print(f"DSBD {name:16s} wall {f['wall_s']:7.2f}s speedup {f['speedup']:.2f}x layers/forward "
-                  f"{f['layers_per_forward']:.2f} log-prob/token {f['logprob_per_token']:.3f}", flush=True)
+            print(
+                f"DSBD {name:16s} wall {f['wall_s']:7.2f}s speedup {f['speedup']:.2f}x layers/forward "
+                f"{f['layers_per_forward']:.2f} log-prob/token {f['logprob_per_token']:.3f}",
+                flush=True,
+            )
     results["load_avg_end"] = os.getloadavg()
     _write(json_out, results)
     json_out.with_suffix(".md").write_text(markdown(results))
@@ -203,31 +242,41 @@ def _write(path: Path, results: dict) -> None:
 
 def markdown(res: dict) -> str:
     s = res["settings"]
-    lines = ["# laser bench recommend\n",
-             f"Target `{s['model']}`, draft `{s['draft']}` (aligned strict: `{s['aligned_strict']}`, relaxed: "
-             f"`{s['aligned_relaxed']}`), gamma={s['gamma']}, N=max({s['N']}, K); {res['users']} users, "
-             f"{res['items']} items; {s['threads']} torch thread(s); load average {res['load_avg_start'][0]:.1f} "
-             f"at start, {res.get('load_avg_end', [float('nan')])[0]:.1f} at end. One request at a time, methods "
-             "interleaved per user. WS = walltime speedup against `beam` (prefill included); decode WS excludes "
-             "the target's prefill; AS = beam steps per target forward.\n",
-             "| K | method | wall s | WS@K | decode WS@K | AS@K | recall@K | NDCG@K | same top-K as beam |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "# laser bench recommend\n",
+        f"Target `{s['model']}`, draft `{s['draft']}` (aligned strict: `{s['aligned_strict']}`, relaxed: "
+        f"`{s['aligned_relaxed']}`), gamma={s['gamma']}, N=max({s['N']}, K); {res['users']} users, "
+        f"{res['items']} items; {s['threads']} torch thread(s); load average {res['load_avg_start'][0]:.1f} "
+        f"at start, {res.get('load_avg_end', [float('nan')])[0]:.1f} at end. One request at a time, methods "
+        "interleaved per user. WS = walltime speedup against `beam` (prefill included); decode WS excludes "
+        "the target's prefill; AS = beam steps per target forward.\n",
+        "| K | method | wall s | WS@K | decode WS@K | AS@K | recall@K | NDCG@K | same top-K as beam |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for K, rows in res["K"].items():
         for name, r in rows.items():
             same = "yes" if r["same_as_beam"] else "no"
-            lines.append(f"| {K} | {name} | {r['wall_s']:.2f} | {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | "
-                         f"{r['steps_per_forward']:.2f} | {r['recall']:.3f} | {r['ndcg']:.3f} | {same} |")
+            lines.append(
+                f"| {K} | {name} | {r['wall_s']:.2f} | {r['speedup']:.2f}x | {r['decode_speedup']:.2f}x | "
+                f"{r['steps_per_forward']:.2f} | {r['recall']:.3f} | {r['ndcg']:.3f} | {same} |"
+            )
     if "dsbd" in res:
         d = res["dsbd"]["settings"]
-        lines += ["", "## DSBD against beam sampling\n",
-                  f"W={d['W']}, gamma={d['gamma']}, W_S={d['W_S']}, t={d['t']}, draft `{d['draft']}`, {d['prompts']} "
-                  f"knowledge prompts x seeds {d['seeds']}, {d['max_new_tokens']} new tokens.\n",
-                  "| method | wall s | speedup | decode speedup | layers/forward | mean width | log-prob/token | "
-                  "log-prob/sequence |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## DSBD against beam sampling\n",
+            f"W={d['W']}, gamma={d['gamma']}, W_S={d['W_S']}, t={d['t']}, draft `{d['draft']}`, {d['prompts']} "
+            f"knowledge prompts x seeds {d['seeds']}, {d['max_new_tokens']} new tokens.\n",
+            "| method | wall s | speedup | decode speedup | layers/forward | mean width | log-prob/token | "
+            "log-prob/sequence |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for name, f in res["dsbd"]["methods"].items():
-            lines.append(f"| {name} | {f['wall_s']:.2f} | {f['speedup']:.2f}x | {f['decode_speedup']:.2f}x | "
-                         f"{f['layers_per_forward']:.2f} | {f['mean_width']:.2f} | {f['logprob_per_token']:.3f} | "
-                         f"{f['logprob_per_sequence']:.2f} |")
+            lines.append(
+                f"| {name} | {f['wall_s']:.2f} | {f['speedup']:.2f}x | {f['decode_speedup']:.2f}x | "
+                f"{f['layers_per_forward']:.2f} | {f['mean_width']:.2f} | {f['logprob_per_token']:.3f} | "
+                f"{f['logprob_per_sequence']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -7,6 +7,7 @@ included) against BW x L, tokens/s, speedup against ``generate``, the share of e
 The head's training curve (written by ``laser train-redrafter``) is attached. Measured prompts: new
 histories of a seeded sample of users (the suite's user task without its pools).
 """
+
 from __future__ import annotations
 
 import json
@@ -42,9 +43,13 @@ def study_methods(s: Any):
         for length in s.redrafter_lengths:
             for width in s.redrafter_widths:
                 if dedup or (width > 1 and length in s.redrafter_nodedup_lengths):
-                    ms.append(Method(method_name(width, length, dedup), "redrafter",
-                                     {"head": s.redrafter_head, "beam_width": width, "beam_length": length,
-                                      "dedup": dedup}))
+                    ms.append(
+                        Method(
+                            method_name(width, length, dedup),
+                            "redrafter",
+                            {"head": s.redrafter_head, "beam_width": width, "beam_length": length, "dedup": dedup},
+                        )
+                    )
     return ms
 
 
@@ -63,12 +68,17 @@ def tree_metrics(runs: list[Run], width: int, length: int) -> dict[str, Any]:
     stats = [r.stats for r in runs if r.stats is not None]
     drafted = [n for st in stats for n in st.drafted_per_step if n > 0]
     decode_s = sum(st.decode_s for st in stats)
-    return {"beam_width": width, "beam_length": length, "bw_x_l": width * length,
-            "tree_nodes_per_step": 1 + sum(drafted) / len(drafted) if drafted else 1.0,
-            "undeduplicated_nodes": 1 + width * (length - 1),
-            "drafting_share_of_step": sum(st.retrieval_s for st in stats) / decode_s if decode_s else None,
-            "drafting_ms_per_step": 1000 * sum(st.retrieval_s for st in stats) / max(1, sum(st.target_forwards
-                                                                                            for st in stats))}
+    return {
+        "beam_width": width,
+        "beam_length": length,
+        "bw_x_l": width * length,
+        "tree_nodes_per_step": 1 + sum(drafted) / len(drafted) if drafted else 1.0,
+        "undeduplicated_nodes": 1 + width * (length - 1),
+        "drafting_share_of_step": sum(st.retrieval_s for st in stats) / decode_s if decode_s else None,
+        "drafting_ms_per_step": 1000
+        * sum(st.retrieval_s for st in stats)
+        / max(1, sum(st.target_forwards for st in stats)),
+    }
 
 
 def training_curve(head: str) -> dict[str, Any] | None:
@@ -90,8 +100,10 @@ def run_redrafter_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s:
         raise ValueError("the redrafter study needs a trained head: --redrafter-head NAME (laser train-redrafter)")
     head_path_ = head_path(s.redrafter_head)
     if not head_path_.exists():
-        raise ValueError(f"ReDrafter head {s.redrafter_head!r} not found at {head_path_}: train it with "
-                         "`laser train-redrafter CONFIG`")
+        raise ValueError(
+            f"ReDrafter head {s.redrafter_head!r} not found at {head_path_}: train it with "
+            "`laser train-redrafter CONFIG`"
+        )
     no_groups = pl.DataFrame(schema={"entity_id": pl.Utf8, "group_id": pl.Utf8, "pool_kind": pl.Utf8}).to_arrow()
     task = TaskFixture("user", "none", prompts, {}, no_groups)  # no pools in this study
     methods = study_methods(s)
@@ -99,15 +111,29 @@ def run_redrafter_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s:
     metrics = summarise(rows, REFERENCE)
     for m in methods:
         if m.decoder == "redrafter":
-            metrics[m.name].update(tree_metrics(rows[m.name], m.params["beam_width"], m.params["beam_length"]),
-                                   dedup=m.params["dedup"])
-    report = {"study": "redrafter", "head": s.redrafter_head, "model": lm.name, "machine": machine_info(),
-              "versions": versions(), "prompts": len(task.prompts), "max_new_tokens": s.max_new_tokens,
-              "threads": s.threads, "methods": metrics, "training": training_curve(s.redrafter_head)}
+            metrics[m.name].update(
+                tree_metrics(rows[m.name], m.params["beam_width"], m.params["beam_length"]), dedup=m.params["dedup"]
+            )
+    report = {
+        "study": "redrafter",
+        "head": s.redrafter_head,
+        "model": lm.name,
+        "machine": machine_info(),
+        "versions": versions(),
+        "prompts": len(task.prompts),
+        "max_new_tokens": s.max_new_tokens,
+        "threads": s.threads,
+        "methods": metrics,
+        "training": training_curve(s.redrafter_head),
+    }
     report["targets"] = study_targets(metrics)
     report["machine"]["load_average_after"] = machine_info()["load_average"]
-    print_methods(f"redrafter study: {lm.name}, {s.threads} threads, {len(task.prompts)} prompts, "
-                  f"{s.max_new_tokens} new tokens max", metrics, wide_console())
+    print_methods(
+        f"redrafter study: {lm.name}, {s.threads} threads, {len(task.prompts)} prompts, "
+        f"{s.max_new_tokens} new tokens max",
+        metrics,
+        wide_console(),
+    )
     json_out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_study(metrics, json_out.with_name(json_out.stem + "-redrafter.png")))
     save_report(report, json_out, markdown(report))
@@ -121,31 +147,50 @@ def study_targets(metrics: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     same = {n: m for n, m in ours.items() if m["identical_to_greedy"]}
     fastest = max(same.items(), key=lambda kv: kv[1]["speedup_vs_generate"]) if same else None
     return [
-        {"target": "tokens per step >= 2.5 (best setting)", "value": best_aal["aal"], "minimum": 2.5,
-         "met": (best_aal["aal"] or 0) >= 2.5},
-        {"target": "speedup vs generate >= 1.3 with identical tokens", "setting": fastest[0] if fastest else None,
-         "value": fastest[1]["speedup_vs_generate"] if fastest else 0.0, "minimum": 1.3,
-         "met": bool(fastest and fastest[1]["speedup_vs_generate"] >= 1.3)},
-        {"target": "every setting identical to generate", "value": len(same), "minimum": len(ours),
-         "met": len(same) == len(ours)},
+        {
+            "target": "tokens per step >= 2.5 (best setting)",
+            "value": best_aal["aal"],
+            "minimum": 2.5,
+            "met": (best_aal["aal"] or 0) >= 2.5,
+        },
+        {
+            "target": "speedup vs generate >= 1.3 with identical tokens",
+            "setting": fastest[0] if fastest else None,
+            "value": fastest[1]["speedup_vs_generate"] if fastest else 0.0,
+            "minimum": 1.3,
+            "met": bool(fastest and fastest[1]["speedup_vs_generate"] >= 1.3),
+        },
+        {
+            "target": "every setting identical to generate",
+            "value": len(same),
+            "minimum": len(ours),
+            "met": len(same) == len(ours),
+        },
     ]
 
 
 def markdown(report: dict[str, Any]) -> str:
-    head = ("| setting | tokens/step | tree nodes/step | BW x L | no-dedup nodes | tokens/s | speedup | "
-            "drafting share | = generate |\n|---|---|---|---|---|---|---|---|---|")
+    head = (
+        "| setting | tokens/step | tree nodes/step | BW x L | no-dedup nodes | tokens/s | speedup | "
+        "drafting share | = generate |\n|---|---|---|---|---|---|---|---|---|"
+    )
     lines = [head]
     for name, m in report["methods"].items():
         if not name.startswith("redrafter"):
-            lines.append(f"| {name} | {m['aal'] or 1:.2f} | 1 | - | - | {m['tokens_per_s']:.1f} | "
-                         f"{m['speedup_vs_generate']:.2f}x | - | {'yes' if m['identical_to_greedy'] else 'no'} |")
+            lines.append(
+                f"| {name} | {m['aal'] or 1:.2f} | 1 | - | - | {m['tokens_per_s']:.1f} | "
+                f"{m['speedup_vs_generate']:.2f}x | - | {'yes' if m['identical_to_greedy'] else 'no'} |"
+            )
             continue
-        lines.append(f"| {name} | {m['aal']:.2f} | {m['tree_nodes_per_step']:.1f} | {m['bw_x_l']} | "
-                     f"{m['undeduplicated_nodes']} | {m['tokens_per_s']:.1f} | {m['speedup_vs_generate']:.2f}x | "
-                     f"{100 * (m['drafting_share_of_step'] or 0):.0f}% | "
-                     f"{'yes' if m['identical_to_greedy'] else 'no'} |")
-    lines += [""] + [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f}"
-                     for t in report["targets"]]
+        lines.append(
+            f"| {name} | {m['aal']:.2f} | {m['tree_nodes_per_step']:.1f} | {m['bw_x_l']} | "
+            f"{m['undeduplicated_nodes']} | {m['tokens_per_s']:.1f} | {m['speedup_vs_generate']:.2f}x | "
+            f"{100 * (m['drafting_share_of_step'] or 0):.0f}% | "
+            f"{'yes' if m['identical_to_greedy'] else 'no'} |"
+        )
+    lines += [""] + [
+        f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f}" for t in report["targets"]
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ AAL; accepted drafts per step; the share of them from the entities' own earlier 
 day 2 regenerated exactly the changed users and the new item and that their texts changed, and the
 ratios (day 2 decode tok/s drafting / no drafting, target >= 1.5; day 1 entities per minute, target >= 1.1).
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,9 @@ TARGET_FIRST = 1.1  # day 1 entities per minute, drafting over no drafting
 PLAIN = ["decoder.name=autoregressive", "decoder.params={}"]
 
 
-def run_once(name: str, config: Path, overrides: list[str], out: Path, log_dir: Path,
-             flags: tuple[str, ...] = ()) -> dict[str, Any]:
+def run_once(
+    name: str, config: Path, overrides: list[str], out: Path, log_dir: Path, flags: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """One scheduled run in a fresh process: wall seconds, its ledger row and its summary.json."""
     from pipelines.ops.schedule.ledger import RunLedger
 
@@ -62,20 +64,38 @@ def run_once(name: str, config: Path, overrides: list[str], out: Path, log_dir: 
     rec = RunLedger(out).records()[-1]
     new = json.loads((out / "summary.json").read_text())["new"]
     done = rec.generated
-    return {"wall_s": wall, "entities_per_min": 60 * done / wall if wall else 0.0, "generated": done,
-            "new": rec.entities_new, "changed": rec.entities_changed, "unchanged": rec.entities_unchanged,
-            "failed": rec.failed, "run_id": rec.run_id, "tok_s_decode": new["tokens_per_s_decode"],
-            "aal": new["aal"], "accepted_per_step": (new["aal"] - 1) if new["aal"] else 0.0,
-            "own_share": new.get("own_share"), "own_accepted": new.get("own_accepted", 0),
-            "decoded_tokens": new["decoded_tokens"], "log": str(log_path)}
+    return {
+        "wall_s": wall,
+        "entities_per_min": 60 * done / wall if wall else 0.0,
+        "generated": done,
+        "new": rec.entities_new,
+        "changed": rec.entities_changed,
+        "unchanged": rec.entities_unchanged,
+        "failed": rec.failed,
+        "run_id": rec.run_id,
+        "tok_s_decode": new["tokens_per_s_decode"],
+        "aal": new["aal"],
+        "accepted_per_step": (new["aal"] - 1) if new["aal"] else 0.0,
+        "own_share": new.get("own_share"),
+        "own_accepted": new.get("own_accepted", 0),
+        "decoded_tokens": new["decoded_tokens"],
+        "log": str(log_path),
+    }
 
 
 def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[str], str]:
     """Edit the tables for day 2; returns the changed users and the new item's id."""
     inter_path, items_path = data / "interactions.parquet", data / "items.parquet"
     inter, items = pl.read_parquet(inter_path), pl.read_parquet(items_path)
-    heavy = (inter.group_by("user_id").len().filter(pl.col("len") >= min_history)
-             .sample(fraction=1.0, shuffle=True, seed=seed)["user_id"].head(users).sort().to_list())
+    heavy = (
+        inter.group_by("user_id")
+        .len()
+        .filter(pl.col("len") >= min_history)
+        .sample(fraction=1.0, shuffle=True, seed=seed)["user_id"]
+        .head(users)
+        .sort()
+        .to_list()
+    )
     if len(heavy) < users:
         raise RuntimeError(f"only {len(heavy)} users have {min_history}+ interactions; asked for {users}")
     latest = inter["timestamp"].max()
@@ -91,8 +111,10 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
         added.append({"user_id": user, "item_id": item, "rating": 5.0, "timestamp": t + k})
     pl.concat([inter, pl.DataFrame(added, schema=inter.schema)]).write_parquet(inter_path)
     new_id = "bench-new-item"
-    pl.concat([items, items.head(1).with_columns(item_id=pl.lit(new_id, dtype=items.schema["item_id"]))],
-              how="vertical_relaxed").write_parquet(items_path)
+    pl.concat(
+        [items, items.head(1).with_columns(item_id=pl.lit(new_id, dtype=items.schema["item_id"]))],
+        how="vertical_relaxed",
+    ).write_parquet(items_path)
     return heavy, new_id
 
 
@@ -100,24 +122,45 @@ def text_quality(rows: pl.DataFrame) -> dict[str, Any]:
     """How a run's texts read (pipelines/quality.py columns): rows, the share ended (by EOS or at a sentence
     end), degenerate, and grounding (mean over rows that mention facts)."""
     grounded = rows["grounding"].drop_nulls()
-    return {"rows": rows.height, "ended_share": rows["ended"].mean() if rows.height else None,
-            "degenerate_share": rows["degenerate"].mean() if rows.height else None,
-            "grounding": grounded.mean() if grounded.len() else None}
+    return {
+        "rows": rows.height,
+        "ended_share": rows["ended"].mean() if rows.height else None,
+        "degenerate_share": rows["degenerate"].mean() if rows.height else None,
+        "grounding": grounded.mean() if grounded.len() else None,
+    }
 
 
 def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
     """:func:`text_quality` of each run's rows, read from its output."""
     from pipelines.knowledge_store import read_knowledge
 
-    outs = {"day1_plain": "plain", "day1_laser": "day1/laser", "day2_laser": "laser", "day2_plain": "laser-then-plain-0"}
-    return {name: text_quality(read_knowledge(work / outs[name] / "knowledge")
-                               .filter(pl.col("run_id") == runs[name]["run_id"]))
-            for name in runs if (work / outs[name]).exists()}
+    outs = {
+        "day1_plain": "plain",
+        "day1_laser": "day1/laser",
+        "day2_laser": "laser",
+        "day2_plain": "laser-then-plain-0",
+    }
+    return {
+        name: text_quality(
+            read_knowledge(work / outs[name] / "knowledge").filter(pl.col("run_id") == runs[name]["run_id"])
+        )
+        for name in runs
+        if (work / outs[name]).exists()
+    }
 
 
-def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, users: int = 50,
-                      min_history: int = 100, seed: int = 0, overrides: list[str] | None = None,
-                      day1_from: Path | None = None, day2_repeats: int = 3) -> dict[str, Any]:
+def run_refresh_bench(
+    json_out: Path,
+    config: Path,
+    dataset: Any,
+    work: Path,
+    users: int = 50,
+    min_history: int = 100,
+    seed: int = 0,
+    overrides: list[str] | None = None,
+    day1_from: Path | None = None,
+    day2_repeats: int = 3,
+) -> dict[str, Any]:
     """The sequence of the module docstring; prints a table and writes ``json_out``. ``dataset`` is the
     config's ``DatasetConfig`` (loaded by the caller with ``overrides``, which every run also gets).
     ``day1_from``: the work directory of an earlier run of this bench, whose day 1 (data, output and figures)
@@ -133,8 +176,10 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     load_before = machine_info()["load_average"]
     if day1_from is None:
         base = list(overrides or []) + write_tables(dataset, data)
-        runs = {"day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
-                "day1_laser": run_once("day1-laser", config, base, work / "laser", logs)}
+        runs = {
+            "day1_plain": run_once("day1-plain", config, base + PLAIN, work / "plain", logs),
+            "day1_laser": run_once("day1-laser", config, base, work / "laser", logs),
+        }
         shutil.copytree(data, work / "day1" / "data")  # day 1 as it was: --day1-from reruns day 2 from it
         shutil.copytree(work / "laser", work / "day1" / "laser")
         (work / "day1" / "runs.json").write_text(json.dumps({**runs, "base": base}, default=str))
@@ -155,17 +200,33 @@ def run_refresh_bench(json_out: Path, config: Path, dataset: Any, work: Path, us
     got = sorted(zip(day2["entity_type"], day2["entity_id"]))
     want = sorted([("user", u) for u in changed_users] + [("item", new_item)])
     old_text = dict(zip(before["entity_id"], before["knowledge"]))
-    changed_texts = sum(old_text.get(i) != k for t, i, k in day2.select("entity_type", "entity_id", "knowledge").iter_rows()
-                        if t == "user")
-    result = {"config": str(config), "overrides": list(overrides or []), "day1_from": str(day1_from or ""),
-              "users": users, "min_history": min_history, "seed": seed, "runs": runs,
-              "changed_users": changed_users, "new_item": new_item, "regenerated_exactly": got == want,
-              "regenerated": len(got), "user_texts_changed": changed_texts,
-              "day2_tok_s_decode": rates,
-              "refresh_ratio": _ratio(statistics.median(rates["day2_laser"]), statistics.median(rates["day2_plain"])),
-              "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
-              "quality": run_quality(work, runs), "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
-              "load_average_before": load_before, "machine": machine_info(), "versions": versions()}
+    changed_texts = sum(
+        old_text.get(i) != k
+        for t, i, k in day2.select("entity_type", "entity_id", "knowledge").iter_rows()
+        if t == "user"
+    )
+    result = {
+        "config": str(config),
+        "overrides": list(overrides or []),
+        "day1_from": str(day1_from or ""),
+        "users": users,
+        "min_history": min_history,
+        "seed": seed,
+        "runs": runs,
+        "changed_users": changed_users,
+        "new_item": new_item,
+        "regenerated_exactly": got == want,
+        "regenerated": len(got),
+        "user_texts_changed": changed_texts,
+        "day2_tok_s_decode": rates,
+        "refresh_ratio": _ratio(statistics.median(rates["day2_laser"]), statistics.median(rates["day2_plain"])),
+        "first_run_ratio": _ratio(runs["day1_laser"]["entities_per_min"], runs["day1_plain"]["entities_per_min"]),
+        "quality": run_quality(work, runs),
+        "targets": {"refresh": TARGET_REFRESH, "first_run": TARGET_FIRST},
+        "load_average_before": load_before,
+        "machine": machine_info(),
+        "versions": versions(),
+    }
     save_report(result, json_out)
     print_result(result)
     return result
@@ -181,8 +242,14 @@ def day_two_runs(config: Path, base: list[str], work: Path, logs: Path, i: int) 
     order = [("laser", laser), ("plain", plain)] if i % 2 == 0 else [("plain", plain), ("laser", laser)]
     got = {}
     for name, out in order:
-        got[name] = run_once(f"day2-{name}-{i}", config, base + (PLAIN if name == "plain" else []), out, logs,
-                             ("--keep-existing",) if name == "plain" else ())
+        got[name] = run_once(
+            f"day2-{name}-{i}",
+            config,
+            base + (PLAIN if name == "plain" else []),
+            out,
+            logs,
+            ("--keep-existing",) if name == "plain" else (),
+        )
     return got["laser"], got["plain"]
 
 
@@ -199,26 +266,53 @@ def print_result(result: dict[str, Any]) -> None:
     from rich.table import Table
 
     table = Table(title=f"scheduled refresh: {len(result['changed_users'])} users + 1 item changed on day 2")
-    cols = ("run", "wall s", "entities/min", "generated", "changed", "unchanged", "tok/s decode", "AAL",
-            "accepted/step", "own-text share")
+    cols = (
+        "run",
+        "wall s",
+        "entities/min",
+        "generated",
+        "changed",
+        "unchanged",
+        "tok/s decode",
+        "AAL",
+        "accepted/step",
+        "own-text share",
+    )
     for col in cols:
         table.add_column(col, justify="left" if col == "run" else "right")
     for name, r in result["runs"].items():
         share = "-" if r["own_share"] is None else f"{r['own_share']:.0%}"
-        table.add_row(name, f"{r['wall_s']:.1f}", f"{r['entities_per_min']:.1f}", str(r["generated"]),
-                      str(r["changed"]), str(r["unchanged"]), f"{r['tok_s_decode']:.1f}", f"{r['aal']:.2f}",
-                      f"{r['accepted_per_step']:.2f}", share)
+        table.add_row(
+            name,
+            f"{r['wall_s']:.1f}",
+            f"{r['entities_per_min']:.1f}",
+            str(r["generated"]),
+            str(r["changed"]),
+            str(r["unchanged"]),
+            f"{r['tok_s_decode']:.1f}",
+            f"{r['aal']:.2f}",
+            f"{r['accepted_per_step']:.2f}",
+            share,
+        )
     console = Console()
     console.print(table)
     fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
-    console.print(f"day 2 regenerated exactly the changed users and the new item: {result['regenerated_exactly']} "
-                  f"({result['regenerated']} rows; {result['user_texts_changed']} user texts changed)")
+    console.print(
+        f"day 2 regenerated exactly the changed users and the new item: {result['regenerated_exactly']} "
+        f"({result['regenerated']} rows; {result['user_texts_changed']} user texts changed)"
+    )
     for name, q in result.get("quality", {}).items():
-        console.print(f"{name}: {q['rows']} texts, ended {_share(q['ended_share'])}, degenerate "
-                      f"{_share(q['degenerate_share'])}, grounding {_share(q['grounding'])}")
+        console.print(
+            f"{name}: {q['rows']} texts, ended {_share(q['ended_share'])}, degenerate "
+            f"{_share(q['degenerate_share'])}, grounding {_share(q['grounding'])}"
+        )
     rates = result.get("day2_tok_s_decode", {})
-    console.print("day 2 decode tok/s per repeat: " + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}"
-                                                              for k, v in rates.items()))
-    console.print(f"day 2 decode tok/s, drafting / none (medians): {fmt(result['refresh_ratio'])} (target >= "
-                  f"{TARGET_REFRESH}x); day 1 entities/min, drafting / none: {fmt(result['first_run_ratio'])} "
-                  f"(target >= {TARGET_FIRST}x); load average {result['machine']['load_average']}")
+    console.print(
+        "day 2 decode tok/s per repeat: "
+        + "; ".join(f"{k} {', '.join(f'{x:.1f}' for x in v)}" for k, v in rates.items())
+    )
+    console.print(
+        f"day 2 decode tok/s, drafting / none (medians): {fmt(result['refresh_ratio'])} (target >= "
+        f"{TARGET_REFRESH}x); day 1 entities/min, drafting / none: {fmt(result['first_run_ratio'])} "
+        f"(target >= {TARGET_FIRST}x); load average {result['machine']['load_average']}"
+    )

@@ -10,6 +10,7 @@ Metric definitions (LASER section 4.1.3; ``shared/notes`` section 6), over all p
 - ``length_ratio_vs_greedy``: generated tokens / the reference's generated tokens;
 - ``identical_to_greedy``: every prompt's tokens equal the reference's.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,10 +58,15 @@ def hf_generate(lm: laser.LoadedModel, ids: list[int], max_new_tokens: int, **ge
     """transformers ``generate`` (greedy unless kwargs say otherwise) on one prompt, timed."""
     inputs = torch.tensor([ids], device=lm.model.device)
     t0 = time.perf_counter()
-    out = generate_ids(lm, inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens,
-                       **{"do_sample": False, **generate_kwargs})
+    out = generate_ids(
+        lm,
+        inputs,
+        attention_mask=torch.ones_like(inputs),
+        max_new_tokens=max_new_tokens,
+        **{"do_sample": False, **generate_kwargs},
+    )
     seconds = time.perf_counter() - t0
-    tokens = _until_eos(out[0, len(ids):].tolist(), lm.eos_ids)
+    tokens = _until_eos(out[0, len(ids) :].tolist(), lm.eos_ids)
     finish = "eos" if tokens and tokens[-1] in lm.eos_ids else "length"
     text = str(lm.tokenizer.decode(tokens, skip_special_tokens=True)) if lm.tokenizer is not None else None
     return Run(tokens, seconds, text=text, finish_reason=finish)
@@ -170,10 +176,15 @@ def machine_info() -> dict[str, Any]:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         load = None
-    return {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "python": platform.python_version(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "load_average": load,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": load,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
 
 
 def versions() -> dict[str, str]:
@@ -183,8 +194,12 @@ def versions() -> dict[str, str]:
         ours = version("laser-knowledge")
     except PackageNotFoundError:
         ours = "unknown"
-    return {"torch": torch.__version__, "transformers": transformers.__version__, "laser": ours,
-            "prompt_version": PROMPT_VERSION}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "laser": ours,
+        "prompt_version": PROMPT_VERSION,
+    }
 
 
 def wide_console() -> Console:
@@ -199,15 +214,31 @@ def _fmt(value: Any, spec: str, suffix: str = "") -> str:
 def print_methods(title: str, methods: dict[str, dict[str, Any]], console: Console | None = None) -> None:
     """The speed table: tokens/s, speedup, AAL, ART, overhead, length and identity per method."""
     table = Table(title=title)
-    for col in ("method", "tokens/s", "speedup", "AAL", "ART ms/step", "overhead", "new tokens", "len ratio",
-                "= greedy"):
+    for col in (
+        "method",
+        "tokens/s",
+        "speedup",
+        "AAL",
+        "ART ms/step",
+        "overhead",
+        "new tokens",
+        "len ratio",
+        "= greedy",
+    ):
         table.add_column(col, justify="right")
     for name, m in methods.items():
         share = None if m["overhead_share_of_step"] is None else 100 * m["overhead_share_of_step"]
-        table.add_row(name, f"{m['tokens_per_s']:.1f}", f"{m['speedup_vs_generate']:.2f}x", _fmt(m["aal"], ".2f"),
-                      _fmt(m["art_ms_per_step"], ".3f"), _fmt(share, ".1f", "%"), f"{m['mean_new_tokens']:.0f}",
-                      f"{m['length_ratio_vs_greedy']:.2f}",
-                      "yes" if m["identical_to_greedy"] else f"no ({m['identical_prompts']}/{m['prompts']})")
+        table.add_row(
+            name,
+            f"{m['tokens_per_s']:.1f}",
+            f"{m['speedup_vs_generate']:.2f}x",
+            _fmt(m["aal"], ".2f"),
+            _fmt(m["art_ms_per_step"], ".3f"),
+            _fmt(share, ".1f", "%"),
+            f"{m['mean_new_tokens']:.0f}",
+            f"{m['length_ratio_vs_greedy']:.2f}",
+            "yes" if m["identical_to_greedy"] else f"no ({m['identical_prompts']}/{m['prompts']})",
+        )
     (console or wide_console()).print(table)
 
 
@@ -226,16 +257,19 @@ def print_breakdown(title: str, methods: dict[str, dict[str, Any]], console: Con
     (console or wide_console()).print(table)
 
 
-
 def markdown_methods(methods: dict[str, dict[str, Any]]) -> str:
     """The speed table as Markdown (for README results)."""
-    lines = ["| method | tokens/s | speedup | AAL | ART ms/step | new tokens | len ratio | = greedy |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| method | tokens/s | speedup | AAL | ART ms/step | new tokens | len ratio | = greedy |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     for name, m in methods.items():
         same = "yes" if m["identical_to_greedy"] else f"no ({m['identical_prompts']}/{m['prompts']})"
-        lines.append(f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup_vs_generate']:.2f}x | {_fmt(m['aal'], '.2f')} | "
-                     f"{_fmt(m['art_ms_per_step'], '.3f')} | {m['mean_new_tokens']:.0f} | "
-                     f"{m['length_ratio_vs_greedy']:.2f} | {same} |")
+        lines.append(
+            f"| {name} | {m['tokens_per_s']:.1f} | {m['speedup_vs_generate']:.2f}x | {_fmt(m['aal'], '.2f')} | "
+            f"{_fmt(m['art_ms_per_step'], '.3f')} | {m['mean_new_tokens']:.0f} | "
+            f"{m['length_ratio_vs_greedy']:.2f} | {same} |"
+        )
     return "\n".join(lines)
 
 
@@ -245,7 +279,6 @@ def markdown_breakdown(methods: dict[str, dict[str, Any]]) -> str:
     if not rows:
         return ""
     cols = list(next(iter(rows.values())))
-    lines = ["| method | " + " | ".join(c.replace("_", " ") for c in cols) + " |",
-             "|---|" + "---:|" * len(cols)]
+    lines = ["| method | " + " | ".join(c.replace("_", " ") for c in cols) + " |", "|---|" + "---:|" * len(cols)]
     lines += [f"| {n} | " + " | ".join(f"{b[c]:.2f}" for c in cols) + " |" for n, b in rows.items()]
     return "\n".join(lines)

@@ -5,6 +5,7 @@
 loads the job config (with its overrides) and runs the same work through Ray Data LLM
 (:mod:`benchmarks.ray_data_llm`), printing its old and new pass figures as JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,10 +22,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True)
 
 
 @app.command("ray-data-llm")
-def ray_data_llm(config: Path = typer.Argument(..., help="Job config whose entities and prompts are run."),
-                 out: Path = typer.Option(..., "--out", help="Folder for the summary and the rows."),
-                 overrides: list[str] = typer.Option([], "--set", help="key.path=value overrides of the config."),
-                 speculation: str = typer.Option("none", help="vLLM speculation: none, ngram or suffix.")) -> None:
+def ray_data_llm(
+    config: Path = typer.Argument(..., help="Job config whose entities and prompts are run."),
+    out: Path = typer.Option(..., "--out", help="Folder for the summary and the rows."),
+    overrides: list[str] = typer.Option([], "--set", help="key.path=value overrides of the config."),
+    speculation: str = typer.Option("none", help="vLLM speculation: none, ngram or suffix."),
+) -> None:
     from benchmarks.ray_data_llm import SPECULATION, run
 
     t0 = time.perf_counter()

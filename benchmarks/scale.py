@@ -35,6 +35,7 @@ passes ``budget_s`` are skipped and say so. ``stages`` picks stages: the ones th
 the totals, under ``setup``); lightgcn (for route) and route (for plan) only when picked. Writes JSON
 (``sizes``, ``slopes``), a PNG beside it and prints a table.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,14 +58,20 @@ import polars as pl
 log = logging.getLogger(__name__)
 
 STAGES = ("load_split", "lightgcn", "route", "plan", "store_write", "latest_view", "pools", "incremental")
-NEEDS = {"lightgcn": ("load_split",), "route": ("load_split",), "pools": ("route", "store_write"),
-         "plan": ("load_split",), "store_write": ("plan",), "latest_view": ("store_write",),
-         "incremental": ("store_write",)}
+NEEDS = {
+    "lightgcn": ("load_split",),
+    "route": ("load_split",),
+    "pools": ("route", "store_write"),
+    "plan": ("load_split",),
+    "store_write": ("plan",),
+    "latest_view": ("store_write",),
+    "incremental": ("store_write",),
+}
 USES = {"route": ("lightgcn",), "plan": ("route",), "incremental": ("pools",)}  # used when they ran
 TARGETS = {"total_s_at_1M": 600.0, "peak_gb_at_1M": 8.0, "slope_max": 1.1, "incremental_ratio_max": 0.10}
 _CONFIG_HASH = "bench-scale"
 REPEAT_UNDER_S = 60.0  # a stage faster than this runs ``repeats`` times (the issue's "medians of 3")
-_GB = 2 ** 30
+_GB = 2**30
 
 
 @dataclass
@@ -73,15 +80,15 @@ class ScaleSettings:
 
     sizes: tuple[int, ...] = (10_000, 100_000, 1_000_000)
     stages: tuple[str, ...] = STAGES
-    budget_s: float = 1800.0      # a size's selected stages together
+    budget_s: float = 1800.0  # a size's selected stages together
     stage_timeout_s: float | None = None  # one stage process's time limit (default: what is left of budget_s)
-    max_gb: float = 12.0          # a stage process resident above this is killed (recorded out of memory)
+    max_gb: float = 12.0  # a stage process resident above this is killed (recorded out of memory)
     mean_history: float = 20.0
     item_share: float = 0.1
     lightgcn_epochs: int = 1
-    text_words: int = 100         # words of each fake knowledge text (the pools' input)
+    text_words: int = 100  # words of each fake knowledge text (the pools' input)
     changed_share: float = 0.01
-    repeats: int = 1              # runs of a stage that takes under REPEAT_UNDER_S: the median is reported
+    repeats: int = 1  # runs of a stage that takes under REPEAT_UNDER_S: the median is reported
     seed: int = 0
     dataset: dict[str, Any] | None = None  # a DatasetConfig's fields: measure that dataset (one size)
 
@@ -112,19 +119,20 @@ def users_items(entities: int, item_share: float) -> tuple[int, int]:
 
 # ---- stage processes -------------------------------------------------------------------------------------
 
+
 class Meter:
     """Wall time and peak resident memory of a block, in the stage process (module docstring)."""
 
     def __enter__(self) -> "Meter":
         self.reset = _reset_peak()
-        self.start_gb = _status_kb("VmRSS") / 2 ** 20
+        self.start_gb = _status_kb("VmRSS") / 2**20
         self.started = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.s = time.perf_counter() - self.started
         peak_kb = _status_kb("VmHWM") if self.reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self.peak_gb = peak_kb / 2 ** 20
+        self.peak_gb = peak_kb / 2**20
 
 
 def _status_kb(key: str) -> float:
@@ -162,8 +170,9 @@ class Ctx:
     def job(self) -> Any:
         from pipelines.config import JobConfig, OutputConfig, RoutingConfig
 
-        return JobConfig(output=OutputConfig(path=str(self.root / "out")),
-                         routing=RoutingConfig(seed=self.settings.seed))
+        return JobConfig(
+            output=OutputConfig(path=str(self.root / "out")), routing=RoutingConfig(seed=self.settings.seed)
+        )
 
     def dataset(self) -> Any:
         from pipelines.data.schema import Dataset
@@ -176,9 +185,13 @@ class Ctx:
         from pipelines.data.schema import Split
 
         items = pl.read_parquet(self.data / "items.parquet")
-        return Split(old_interactions=pl.read_parquet(self.root / "split" / "old.parquet"),
-                     new_interactions=pl.read_parquet(self.root / "split" / "new.parquet"),
-                     existing_items=items.clear(), new_items=items.sort("item_id"), mode="latest")
+        return Split(
+            old_interactions=pl.read_parquet(self.root / "split" / "old.parquet"),
+            new_interactions=pl.read_parquet(self.root / "split" / "new.parquet"),
+            existing_items=items.clear(),
+            new_items=items.sort("item_id"),
+            mode="latest",
+        )
 
     def routing(self) -> pl.DataFrame | None:
         from pipelines.frames import as_frame
@@ -192,8 +205,14 @@ class Ctx:
 def _table_config(path: Path) -> Any:
     from pipelines.data.config import DatasetConfig
 
-    return DatasetConfig(format="table", path=str(path), name="bench-scale", interactions_file="interactions.parquet",
-                         items_file="items.parquet", users_file="users.parquet")
+    return DatasetConfig(
+        format="table",
+        path=str(path),
+        name="bench-scale",
+        interactions_file="interactions.parquet",
+        items_file="items.parquet",
+        users_file="users.parquet",
+    )
 
 
 def _write_tables(ds: Any, folder: Path) -> None:
@@ -240,18 +259,29 @@ def stage_lightgcn(ctx: Ctx, meter: Meter) -> dict[str, Any]:
 
     epochs = ctx.settings.lightgcn_epochs
     interactions = ctx.split().routing_interactions
-    config = router.LightGCNConfig(positive_threshold=ctx.job().dataset.min_positive_rating, seed=ctx.settings.seed,
-                                   progress=False, max_epochs=epochs, eval_every=epochs)
+    config = router.LightGCNConfig(
+        positive_threshold=ctx.job().dataset.min_positive_rating,
+        seed=ctx.settings.seed,
+        progress=False,
+        max_epochs=epochs,
+        eval_every=epochs,
+    )
     with meter:
         result = router.train_lightgcn(interactions, config)
     from router.embeddings import save_embeddings
 
     save_embeddings(result.users, ctx.root / "lightgcn-users.parquet")  # data files, never pickles
     save_embeddings(result.items, ctx.root / "lightgcn-items.parquet")
-    (ctx.root / "lightgcn.json").write_text(json.dumps({"best_recall": result.best_recall,
-                                                       "best_epoch": result.best_epoch}))
-    return {"epochs": result.epochs, "epoch_s": result.epoch_seconds, "recall_at_k": result.best_recall,
-            "positives_users": len(result.users), "positives_items": len(result.items)}
+    (ctx.root / "lightgcn.json").write_text(
+        json.dumps({"best_recall": result.best_recall, "best_epoch": result.best_epoch})
+    )
+    return {
+        "epochs": result.epochs,
+        "epoch_s": result.epoch_seconds,
+        "recall_at_k": result.best_recall,
+        "positives_users": len(result.users),
+        "positives_items": len(result.items),
+    }
 
 
 def stage_route(ctx: Ctx, meter: Meter) -> dict[str, Any]:
@@ -263,9 +293,11 @@ def stage_route(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     if ctx.done("lightgcn"):
         from router.embeddings import load_embeddings
 
-        trained = router.LightGCNResult(load_embeddings(ctx.root / "lightgcn-users.parquet"),
-                                        load_embeddings(ctx.root / "lightgcn-items.parquet"),
-                                        **json.loads((ctx.root / "lightgcn.json").read_text()))
+        trained = router.LightGCNResult(
+            load_embeddings(ctx.root / "lightgcn-users.parquet"),
+            load_embeddings(ctx.root / "lightgcn-items.parquet"),
+            **json.loads((ctx.root / "lightgcn.json").read_text()),
+        )
 
     def given(*_: Any, **__: Any) -> Any:  # step_route trains LightGCN; the lightgcn stage already did (timed)
         if trained is None:
@@ -280,10 +312,12 @@ def stage_route(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     return {"collaborative": trained is not None, "pool_kinds": {str(k): n for k, n in kinds.items()}}
 
 
-_WORDS = ("enjoys warm stories about family and friendship with a gentle pace and strong characters who grow "
-          "over time prefers action packed thrillers dark humour clever plots classic westerns recent dramas "
-          "science fiction worlds romantic comedies slow documentaries about history nature and music rates "
-          "highly films that feature memorable villains striking visuals quiet endings loud soundtracks").split()
+_WORDS = (
+    "enjoys warm stories about family and friendship with a gentle pace and strong characters who grow "
+    "over time prefers action packed thrillers dark humour clever plots classic westerns recent dramas "
+    "science fiction worlds romantic comedies slow documentaries about history nature and music rates "
+    "highly films that feature memorable villains striking visuals quiet endings loud soundtracks"
+).split()
 
 
 def fake_texts(n: int, words: int, seed: int) -> list[str]:
@@ -298,8 +332,12 @@ def fake_texts(n: int, words: int, seed: int) -> list[str]:
 
 def _entities(ctx: Ctx) -> pl.DataFrame:
     ds = ctx.dataset()
-    return pl.concat([ds.users.select(entity_type=pl.lit("user"), entity_id="user_id"),
-                      ds.items.select(entity_type=pl.lit("item"), entity_id="item_id")])
+    return pl.concat(
+        [
+            ds.users.select(entity_type=pl.lit("user"), entity_id="user_id"),
+            ds.items.select(entity_type=pl.lit("item"), entity_id="item_id"),
+        ]
+    )
 
 
 def stage_pools(ctx: Ctx, meter: Meter) -> dict[str, Any]:
@@ -346,8 +384,12 @@ def stage_plan(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     with meter:  # a first run: its output holds no knowledge yet (never the store_write stage's)
         plan = _plan(ds, split, routing, ctx.root / "out" / "no-knowledge-yet", ctx.root / "source-hashes.parquet")
     _todo_frame(plan.todo).write_parquet(ctx.root / "plan.parquet")
-    return {"planned": len(plan.todo), "new": plan.new, "routed": ctx.routing() is not None,
-            "payloads_s": _payloads_s(ds, split, plan.todo)}
+    return {
+        "planned": len(plan.todo),
+        "new": plan.new,
+        "routed": ctx.routing() is not None,
+        "payloads_s": _payloads_s(ds, split, plan.todo),
+    }
 
 
 def _payloads_s(ds: Any, split: Any, todo: list[Any]) -> float:
@@ -358,8 +400,8 @@ def _payloads_s(ds: Any, split: Any, todo: list[Any]) -> float:
 
     start = time.perf_counter()
     for i in range(0, len(todo), REQUEST_BATCH):
-        attach_payloads(ds, split, todo[i:i + REQUEST_BATCH])
-        drop_payloads(todo[i:i + REQUEST_BATCH])
+        attach_payloads(ds, split, todo[i : i + REQUEST_BATCH])
+        drop_payloads(todo[i : i + REQUEST_BATCH])
     return time.perf_counter() - start
 
 
@@ -368,8 +410,9 @@ _TODO_COLUMNS = ("entity_type", "entity_id", "source_hash", "pool_kind", "group_
 
 def _todo_frame(todo: list[Any]) -> pl.DataFrame:
     """The planned requests' keys, hashes and routes (what a knowledge row records of its request)."""
-    return pl.DataFrame({c: [getattr(r, c) for r in todo] for c in _TODO_COLUMNS},
-                        schema={c: pl.Utf8 for c in _TODO_COLUMNS})
+    return pl.DataFrame(
+        {c: [getattr(r, c) for r in todo] for c in _TODO_COLUMNS}, schema={c: pl.Utf8 for c in _TODO_COLUMNS}
+    )
 
 
 _QUALITY = ("finished_eos", "repeat_4gram", "degenerate", "ended", "cut", "fragment", "n_words")
@@ -382,17 +425,29 @@ def fake_rows(todo: pl.DataFrame, words: int, seed: int) -> pl.DataFrame:
 
     texts = fake_texts(todo.height, words, seed)
     scores = [text_quality(t, "eos") for t in texts]
-    return todo.with_columns(knowledge=pl.Series(texts),
-                             **{c: pl.Series([getattr(q, c) for q in scores]) for c in _QUALITY})
+    return todo.with_columns(
+        knowledge=pl.Series(texts), **{c: pl.Series([getattr(q, c) for q in scores]) for c in _QUALITY}
+    )
 
 
 def _write_rows(store: Path, rows: pl.DataFrame, run_id: str, run_seq: int, shard_rows: int) -> int:
     """One knowledge row per planned entity through the job's writer (lock, shards, commits, compaction)."""
     from pipelines.knowledge_store import KnowledgeWriter
 
-    fixed = {"model": "bench", "decoder": "laser", "decoder_params": "{}", "prompt_version": "bench", "n_tokens": 120,
-             "target_forwards": 40, "accepted_tokens": 80, "retrieval_s": 0.0, "generation_s": 1.0,
-             "finish_reason": "eos", "run_id": run_id, "config_hash": _CONFIG_HASH}
+    fixed = {
+        "model": "bench",
+        "decoder": "laser",
+        "decoder_params": "{}",
+        "prompt_version": "bench",
+        "n_tokens": 120,
+        "target_forwards": 40,
+        "accepted_tokens": 80,
+        "retrieval_s": 0.0,
+        "generation_s": 1.0,
+        "finish_reason": "eos",
+        "run_id": run_id,
+        "config_hash": _CONFIG_HASH,
+    }
     with KnowledgeWriter(store, shard_rows=shard_rows, run_id=run_id, run_seq=run_seq) as writer:
         for row in rows.iter_rows(named=True):
             writer.add({**row, **fixed})
@@ -427,8 +482,9 @@ def flip_newest(interactions: pl.DataFrame, users: list[str]) -> pl.DataFrame:
     """The newest rating of each listed user flipped (high -> 1, low -> 5), timestamp kept."""
     newest = pl.col("timestamp") == pl.col("timestamp").max().over("user_id")
     flipped = pl.when(pl.col("rating") >= 3).then(1.0).otherwise(5.0).cast(interactions.schema["rating"])
-    return interactions.with_columns(rating=pl.when(pl.col("user_id").is_in(users) & newest).then(flipped)
-                                     .otherwise(pl.col("rating")))
+    return interactions.with_columns(
+        rating=pl.when(pl.col("user_id").is_in(users) & newest).then(flipped).otherwise(pl.col("rating"))
+    )
 
 
 def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
@@ -446,8 +502,12 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
     _write_tables(ds, edited)
     del ds
     # copies: the full run's store, hash cache and pools stay as they were
-    store, cache, pools, parts = ctx.root / "out" / "knowledge-incremental", ctx.root / "hashes-incremental.parquet", \
-        ctx.root / "out" / "pools-incremental", {}
+    store, cache, pools, parts = (
+        ctx.root / "out" / "knowledge-incremental",
+        ctx.root / "hashes-incremental.parquet",
+        ctx.root / "out" / "pools-incremental",
+        {},
+    )
     for source, copy in ((ctx.root / "out" / "knowledge", store), (ctx.root / "out" / "pools", pools)):
         shutil.rmtree(copy, ignore_errors=True)
         if source.exists():
@@ -474,14 +534,27 @@ def stage_incremental(ctx: Ctx, meter: Meter) -> dict[str, Any]:
         latest_view(store)
         parts["latest_s"] = time.perf_counter() - tick
     meter.s -= parts["rows_s_untimed"]
-    return {"changed_users": len(users), "planned": len(plan.todo), "changed": plan.changed,
-            "unchanged": plan.unchanged, "pools_included": with_pools, **parts}
+    return {
+        "changed_users": len(users),
+        "planned": len(plan.todo),
+        "changed": plan.changed,
+        "unchanged": plan.unchanged,
+        "pools_included": with_pools,
+        **parts,
+    }
 
 
 STAGE_FUNCS: dict[str, Callable[[Ctx, Meter], dict[str, Any]]] = {
-    "generate": stage_generate, "load_split": stage_load_split, "lightgcn": stage_lightgcn, "route": stage_route,
-    "pools": stage_pools, "plan": stage_plan, "store_write": stage_store_write, "latest_view": stage_latest_view,
-    "incremental": stage_incremental}
+    "generate": stage_generate,
+    "load_split": stage_load_split,
+    "lightgcn": stage_lightgcn,
+    "route": stage_route,
+    "pools": stage_pools,
+    "plan": stage_plan,
+    "store_write": stage_store_write,
+    "latest_view": stage_latest_view,
+    "incremental": stage_incremental,
+}
 
 
 def run_stage(stage: str, root: Path) -> None:
@@ -491,8 +564,13 @@ def run_stage(stage: str, root: Path) -> None:
     out = root / "results" / f"{stage}.json"
     try:
         extra = STAGE_FUNCS[stage](Ctx(root, settings), meter)
-        result = {"s": meter.s, "peak_gb": meter.peak_gb, "start_gb": meter.start_gb, "peak_reset": meter.reset,
-                  **extra}
+        result = {
+            "s": meter.s,
+            "peak_gb": meter.peak_gb,
+            "start_gb": meter.start_gb,
+            "peak_reset": meter.reset,
+            **extra,
+        }
     except Exception as exc:  # recorded, never raised: the bench goes on with the other stages
         log.exception("stage %s failed", stage)
         result = {"error": f"{type(exc).__name__}: {exc}"[:500]}
@@ -504,6 +582,7 @@ def _tuples(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---- the parent: sizes, processes, projection, report ------------------------------------------------------
+
 
 @dataclass
 class StageRun:
@@ -523,8 +602,9 @@ def spawn_stage(stage: str, root: Path, timeout_s: float, max_gb: float) -> Stag
     result_path.unlink(missing_ok=True)
     run, started, killed = StageRun(), time.perf_counter(), None
     with open(root / "logs" / f"{stage}.log", "w") as logf:
-        proc = subprocess.Popen([sys.executable, "-m", "benchmarks.scale", stage, str(root)],
-                                stdout=logf, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.scale", stage, str(root)], stdout=logf, stderr=subprocess.STDOUT
+        )
         watched = psutil.Process(proc.pid)
         while proc.poll() is None:
             try:
@@ -548,8 +628,10 @@ def spawn_stage(stage: str, root: Path, timeout_s: float, max_gb: float) -> Stag
     elif result_path.exists():
         run.result = json.loads(result_path.read_text())
     else:
-        run.result = {"error": f"the stage process exited {proc.returncode} without a result; see "
-                               f"{root / 'logs' / (stage + '.log')}"}
+        run.result = {
+            "error": f"the stage process exited {proc.returncode} without a result; see "
+            f"{root / 'logs' / (stage + '.log')}"
+        }
     if "error" in run.result:
         run.result["sampled_peak_gb"] = round(run.sampled_peak_gb, 3)
         result_path.write_text(json.dumps(run.result))
@@ -565,8 +647,11 @@ def loglog_slope(n0: float, y0: float, n1: float, y1: float) -> float | None:
 def project(sizes: dict[str, Any], stage: str, n: int) -> float | None:
     """The stage's seconds at ``n`` from the measured sizes below it: extrapolated by its last log-log slope
     (at least 1: small sizes carry fixed costs); None when it was never measured."""
-    seen = sorted((int(k), v["stages"][stage]["s"]) for k, v in sizes.items()
-                  if int(k) < n and "s" in v.get("stages", {}).get(stage, {}))
+    seen = sorted(
+        (int(k), v["stages"][stage]["s"])
+        for k, v in sizes.items()
+        if int(k) < n and "s" in v.get("stages", {}).get(stage, {})
+    )
     if not seen:
         return None
     slope = loglog_slope(*seen[-2], *seen[-1]) if len(seen) > 1 else None
@@ -607,8 +692,9 @@ def _spawn_or_reuse(stage: str, root: Path, timeout_s: float, max_gb: float, res
     return StageRun(reused) if reused is not None else spawn_stage(stage, root, timeout_s, max_gb)
 
 
-def run_size(n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any],
-             resume: bool = False) -> dict[str, Any]:
+def run_size(
+    n: int, root: Path, settings: ScaleSettings, earlier: dict[str, Any], resume: bool = False
+) -> dict[str, Any]:
     """Generate, then run the selected stages (and what they need) for one size; with ``resume`` the
     generation and the needed stages an earlier run finished in ``root`` are reused, not run again."""
     root.mkdir(parents=True, exist_ok=True)
@@ -706,11 +792,16 @@ def slopes(sizes: dict[str, Any], key: str = "s") -> dict[str, dict[str, float]]
     out: dict[str, dict[str, float]] = {}
     total = "total_s" if key == "s" else "peak_gb"
     for stage in [*STAGES, "total"]:
-        points = [(int(k), sizes[k].get(total) if stage == "total" else sizes[k]["stages"].get(stage, {}).get(key))
-                  for k in order]
+        points = [
+            (int(k), sizes[k].get(total) if stage == "total" else sizes[k]["stages"].get(stage, {}).get(key))
+            for k in order
+        ]
         points = [(n, y) for n, y in points if y]
-        raw = {f"{a[0]}-{b[0]}": loglog_slope(*a, *b) for a, b in zip(points, points[1:])
-               if stage != "total" or _same_stages(sizes, a[0], b[0])}
+        raw = {
+            f"{a[0]}-{b[0]}": loglog_slope(*a, *b)
+            for a, b in zip(points, points[1:])
+            if stage != "total" or _same_stages(sizes, a[0], b[0])
+        }
         pairs = {k: round(v, 3) for k, v in raw.items() if v is not None}
         if pairs:
             out[stage] = pairs
@@ -722,8 +813,9 @@ def _same_stages(sizes: dict[str, Any], a: int, b: int) -> bool:
     return sizes[str(a)].get("finished") == sizes[str(b)].get("finished")
 
 
-def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None = None,
-                    merge: bool = False) -> dict[str, Any]:
+def run_scale_bench(
+    json_out: Path, settings: ScaleSettings, work: Path | None = None, merge: bool = False
+) -> dict[str, Any]:
     """Measure every size (module docstring); prints a table, writes ``json_out`` and a PNG beside it. With
     ``merge`` the sizes ``json_out`` already holds are kept (what this run measures replaces them stage by
     stage) and project the sizes of this run, and a size folder in ``work`` from an earlier run on the same
@@ -737,7 +829,7 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
     sizes: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     try:
-        for n in ([0] if settings.dataset is not None else sorted(settings.sizes)):
+        for n in [0] if settings.dataset is not None else sorted(settings.sizes):
             known = merge_sizes(earlier, sizes)
             projected = {s: project(known, s, n) for s in settings.stages if not _failed_before(sizes, s)}
             total = sum(p for p in projected.values() if p is not None)
@@ -756,10 +848,18 @@ def run_scale_bench(json_out: Path, settings: ScaleSettings, work: Path | None =
         if own:
             shutil.rmtree(work, ignore_errors=True)
     sizes = merge_sizes(earlier, sizes)
-    result = {"settings": asdict(settings), "merged": merge, "targets": TARGETS, "sizes": sizes,
-              "skipped_sizes": skipped,
-              "slopes": slopes(sizes), "peak_slopes": slopes(sizes, "peak_gb"),
-              "machine": machine_info(), "versions": versions(), "code": code_version()}
+    result = {
+        "settings": asdict(settings),
+        "merged": merge,
+        "targets": TARGETS,
+        "sizes": sizes,
+        "skipped_sizes": skipped,
+        "slopes": slopes(sizes),
+        "peak_slopes": slopes(sizes, "peak_gb"),
+        "machine": machine_info(),
+        "versions": versions(),
+        "code": code_version(),
+    }
     save_report(result, json_out)
     plot(result, json_out.with_suffix(".png"))
     print_result(result)
@@ -773,8 +873,9 @@ def code_version() -> dict[str, Any] | None:
         return {"commit": os.environ["LASER_BENCH_COMMIT"], "modified_files": 0}
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, check=True).stdout
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return {"commit": commit.strip(), "modified_files": dirty.count("\n")}
@@ -790,19 +891,28 @@ def plot(result: dict[str, Any], path: Path) -> None:
     sizes = result["sizes"]
     order = sorted(sizes, key=int)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, label, target in ((axes[0], "s", "seconds", TARGETS["total_s_at_1M"]),
-                                   (axes[1], "peak_gb", "peak resident GB", TARGETS["peak_gb_at_1M"])):
+    for ax, key, label, target in (
+        (axes[0], "s", "seconds", TARGETS["total_s_at_1M"]),
+        (axes[1], "peak_gb", "peak resident GB", TARGETS["peak_gb_at_1M"]),
+    ):
         for stage in STAGES:
             pts = [(int(k), sizes[k]["stages"][stage][key]) for k in order if key in sizes[k]["stages"].get(stage, {})]
             if pts:
                 ax.plot(*zip(*pts), "o-", label=stage, markersize=4)
         total_key = "total_s" if key == "s" else "peak_gb"
-        totals = [(int(k), sizes[k][total_key], tuple(sizes[k].get("finished", ()))) for k in order
-                  if sizes[k].get(total_key)]
+        totals = [
+            (int(k), sizes[k][total_key], tuple(sizes[k].get("finished", ()))) for k in order if sizes[k].get(total_key)
+        ]
         for i, segment in enumerate(_segments(totals)):  # a total is only joined to totals of the same stages
-            ax.plot(*zip(*segment), "ks-", lw=2, markersize=5,
-                    label=("all stages (joined where the same stages finished)" if key == "s" else
-                           "peak (any stage)") if i == 0 else None)
+            ax.plot(
+                *zip(*segment),
+                "ks-",
+                lw=2,
+                markersize=5,
+                label=("all stages (joined where the same stages finished)" if key == "s" else "peak (any stage)")
+                if i == 0
+                else None,
+            )
         if totals:
             n0, y0, _ = totals[0]
             ax.plot([n0, n0 * 100], [y0, y0 * 100], "k:", lw=1, label="linear from the smallest")
@@ -813,8 +923,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel(label)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=7, bbox_to_anchor=(0.5, -0.1))
-    fig.suptitle(f"laser bench scale: every stage but generation ({result['settings']['lightgcn_epochs']} LightGCN "
-                 f"epoch(s))")
+    fig.suptitle(
+        f"laser bench scale: every stage but generation ({result['settings']['lightgcn_epochs']} LightGCN epoch(s))"
+    )
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
@@ -846,10 +957,16 @@ def print_result(result: dict[str, Any]) -> None:
         table.add_column(f"{int(k):,} entities", justify="right")
     table.add_column("slopes", justify="right")
     for stage in [s for s in STAGES if any(s in sizes[k]["stages"] for k in order)]:
-        table.add_row(stage, *(_cell(sizes[k]["stages"].get(stage, {})) for k in order),
-                      ", ".join(f"{v:.2f}" for v in result["slopes"].get(stage, {}).values()))
-    table.add_row("all stages", *(f"{sizes[k]['total_s']:.1f} s / {sizes[k]['peak_gb']:.2f} GB" for k in order),
-                  ", ".join(f"{v:.2f}" for v in result["slopes"].get("total", {}).values()))
+        table.add_row(
+            stage,
+            *(_cell(sizes[k]["stages"].get(stage, {})) for k in order),
+            ", ".join(f"{v:.2f}" for v in result["slopes"].get(stage, {}).values()),
+        )
+    table.add_row(
+        "all stages",
+        *(f"{sizes[k]['total_s']:.1f} s / {sizes[k]['peak_gb']:.2f} GB" for k in order),
+        ", ".join(f"{v:.2f}" for v in result["slopes"].get("total", {}).values()),
+    )
     console = Console()
     console.print(table)
     for k in order:
@@ -860,8 +977,10 @@ def print_result(result: dict[str, Any]) -> None:
             if "error" in entry or "skipped" in entry:
                 console.print(f"{int(k):,} {stage}: {entry.get('error') or entry.get('skipped')}")
         if "incremental_ratio" in sizes[k]:
-            console.print(f"{int(k):,}: incremental / full = {sizes[k]['incremental_ratio']:.3f} "
-                          f"(target <= {TARGETS['incremental_ratio_max']:.2f})")
+            console.print(
+                f"{int(k):,}: incremental / full = {sizes[k]['incremental_ratio']:.3f} "
+                f"(target <= {TARGETS['incremental_ratio_max']:.2f})"
+            )
     for n, why in result["skipped_sizes"].items():
         console.print(f"{int(n):,} entities skipped: {why}")
 

@@ -15,6 +15,7 @@ For each size N a fresh store is written as a run writes it: N rows with short f
 
 Prints a table and writes JSON (with the machine and its load).
 """
+
 from __future__ import annotations
 
 import json
@@ -41,14 +42,34 @@ SHARD_ROWS = 256
 def fake_rows(n: int, run_id: str) -> Iterator[dict[str, Any]]:
     """``n`` knowledge rows with short texts; quality columns filled, so the writer computes none."""
     for i in range(n):
-        yield {"entity_type": "user" if i % 2 else "item", "entity_id": f"e{i:08d}",
-               "knowledge": f"Enjoys films like number {i % 997} and dislikes slow plots.", "model": "m",
-               "decoder": "laser", "decoder_params": "{}", "prompt_version": "v1", "pool_kind": "attribute",
-               "group_id": str(i % 64), "n_tokens": 12, "target_forwards": 6, "accepted_tokens": 6,
-               "retrieval_s": 0.0, "generation_s": 0.1, "finish_reason": "eos", "run_id": run_id,
-               "finished_eos": True, "repeat_4gram": 0.0, "degenerate": False, "greedy_retry": False,
-               "ended": True, "cut": False, "fragment": False, "n_words": 10, "source_hash": f"s{i}",
-               "config_hash": "c"}
+        yield {
+            "entity_type": "user" if i % 2 else "item",
+            "entity_id": f"e{i:08d}",
+            "knowledge": f"Enjoys films like number {i % 997} and dislikes slow plots.",
+            "model": "m",
+            "decoder": "laser",
+            "decoder_params": "{}",
+            "prompt_version": "v1",
+            "pool_kind": "attribute",
+            "group_id": str(i % 64),
+            "n_tokens": 12,
+            "target_forwards": 6,
+            "accepted_tokens": 6,
+            "retrieval_s": 0.0,
+            "generation_s": 0.1,
+            "finish_reason": "eos",
+            "run_id": run_id,
+            "finished_eos": True,
+            "repeat_4gram": 0.0,
+            "degenerate": False,
+            "greedy_retry": False,
+            "ended": True,
+            "cut": False,
+            "fragment": False,
+            "n_words": 10,
+            "source_hash": f"s{i}",
+            "config_hash": "c",
+        }
 
 
 @contextmanager
@@ -109,8 +130,11 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
     nbytes: dict[str, int] = {}
     shards_written = -(-n // SHARD_ROWS)
     start = time.perf_counter()
-    with _timed("_put_log_entry", spent, nbytes), _timed("checkpoint", spent, nbytes), \
-            _timed("compact_shards", spent, nbytes):
+    with (
+        _timed("_put_log_entry", spent, nbytes),
+        _timed("checkpoint", spent, nbytes),
+        _timed("compact_shards", spent, nbytes),
+    ):
         with kn.KnowledgeWriter(store, shard_rows=SHARD_ROWS, run_id="bench", run_seq=1) as writer:
             for row in fake_rows(n, "bench"):
                 writer.add(row)
@@ -118,8 +142,10 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
     commits = spent["_put_log_entry"]
     manifest = ss.Manifest.load(store)
     # the old writer's manifest at the end of the run: one entry per 256-row shard
-    old_shards = [{"file": f"part-{i:05d}.parquet", "rows": SHARD_ROWS, "run_id": "bench", "sha256": "0" * 64}
-                  for i in range(shards_written)]
+    old_shards = [
+        {"file": f"part-{i:05d}.parquet", "rows": SHARD_ROWS, "run_id": "bench", "sha256": "0" * 64}
+        for i in range(shards_written)
+    ]
     old = old_commit(store, old_shards)
     time.sleep(2.1)  # files older than the slack of the checksum cache (a store written by an earlier run)
     open_s, _ = _clock(lambda: ss.open_store(store, verify=False))
@@ -133,42 +159,70 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
     assert index.height == full.height == view.height == n, (index.height, full.height, view.height, n)
     checkpoint_bytes = len((store / ss.MANIFEST).read_bytes())
     return {
-        "rows": n, "shards_written": shards_written, "shards_after": len(manifest.shards),
-        "write_s": write_s, "commits": len(commits),
+        "rows": n,
+        "shards_written": shards_written,
+        "shards_after": len(manifest.shards),
+        "write_s": write_s,
+        "commits": len(commits),
         "commit_mean_ms": 1e3 * sum(commits) / len(commits),
         "commit_p99_ms": 1e3 * sorted(commits)[int(0.99 * (len(commits) - 1))],
         "commit_bytes_mean": nbytes["_put_log_entry"] / len(commits),
-        "checkpoints": len(spent.get("checkpoint", [])), "checkpoint_s": sum(spent.get("checkpoint", [])),
+        "checkpoints": len(spent.get("checkpoint", [])),
+        "checkpoint_s": sum(spent.get("checkpoint", [])),
         "checkpoint_bytes_last": checkpoint_bytes,
-        "compactions": len(spent.get("compact_shards", [])), "compaction_s": sum(spent.get("compact_shards", [])),
-        "old_commit_ms_at_end": 1e3 * old["commit_s"], "old_commit_bytes_at_end": old["commit_bytes"],
-        "old_commits_run_s": old["run_s"], "old_commits_run_bytes": old["run_bytes"],
-        "new_commits_run_s": sum(commits), "new_commits_run_bytes": nbytes["_put_log_entry"],
-        "open_ms": 1e3 * open_s, "verify_open_s": verify_s, "index_cold_s": index_cold_s,
-        "index_warm_s": index_warm_s, "read_knowledge_s": full_s, "latest_view_s": latest_s,
+        "compactions": len(spent.get("compact_shards", [])),
+        "compaction_s": sum(spent.get("compact_shards", [])),
+        "old_commit_ms_at_end": 1e3 * old["commit_s"],
+        "old_commit_bytes_at_end": old["commit_bytes"],
+        "old_commits_run_s": old["run_s"],
+        "old_commits_run_bytes": old["run_bytes"],
+        "new_commits_run_s": sum(commits),
+        "new_commits_run_bytes": nbytes["_put_log_entry"],
+        "open_ms": 1e3 * open_s,
+        "verify_open_s": verify_s,
+        "index_cold_s": index_cold_s,
+        "index_warm_s": index_warm_s,
+        "read_knowledge_s": full_s,
+        "latest_view_s": latest_s,
     }
 
 
-WRITES = (("rows", "rows", "{:,}"), ("shards", "shards_written", "{:,}"), ("after compaction", "shards_after", "{:,}"),
-          ("write s", "write_s", "{:.1f}"), ("commit ms", "commit_mean_ms", "{:.2f}"),
-          ("commit B", "commit_bytes_mean", "{:.0f}"), ("old commit ms at S", "old_commit_ms_at_end", "{:.2f}"),
-          ("old commit kB at S", "old_commit_kb_at_end", "{:,.1f}"), ("run's commits s", "new_commits_run_s", "{:.2f}"),
-          ("old: run's commits s", "old_commits_run_s", "{:.1f}"), ("run's commits MB", "new_commits_run_mb", "{:.2f}"),
-          ("old: run's commits MB", "old_commits_run_mb", "{:,.1f}"), ("checkpoints s", "checkpoint_s", "{:.2f}"),
-          ("compaction s", "compaction_s", "{:.1f}"))
-READS = (("rows", "rows", "{:,}"), ("writer open ms", "open_ms", "{:.1f}"),
-         ("verifying open s", "verify_open_s", "{:.2f}"),
-         ("index cold s", "index_cold_s", "{:.2f}"), ("index warm s", "index_warm_s", "{:.2f}"),
-         ("read_knowledge s", "read_knowledge_s", "{:.2f}"), ("latest view s", "latest_view_s", "{:.2f}"))
+WRITES = (
+    ("rows", "rows", "{:,}"),
+    ("shards", "shards_written", "{:,}"),
+    ("after compaction", "shards_after", "{:,}"),
+    ("write s", "write_s", "{:.1f}"),
+    ("commit ms", "commit_mean_ms", "{:.2f}"),
+    ("commit B", "commit_bytes_mean", "{:.0f}"),
+    ("old commit ms at S", "old_commit_ms_at_end", "{:.2f}"),
+    ("old commit kB at S", "old_commit_kb_at_end", "{:,.1f}"),
+    ("run's commits s", "new_commits_run_s", "{:.2f}"),
+    ("old: run's commits s", "old_commits_run_s", "{:.1f}"),
+    ("run's commits MB", "new_commits_run_mb", "{:.2f}"),
+    ("old: run's commits MB", "old_commits_run_mb", "{:,.1f}"),
+    ("checkpoints s", "checkpoint_s", "{:.2f}"),
+    ("compaction s", "compaction_s", "{:.1f}"),
+)
+READS = (
+    ("rows", "rows", "{:,}"),
+    ("writer open ms", "open_ms", "{:.1f}"),
+    ("verifying open s", "verify_open_s", "{:.2f}"),
+    ("index cold s", "index_cold_s", "{:.2f}"),
+    ("index warm s", "index_warm_s", "{:.2f}"),
+    ("read_knowledge s", "read_knowledge_s", "{:.2f}"),
+    ("latest view s", "latest_view_s", "{:.2f}"),
+)
 
 
 def table(results: list[dict[str, Any]], columns: tuple = WRITES) -> str:
     """The results as a Markdown table of ``columns`` (title, key, format)."""
     lines = ["| " + " | ".join(c[0] for c in columns) + " |", "|" + "---:|" * len(columns)]
     for r in results:
-        derived = {"old_commit_kb_at_end": r["old_commit_bytes_at_end"] / 1e3,
-                   "new_commits_run_mb": r["new_commits_run_bytes"] / 1e6,
-                   "old_commits_run_mb": r["old_commits_run_bytes"] / 1e6}
+        derived = {
+            "old_commit_kb_at_end": r["old_commit_bytes_at_end"] / 1e3,
+            "new_commits_run_mb": r["new_commits_run_bytes"] / 1e6,
+            "old_commits_run_mb": r["old_commits_run_bytes"] / 1e6,
+        }
         lines.append("| " + " | ".join(fmt.format((r | derived)[key]) for _, key, fmt in columns) + " |")
     return "\n".join(lines)
 
@@ -187,10 +241,16 @@ def run_store_bench(json_out: Path, sizes: tuple[int, ...] = SIZES, work: Path |
     finally:
         if work is None:
             shutil.rmtree(root, ignore_errors=True)
-    report = {"bench": "store", "shard_rows": SHARD_ROWS, "checkpoint_min": ss.CHECKPOINT_MIN,
-              "compact_after": ss.COMPACT_AFTER, "compact_rows": ss.COMPACT_ROWS,
-              "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "results": results}
+    report = {
+        "bench": "store",
+        "shard_rows": SHARD_ROWS,
+        "checkpoint_min": ss.CHECKPOINT_MIN,
+        "compact_after": ss.COMPACT_AFTER,
+        "compact_rows": ss.COMPACT_ROWS,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "results": results,
+    }
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(report, indent=1))
     print(table(results), "\n", table(results, READS), sep="\n")

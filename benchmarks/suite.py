@@ -26,6 +26,7 @@ hits all alike), each request the median of ``repeats`` timings:
   ``studies=("draft",)`` runs it alone: only the measured user prompts are built (no pools, no earlier
   knowledge).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,9 +50,21 @@ import router
 from benchmarks.draft_study import markdown_draft_table, plot_draft_study, print_draft_table, run_draft_study
 from benchmarks.fixture import encode_item_prompts, encode_user_prompts, greedy_knowledge
 from benchmarks.plots import plot_studies
-from benchmarks.report import (Run, hf_generate, machine_info, markdown_breakdown, markdown_methods,
-                                    print_breakdown, print_methods, repeat_median, summarise, timed_decode, versions,
-                                    wide_console, save_report)
+from benchmarks.report import (
+    Run,
+    hf_generate,
+    machine_info,
+    markdown_breakdown,
+    markdown_methods,
+    print_breakdown,
+    print_methods,
+    repeat_median,
+    summarise,
+    timed_decode,
+    versions,
+    wide_console,
+    save_report,
+)
 from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
@@ -75,19 +88,19 @@ class SuiteSettings:
     model: str = laser.DEFAULT_MODEL
     device: str = "cpu"
     threads: int = 2
-    user_prompts: int = 6          # measured new histories
-    item_prompts: int = 4          # measured new items
-    old_users: int = 64            # earlier profiles sampled (plus the measured users' own old profiles)
-    old_items: int = 32            # earlier item descriptions
-    max_new_tokens: int = 192      # measured budget: above the prompts' ~120 words, so lengths can differ
-    knowledge_tokens: int = 128    # budget of the earlier knowledge (fixture)
+    user_prompts: int = 6  # measured new histories
+    item_prompts: int = 4  # measured new items
+    old_users: int = 64  # earlier profiles sampled (plus the measured users' own old profiles)
+    old_items: int = 32  # earlier item descriptions
+    max_new_tokens: int = 192  # measured budget: above the prompts' ~120 words, so lengths can differ
+    knowledge_tokens: int = 128  # budget of the earlier knowledge (fixture)
     max_prompt_tokens: int = 512
-    max_hist: int = 30             # split: the old history is the first min((n+1)//2, max_hist) interactions
-    n_clusters: int = 5            # collaborative groups (the paper uses 3-10)
-    item_group_size: int = 1000    # attribute groups larger than this are split by the next attribute
+    max_hist: int = 30  # split: the old history is the first min((n+1)//2, max_hist) interactions
+    n_clusters: int = 5  # collaborative groups (the paper uses 3-10)
+    item_group_size: int = 1000  # attribute groups larger than this are split by the next attribute
     repeats: int = 1
     seed: int = 0
-    K: int | str = "auto"          # LASER's draft budget: "auto" (adaptive, the default) or fixed nodes
+    K: int | str = "auto"  # LASER's draft budget: "auto" (adaptive, the default) or fixed nodes
     n_max: int = N_MAX
     k: int = RELAXED_K
     p: float = RELAXED_P
@@ -95,21 +108,29 @@ class SuiteSettings:
     pool_fractions: tuple[float, ...] = (0.25, 0.5, 1.0)
     draft_budgets: tuple[int, ...] = (8, 16, 32, 64)
     studies: tuple[str, ...] = ("laser", "draft")  # "laser": every LASER study and the item task
-    draft: str | None = None       # draft study: the draft model (None: the decoders' default truncated copy)
+    draft: str | None = None  # draft study: the draft model (None: the decoders' default truncated copy)
     gamma: int = 4
     draft_ks: tuple[int, ...] = (1, 5, 20, 50)
     draft_temperatures: tuple[float, ...] = (0.0, 1.0)
-    redrafter_head: str | None = None   # the redrafter study runs when a trained head is named
+    redrafter_head: str | None = None  # the redrafter study runs when a trained head is named
     redrafter_widths: tuple[int, ...] = (1, 2, 4, 8)
     redrafter_lengths: tuple[int, ...] = (3, 4, 5)
     redrafter_nodedup_lengths: tuple[int, ...] = (3, 4, 5)  # lengths also measured without dedup
-    only_redrafter: bool = False        # the redrafter study alone (no LASER tasks)
+    only_redrafter: bool = False  # the redrafter study alone (no LASER tasks)
 
     @classmethod
     def quick(cls, **overrides: Any) -> "SuiteSettings":
         """A few prompts and short outputs: a smoke check in minutes."""
-        small = dict(user_prompts=2, item_prompts=1, old_users=16, old_items=8, max_new_tokens=48, knowledge_tokens=48,
-                     pool_fractions=(0.5, 1.0), draft_budgets=(16, 64))
+        small = dict(
+            user_prompts=2,
+            item_prompts=1,
+            old_users=16,
+            old_items=8,
+            max_new_tokens=48,
+            knowledge_tokens=48,
+            pool_fractions=(0.5, 1.0),
+            draft_budgets=(16, 64),
+        )
         return cls(**{**small, **overrides})
 
 
@@ -117,11 +138,11 @@ class SuiteSettings:
 class TaskFixture:
     """One task's measured prompts, earlier knowledge and group memberships."""
 
-    entity_type: str                  # "user" | "item"
-    pool_kind: str                    # the group kind LASER routes this task's prompts to
-    prompts: dict[str, list[int]]     # measured entity -> prompt ids
-    knowledge: dict[str, list[int]]   # earlier entity -> greedy answer ids (the pools' texts)
-    memberships: pa.Table             # routing schema; measured entities included
+    entity_type: str  # "user" | "item"
+    pool_kind: str  # the group kind LASER routes this task's prompts to
+    prompts: dict[str, list[int]]  # measured entity -> prompt ids
+    knowledge: dict[str, list[int]]  # earlier entity -> greedy answer ids (the pools' texts)
+    memberships: pa.Table  # routing schema; measured entities included
 
     def group_of(self) -> dict[str, str]:
         frame = as_frame(self.memberships).filter(pl.col("pool_kind") == self.pool_kind)
@@ -139,6 +160,7 @@ class Method:
 
 
 # ---- fixture ------------------------------------------------------------------------------------
+
 
 def _sample(ids: list[str], n: int, seed: int) -> list[str]:
     """A seeded sample of ``n`` ids (all when fewer), in sorted order. Nested: a smaller ``n`` takes a subset
@@ -162,43 +184,64 @@ def user_fixture(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, cache_roo
     old_prompts = encode_user_prompts(lm, split.old_interactions, ds, old_users, s.max_prompt_tokens)
     knowledge = greedy_knowledge(lm, old_prompts, s.knowledge_tokens, cache_root, desc="earlier user profiles")
     no_attribute = pl.DataFrame(schema=GROUP_SCHEMA)
-    return TaskFixture("user", router.COLLABORATIVE, prompts, knowledge,
-                       router.group_memberships("user", no_attribute, collab))
+    return TaskFixture(
+        "user", router.COLLABORATIVE, prompts, knowledge, router.group_memberships("user", no_attribute, collab)
+    )
 
 
 def item_fixture(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, cache_root: Path | None) -> TaskFixture:
     """Item task: attribute groups over every item, new items measured."""
     split = split_old_new(ds, seed=s.seed, max_hist=s.max_hist)
     hierarchy = [c for c in ITEM_ATTRIBUTES if c in ds.items.columns]
-    attr = router.attribute_groups(ds.items, router.AttributeGrouping(
-        hierarchy=hierarchy, max_group_size=s.item_group_size, bucket_widths={"year": 10}, seed=s.seed), "item_id")
+    attr = router.attribute_groups(
+        ds.items,
+        router.AttributeGrouping(
+            hierarchy=hierarchy, max_group_size=s.item_group_size, bucket_widths={"year": 10}, seed=s.seed
+        ),
+        "item_id",
+    )
     measured = _sample(split.new_items["item_id"].to_list(), s.item_prompts, s.seed)
     old = _sample(split.existing_items["item_id"].to_list(), s.old_items, s.seed + 1)
     by_id = lambda ids: ds.items.filter(pl.col("item_id").is_in(ids)).sort("item_id")  # noqa: E731
     prompts = encode_item_prompts(lm, by_id(measured), ds.domain)
-    knowledge = greedy_knowledge(lm, encode_item_prompts(lm, by_id(old), ds.domain), s.knowledge_tokens, cache_root,
-                                 desc="earlier item descriptions")
+    knowledge = greedy_knowledge(
+        lm,
+        encode_item_prompts(lm, by_id(old), ds.domain),
+        s.knowledge_tokens,
+        cache_root,
+        desc="earlier item descriptions",
+    )
     return TaskFixture("item", router.ATTRIBUTE, prompts, knowledge, router.group_memberships("item", attr))
 
 
 # ---- pools and methods ---------------------------------------------------------------------------
 
+
 def _knowledge_table(task: TaskFixture) -> pa.Table:
     ids = sorted(task.knowledge)
-    return pa.table({"entity_type": [task.entity_type] * len(ids), "entity_id": ids,
-                     "token_ids": [task.knowledge[i] for i in ids]})
+    return pa.table(
+        {"entity_type": [task.entity_type] * len(ids), "entity_id": ids, "token_ids": [task.knowledge[i] for i in ids]}
+    )
 
 
 def build_task_pools(task: TaskFixture, s: SuiteSettings) -> dict[str, RetrievalPool]:
     """CRP, RRP and GRP pools keyed as :func:`pools.build.group_key`, plus ``global@<texts>`` for the sweep."""
     table = _knowledge_table(task)
-    sources = collect_sources(table, task.memberships, config=PoolBuildConfig(
-        max_pool_size=None, with_global=True, with_random=True, on_missing="skip", seed=s.seed))
+    sources = collect_sources(
+        table,
+        task.memberships,
+        config=PoolBuildConfig(max_pool_size=None, with_global=True, with_random=True, on_missing="skip", seed=s.seed),
+    )
     pools = {key: materialize(texts) for key, texts in sources.texts.items()}
     total = len(sources.texts.get(group_key(task.entity_type, "global", "all"), []))
     for texts in _sweep_sizes(total, s.pool_fractions):
-        capped = collect_sources(table, task.memberships.slice(0, 0), config=PoolBuildConfig(  # global pool only
-            max_pool_size=None, global_max_size=texts, with_global=True, on_missing="skip", seed=s.seed))
+        capped = collect_sources(
+            table,
+            task.memberships.slice(0, 0),
+            config=PoolBuildConfig(  # global pool only
+                max_pool_size=None, global_max_size=texts, with_global=True, on_missing="skip", seed=s.seed
+            ),
+        )
         pools[f"global@{texts}"] = materialize(capped.texts[group_key(task.entity_type, "global", "all")])
     return pools
 
@@ -215,21 +258,30 @@ def pool_for(method: Method, task: TaskFixture, group: str | None, pools: dict[s
         return None
     if method.pool.startswith("global@"):
         return pools[method.pool]
-    key = {"global": group_key(etype, "global", "all"),
-           "crp": group_key(etype, kind, group) if group is not None else None,
-           "rrp": group_key(etype, "random", f"{kind}.{group}") if group is not None else None}[method.pool]
+    key = {
+        "global": group_key(etype, "global", "all"),
+        "crp": group_key(etype, kind, group) if group is not None else None,
+        "rrp": group_key(etype, "random", f"{kind}.{group}") if group is not None else None,
+    }[method.pool]
     return pools.get(key) if key else None
 
 
 def user_methods(s: SuiteSettings, pool_sizes: list[int]) -> list[Method]:
     """Every user-task method (names are the table rows)."""
     greedy, relaxed = {"verification": "greedy"}, {"verification": "relaxed", "k": s.k, "p": s.p}
-    ms = [Method(REFERENCE, "generate"), Method(PROMPT_LOOKUP, "prompt_lookup"), Method("autoregressive", "autoregressive"),
-          Method("GRP (resd)", "resd", {}, "global"), Method("RRP", "laser", greedy, "rrp"),
-          Method("CRP", "laser", greedy, "crp"), Method("RV+GRP", "laser", relaxed, "global"),
-          Method("RV+RRP", "laser", relaxed, "rrp"), Method("LASER (RV+CRP)", "laser", relaxed, "crp"),
-          Method(f"top-k (k={s.k}, p=0)", "laser", {"verification": "relaxed", "k": s.k, "p": 0.0}, "crp"),
-          Method(f"top-p (p={s.p})", "laser", {"verification": "relaxed", "k": math.ceil(1 / s.p), "p": s.p}, "crp")]
+    ms = [
+        Method(REFERENCE, "generate"),
+        Method(PROMPT_LOOKUP, "prompt_lookup"),
+        Method("autoregressive", "autoregressive"),
+        Method("GRP (resd)", "resd", {}, "global"),
+        Method("RRP", "laser", greedy, "rrp"),
+        Method("CRP", "laser", greedy, "crp"),
+        Method("RV+GRP", "laser", relaxed, "global"),
+        Method("RV+RRP", "laser", relaxed, "rrp"),
+        Method("LASER (RV+CRP)", "laser", relaxed, "crp"),
+        Method(f"top-k (k={s.k}, p=0)", "laser", {"verification": "relaxed", "k": s.k, "p": 0.0}, "crp"),
+        Method(f"top-p (p={s.p})", "laser", {"verification": "relaxed", "k": math.ceil(1 / s.p), "p": s.p}, "crp"),
+    ]
     ms += [Method(f"GRP (resd) {n} texts", "resd", {}, f"global@{n}") for n in pool_sizes]
     ms += [Method(f"LASER K={K}", "laser", {**relaxed, "K": K}, "crp") for K in s.draft_budgets if K != s.K]
     return ms
@@ -237,12 +289,17 @@ def user_methods(s: SuiteSettings, pool_sizes: list[int]) -> list[Method]:
 
 def item_methods(s: SuiteSettings) -> list[Method]:
     relaxed = {"verification": "relaxed", "k": s.k, "p": s.p}
-    return [Method(REFERENCE, "generate"), Method(PROMPT_LOOKUP, "prompt_lookup"),
-            Method("GRP (resd)", "resd", {}, "global"), Method("CRP", "laser", {"verification": "greedy"}, "crp"),
-            Method("LASER (RV+CRP)", "laser", relaxed, "crp")]
+    return [
+        Method(REFERENCE, "generate"),
+        Method(PROMPT_LOOKUP, "prompt_lookup"),
+        Method("GRP (resd)", "resd", {}, "global"),
+        Method("CRP", "laser", {"verification": "greedy"}, "crp"),
+        Method("LASER (RV+CRP)", "laser", relaxed, "crp"),
+    ]
 
 
 # ---- measuring ----------------------------------------------------------------------------------
+
 
 class _Runner:
     """Runs methods on prompts with one decoder object per method."""
@@ -251,9 +308,13 @@ class _Runner:
         self.lm, self.s = lm, s
         common = {"K": s.K, "n_max": s.n_max}  # the retrieval decoders' draft budget
         known = laser.available_decoders()
-        self.decoders = {m.name: laser.get_decoder(m.decoder, lm, **({**common, **m.params}
-                                                                      if known[m.decoder].pool != "none" else m.params))
-                         for m in methods if m.decoder not in ("generate", "prompt_lookup")}
+        self.decoders = {
+            m.name: laser.get_decoder(
+                m.decoder, lm, **({**common, **m.params} if known[m.decoder].pool != "none" else m.params)
+            )
+            for m in methods
+            if m.decoder not in ("generate", "prompt_lookup")
+        }
 
     def run(self, m: Method, ids: list[int], max_new_tokens: int, pool: Any) -> Run:
         if m.decoder == "generate":
@@ -263,8 +324,9 @@ class _Runner:
         return timed_decode(self.decoders[m.name], ids, max_new_tokens, pool)
 
 
-def measure_task(lm: laser.LoadedModel, task: TaskFixture, methods: list[Method], pools: dict[str, RetrievalPool],
-                 s: SuiteSettings) -> dict[str, list[Run]]:
+def measure_task(
+    lm: laser.LoadedModel, task: TaskFixture, methods: list[Method], pools: dict[str, RetrievalPool], s: SuiteSettings
+) -> dict[str, list[Run]]:
     """Every method on every prompt, interleaved, after a warm-up; {method: runs in prompt order}."""
     runner = _Runner(lm, methods, s)
     groups = task.group_of()
@@ -282,20 +344,35 @@ def measure_task(lm: laser.LoadedModel, task: TaskFixture, methods: list[Method]
 
 def _pool_summary(task: TaskFixture, pools: dict[str, RetrievalPool]) -> dict[str, Any]:
     groups = task.group_of()
-    return {"earlier_texts": len(task.knowledge), "measured_prompts": len(task.prompts),
-            "prompts_without_group_pool": sum(group_key(task.entity_type, task.pool_kind, groups.get(e, "")) not in pools
-                                              for e in task.prompts),
-            "pools": {key: {"texts": p.texts, "nodes": len(p)} for key, p in sorted(pools.items())}}
+    return {
+        "earlier_texts": len(task.knowledge),
+        "measured_prompts": len(task.prompts),
+        "prompts_without_group_pool": sum(
+            group_key(task.entity_type, task.pool_kind, groups.get(e, "")) not in pools for e in task.prompts
+        ),
+        "pools": {key: {"texts": p.texts, "nodes": len(p)} for key, p in sorted(pools.items())},
+    }
 
 
-def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSettings, json_out: Path,
-                extra: dict[str, Any] | None = None, console: Console | None = None) -> dict[str, Any]:
+def run_studies(
+    lm: laser.LoadedModel,
+    tasks: dict[str, TaskFixture],
+    s: SuiteSettings,
+    json_out: Path,
+    extra: dict[str, Any] | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Measure every task, print the tables, write the JSON and the PNG plots beside it; return the report."""
     console = console or wide_console()
     started = time.perf_counter()
-    report: dict[str, Any] = {"settings": _jsonable(asdict(s)), "seeds": {"data_split_groups_pools": s.seed,
-                                                                           "torch": s.seed},
-                              "machine": machine_info(), "versions": versions(), **(extra or {}), "tasks": {}}
+    report: dict[str, Any] = {
+        "settings": _jsonable(asdict(s)),
+        "seeds": {"data_split_groups_pools": s.seed, "torch": s.seed},
+        "machine": machine_info(),
+        "versions": versions(),
+        **(extra or {}),
+        "tasks": {},
+    }
     for name, task in tasks.items():
         pools = build_task_pools(task, s)
         sizes = sorted(int(key.removeprefix("global@")) for key in pools if key.startswith("global@"))
@@ -306,8 +383,12 @@ def run_studies(lm: laser.LoadedModel, tasks: dict[str, TaskFixture], s: SuiteSe
         if task.entity_type == "user":
             report["studies"] = _studies(s, sizes, pools)
             report["targets"] = check_targets(metrics)
-        print_methods(f"{name} task: {lm.name}, {s.threads} threads, {len(task.prompts)} prompts, "
-                      f"{s.max_new_tokens} new tokens max", metrics, console)
+        print_methods(
+            f"{name} task: {lm.name}, {s.threads} threads, {len(task.prompts)} prompts, "
+            f"{s.max_new_tokens} new tokens max",
+            metrics,
+            console,
+        )
         print_breakdown(f"{name} task: time per decoding step (ms)", metrics, console)
     report["duration_s"] = time.perf_counter() - started
     report["machine"]["load_average_after"] = machine_info()["load_average"]
@@ -322,12 +403,22 @@ def markdown_report(report: dict[str, Any]) -> str:
     """Every task's tables and the targets as Markdown (written next to the JSON as ``<stem>.md``)."""
     parts = []
     for name, task in report["tasks"].items():
-        parts += [f"**{name} task** ({task['fixture']['measured_prompts']} prompts, "
-                  f"{task['fixture']['earlier_texts']} earlier texts)", "", markdown_methods(task["methods"]), "",
-                  f"Time per decoding step (ms), {name} task:", "", markdown_breakdown(task["methods"]), ""]
+        parts += [
+            f"**{name} task** ({task['fixture']['measured_prompts']} prompts, "
+            f"{task['fixture']['earlier_texts']} earlier texts)",
+            "",
+            markdown_methods(task["methods"]),
+            "",
+            f"Time per decoding step (ms), {name} task:",
+            "",
+            markdown_breakdown(task["methods"]),
+            "",
+        ]
     for t in report.get("targets", []):
-        parts.append(f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} "
-                     f"(needs >= {t['minimum']}{', <= ' + str(t['maximum']) if 'maximum' in t else ''})")
+        parts.append(
+            f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} "
+            f"(needs >= {t['minimum']}{', <= ' + str(t['maximum']) if 'maximum' in t else ''})"
+        )
     return "\n".join(parts) + "\n"
 
 
@@ -337,13 +428,22 @@ def _studies(s: SuiteSettings, sizes: list[int], pools: dict[str, RetrievalPool]
     sweep = [{"texts": n, "nodes": len(pools[f"global@{n}"]), "method": f"GRP (resd) {n} texts"} for n in sizes]
     sweep.append({"texts": full.texts, "nodes": len(full), "method": "GRP (resd)"})
     return {
-        "ablation": {"GRP": "GRP (resd)", "RRP": "RRP", "CRP": "CRP", "RV+GRP": "RV+GRP", "RV+RRP": "RV+RRP",
-                     "LASER": "LASER (RV+CRP)"},
-        "verification": {"top-1": "CRP", "top-k": f"top-k (k={s.k}, p=0)", "top-p": f"top-p (p={s.p})",
-                         "RV": "LASER (RV+CRP)"},
+        "ablation": {
+            "GRP": "GRP (resd)",
+            "RRP": "RRP",
+            "CRP": "CRP",
+            "RV+GRP": "RV+GRP",
+            "RV+RRP": "RV+RRP",
+            "LASER": "LASER (RV+CRP)",
+        },
+        "verification": {
+            "top-1": "CRP",
+            "top-k": f"top-k (k={s.k}, p=0)",
+            "top-p": f"top-p (p={s.p})",
+            "RV": "LASER (RV+CRP)",
+        },
         "pool_size": sweep,
-        "draft_budget": [{"K": K, "method": "LASER (RV+CRP)" if K == s.K else f"LASER K={K}"}
-                         for K in s.draft_budgets],
+        "draft_budget": [{"K": K, "method": "LASER (RV+CRP)" if K == s.K else f"LASER K={K}"} for K in s.draft_budgets],
     }
 
 
@@ -358,22 +458,44 @@ GREEDY_METHODS = ("autoregressive", "GRP (resd)", "RRP", "CRP")
 
 def check_targets(m: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """The issue's targets on the user task: value, target, met."""
-    out = [{"target": what, "value": m[a]["tokens_per_s"] / m[b]["tokens_per_s"], "minimum": need,
-            "met": m[a]["tokens_per_s"] >= need * m[b]["tokens_per_s"]}
-           for what, a, b, need in TARGETS if a in m and b in m]
+    out = [
+        {
+            "target": what,
+            "value": m[a]["tokens_per_s"] / m[b]["tokens_per_s"],
+            "minimum": need,
+            "met": m[a]["tokens_per_s"] >= need * m[b]["tokens_per_s"],
+        }
+        for what, a, b, need in TARGETS
+        if a in m and b in m
+    ]
     ratio = m["LASER (RV+CRP)"]["length_ratio_vs_greedy"]
-    out.append({"target": "relaxed length within 10% of greedy", "value": ratio, "minimum": 0.9, "maximum": 1.1,
-                "met": 0.9 <= ratio <= 1.1})
+    out.append(
+        {
+            "target": "relaxed length within 10% of greedy",
+            "value": ratio,
+            "minimum": 0.9,
+            "maximum": 1.1,
+            "met": 0.9 <= ratio <= 1.1,
+        }
+    )
     same = [n for n in GREEDY_METHODS if n in m]
-    out.append({"target": "greedy methods identical to greedy", "value": sum(m[n]["identical_to_greedy"] for n in same),
-                "minimum": len(same), "met": all(m[n]["identical_to_greedy"] for n in same)})
+    out.append(
+        {
+            "target": "greedy methods identical to greedy",
+            "value": sum(m[n]["identical_to_greedy"] for n in same),
+            "minimum": len(same),
+            "met": all(m[n]["identical_to_greedy"] for n in same),
+        }
+    )
     return out
 
 
 def _print_targets(targets: list[dict[str, Any]], console: Console) -> None:
     for t in targets:
-        console.print(f"{'met ' if t['met'] else 'MISS'}  {t['target']}: {t['value']:.2f} (needs >= {t['minimum']}"
-                      f"{', <= ' + str(t['maximum']) if 'maximum' in t else ''})")
+        console.print(
+            f"{'met ' if t['met'] else 'MISS'}  {t['target']}: {t['value']:.2f} (needs >= {t['minimum']}"
+            f"{', <= ' + str(t['maximum']) if 'maximum' in t else ''})"
+        )
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
@@ -388,19 +510,33 @@ def measured_user_prompts(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings) 
     return encode_user_prompts(lm, history, ds, _sample(list(users), s.user_prompts, s.seed), s.max_prompt_tokens)
 
 
-def draft_study(lm: laser.LoadedModel, prompts: dict[str, list[int]], s: SuiteSettings, json_out: Path,
-                console: Console | None = None) -> dict[str, Any]:
+def draft_study(
+    lm: laser.LoadedModel,
+    prompts: dict[str, list[int]],
+    s: SuiteSettings,
+    json_out: Path,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """The draft study: measured, printed, plotted to ``<stem>-draft.png``."""
-    result = run_draft_study(lm, prompts, draft=s.draft, gamma=s.gamma, ks=s.draft_ks,
-                             temperatures=s.draft_temperatures, max_new_tokens=s.max_new_tokens, seed=s.seed)
+    result = run_draft_study(
+        lm,
+        prompts,
+        draft=s.draft,
+        gamma=s.gamma,
+        ks=s.draft_ks,
+        temperatures=s.draft_temperatures,
+        max_new_tokens=s.max_new_tokens,
+        seed=s.seed,
+    )
     print_draft_table(result, console or wide_console())
     json_out.parent.mkdir(parents=True, exist_ok=True)
     result["plot"] = str(plot_draft_study(result, Path(f"{json_out.with_suffix('')}-draft.png")))
     return result
 
 
-def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | None = None,
-              cache_root: Path | None = None) -> dict[str, Any]:
+def run_suite(
+    json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | None = None, cache_root: Path | None = None
+) -> dict[str, Any]:
     """The whole suite: model, dataset, fixtures (cached), measurements, tables, JSON and plots."""
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
@@ -425,13 +561,20 @@ def run_suite(json_out: Path, settings: SuiteSettings, dataset: DatasetConfig | 
     return report
 
 
-def _draft_only(lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, dataset: DatasetConfig, json_out: Path,
-                started: float) -> dict[str, Any]:
+def _draft_only(
+    lm: laser.LoadedModel, ds: Dataset, s: SuiteSettings, dataset: DatasetConfig, json_out: Path, started: float
+) -> dict[str, Any]:
     """``studies=("draft",)``: the draft study on the measured user prompts, nothing else."""
-    report: dict[str, Any] = {"settings": _jsonable(asdict(s)), "machine": machine_info(), "versions": versions(),
-                              "dataset": dataset.model_dump()}
+    report: dict[str, Any] = {
+        "settings": _jsonable(asdict(s)),
+        "machine": machine_info(),
+        "versions": versions(),
+        "dataset": dataset.model_dump(),
+    }
     report["draft_study"] = draft_study(lm, measured_user_prompts(lm, ds, s), s, json_out)
     report["machine"]["load_average_after"] = machine_info()["load_average"]
     report["total_s"] = time.perf_counter() - started
-    save_report(report, json_out, "**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"]) + "\n")
+    save_report(
+        report, json_out, "**draft study** (user task)\n\n" + markdown_draft_table(report["draft_study"]) + "\n"
+    )
     return report

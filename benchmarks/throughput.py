@@ -15,6 +15,7 @@ predicted). The cost-model curve gives the machine's **ceiling**: with P prompt 
 per request, a compute-bound forward costs at least ``(P + G) x`` its best per-token time, whatever the
 method. Table, JSON, Markdown and a PNG of tokens/s against concurrency.
 """
+
 from __future__ import annotations
 
 import logging
@@ -51,13 +52,18 @@ class ThroughputMethod:
 
 def default_methods(fixed_K: tuple[int, ...] = (8, 32)) -> list[ThroughputMethod]:
     greedy, relaxed = {"verification": "greedy"}, {"verification": "relaxed"}
-    ms = [ThroughputMethod(GENERATE, "generate"), ThroughputMethod("autoregressive", "autoregressive"),
-          ThroughputMethod("resd", "resd", {}, "global"),
-          ThroughputMethod("laser greedy (auto)", "laser", greedy, "crp"),
-          ThroughputMethod("laser relaxed (auto)", "laser", relaxed, "crp")]
+    ms = [
+        ThroughputMethod(GENERATE, "generate"),
+        ThroughputMethod("autoregressive", "autoregressive"),
+        ThroughputMethod("resd", "resd", {}, "global"),
+        ThroughputMethod("laser greedy (auto)", "laser", greedy, "crp"),
+        ThroughputMethod("laser relaxed (auto)", "laser", relaxed, "crp"),
+    ]
     ms += [ThroughputMethod(f"laser relaxed K={K}", "laser", {**relaxed, "K": K}, "crp") for K in fixed_K]
     # the hand-set CPU default the adaptive budget replaced, for the batch-1 comparison
-    ms.append(ThroughputMethod("laser relaxed K=32 min_prob=0.1", "laser", {**relaxed, "K": 32, "min_prob": 0.1}, "crp"))
+    ms.append(
+        ThroughputMethod("laser relaxed K=32 min_prob=0.1", "laser", {**relaxed, "K": 32, "min_prob": 0.1}, "crp")
+    )
     return ms
 
 
@@ -87,9 +93,16 @@ class ThroughputSettings:
     device: str = "auto"  # auto: the GPU where CUDA is available, else the CPU (fp32 on both)
 
     def suite(self) -> SuiteSettings:
-        return SuiteSettings(model=self.model, threads=self.threads, user_prompts=max(self.concurrency + (self.min_prompts,)),
-                             item_prompts=0, old_users=self.old_users, max_new_tokens=self.max_new_tokens,
-                             max_prompt_tokens=self.max_prompt_tokens, seed=self.seed)
+        return SuiteSettings(
+            model=self.model,
+            threads=self.threads,
+            user_prompts=max(self.concurrency + (self.min_prompts,)),
+            item_prompts=0,
+            old_users=self.old_users,
+            max_new_tokens=self.max_new_tokens,
+            max_prompt_tokens=self.max_prompt_tokens,
+            seed=self.seed,
+        )
 
 
 @dataclass
@@ -117,7 +130,7 @@ def _generate_level(lm: laser.LoadedModel, prompts: list[list[int]], c: int, max
     pad = tok.pad_token_id if tok is not None and tok.pad_token_id is not None else 0
     outputs, wall, prefill = [], 0.0, 0.0
     for i in range(0, len(prompts), c):
-        batch = prompts[i:i + c]
+        batch = prompts[i : i + c]
         width = max(map(len, batch))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=lm.model.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=lm.model.device)
@@ -145,15 +158,19 @@ def _engine_level(decoder: laser.Decoder, prompts: list[list[int]], pools: list[
     gens = decoder.generate_batch(prompts, max_new, pools, slots=c)
     wall = time.perf_counter() - t0
     log_ = decoder.engine.log
-    return Level(sum(len(g.token_ids) for g in gens), wall, log_.prefill_s, [g.token_ids for g in gens],
-                 list(log_.steps))
+    return Level(
+        sum(len(g.token_ids) for g in gens), wall, log_.prefill_s, [g.token_ids for g in gens], list(log_.steps)
+    )
 
 
 def level_metrics(level: Level, reference: Level, cost: ForwardCost) -> dict[str, Any]:
     """The reported figures of one level (module docstring)."""
     m: dict[str, Any] = {
-        "tokens": level.tokens, "wall_s": level.wall_s, "prefill_s": level.prefill_s,
-        "tokens_per_s": level.tokens_per_s, "decode_tokens_per_s": level.decode_tokens_per_s,
+        "tokens": level.tokens,
+        "wall_s": level.wall_s,
+        "prefill_s": level.prefill_s,
+        "tokens_per_s": level.tokens_per_s,
+        "decode_tokens_per_s": level.decode_tokens_per_s,
         "speedup_vs_generate": level.tokens_per_s / reference.tokens_per_s,
         "decode_speedup_vs_generate": level.decode_tokens_per_s / reference.decode_tokens_per_s,
         "identical_to_generate": sum(a == b for a, b in zip(level.outputs, reference.outputs)),
@@ -164,29 +181,38 @@ def level_metrics(level: Level, reference: Level, cost: ForwardCost) -> dict[str
         forward_tokens = sum(s.rows * s.nodes for s in steps)
         emitted = sum(s.rows + s.accepted for s in steps)
         predicted_s = sum(cost.time(s.rows, s.nodes) for s in steps)
-        m.update({
-            "aal": emitted / sum(s.rows for s in steps),
-            "mean_rows": float(np.mean([s.rows for s in steps])),
-            "mean_nodes": float(np.mean([s.nodes for s in steps])),
-            "rejected_draft_share": (sum(s.drafted - s.accepted for s in steps)) / forward_tokens,
-            "padding_share": (forward_tokens - sum(s.rows + s.drafted for s in steps)) / forward_tokens,
-            "forward_share_of_decode": sum(s.forward_s for s in steps) / sum(s.step_s for s in steps),
-            "predicted_decode_tokens_per_s": emitted / predicted_s,
-            "efficiency_vs_cost_model": (emitted / sum(s.step_s for s in steps)) / (emitted / predicted_s),
-        })
+        m.update(
+            {
+                "aal": emitted / sum(s.rows for s in steps),
+                "mean_rows": float(np.mean([s.rows for s in steps])),
+                "mean_nodes": float(np.mean([s.nodes for s in steps])),
+                "rejected_draft_share": (sum(s.drafted - s.accepted for s in steps)) / forward_tokens,
+                "padding_share": (forward_tokens - sum(s.rows + s.drafted for s in steps)) / forward_tokens,
+                "forward_share_of_decode": sum(s.forward_s for s in steps) / sum(s.step_s for s in steps),
+                "predicted_decode_tokens_per_s": emitted / predicted_s,
+                "efficiency_vs_cost_model": (emitted / sum(s.step_s for s in steps)) / (emitted / predicted_s),
+            }
+        )
     return m
 
 
 def ceiling(cost: ForwardCost, prompt_tokens: float, new_tokens: float) -> dict[str, float]:
     """The compute-bound bound: the best per-token forward time over the measured shapes."""
     per_token = min(t / (b * n) for b, row in zip(cost.rows, cost.seconds) for n, t in zip(cost.nodes, row))
-    return {"best_seconds_per_token": per_token,
-            "tokens_per_s_with_prefill": new_tokens / ((prompt_tokens + new_tokens) * per_token),
-            "decode_tokens_per_s": 1.0 / per_token}
+    return {
+        "best_seconds_per_token": per_token,
+        "tokens_per_s_with_prefill": new_tokens / ((prompt_tokens + new_tokens) * per_token),
+        "decode_tokens_per_s": 1.0 / per_token,
+    }
 
 
-def run_throughput(json_out: Path, s: ThroughputSettings, dataset: DatasetConfig | None = None,
-                   methods: list[ThroughputMethod] | None = None, cache_root: Path | None = None) -> dict[str, Any]:
+def run_throughput(
+    json_out: Path,
+    s: ThroughputSettings,
+    dataset: DatasetConfig | None = None,
+    methods: list[ThroughputMethod] | None = None,
+    cache_root: Path | None = None,
+) -> dict[str, Any]:
     """Measure, print the table, write JSON, Markdown and the PNG; return the report."""
     torch.manual_seed(s.seed)
     torch.set_num_threads(s.threads)
@@ -201,8 +227,14 @@ def run_throughput(json_out: Path, s: ThroughputSettings, dataset: DatasetConfig
     groups = task.group_of()
     order = sorted(task.prompts)
     prompts = [task.prompts[e] for e in order]
-    report: dict[str, Any] = {"settings": asdict(s), "machine": machine_info(), "versions": versions(),
-                              "dataset": dataset.model_dump(), "cost_model": asdict(cost), "levels": {}}
+    report: dict[str, Any] = {
+        "settings": asdict(s),
+        "machine": machine_info(),
+        "versions": versions(),
+        "dataset": dataset.model_dump(),
+        "cost_model": asdict(cost),
+        "levels": {},
+    }
     _warm_up(lm, decoders, prompts[0])
     for c in tqdm(s.concurrency, desc="bench throughput", unit="level"):
         n = min(max(c, s.min_prompts), len(prompts))
@@ -215,8 +247,14 @@ def run_throughput(json_out: Path, s: ThroughputSettings, dataset: DatasetConfig
                 levels[m.name] = _engine_level(decoders[m.name], prompts[:n], ps, c, s.max_new_tokens)
         report["levels"][str(c)] = {name: level_metrics(lv, levels[GENERATE], cost) for name, lv in levels.items()}
     prompt_tokens = float(np.mean([len(p) for p in prompts]))
-    new_tokens = float(np.mean([lv["tokens"] / lv["prompts"] for lv in report["levels"][str(s.concurrency[-1])].values()]))
-    report["ceiling"] = {"prompt_tokens": prompt_tokens, "new_tokens": new_tokens, **ceiling(cost, prompt_tokens, new_tokens)}
+    new_tokens = float(
+        np.mean([lv["tokens"] / lv["prompts"] for lv in report["levels"][str(s.concurrency[-1])].values()])
+    )
+    report["ceiling"] = {
+        "prompt_tokens": prompt_tokens,
+        "new_tokens": new_tokens,
+        **ceiling(cost, prompt_tokens, new_tokens),
+    }
     report["best"] = best_levels(report["levels"])
     report["targets"] = check_targets(report)
     report["duration_s"] = time.perf_counter() - started
@@ -246,9 +284,13 @@ def _as_suite_method(m: ThroughputMethod):
 def _warm_up(lm: laser.LoadedModel, decoders: dict[str, laser.Decoder], prompt: list[int]) -> None:
     """First calls pay for allocator growth and kernel selection: make them before timing."""
     device = lm.model.device
-    generate_ids(lm, torch.tensor([prompt], device=device),
-                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
-                 max_new_tokens=4, do_sample=False)
+    generate_ids(
+        lm,
+        torch.tensor([prompt], device=device),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=device),
+        max_new_tokens=4,
+        do_sample=False,
+    )
     for d in decoders.values():
         d.generate_batch([prompt], 4)
 
@@ -259,8 +301,11 @@ def best_levels(levels: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[
     for c, methods in levels.items():
         for name, m in methods.items():
             if name not in out or m["tokens_per_s"] > out[name]["tokens_per_s"]:
-                out[name] = {"concurrency": int(c), "tokens_per_s": m["tokens_per_s"],
-                             "decode_tokens_per_s": m["decode_tokens_per_s"]}
+                out[name] = {
+                    "concurrency": int(c),
+                    "tokens_per_s": m["tokens_per_s"],
+                    "decode_tokens_per_s": m["decode_tokens_per_s"],
+                }
     return out
 
 
@@ -272,24 +317,48 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     if relaxed in best and GENERATE in best:
         worst = min(levels[c][relaxed]["speedup_vs_generate"] for c in levels)
         out.append({"target": "relaxed LASER (auto) never below generate", "value": worst, "minimum": 1.0})
-        out.append({"target": "relaxed LASER best batch vs generate best batch",
-                    "value": best[relaxed]["tokens_per_s"] / best[GENERATE]["tokens_per_s"], "minimum": 1.5})
+        out.append(
+            {
+                "target": "relaxed LASER best batch vs generate best batch",
+                "value": best[relaxed]["tokens_per_s"] / best[GENERATE]["tokens_per_s"],
+                "minimum": 1.5,
+            }
+        )
     if greedy in best and GENERATE in best:
-        out.append({"target": "greedy LASER best batch vs generate best batch",
-                    "value": best[greedy]["tokens_per_s"] / best[GENERATE]["tokens_per_s"], "minimum": 1.3})
+        out.append(
+            {
+                "target": "greedy LASER best batch vs generate best batch",
+                "value": best[greedy]["tokens_per_s"] / best[GENERATE]["tokens_per_s"],
+                "minimum": 1.3,
+            }
+        )
         c = str(best[greedy]["concurrency"])
         m = levels[c][greedy]
-        out.append({"target": "greedy LASER tokens identical to generate (at its best batch)",
-                    "value": m["identical_to_generate"] / m["prompts"], "minimum": 1.0})
+        out.append(
+            {
+                "target": "greedy LASER tokens identical to generate (at its best batch)",
+                "value": m["identical_to_generate"] / m["prompts"],
+                "minimum": 1.0,
+            }
+        )
     old_default = "laser relaxed K=32 min_prob=0.1"
     if "1" in levels and old_default in levels["1"] and relaxed in levels["1"]:
-        out.append({"target": "batch-1 relaxed LASER (auto) vs the former CPU default (K=32, min_prob=0.1)",
-                    "value": levels["1"][relaxed]["tokens_per_s"] / levels["1"][old_default]["tokens_per_s"],
-                    "minimum": 1.0})
+        out.append(
+            {
+                "target": "batch-1 relaxed LASER (auto) vs the former CPU default (K=32, min_prob=0.1)",
+                "value": levels["1"][relaxed]["tokens_per_s"] / levels["1"][old_default]["tokens_per_s"],
+                "minimum": 1.0,
+            }
+        )
     effs = [levels[c][relaxed]["efficiency_vs_cost_model"] for c in levels if relaxed in levels[c]]
     if effs:
-        out.append({"target": "relaxed LASER throughput vs cost-model prediction (worst level)",
-                    "value": min(effs), "minimum": 0.8})
+        out.append(
+            {
+                "target": "relaxed LASER throughput vs cost-model prediction (worst level)",
+                "value": min(effs),
+                "minimum": 0.8,
+            }
+        )
     for t in out:
         t["met"] = t["value"] >= t["minimum"]
     return out
@@ -297,8 +366,10 @@ def check_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def print_throughput(report: dict[str, Any]) -> None:
     console = wide_console()
-    table = Table(title=f"bench throughput: {report['settings']['model']}, {report['settings']['threads']} threads, "
-                        f"{report['settings']['max_new_tokens']} new tokens max (tok/s with prefill | decode-only)")
+    table = Table(
+        title=f"bench throughput: {report['settings']['model']}, {report['settings']['threads']} threads, "
+        f"{report['settings']['max_new_tokens']} new tokens max (tok/s with prefill | decode-only)"
+    )
     table.add_column("method", justify="right")
     for c in report["levels"]:
         table.add_column(f"c={c}", justify="right")
@@ -309,13 +380,17 @@ def print_throughput(report: dict[str, Any]) -> None:
         for c, methods in report["levels"].items():
             m = methods[name]
             aal = f" aal {m['aal']:.2f}" if "aal" in m else ""
-            cells.append(f"{m['tokens_per_s']:.1f} | {m['decode_tokens_per_s']:.1f}\n{m['speedup_vs_generate']:.2f}x{aal}")
+            cells.append(
+                f"{m['tokens_per_s']:.1f} | {m['decode_tokens_per_s']:.1f}\n{m['speedup_vs_generate']:.2f}x{aal}"
+            )
         b = report["best"][name]
         table.add_row(name, *cells, f"{b['tokens_per_s']:.1f} @ {b['concurrency']}")
     console.print(table)
     ce = report["ceiling"]
-    console.print(f"ceiling (compute-bound, P={ce['prompt_tokens']:.0f}, G={ce['new_tokens']:.0f}): "
-                  f"{ce['tokens_per_s_with_prefill']:.1f} tok/s with prefill, {ce['decode_tokens_per_s']:.1f} decode-only")
+    console.print(
+        f"ceiling (compute-bound, P={ce['prompt_tokens']:.0f}, G={ce['new_tokens']:.0f}): "
+        f"{ce['tokens_per_s_with_prefill']:.1f} tok/s with prefill, {ce['decode_tokens_per_s']:.1f} decode-only"
+    )
     for t in report["targets"]:
         console.print(f"{'met ' if t['met'] else 'MISS'}  {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})")
 
@@ -323,27 +398,41 @@ def print_throughput(report: dict[str, Any]) -> None:
 def markdown_throughput(report: dict[str, Any]) -> str:
     levels = report["levels"]
     names = list(next(iter(levels.values())))
-    lines = ["| method | " + " | ".join(f"c={c}" for c in levels) + " | best |",
-             "|---|" + "---:|" * (len(levels) + 1)]
+    lines = ["| method | " + " | ".join(f"c={c}" for c in levels) + " | best |", "|---|" + "---:|" * (len(levels) + 1)]
     for name in names:
-        cells = [f"{levels[c][name]['tokens_per_s']:.1f} ({levels[c][name]['speedup_vs_generate']:.2f}x)" for c in levels]
+        cells = [
+            f"{levels[c][name]['tokens_per_s']:.1f} ({levels[c][name]['speedup_vs_generate']:.2f}x)" for c in levels
+        ]
         b = report["best"][name]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {b['tokens_per_s']:.1f} @ {b['concurrency']} |")
-    lines += ["", "Decode-only tokens/s (prefill forwards excluded):", "",
-              "| method | " + " | ".join(f"c={c}" for c in levels) + " |", "|---|" + "---:|" * len(levels)]
+    lines += [
+        "",
+        "Decode-only tokens/s (prefill forwards excluded):",
+        "",
+        "| method | " + " | ".join(f"c={c}" for c in levels) + " |",
+        "|---|" + "---:|" * len(levels),
+    ]
     for name in names:
-        lines.append(f"| {name} | " + " | ".join(f"{levels[c][name]['decode_tokens_per_s']:.1f}" for c in levels) + " |")
+        lines.append(
+            f"| {name} | " + " | ".join(f"{levels[c][name]['decode_tokens_per_s']:.1f}" for c in levels) + " |"
+        )
     ce = report["ceiling"]
-    lines += ["", f"Ceiling (compute-bound, P={ce['prompt_tokens']:.0f}, G={ce['new_tokens']:.0f}): "
-                  f"{ce['tokens_per_s_with_prefill']:.1f} tok/s with prefill, {ce['decode_tokens_per_s']:.1f} decode-only.", ""]
+    lines += [
+        "",
+        f"Ceiling (compute-bound, P={ce['prompt_tokens']:.0f}, G={ce['new_tokens']:.0f}): "
+        f"{ce['tokens_per_s_with_prefill']:.1f} tok/s with prefill, {ce['decode_tokens_per_s']:.1f} decode-only.",
+        "",
+    ]
     lines += target_lines(report)
     return "\n".join(lines) + "\n"
 
 
 def target_lines(report: dict[str, Any]) -> list[str]:
     """One Markdown line per target of the report: met or missed, with its measured value."""
-    return [f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})"
-            for t in report["targets"]]
+    return [
+        f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']})"
+        for t in report["targets"]
+    ]
 
 
 def plot_levels(ax: Any, report: dict[str, Any], title: str) -> None:
@@ -369,8 +458,13 @@ def plot_throughput(report: dict[str, Any], path: Path) -> Path:
     cost = report["cost_model"]
     for b, row in zip(cost["rows"], cost["seconds"]):
         cx.plot([b * n for n in cost["nodes"]], [1000 * t for t in row], marker=".", label=f"{b} rows")
-    cx.set(xscale="log", yscale="log", xlabel="tokens in the forward (rows x tree nodes)", ylabel="forward ms",
-           title="cost model")
+    cx.set(
+        xscale="log",
+        yscale="log",
+        xlabel="tokens in the forward (rows x tree nodes)",
+        ylabel="forward ms",
+        title="cost model",
+    )
     cx.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -23,6 +23,7 @@ tokens equal vLLM greedy's), ``proposer_ms_per_step`` and ``mean_draft_len`` (LA
 averages before and after. Markdown and a PNG (tokens/s against concurrency with the repeats' spread; the
 measured step-cost curve) beside the JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,16 @@ from pipelines.data.load import load_dataset
 from pipelines.quality import summarise_quality
 from benchmarks.report import machine_info, versions, wide_console, save_report
 from benchmarks.suite import build_task_pools, pool_for, user_fixture
-from benchmarks.throughput import (GENERATE, ThroughputMethod, ThroughputSettings, _as_suite_method,
-                                              _engine_level, _generate_level, _warm_up, select_rows)
+from benchmarks.throughput import (
+    GENERATE,
+    ThroughputMethod,
+    ThroughputSettings,
+    _as_suite_method,
+    _engine_level,
+    _generate_level,
+    _warm_up,
+    select_rows,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +66,14 @@ VLLM_METHODS: dict[str, dict[str, Any]] = {
     "vllm ngram": {"speculation": "ngram", "max_draft": 8},
     "vllm suffix": {"speculation": "suffix", "max_draft": 16},
     "laser-vllm greedy": {"speculation": "laser", "draft_len": "auto", "verification": "greedy", "pool": "crp"},
-    "laser-vllm relaxed": {"speculation": "laser", "draft_len": "auto", "verification": "relaxed", "k": RELAXED_K,
-                           "p": RELAXED_P, "pool": "crp"},
+    "laser-vllm relaxed": {
+        "speculation": "laser",
+        "draft_len": "auto",
+        "verification": "relaxed",
+        "k": RELAXED_K,
+        "p": RELAXED_P,
+        "pool": "crp",
+    },
 }
 
 
@@ -119,12 +134,12 @@ def select_methods(names: tuple[str, ...] | list[str] | None) -> list[str]:
     return select_rows(names, list(ALL_METHODS))
 
 
-def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: DatasetConfig | None = None,
-                        cache_root: Path | None = None) -> dict[str, Any]:
+def run_throughput_vllm(
+    json_out: Path, s: VllmThroughputSettings, dataset: DatasetConfig | None = None, cache_root: Path | None = None
+) -> dict[str, Any]:
     """Measure, print the table, write JSON, Markdown and the PNG; return the report."""
     from laser.cost import ForwardCost
-    from benchmarks.vllm_level import (ENGINE_BASE_GIB, LevelProcess, available_gib, in_fresh_process,
-                                                  kv_cache_gib)
+    from benchmarks.vllm_level import ENGINE_BASE_GIB, LevelProcess, available_gib, in_fresh_process, kv_cache_gib
 
     if s.repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {s.repeats}")
@@ -144,8 +159,10 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     prompts = [task.prompts[e] for e in order]
     longest = max(map(len, prompts)) + s.max_new_tokens + MAX_DRAFT
     if longest > s.max_model_len:
-        raise ValueError(f"max_model_len {s.max_model_len} is below the longest request ({longest} tokens: prompt, "
-                         f"{s.max_new_tokens} new and {MAX_DRAFT} draft tokens); raise it or lower max_prompt_tokens")
+        raise ValueError(
+            f"max_model_len {s.max_model_len} is below the longest request ({longest} tokens: prompt, "
+            f"{s.max_new_tokens} new and {MAX_DRAFT} draft tokens); raise it or lower max_prompt_tokens"
+        )
     model_dir = laser.models.model_dir(s.model)
     why_no_suffix = suffix_available()
     absent = {} if why_no_suffix is None or "vllm suffix" not in wanted else {"vllm suffix": why_no_suffix}
@@ -156,20 +173,40 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
     if HF_RELAXED in methods or HF_CHAINS in methods:
         hf_decoder = laser.get_decoder("laser", lm, verification="relaxed")
     _warm_up(lm, {HF_RELAXED: hf_decoder} if hf_decoder is not None else {}, prompts[0])
-    base = {"model": model_dir, "threads": s.threads, "max_model_len": s.max_model_len,
-            "max_new_tokens": s.max_new_tokens, "warm_tokens": s.warm_tokens,
-            "vocab": len(lm.tokenizer) if lm.tokenizer is not None else 32000}
+    base = {
+        "model": model_dir,
+        "threads": s.threads,
+        "max_model_len": s.max_model_len,
+        "max_new_tokens": s.max_new_tokens,
+        "warm_tokens": s.warm_tokens,
+        "vocab": len(lm.tokenizer) if lm.tokenizer is not None else 32000,
+    }
     cost_dict, cost = None, None
     if any(VLLM_METHODS[m].get("draft_len") == "auto" for m in vllm_methods):
         log.info("the vLLM step-cost model (measured unless cached for this machine)")
         top = min(max(s.concurrency), 64)
-        cost_dict = in_fresh_process({**base, "task": "measure_cost", "concurrency": top,
-                                      "remeasure": s.remeasure_cost,
-                                      "kv_cache_gib": s.kv_cache_gib or kv_cache_gib(model_dir, [256 + 64] * top)})
+        cost_dict = in_fresh_process(
+            {
+                **base,
+                "task": "measure_cost",
+                "concurrency": top,
+                "remeasure": s.remeasure_cost,
+                "kv_cache_gib": s.kv_cache_gib or kv_cache_gib(model_dir, [256 + 64] * top),
+            }
+        )
         cost = ForwardCost(**cost_dict)
-    report: dict[str, Any] = {"settings": asdict(s), "engine": "vllm", "machine": machine_info(), "versions": versions(),
-                              "dataset": dataset.model_dump(), "cost_model": cost_dict, "levels": {},
-                              "methods": methods, "absent": absent, "engine_reuse": {}}
+    report: dict[str, Any] = {
+        "settings": asdict(s),
+        "engine": "vllm",
+        "machine": machine_info(),
+        "versions": versions(),
+        "dataset": dataset.model_dump(),
+        "cost_model": cost_dict,
+        "levels": {},
+        "methods": methods,
+        "absent": absent,
+        "engine_reuse": {},
+    }
     report["machine"]["load_average_before"] = load_before
     try:
         import vllm
@@ -192,15 +229,28 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                     if ps[i] is not None:
                         keys[i] = key = f"crp/{groups.get(e)}"
                         used[key] = ps[i]
-            specs[name] = {**base, "method": m, "concurrency": c, "prompts": prompts[:n], "pool_keys": keys,
-                           "pools": used, "kv_cache_gib": kv, "cost": cost if m.get("draft_len") == "auto" else None}
+            specs[name] = {
+                **base,
+                "method": m,
+                "concurrency": c,
+                "prompts": prompts[:n],
+                "pool_keys": keys,
+                "pools": used,
+                "kv_cache_gib": kv,
+                "cost": cost if m.get("draft_len") == "auto" else None,
+            }
         engine_gib = kv + ENGINE_BASE_GIB
-        keep = (engines_to_keep(vllm_methods, engine_gib, available_gib() - 1.0)
-                if s.reuse_engines == "auto" and s.repeats > 1 else [])
+        keep = (
+            engines_to_keep(vllm_methods, engine_gib, available_gib() - 1.0)
+            if s.reuse_engines == "auto" and s.repeats > 1
+            else []
+        )
         report["engine_reuse"][str(c)] = {
-            "kv_cache_gib": kv, "one_engine_for_all_repeats": keep,
+            "kv_cache_gib": kv,
+            "one_engine_for_all_repeats": keep,
             "fresh_engine_per_repeat": [m for m in vllm_methods if m not in keep],
-            "estimated_gib": engines_gib(len(keep), len(vllm_methods), engine_gib)}
+            "estimated_gib": engines_gib(len(keep), len(vllm_methods), engine_gib),
+        }
         prefill_by = vllm_methods[0] if vllm_methods else None  # its first repeat times the level's prefill
         runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
         live: dict[str, Any] = {}
@@ -230,20 +280,39 @@ def run_throughput_vllm(json_out: Path, s: VllmThroughputSettings, dataset: Data
                         else:
                             lp.close()
                     last = runs[name][-1]
-                    extra = "".join(f", {k} {last[k]:.1f} s" for k in ("start_s", "warm_s")
-                                    if last.get("fresh_engine") and last.get(k) is not None)
-                    log.info("c=%d repeat %d/%d: %s: %.1f tok/s (%d tokens in %.1f s%s)", c, r + 1, s.repeats, name,
-                             last["tokens"] / last["wall_s"], last["tokens"], last["wall_s"], extra)
+                    extra = "".join(
+                        f", {k} {last[k]:.1f} s"
+                        for k in ("start_s", "warm_s")
+                        if last.get("fresh_engine") and last.get(k) is not None
+                    )
+                    log.info(
+                        "c=%d repeat %d/%d: %s: %.1f tok/s (%d tokens in %.1f s%s)",
+                        c,
+                        r + 1,
+                        s.repeats,
+                        name,
+                        last["tokens"] / last["wall_s"],
+                        last["tokens"],
+                        last["wall_s"],
+                        extra,
+                    )
                 # the repeats so far, should the bench stop before the level ends
-                report["levels"][str(c)] = aggregate_level({k: v for k, v in runs.items() if v}, prefill_by,
-                                                           texts_quality(lm.tokenizer, s.max_new_tokens))
+                report["levels"][str(c)] = aggregate_level(
+                    {k: v for k, v in runs.items() if v}, prefill_by, texts_quality(lm.tokenizer, s.max_new_tokens)
+                )
                 _write(json_out, {**report, "complete": False})
         finally:
             for lp in live.values():
                 lp.close()
         level = report["levels"][str(c)]
-        print(f"c={c}: " + ", ".join(f"{k} {v['tokens_per_s']:.1f} [{v['tokens_per_s_min']:.1f}-"
-                                     f"{v['tokens_per_s_max']:.1f}]" for k, v in level.items()), flush=True)
+        print(
+            f"c={c}: "
+            + ", ".join(
+                f"{k} {v['tokens_per_s']:.1f} [{v['tokens_per_s_min']:.1f}-{v['tokens_per_s_max']:.1f}]"
+                for k, v in level.items()
+            ),
+            flush=True,
+        )
     report["complete"] = True
     report["duration_s"] = time.perf_counter() - started
     report["machine"]["load_average_after"] = machine_info()["load_average"]
@@ -286,8 +355,13 @@ def _write(path: Path, report: dict[str, Any]) -> None:
 
 
 def _hf_run(level: Any, **extra: Any) -> dict[str, Any]:
-    return {"tokens": level.tokens, "wall_s": level.wall_s, "prefill_s": level.prefill_s,
-            "outputs": level.outputs, **extra}
+    return {
+        "tokens": level.tokens,
+        "wall_s": level.wall_s,
+        "prefill_s": level.prefill_s,
+        "outputs": level.outputs,
+        **extra,
+    }
 
 
 def _aal(level: Any) -> float | None:
@@ -304,16 +378,21 @@ def _median(values: list[Any]) -> float | None:
 def texts_quality(tokenizer: Any, max_new_tokens: int) -> Callable[[list[list[int]]], dict[str, Any]]:
     """Quality of one run's outputs (token ids; a text as long as ``max_new_tokens`` counts as cut at the
     limit): how many loop (degenerate, pipelines/quality.py) and how many ended by EOS."""
+
     def quality(outputs: list[list[int]]) -> dict[str, Any]:
         texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
         reasons = ["length" if len(o) >= max_new_tokens else "eos" for o in outputs]
         q = summarise_quality(texts, reasons).as_dict()
         return {k: q[k] for k in ("n", "degenerate", "finished_eos", "mean_repeat_4gram")}
+
     return quality
 
 
-def aggregate_level(runs: dict[str, list[dict[str, Any]]], prefill_by: str | None = None,
-                    quality: Callable[[list[list[int]]], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+def aggregate_level(
+    runs: dict[str, list[dict[str, Any]]],
+    prefill_by: str | None = None,
+    quality: Callable[[list[list[int]]], dict[str, Any]] | None = None,
+) -> dict[str, dict[str, Any]]:
     """Each method's cell from its repeats: median tokens/s with its spread (min, max) and every run, the
     median of the other figures, and the comparison with ``vllm`` (median over median; a tie when the
     spreads overlap and the ratio is at least ``TIE_RATIO``). vLLM rows without a prefill estimate of their
@@ -331,16 +410,23 @@ def aggregate_level(runs: dict[str, list[dict[str, Any]]], prefill_by: str | Non
         if prefill is None:
             prefill = shared_prefill
         cell: dict[str, Any] = {
-            "tokens": rs[0]["tokens"], "tokens_runs": [r["tokens"] for r in rs],
-            "wall_s": _median([r["wall_s"] for r in rs]), "wall_s_runs": [r["wall_s"] for r in rs],
-            "prefill_s": prefill, "repeats": len(rs),
-            "tokens_per_s": float(statistics.median(tps)), "tokens_per_s_runs": tps,
-            "tokens_per_s_min": min(tps), "tokens_per_s_max": max(tps),
-            "decode_tokens_per_s": (_median([r["tokens"] / max(r["wall_s"] - prefill, 1e-9) for r in rs])
-                                    if prefill is not None else None),
+            "tokens": rs[0]["tokens"],
+            "tokens_runs": [r["tokens"] for r in rs],
+            "wall_s": _median([r["wall_s"] for r in rs]),
+            "wall_s_runs": [r["wall_s"] for r in rs],
+            "prefill_s": prefill,
+            "repeats": len(rs),
+            "tokens_per_s": float(statistics.median(tps)),
+            "tokens_per_s_runs": tps,
+            "tokens_per_s_min": min(tps),
+            "tokens_per_s_max": max(tps),
+            "decode_tokens_per_s": (
+                _median([r["tokens"] / max(r["wall_s"] - prefill, 1e-9) for r in rs]) if prefill is not None else None
+            ),
             "prompts": len(rs[0]["outputs"]),
             "identical_across_repeats": all(r["outputs"] == rs[0]["outputs"] for r in rs),
-            "_outputs": rs[0]["outputs"]}
+            "_outputs": rs[0]["outputs"],
+        }
         if quality is not None:
             cell["texts"] = quality(rs[0]["outputs"])
         for key in ("aal", "proposer_ms_per_step", "mean_draft_len", "mean_draft_tokens_per_step", "target_forwards"):
@@ -404,11 +490,15 @@ def check_vllm_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
 
     cs = list(levels)
     for target, (value, ties, tied), minimum in (
-            ("laser-vllm relaxed never below vllm (worst concurrency)", ratio(rel, VLLM, cs), 1.0),
-            ("laser-vllm relaxed vs vllm at concurrency 1 and 4 (worse of the two)",
-             ratio(rel, VLLM, [c for c in cs if c in ("1", "4")]), 1.3),
-            ("laser-vllm relaxed ahead of vllm ngram (worst concurrency)", ratio(rel, "vllm ngram", cs), 1.0),
-            ("laser-vllm relaxed ahead of vllm suffix (worst concurrency)", ratio(rel, "vllm suffix", cs), 1.0)):
+        ("laser-vllm relaxed never below vllm (worst concurrency)", ratio(rel, VLLM, cs), 1.0),
+        (
+            "laser-vllm relaxed vs vllm at concurrency 1 and 4 (worse of the two)",
+            ratio(rel, VLLM, [c for c in cs if c in ("1", "4")]),
+            1.3,
+        ),
+        ("laser-vllm relaxed ahead of vllm ngram (worst concurrency)", ratio(rel, "vllm ngram", cs), 1.0),
+        ("laser-vllm relaxed ahead of vllm suffix (worst concurrency)", ratio(rel, "vllm suffix", cs), 1.0),
+    ):
         if value is not None:
             t: dict[str, Any] = {"target": target, "value": value, "minimum": minimum}
             if minimum == 1.0 and ties:
@@ -416,17 +506,33 @@ def check_vllm_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 t["met_by_ties"] = tied
             out.append(t)
     ours, theirs = (HF_RELAXED, rel), [n for n in VLLM_METHODS if not n.startswith("laser-vllm")]
-    best = [max(levels[c][a]["tokens_per_s"] for a in ours if a in levels[c])
-            / max(levels[c][b]["tokens_per_s"] for b in theirs if b in levels[c]) for c in cs
-            if any(a in levels[c] for a in ours) and any(b in levels[c] for b in theirs)]
+    best = [
+        max(levels[c][a]["tokens_per_s"] for a in ours if a in levels[c])
+        / max(levels[c][b]["tokens_per_s"] for b in theirs if b in levels[c])
+        for c in cs
+        if any(a in levels[c] for a in ours) and any(b in levels[c] for b in theirs)
+    ]
     if best:
-        out.append({"target": "the better of our two engines ahead of every vLLM row (worst concurrency)",
-                    "value": min(best), "minimum": 1.0})
-    ident = [levels[c][grd]["identical_to_vllm"] / levels[c][grd]["prompts"] for c in cs
-             if grd in levels[c] and levels[c][grd].get("identical_to_vllm") is not None]
+        out.append(
+            {
+                "target": "the better of our two engines ahead of every vLLM row (worst concurrency)",
+                "value": min(best),
+                "minimum": 1.0,
+            }
+        )
+    ident = [
+        levels[c][grd]["identical_to_vllm"] / levels[c][grd]["prompts"]
+        for c in cs
+        if grd in levels[c] and levels[c][grd].get("identical_to_vllm") is not None
+    ]
     if ident:
-        out.append({"target": "laser-vllm greedy tokens identical to vllm greedy (worst concurrency)",
-                    "value": min(ident), "minimum": 1.0})
+        out.append(
+            {
+                "target": "laser-vllm greedy tokens identical to vllm greedy (worst concurrency)",
+                "value": min(ident),
+                "minimum": 1.0,
+            }
+        )
     for t in out:
         t["met"] = t["value"] >= t["minimum"] or bool(t.get("met_by_ties"))
     return out
@@ -447,6 +553,7 @@ def _tps(m: dict[str, Any]) -> str:
 
 def _ppm(m: dict[str, Any], ref: dict[str, Any] | None) -> str:
     """A cell's prompts per minute, median [min-max] over its repeats, and its median over ``ref``'s."""
+
     def rates(cell: dict[str, Any]) -> list[float]:
         return [cell["prompts"] * 60 / w for w in cell["wall_s_runs"]]
 
@@ -474,8 +581,9 @@ def _drafting(m: dict[str, Any]) -> str:
 def _target_line(t: dict[str, Any], md: bool) -> str:
     ties = f"; ties at c={','.join(map(str, t['ties']))}" if t.get("ties") else ""
     if md:
-        return (f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} "
-                f"(needs >= {t['minimum']}{ties})")
+        return (
+            f"- {'met' if t['met'] else '**missed**'}: {t['target']}: {t['value']:.2f} (needs >= {t['minimum']}{ties})"
+        )
     return f"{'met ' if t['met'] else 'MISS'}  {t['target']}: {t['value']:.2f} (needs >= {t['minimum']}{ties})"
 
 
@@ -484,9 +592,11 @@ def print_vllm_throughput(report: dict[str, Any]) -> None:
 
     console = wide_console()
     st = report["settings"]
-    table = Table(title=f"bench throughput --engine vllm: {st['model']}, {st['threads']} threads, "
-                        f"{st['max_new_tokens']} new tokens max, {st.get('repeats', 1)} interleaved repeats "
-                        f"(tok/s with prefill: median [min-max]; x vllm; aal; proposer ms/step, draft tokens/row)")
+    table = Table(
+        title=f"bench throughput --engine vllm: {st['model']}, {st['threads']} threads, "
+        f"{st['max_new_tokens']} new tokens max, {st.get('repeats', 1)} interleaved repeats "
+        f"(tok/s with prefill: median [min-max]; x vllm; aal; proposer ms/step, draft tokens/row)"
+    )
     table.add_column("method", justify="right")
     for c in report["levels"]:
         table.add_column(f"c={c}", justify="right")
@@ -518,37 +628,80 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
     def row(name: str, fmt) -> str:
         return f"| {name} | " + " | ".join(fmt(levels[c][name]) if name in levels[c] else "-" for c in levels) + " |"
 
-    lines = [f"Load average before {m.get('load_average_before')}, after {m.get('load_average_after')}. "
-             f"{st.get('repeats', 1)} interleaved repeats per cell (every method once, then the next repeat).", "",
-             "Tokens/s with prefill, median [min-max] of the repeats (median x vLLM's median at the same "
-             f"concurrency; tie: the spreads overlap and the ratio is >= {TIE_RATIO}):", "", *head]
+    lines = [
+        f"Load average before {m.get('load_average_before')}, after {m.get('load_average_after')}. "
+        f"{st.get('repeats', 1)} interleaved repeats per cell (every method once, then the next repeat).",
+        "",
+        "Tokens/s with prefill, median [min-max] of the repeats (median x vLLM's median at the same "
+        f"concurrency; tie: the spreads overlap and the ratio is >= {TIE_RATIO}):",
+        "",
+        *head,
+    ]
     lines += [row(n, lambda x: f"{_tps(x)} ({_versus(x) or '-'})") for n in names]
-    lines += ["", "Prompts finished per minute, median [min-max] of the repeats (x vLLM's median). Every row "
-                  "decodes the same prompts; relaxed verification changes the texts (shorter or longer), so "
-                  "tokens/s and prompts per minute can disagree:", "", *head]
-    lines += [f"| {n} | " + " | ".join(_ppm(levels[c][n], levels[c].get(VLLM)) if n in levels[c] else "-"
-                                       for c in levels) + " |" for n in names]
+    lines += [
+        "",
+        "Prompts finished per minute, median [min-max] of the repeats (x vLLM's median). Every row "
+        "decodes the same prompts; relaxed verification changes the texts (shorter or longer), so "
+        "tokens/s and prompts per minute can disagree:",
+        "",
+        *head,
+    ]
+    lines += [
+        f"| {n} | "
+        + " | ".join(_ppm(levels[c][n], levels[c].get(VLLM)) if n in levels[c] else "-" for c in levels)
+        + " |"
+        for n in names
+    ]
     if any("texts" in levels[c].get(n, {}) for c in levels for n in names):
-        lines += ["", "Texts (first repeat): how many loop (degenerate: >= 20% of word 4-grams repeated, "
-                      "pipelines/quality.py) and how many ended by EOS, of the prompts. Looping tokens are easy "
-                      "to draft, so they flatter every speculative row's tokens/s:", "", *head]
-        lines += [row(n, lambda x: (f"{x['texts']['degenerate']} loop, {x['texts']['finished_eos']} EOS "
-                                    f"/ {x['texts']['n']}") if "texts" in x else "-") for n in names]
+        lines += [
+            "",
+            "Texts (first repeat): how many loop (degenerate: >= 20% of word 4-grams repeated, "
+            "pipelines/quality.py) and how many ended by EOS, of the prompts. Looping tokens are easy "
+            "to draft, so they flatter every speculative row's tokens/s:",
+            "",
+            *head,
+        ]
+        lines += [
+            row(
+                n,
+                lambda x: (
+                    (f"{x['texts']['degenerate']} loop, {x['texts']['finished_eos']} EOS / {x['texts']['n']}")
+                    if "texts" in x
+                    else "-"
+                ),
+            )
+            for n in names
+        ]
     lines += ["", "Decode-only tokens/s (a prefill estimate subtracted) and AAL:", "", *head]
-    lines += [row(n, lambda x: (f"{x['decode_tokens_per_s']:.1f}" if x.get("decode_tokens_per_s") is not None else "-")
-                  + (f" (aal {x['aal']:.2f})" if x.get("aal") is not None else "")) for n in names]
+    lines += [
+        row(
+            n,
+            lambda x: (
+                (f"{x['decode_tokens_per_s']:.1f}" if x.get("decode_tokens_per_s") is not None else "-")
+                + (f" (aal {x['aal']:.2f})" if x.get("aal") is not None else "")
+            ),
+        )
+        for n in names
+    ]
     drafting = [n for n in names if any(levels[c].get(n, {}).get("proposer_ms_per_step") is not None for c in levels)]
     if drafting:
-        lines += ["", "LASER's proposer: milliseconds inside `propose` per engine step, and draft tokens chosen per "
-                      "decoding row per step (medians of the repeats):", "", *head]
+        lines += [
+            "",
+            "LASER's proposer: milliseconds inside `propose` per engine step, and draft tokens chosen per "
+            "decoding row per step (medians of the repeats):",
+            "",
+            *head,
+        ]
         lines += [row(n, lambda x: _drafting(x) or "-") for n in drafting]
     reuse = report.get("engine_reuse") or {}
     if reuse:
         lines += ["", "Engines (KV cache per engine; which rows kept one engine for all repeats):", ""]
         for c, r in reuse.items():
-            lines.append(f"- c={c}: KV {r['kv_cache_gib']} GiB; one engine for all repeats: "
-                         f"{', '.join(r['one_engine_for_all_repeats']) or 'none'}; fresh engine per repeat: "
-                         f"{', '.join(r['fresh_engine_per_repeat']) or 'none'}")
+            lines.append(
+                f"- c={c}: KV {r['kv_cache_gib']} GiB; one engine for all repeats: "
+                f"{', '.join(r['one_engine_for_all_repeats']) or 'none'}; fresh engine per repeat: "
+                f"{', '.join(r['fresh_engine_per_repeat']) or 'none'}"
+            )
     lines.append("")
     lines += [f"- absent: {n}: {why}" for n, why in report["absent"].items()]
     lines += [_target_line(t, md=True) for t in report["targets"]]
@@ -572,16 +725,23 @@ def plot_vllm_throughput(report: dict[str, Any], path: Path) -> Path:
         hi = [levels[c][name].get("tokens_per_s_max", med[i]) - med[i] for i, c in enumerate(cs)]
         ax.errorbar([int(c) for c in cs], med, yerr=[lo, hi], marker="o", capsize=3, label=name)
     conc = [int(c) for c in levels]
-    ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="tokens/s (prefill included)",
-           title="throughput vs concurrency (vLLM engine; median, min-max)")
+    ax.set(
+        xscale="log",
+        xlabel="concurrency (requests in flight)",
+        ylabel="tokens/s (prefill included)",
+        title="throughput vs concurrency (vLLM engine; median, min-max)",
+    )
     ax.set_xticks(conc, [str(c) for c in conc])
     ax.legend(fontsize=7)
     cost = report.get("cost_model")
     if cost:
         for b, r in zip(cost["rows"], cost["seconds"]):
             cx.plot(cost["nodes"], [1000 * t for t in r], marker=".", label=f"{b} rows")
-        cx.set(xlabel="tokens per row in the step (1 + draft length)", ylabel="vLLM step ms",
-               title="measured vLLM step cost")
+        cx.set(
+            xlabel="tokens per row in the step (1 + draft length)",
+            ylabel="vLLM step ms",
+            title="measured vLLM step cost",
+        )
         cx.legend(fontsize=7)
     else:
         cx.set_axis_off()

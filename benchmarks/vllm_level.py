@@ -31,6 +31,7 @@ Stopping: the level process runs in a process group of its own and asks Linux to
 dies (``PR_SET_PDEATHSIG``); the bench terminates every live level (the whole group: vLLM's helpers too)
 on SIGTERM, Ctrl-C or any exit (:func:`stop_all`).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -45,7 +46,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-GIB = 1024 ** 3
+GIB = 1024**3
 ENGINE_BASE_GIB = 2.5  # a vLLM-cpu level process apart from its KV cache (model, torch, compile), estimated
 
 
@@ -54,10 +55,18 @@ def _engine(spec: dict[str, Any], max_num_seqs: int):
     from laser.vllm import VllmEngine
 
     m = spec["method"]
-    return VllmEngine(spec["model"], speculation=m["speculation"], max_draft=m.get("max_draft", 8),
-                      draft_len=m.get("draft_len", 8), threads=spec["threads"], max_num_seqs=max_num_seqs,
-                      max_model_len=spec["max_model_len"], dtype="float32", cost=spec.get("cost"),
-                      kv_cache_gib=spec.get("kv_cache_gib", 2))
+    return VllmEngine(
+        spec["model"],
+        speculation=m["speculation"],
+        max_draft=m.get("max_draft", 8),
+        draft_len=m.get("draft_len", 8),
+        threads=spec["threads"],
+        max_num_seqs=max_num_seqs,
+        max_model_len=spec["max_model_len"],
+        dtype="float32",
+        cost=spec.get("cost"),
+        kv_cache_gib=spec.get("kv_cache_gib", 2),
+    )
 
 
 class ProposeTimer:
@@ -84,9 +93,11 @@ class ProposeTimer:
         return out
 
     def summary(self) -> dict[str, Any]:
-        return {"proposer_steps": self.calls,
-                "proposer_ms_per_step": 1000 * self.seconds / self.calls if self.calls else None,
-                "mean_draft_len": self.drafted / self.rows if self.rows else None}
+        return {
+            "proposer_steps": self.calls,
+            "proposer_ms_per_step": 1000 * self.seconds / self.calls if self.calls else None,
+            "mean_draft_len": self.drafted / self.rows if self.rows else None,
+        }
 
 
 def _salad(lengths: list[int], vocab: int) -> list[list[int]]:
@@ -144,12 +155,19 @@ class _Level:
             self._reset()
         forwards = sum(o.target_forwards for o in outs)
         tokens = sum(len(o.token_ids) for o in outs)
-        return {"tokens": tokens, "wall_s": wall, "prefill_s": prefill, "outputs": [o.token_ids for o in outs],
-                "target_forwards": forwards,
-                # forwards are counted by LASER's proposer; vLLM's own drafters (ngram, suffix) do not report them
-                "aal": tokens / max(forwards, 1) if m["speculation"] in (None, "laser") else None,
-                "start_s": self.start_s, "warm_s": self.warm_s,
-                "mean_draft_tokens_per_step": (sum(chosen) / len(chosen)) if chosen else None, **drafting}
+        return {
+            "tokens": tokens,
+            "wall_s": wall,
+            "prefill_s": prefill,
+            "outputs": [o.token_ids for o in outs],
+            "target_forwards": forwards,
+            # forwards are counted by LASER's proposer; vLLM's own drafters (ngram, suffix) do not report them
+            "aal": tokens / max(forwards, 1) if m["speculation"] in (None, "laser") else None,
+            "start_s": self.start_s,
+            "warm_s": self.warm_s,
+            "mean_draft_tokens_per_step": (sum(chosen) / len(chosen)) if chosen else None,
+            **drafting,
+        }
 
     def close(self) -> None:
         self.eng.close()

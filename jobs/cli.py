@@ -2,6 +2,7 @@
 this file only names those modules and the help panel their commands are listed under (`COMMANDS`). The research
 tools (`benchmarks`, `training`) are named here, never imported: their module loads when one of their commands
 runs, so `laser --help` and `laser run` do not import them."""
+
 from __future__ import annotations
 
 import importlib
@@ -28,15 +29,19 @@ COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
     ("jobs.failures", OPERATIONS, None),
     ("jobs.decoders", OPERATIONS, None),
     ("jobs.ctr_eval", RESEARCH, None),
-    ("training.cli", RESEARCH, {
-        "train-draft": "Distil a draft from the target on its own generations for the job's prompts; "
-                       "resumes after a kill.",
-        "train-recommender": "Fine-tune the recommender on next-item prediction from the old histories; "
-                             "resumes after a kill.",
-        "train-align": "Align a draft to the frozen target with AtSpeed's losses; resumes after a kill.",
-        "train-redrafter": "Train a ReDrafter head by distillation on the target's own generations "
-                           "(resumes after a kill).",
-    }),
+    (
+        "training.cli",
+        RESEARCH,
+        {
+            "train-draft": "Distil a draft from the target on its own generations for the job's prompts; "
+            "resumes after a kill.",
+            "train-recommender": "Fine-tune the recommender on next-item prediction from the old histories; "
+            "resumes after a kill.",
+            "train-align": "Align a draft to the frozen target with AtSpeed's losses; resumes after a kill.",
+            "train-redrafter": "Train a ReDrafter head by distillation on the target's own generations "
+            "(resumes after a kill).",
+        },
+    ),
     ("benchmarks.cli", RESEARCH, {"bench": "Benchmarks: each prints a table and writes JSON + a PNG plot."}),
 )
 
@@ -80,14 +85,20 @@ class _LaserGroup(TyperGroup):
         panels: dict[str, list[tuple[str, str]]] = {}
         for name, cmd in listed:
             panels.setdefault(getattr(cmd, "rich_help_panel", None) or "Commands", []).append(
-                (name, cmd.get_short_help_str(limit)))
+                (name, cmd.get_short_help_str(limit))
+            )
         for panel, rows in panels.items():
             with formatter.section(panel):
                 formatter.write_dl(rows)
 
 
-app = typer.Typer(cls=_LaserGroup, no_args_is_help=True, add_completion=False, rich_markup_mode=None,
-                  help="LASER: fast LLM knowledge generation for recommenders.")
+app = typer.Typer(
+    cls=_LaserGroup,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    help="LASER: fast LLM knowledge generation for recommenders.",
+)
 
 
 def _version(value: bool) -> None:
@@ -102,9 +113,12 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
-         version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the laser-knowledge version and exit.")) -> None:
+def main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the laser-knowledge version and exit."
+    ),
+) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if not sys.stderr.isatty():  # a log file or a pipe gets a progress line every 30 s, not every update
         os.environ.setdefault("TQDM_MININTERVAL", "30")

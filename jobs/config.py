@@ -6,6 +6,7 @@ YAML file, applies ``a.b=value`` overrides and validates. An override's value is
 (``#``, ``:`` and spaces included), unless it reads as a number (``3``, ``0.5``), a boolean (``true``,
 ``false``), ``null``, or a list or mapping in brackets (``[1, 2]``, ``{a: 1}``).
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,8 +17,7 @@ from typing import Any, TypeVar, overload
 import yaml
 from pydantic import ValidationError
 
-from pipelines.config import (ConfigError, DecoderConfig, ExecutionConfig, GenerationConfig, JobConfig,  # noqa: F401
-                              ModelConfig, OldKnowledgeConfig, OutputConfig, RoutingConfig, SplitConfig)
+from pipelines.config import ConfigError, JobConfig
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 _INT = re.compile(r"^[-+]?\d+$")
@@ -34,7 +34,7 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any, source: str) -> N
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"{source}: cannot set {dotted!r}: {'.'.join(parts[:i + 1])} is not a mapping")
+            raise ConfigError(f"{source}: cannot set {dotted!r}: {'.'.join(parts[: i + 1])} is not a mapping")
         node = child
     node[parts[-1]] = value
 
@@ -76,7 +76,9 @@ def format_errors(exc: ValidationError, source: str) -> str:
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         detail = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        lines.append(f"  {key}: {detail}" + ("" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})"))
+        lines.append(
+            f"  {key}: {detail}" + ("" if err["type"] == "extra_forbidden" else f" (got {err.get('input')!r})")
+        )
     return "\n".join(lines)
 
 
@@ -96,8 +98,10 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     try:
         tree = yaml.safe_load(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start:exc.start + 1]!r}); "
-                          "save the config as UTF-8") from None
+        raise ConfigError(
+            f"{p}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 1]!r}); "
+            "save the config as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
     if tree is None:
@@ -118,8 +122,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 def load_config(path: str | Path | None, overrides: list[str] | None = None, *, schema: type[_Config]) -> _Config: ...
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None,
-                schema: type[JobConfig] = JobConfig) -> JobConfig:
+def load_config(
+    path: str | Path | None, overrides: list[str] | None = None, schema: type[JobConfig] = JobConfig
+) -> JobConfig:
     """Read ``path`` (None = all defaults), apply ``--set`` overrides and validate against ``schema``."""
     tree = read_yaml(path) if path is not None else {}
     return validate_config(apply_overrides(tree, overrides), str(path or "defaults"), schema)

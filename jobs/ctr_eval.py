@@ -5,6 +5,7 @@ and DCNv2 without knowledge ("none") and with every source over each seed, print
 layout and writes JSON. A source is called lossless vs the reference (default ``greedy``) only when
 |mean paired delta AUC| <= ``lossless_tolerance`` for every model.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rich.console import Console
 from rich.table import Table
 
-from jobs.config import ConfigError, SplitConfig, format_errors, apply_overrides, read_yaml
+from jobs.config import ConfigError, apply_overrides, format_errors, read_yaml
+from pipelines.config import SplitConfig
 from pipelines.data.config import DatasetConfig
 
 log = logging.getLogger(__name__)
@@ -54,8 +56,9 @@ class CtrModelParams(_Strict):
     """Sizes of DIN / DCNv2 and the mixture-of-experts knowledge converter."""
 
     embed_dim: int = Field(default=16, ge=1)
-    converter_dim: int = Field(default=32, ge=1,
-                               description="knowledge vector dim -> this, per entity (KAR uses 32/64)")
+    converter_dim: int = Field(
+        default=32, ge=1, description="knowledge vector dim -> this, per entity (KAR uses 32/64)"
+    )
     n_experts: int = Field(default=4, ge=1)
     expert_hidden: int = Field(default=128, ge=1)
     mlp: list[int] = Field(default_factory=lambda: [200, 80], min_length=1)
@@ -70,19 +73,23 @@ class CtrEvalConfig(_Strict):
     split: SplitConfig = Field(default_factory=SplitConfig)
     knowledge: dict[str, str] = Field(default_factory=dict, description="source name -> knowledge store/Parquet path")
     reference: str = Field(default="greedy", description="the lossless baseline source the others are compared with")
-    encoder: str = Field(default=DEFAULT_ENCODER,
-                         description="packaged encoder name or local transformers encoder folder")
+    encoder: str = Field(
+        default=DEFAULT_ENCODER, description="packaged encoder name or local transformers encoder folder"
+    )
     encode_batch_size: int = Field(default=32, ge=1)
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
-    rating_threshold: float | None = Field(default=None,
-                                           description="label = rating >= this; default dataset.min_positive_rating")
+    rating_threshold: float | None = Field(
+        default=None, description="label = rating >= this; default dataset.min_positive_rating"
+    )
     history_len: int = Field(default=5, ge=1)
     models: list[CtrModelName] = Field(default_factory=lambda: list(CTR_MODELS), min_length=1)
-    split_fractions: tuple[float, float, float] = Field(default=(0.8, 0.1, 0.1),
-                                                        description="train/val/test share of users")
+    split_fractions: tuple[float, float, float] = Field(
+        default=(0.8, 0.1, 0.1), description="train/val/test share of users"
+    )
     lossless_tolerance: float = Field(default=0.002, ge=0)
-    threads: int | None = Field(default=None, ge=1,
-                                description="torch CPU threads for training; null = torch's default")
+    threads: int | None = Field(
+        default=None, ge=1, description="torch CPU threads for training; null = torch's default"
+    )
     train: CtrTrainParams = Field(default_factory=CtrTrainParams)
     model: CtrModelParams = Field(default_factory=CtrModelParams)
 
@@ -125,15 +132,28 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 
 
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
-    from pipelines.ctr import ItemCatalog, KnowledgeVectors, ModelConfig, TrainConfig, build_samples, compare_sources, summarise
+    from pipelines.ctr import (
+        ItemCatalog,
+        KnowledgeVectors,
+        ModelConfig,
+        TrainConfig,
+        build_samples,
+        compare_sources,
+        summarise,
+    )
     from pipelines.ctr.compare import as_float
     from pipelines.data import load_dataset, split_old_new
     from pipelines.ops.features.encoding import encode_knowledge
 
     started = time.perf_counter()
     ds = load_dataset(cfg.dataset)
-    split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=cfg.split.max_hist,
-                          new_item_fraction=cfg.split.new_item_fraction, new_count=cfg.split.new_count)
+    split = split_old_new(
+        ds,
+        seed=cfg.dataset.seed,
+        max_hist=cfg.split.max_hist,
+        new_item_fraction=cfg.split.new_item_fraction,
+        new_count=cfg.split.new_count,
+    )
     samples = build_samples(split.old_interactions, split.new_interactions, cfg.label_threshold(), cfg.history_len)
     if samples.height == 0:
         raise ValueError(f"dataset {ds.name!r} has no new interactions to build CTR samples from")
@@ -148,15 +168,39 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
         knowledge_rows[name] = {"user": len(sources[name].user), "item": len(sources[name].item)}
         _log_coverage(name, sources[name], samples)
     model_cfg = ModelConfig(**{**cfg.model.model_dump(), "mlp": tuple(cfg.model.mlp)})
-    runs = compare_sources(samples, catalog, sources, tuple(cfg.models), tuple(cfg.seeds), model_cfg,
-                           TrainConfig(**cfg.train.model_dump()), cfg.history_len, cfg.split_fractions, progress)
+    runs = compare_sources(
+        samples,
+        catalog,
+        sources,
+        tuple(cfg.models),
+        tuple(cfg.seeds),
+        model_cfg,
+        TrainConfig(**cfg.train.model_dump()),
+        cfg.history_len,
+        cfg.split_fractions,
+        progress,
+    )
     summary = summarise(runs, cfg.reference, cfg.lossless_tolerance)
-    sample = {"users": ds.users.height, "items": ds.items.height, "interactions": ds.interactions.height,
-              "old_interactions": split.old_interactions.height, "new_interactions": split.new_interactions.height}
-    return {"dataset": ds.name, "sample": sample, "n_samples": samples.height,
-            "positive_rate": as_float(samples["label"].mean(), "ctr samples' label"), "encoder": cfg.encoder, "vectors": vector_files,
-            "knowledge_rows": knowledge_rows, "config": cfg.model_dump(mode="json"), **summary,
-            "verdict": verdict_text(summary), "wall_s": time.perf_counter() - started}
+    sample = {
+        "users": ds.users.height,
+        "items": ds.items.height,
+        "interactions": ds.interactions.height,
+        "old_interactions": split.old_interactions.height,
+        "new_interactions": split.new_interactions.height,
+    }
+    return {
+        "dataset": ds.name,
+        "sample": sample,
+        "n_samples": samples.height,
+        "positive_rate": as_float(samples["label"].mean(), "ctr samples' label"),
+        "encoder": cfg.encoder,
+        "vectors": vector_files,
+        "knowledge_rows": knowledge_rows,
+        "config": cfg.model_dump(mode="json"),
+        **summary,
+        "verdict": verdict_text(summary),
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def verdict_text(summary: dict) -> str:
@@ -180,7 +224,11 @@ def verdict_text(summary: dict) -> str:
                     how = "not distinguishable"
                 words.append(f"{MODEL_LABELS.get(m, m)} AUC vs {name} {how} ({d['auc']:+.4f})")
         verdict = summary.get("verdicts", {}).get(source)
-        tail = "" if verdict is None else f"; {'lossless' if verdict['lossless'] else 'not lossless'} vs {summary['reference']}"
+        tail = (
+            ""
+            if verdict is None
+            else f"; {'lossless' if verdict['lossless'] else 'not lossless'} vs {summary['reference']}"
+        )
         parts.append(f"{source}: " + ", ".join(words) + tail + ".")
     return " ".join(parts)
 
@@ -188,8 +236,14 @@ def verdict_text(summary: dict) -> str:
 def _log_coverage(name: str, vectors: Any, samples: Any) -> None:
     users = set(samples["user_id"].to_list())
     items = set(samples["item_id"].to_list())
-    log.info("knowledge %r covers %d/%d sample users and %d/%d sample items", name,
-             len(users & vectors.user.keys()), len(users), len(items & vectors.item.keys()), len(items))
+    log.info(
+        "knowledge %r covers %d/%d sample users and %d/%d sample items",
+        name,
+        len(users & vectors.user.keys()),
+        len(users),
+        len(items & vectors.item.keys()),
+        len(items),
+    )
 
 
 def _nan_to_none(obj):
@@ -231,10 +285,15 @@ def render_table(result: dict) -> Table:
     return table
 
 
-def ctr_eval(config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/configs/ctr_eval_demo.yaml)"),
-             json_out: Path | None = typer.Option(None, "--json", help="write the full results here, with a "
-                                                  "Markdown table and a PNG beside it (same name, .md / .png)"),
-             overrides: list[str] = typer.Option([], "--set", help="override a config key: key.path=value")) -> None:
+def ctr_eval(
+    config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/configs/ctr_eval_demo.yaml)"),
+    json_out: Path | None = typer.Option(
+        None,
+        "--json",
+        help="write the full results here, with a Markdown table and a PNG beside it (same name, .md / .png)",
+    ),
+    overrides: list[str] = typer.Option([], "--set", help="override a config key: key.path=value"),
+) -> None:
     """Train DIN and DCNv2 with no knowledge and with each knowledge source; print Table 2, write JSON."""
     try:
         cfg = load_ctr_config(config, overrides)
@@ -242,13 +301,17 @@ def ctr_eval(config: Path = typer.Argument(..., help="ctr-eval YAML (see jobs/co
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     if cfg.reference not in cfg.knowledge:
-        log.warning("reference source %r not in knowledge %s: no lossless verdicts", cfg.reference, sorted(cfg.knowledge))
+        log.warning(
+            "reference source %r not in knowledge %s: no lossless verdicts", cfg.reference, sorted(cfg.knowledge)
+        )
     result = run_ctr_eval(cfg)
     Console().print(render_table(result))
     for source, verdict in result["verdicts"].items():
         if verdict["lossless"]:
-            Console().print(f"[green]{source}: lossless vs {cfg.reference}[/green] "
-                            f"(|mean ΔAUC| <= {cfg.lossless_tolerance} for every model over {len(cfg.seeds)} seeds)")
+            Console().print(
+                f"[green]{source}: lossless vs {cfg.reference}[/green] "
+                f"(|mean ΔAUC| <= {cfg.lossless_tolerance} for every model over {len(cfg.seeds)} seeds)"
+            )
     Console().print(f"verdict (95% intervals over {len(cfg.seeds)} seeds): {result['verdict']}")
     if json_out is not None:
         from pipelines.ctr.report import markdown, plot

@@ -1,4 +1,5 @@
 """CLI command `laser decoders`: the registered decoders. Registered on the `laser` app by :mod:`jobs.cli`."""
+
 from __future__ import annotations
 
 import typer

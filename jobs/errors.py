@@ -3,6 +3,7 @@ environment failure (read-only folder, disk full, refused connection, a lost lea
 another run holding the output's lock one line and exit 75; workers whose engine cannot start or cannot run
 the model one line naming the engine's error and exit 1; SIGINT or SIGTERM keeps the rows already
 generated, says what was kept and how to resume, and exits 130 or 143."""
+
 from __future__ import annotations
 
 import errno
@@ -32,10 +33,13 @@ def os_error_line(exc: OSError) -> tuple[str, int]:
     if exc.strerror is None:  # raised with a message (ours: it names the path)
         return str(exc.args[0] if exc.args else type(exc).__name__), code
     where = f"{exc.filename}: " if exc.filename else ""
-    hint = {errno.ENOSPC: " (the disk is full; free space and re-run: written rows are kept)",
-            errno.EROFS: " (a read-only file system)", errno.EACCES: " (no permission)",
-            errno.EEXIST: " (a file is in the way of a directory)",
-            errno.ENOTDIR: " (a file is in the way of a directory)"}.get(exc.errno or 0, "")
+    hint = {
+        errno.ENOSPC: " (the disk is full; free space and re-run: written rows are kept)",
+        errno.EROFS: " (a read-only file system)",
+        errno.EACCES: " (no permission)",
+        errno.EEXIST: " (a file is in the way of a directory)",
+        errno.ENOTDIR: " (a file is in the way of a directory)",
+    }.get(exc.errno or 0, "")
     return f"{where}{exc.strerror}{hint}", code
 
 

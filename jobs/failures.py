@@ -1,4 +1,5 @@
 """`laser failures CONFIG`: the entities a job could not generate, failed (retried by the next run) or given up."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,8 +10,11 @@ import typer
 from jobs.run import ConfigArg, SetOpt, _load
 
 
-def failures(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
-             old: bool = typer.Option(False, "--old", help="The old-knowledge store's failures instead.")) -> None:
+def failures(
+    config: Path = ConfigArg,
+    set_: Optional[list[str]] = SetOpt,
+    old: bool = typer.Option(False, "--old", help="The old-knowledge store's failures instead."),
+) -> None:
     """List the entities with unresolved failures: status (failed: the next run retries it; given up: after
     generation.give_up_after identical failures), identical failures in a row, the last run, the reason."""
     from pipelines.knowledge.paths import JobPaths
@@ -24,8 +28,10 @@ def failures(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
         return
     typer.echo("entity_type\tentity_id\tstatus\tcount\tlast_run\treason")
     for rec in table.iter_rows(named=True):
-        typer.echo(f"{rec['entity_type']}\t{rec['entity_id']}\t{rec['status']}\t{rec['count']}\t{rec['last_run']}\t"
-                   f"{rec['reason']}")
+        typer.echo(
+            f"{rec['entity_type']}\t{rec['entity_id']}\t{rec['status']}\t{rec['count']}\t{rec['last_run']}\t"
+            f"{rec['reason']}"
+        )
     given_up = int((table["status"] == "given up").sum())
     typer.echo(f"{table.height} entities: {table.height - given_up} failed, {given_up} given up", err=True)
 

@@ -1,4 +1,5 @@
 """`laser latest`, `laser encode` and `laser ingest feast`: the job's knowledge as features."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -35,8 +36,12 @@ def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
     path = _load(config, set_).output.path
     location = Location.of(path)
     if not location.local:
-        typer.secho(f"laser {command}: output.path {path!r} is not on a local file system; the feature tables "
-                    "and the Feast repository need a local output.path", fg=typer.colors.RED, err=True)
+        typer.secho(
+            f"laser {command}: output.path {path!r} is not on a local file system; the feature tables "
+            "and the Feast repository need a local output.path",
+            fg=typer.colors.RED,
+            err=True,
+        )
         raise typer.Exit(2)
     return location.path
 

@@ -1,4 +1,5 @@
 """`laser recommend CONFIG`: the generative recommendation job (see pipelines/recommend/job.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path

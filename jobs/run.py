@@ -2,6 +2,7 @@
 
 Registered on the `laser` app by :mod:`jobs.cli`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,16 +36,34 @@ def _output_lock(cfg: JobConfig):
     return output_lock(JobPaths.of(cfg).root, run_id=cfg.resolved_run_id())
 
 
-def run(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
-        incremental: bool = typer.Option(False, "--incremental", help=(
+def run(
+    config: Path = ConfigArg,
+    set_: Optional[list[str]] = SetOpt,
+    incremental: bool = typer.Option(
+        False,
+        "--incremental",
+        help=(
             "Scheduled run: regenerate only entities whose inputs changed or are new; run ledger, lock, "
-            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py).")),
-        keep_existing: bool = typer.Option(False, "--keep-existing", help=(
+            "latest view; exit 0 done, 2 config, 3 partial, 75 locked (see jobs/scheduled.py)."
+        ),
+    ),
+    keep_existing: bool = typer.Option(
+        False,
+        "--keep-existing",
+        help=(
             "Keep rows that another config (model, decoder, generation rules, prompt version) wrote for "
-            "unchanged inputs instead of regenerating them; the run says how many it kept.")),
-        dry_run: bool = typer.Option(False, "--dry-run", help=(
+            "unchanged inputs instead of regenerating them; the run says how many it kept."
+        ),
+    ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help=(
             "Every step but generation, then the plan: entities by type, pool and reason, prompt tokens, and the "
-            "tokens and time the run would take (estimated); writes nothing."))) -> None:
+            "tokens and time the run would take (estimated); writes nothing."
+        ),
+    ),
+) -> None:
     """Run the whole job: route, plan, build pools, generate knowledge, summary. Exits 3 when entities
     failed (`laser failures CONFIG` lists them; a re-run retries them)."""
     from jobs.scheduled import run_record
@@ -75,8 +94,12 @@ def _finished(rec: RunRecord, config: Path) -> int:
     if rec.given_up:
         typer.echo(f"given up on {rec.given_up} entities after identical failures (generation.give_up_after)", err=True)
     if rec.status == "partial":
-        typer.secho(f"{rec.failed + rec.old_failed} entities failed; `laser failures {config}` lists them; a re-run "
-                    "retries them (exit 3)", fg=typer.colors.YELLOW, err=True)
+        typer.secho(
+            f"{rec.failed + rec.old_failed} entities failed; `laser failures {config}` lists them; a re-run "
+            "retries them (exit 3)",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
     return exit_code(rec.status)
 
 
@@ -113,8 +136,11 @@ def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) ->
         typer.echo(f"{key}\t{n} texts")
 
 
-def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
-             old: bool = typer.Option(False, "--old", help="Generate the missing old knowledge (step 1) instead.")) -> None:
+def generate(
+    config: Path = ConfigArg,
+    set_: Optional[list[str]] = SetOpt,
+    old: bool = typer.Option(False, "--old", help="Generate the missing old knowledge (step 1) instead."),
+) -> None:
     """Step 4 alone: new knowledge with the configured decoder (needs route and build-pools first)."""
     from pipelines.knowledge.generation import GenerationReport
     from pipelines.knowledge.inputs import load_job_data
@@ -134,25 +160,38 @@ def generate(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
             print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, rep.wall_s))
 
 
-def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
-           address: str = typer.Option("http://127.0.0.1:8265", help="Ray dashboard address of the cluster."),
-           pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env."),
-           wait: bool = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status."),
-           incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),
-           token_file: Optional[Path] = typer.Option(None, "--token-file", help=(
-               "File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or "
-               "RAY_AUTH_TOKEN_PATH.")),
-           working_dir: Optional[Path] = typer.Option(None, "--working-dir", help=(
-               "Folder to upload as the job's working directory (the config must be inside); dotfiles and "
-               "secret-looking files are never uploaded. Default: the config file alone."))) -> None:
+def submit(
+    config: Path = ConfigArg,
+    set_: Optional[list[str]] = SetOpt,
+    address: str = typer.Option("http://127.0.0.1:8265", help="Ray dashboard address of the cluster."),
+    pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env."),
+    wait: bool = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status."),
+    incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),
+    token_file: Optional[Path] = typer.Option(
+        None,
+        "--token-file",
+        help=(
+            "File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH."
+        ),
+    ),
+    working_dir: Optional[Path] = typer.Option(
+        None,
+        "--working-dir",
+        help=(
+            "Folder to upload as the job's working directory (the config must be inside); dotfiles and "
+            "secret-looking files are never uploaded. Default: the config file alone."
+        ),
+    ),
+) -> None:
     """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it). Uploads the
     config (or --working-dir) and the project's code, and logs the list of files."""
     from jobs.submit import AuthError, SubmitError, follow
     from jobs.submit import submit as submit_job
 
     try:
-        job_id = submit_job(config, address, set_, pip=pip, token_file=token_file, incremental=incremental,
-                            working_dir=working_dir)
+        job_id = submit_job(
+            config, address, set_, pip=pip, token_file=token_file, incremental=incremental, working_dir=working_dir
+        )
     except (ConfigError, SubmitError, ValueError) as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
@@ -160,8 +199,10 @@ def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(77) from None
     if not wait:
-        typer.echo(f"submitted {job_id}; follow with: laser submit ... --wait, or ray job logs --address {address} "
-                   f"-f {job_id} (which exits 0 even when the job fails; check `ray job status`)")
+        typer.echo(
+            f"submitted {job_id}; follow with: laser submit ... --wait, or ray job logs --address {address} "
+            f"-f {job_id} (which exits 0 even when the job fails; check `ray job status`)"
+        )
         return
     typer.echo(f"submitted {job_id}; following its logs", err=True)
     code = follow(address, job_id, token_file)
@@ -169,8 +210,14 @@ def submit(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt,
     raise typer.Exit(code)
 
 
-COMMANDS: dict[str, Callable[..., None]] = {"run": run, "demo": demo, "route": route, "build-pools": build_pools,
-                                            "generate": generate, "submit": submit}
+COMMANDS: dict[str, Callable[..., None]] = {
+    "run": run,
+    "demo": demo,
+    "route": route,
+    "build-pools": build_pools,
+    "generate": generate,
+    "submit": submit,
+}
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ data; 3 finished with failed entities (retried by the next run); 75 another run 
 Workers whose engine cannot start or cannot run the model end the run with one line and exit 1.
 Entities given up on after ``generation.give_up_after`` identical failures are not retried: they leave 0.
 """
+
 from __future__ import annotations
 
 import logging
@@ -67,8 +68,10 @@ def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
         return exitcodes.ERROR
     print_summary(summary)
     rec = run_record(summary)
-    typer.echo(f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
-               f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}, "
-               f"given up {rec.given_up}; "
-               f"watermark {rec.watermark}")
+    typer.echo(
+        f"run {rec.run_id} {rec.status}: {rec.entities_new} new, {rec.entities_changed} changed, "
+        f"{rec.entities_unchanged} unchanged; generated {rec.generated}, failed {rec.failed}, "
+        f"given up {rec.given_up}; "
+        f"watermark {rec.watermark}"
+    )
     return exit_code(rec.status)

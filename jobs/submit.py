@@ -12,6 +12,7 @@ ray, ...; or ``--pip``) but without this project installed runs it. With token a
 cluster (``RAY_AUTH_MODE=token``), the token comes from ``--token-file``, ``RAY_AUTH_TOKEN`` or
 ``RAY_AUTH_TOKEN_PATH`` and is sent as a bearer header.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -71,8 +72,11 @@ def _package_dir(name: str) -> str:
 
 def runtime_env(working_dir: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Ray runtime env: ``working_dir`` (see :func:`stage`), the project's code, optional pip packages and env vars."""
-    out: dict[str, Any] = {"working_dir": str(working_dir.resolve()), "py_modules": project_modules(),
-                           "excludes": EXCLUDES + SECRET_EXCLUDES}
+    out: dict[str, Any] = {
+        "working_dir": str(working_dir.resolve()),
+        "py_modules": project_modules(),
+        "excludes": EXCLUDES + SECRET_EXCLUDES,
+    }
     if pip:
         out["pip"] = list(pip)
     if env:
@@ -104,8 +108,10 @@ def _config_in(working_dir: Path, config: Path) -> str:
     except ValueError:
         raise SubmitError(f"--working-dir {working_dir}: the config {config} is not inside it") from None
     if rel.as_posix() not in uploaded_files(working_dir):
-        raise SubmitError(f"--working-dir {working_dir}: the config {rel} is excluded from the upload (a dotfile or "
-                          "a secret-looking name); rename it")
+        raise SubmitError(
+            f"--working-dir {working_dir}: the config {rel} is excluded from the upload (a dotfile or "
+            "a secret-looking name); rename it"
+        )
     return rel.as_posix()
 
 
@@ -114,12 +120,17 @@ def validate(config: Path, overrides: list[str]) -> JobConfig:
     from pipelines.knowledge.job import check_job
 
     cfg = load_config(config, overrides)
-    for key, value in (("output.path", cfg.output.path), ("old_knowledge.path", cfg.old_knowledge.path),
-                       ("dataset.path", cfg.dataset.path)):
+    for key, value in (
+        ("output.path", cfg.output.path),
+        ("old_knowledge.path", cfg.old_knowledge.path),
+        ("dataset.path", cfg.dataset.path),
+    ):
         if value and not is_uri(value) and not Path(value).is_absolute():
-            raise SubmitError(f"{key}: {value!r} is relative; on the cluster it would resolve inside the job's "
-                              f"temporary working directory. Pass an absolute path on storage every node shares, "
-                              f"e.g. --set {key}={Path(value).resolve()}")
+            raise SubmitError(
+                f"{key}: {value!r} is relative; on the cluster it would resolve inside the job's "
+                f"temporary working directory. Pass an absolute path on storage every node shares, "
+                f"e.g. --set {key}={Path(value).resolve()}"
+            )
     if is_uri(cfg.output.path):
         check_uri_output(cfg)
     check_job(cfg)  # every step's checks, as `laser run` makes them on the cluster
@@ -136,8 +147,10 @@ def check_uri_output(cfg: JobConfig) -> None:
         raise SubmitError(f"output.path: {exc}") from None
     work = cfg.output.work_dir
     if not work or not Path(work).is_absolute():
-        raise SubmitError(f"output.path: {cfg.output.path!r} is a URI, so the derived files (routing, pools) need "
-                          f"output.work_dir: an absolute path on storage every node shares (got {work!r})")
+        raise SubmitError(
+            f"output.path: {cfg.output.path!r} is a URI, so the derived files (routing, pools) need "
+            f"output.work_dir: an absolute path on storage every node shares (got {work!r})"
+        )
 
 
 def auth_headers(token_file: str | Path | None = None) -> dict[str, str]:
@@ -160,15 +173,25 @@ def client(address: str, token_file: str | Path | None = None) -> Any:
         return JobSubmissionClient(address, headers=auth_headers(token_file) or None)
     except Exception as exc:  # ray raises its own AuthenticationError (a ConnectionError subclass)
         if "uthenticat" in str(exc) or "Unauthorized" in str(exc) or "Forbidden" in str(exc):
-            raise AuthError(f"{address}: the cluster requires token authentication and refused this client "
-                            "(pass --token-file FILE, or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH to the cluster's "
-                            "token; `ray get-auth-token` on the head prints it)") from exc
+            raise AuthError(
+                f"{address}: the cluster requires token authentication and refused this client "
+                "(pass --token-file FILE, or set RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH to the cluster's "
+                "token; `ray get-auth-token` on the head prints it)"
+            ) from exc
         raise
 
 
-def submit(config: str | Path, address: str, overrides: list[str] | None = None, pip: list[str] | None = None,
-           env: dict[str, str] | None = None, submission_id: str | None = None, token_file: str | Path | None = None,
-           incremental: bool = False, working_dir: str | Path | None = None) -> str:
+def submit(
+    config: str | Path,
+    address: str,
+    overrides: list[str] | None = None,
+    pip: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    submission_id: str | None = None,
+    token_file: str | Path | None = None,
+    incremental: bool = False,
+    working_dir: str | Path | None = None,
+) -> str:
     """Validate the config locally, then submit it as a Ray job at ``address``; returns the job id.
 
     Uploads the config alone (or ``working_dir`` minus dotfiles and secret-looking files) and the project's
@@ -186,10 +209,20 @@ def submit(config: str | Path, address: str, overrides: list[str] | None = None,
         wd = Path(working_dir) if working_dir is not None else stage(path, Path(tmp))
         name = _config_in(wd, path) if working_dir is not None else path.name
         files = uploaded_files(wd)
-        log.info("uploading to %s: working_dir %s (%d files: %s%s); code: %s", address, wd, len(files),
-                 ", ".join(files[:10]), " ..." if len(files) > 10 else "", ", ".join(PACKAGES))
-        kwargs = {"entrypoint": entrypoint(name, overrides, extra), "runtime_env": runtime_env(wd, pip, env),
-                  "submission_id": submission_id}
+        log.info(
+            "uploading to %s: working_dir %s (%d files: %s%s); code: %s",
+            address,
+            wd,
+            len(files),
+            ", ".join(files[:10]),
+            " ..." if len(files) > 10 else "",
+            ", ".join(PACKAGES),
+        )
+        kwargs = {
+            "entrypoint": entrypoint(name, overrides, extra),
+            "runtime_env": runtime_env(wd, pip, env),
+            "submission_id": submission_id,
+        }
         return _submit_with_retry(c, address, kwargs)
 
 
@@ -205,8 +238,9 @@ def _submit_with_retry(c: Any, address: str, kwargs: dict[str, Any]) -> str:
             time.sleep(2)
 
 
-def follow(address: str, job_id: str, token_file: str | Path | None = None,
-           write: Callable[[str], Any] = sys.stdout.write) -> int:
+def follow(
+    address: str, job_id: str, token_file: str | Path | None = None, write: Callable[[str], Any] = sys.stdout.write
+) -> int:
     """Stream the job's logs until it ends; its exit status: 0 when it succeeded, else the driver's exit code
     (1 when Ray does not know it, e.g. the job was stopped)."""
     from ray.job_submission import JobStatus

@@ -3,6 +3,7 @@
 Model-agnostic and free of pipeline concerns: a retrieval pool reaches a decoder only as an object
 that can open a drafter (see :mod:`laser.drafting`).
 """
+
 from laser.decoders import Decoder, Generation, available_decoders, get_decoder, register_decoder
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import TreeDecodingEngine
@@ -15,8 +16,29 @@ from laser.sampling import GREEDY, SamplingParams
 from laser.verify import BeamVerifier, Outcome, RejectionSampler, TopKVerifier, Verifier
 
 __all__ = [
-    "DEFAULT_MODEL", "GREEDY", "BeamVerifier", "DecodeStats", "Decoder", "DraftSource", "DraftTree", "Drafter",
-    "Generation", "GenerationRules", "LoadedModel", "NoDrafter", "Outcome", "RejectionSampler", "Request", "SamplingParams",
-    "TopKVerifier", "TreeDecodingEngine", "Verifier", "available_decoders", "get_decoder", "load_model",
-    "load_tokenizer", "register_decoder", "tiny_llama",
+    "DEFAULT_MODEL",
+    "GREEDY",
+    "BeamVerifier",
+    "DecodeStats",
+    "Decoder",
+    "DraftSource",
+    "DraftTree",
+    "Drafter",
+    "Generation",
+    "GenerationRules",
+    "LoadedModel",
+    "NoDrafter",
+    "Outcome",
+    "RejectionSampler",
+    "Request",
+    "SamplingParams",
+    "TopKVerifier",
+    "TreeDecodingEngine",
+    "Verifier",
+    "available_decoders",
+    "get_decoder",
+    "load_model",
+    "load_tokenizer",
+    "register_decoder",
+    "tiny_llama",
 ]

@@ -17,6 +17,7 @@ trees grow. Before any evidence the engine-wide acceptance is assumed high (``OP
 steps draft and measure; while speculation is off, one step in ``PROBE_EVERY`` drafts a little, so the
 estimates follow the data (a probe costs at most one wider forward in 32).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,14 @@ class BudgetPolicy(Protocol):
 
     def assign(self, requests: Sequence[Request]) -> None: ...
 
-    def observe(self, requests: Sequence[Request], trees: Sequence[DraftTree], outcomes: Sequence[Outcome],
-                step_s: float, forward_s: float) -> None: ...
+    def observe(
+        self,
+        requests: Sequence[Request],
+        trees: Sequence[DraftTree],
+        outcomes: Sequence[Outcome],
+        step_s: float,
+        forward_s: float,
+    ) -> None: ...
 
     def forget(self, request: Request) -> None: ...
 
@@ -58,8 +65,8 @@ class _DepthCounts:
 
     def add(self, tree_depth: int, accepted: int) -> None:
         top = min(tree_depth, accepted + 1)
-        self.reached[1:top + 1] += 1
-        self.accepted[1:min(accepted, top) + 1] += 1
+        self.reached[1 : top + 1] += 1
+        self.accepted[1 : min(accepted, top) + 1] += 1
 
 
 class AdaptiveBudget:
@@ -96,8 +103,8 @@ class AdaptiveBudget:
         depth = min(math.ceil(budget / self.width), row.deepest, MAX_DEPTH)
         if depth <= 0:
             return 0.0
-        base = (self.all.accepted[1:depth + 1] + 2 * OPTIMISM) / (self.all.reached[1:depth + 1] + 2)
-        alpha = (row.accepted[1:depth + 1] + self.prior * base) / (row.reached[1:depth + 1] + self.prior)
+        base = (self.all.accepted[1 : depth + 1] + 2 * OPTIMISM) / (self.all.reached[1 : depth + 1] + 2)
+        alpha = (row.accepted[1 : depth + 1] + self.prior * base) / (row.reached[1 : depth + 1] + self.prior)
         return float(np.cumprod(alpha).sum())
 
     def throughput(self, requests: Sequence[Request], budget: int) -> float:
@@ -118,8 +125,14 @@ class AdaptiveBudget:
         self.chosen.append(budget)
         self.predicted.append(rates[best])
 
-    def observe(self, requests: Sequence[Request], trees: Sequence[DraftTree], outcomes: Sequence[Outcome],
-                step_s: float, forward_s: float) -> None:
+    def observe(
+        self,
+        requests: Sequence[Request],
+        trees: Sequence[DraftTree],
+        outcomes: Sequence[Outcome],
+        step_s: float,
+        forward_s: float,
+    ) -> None:
         overhead = max(step_s - forward_s, 0.0)  # a running mean after the first step (which sets it)
         self.overhead_s = overhead if len(self.chosen) <= 1 else 0.8 * self.overhead_s + 0.2 * overhead
         for r, tree, o in zip(requests, trees, outcomes):

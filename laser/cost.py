@@ -12,6 +12,7 @@ the hf engine's tree forwards are timed here (:func:`forward_cost`, priced by :m
 vLLM engine's whole steps are timed by :mod:`laser.vllm.calibrate` into the same type, which
 :class:`laser.vllm.step_cost.StepCost` corrects online for the vLLM proposer's chain budget.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,9 @@ class ForwardCost:
 
     def times(self, rows_: npt.ArrayLike, nodes_: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """:meth:`time` over arrays (broadcast): one evaluation for many shapes."""
-        rows, nodes = np.broadcast_arrays(np.maximum(np.asarray(rows_, dtype=float), 1.0),
-                                          np.maximum(np.asarray(nodes_, dtype=float), 1.0))
+        rows, nodes = np.broadcast_arrays(
+            np.maximum(np.asarray(rows_, dtype=float), 1.0), np.maximum(np.asarray(nodes_, dtype=float), 1.0)
+        )
         # beyond the measured rows, a forward costs what the widest measured one costs for as many tokens
         over = np.maximum(rows / self.rows[-1], 1.0)
         rows, nodes = rows / over, nodes * over
@@ -74,8 +76,12 @@ class ForwardCost:
         j = np.clip(np.searchsorted(gn, n) - 1, 0, len(gn) - 2)
         tr = np.clip((r - gr[i]) / (gr[i + 1] - gr[i]), 0, 1)
         tn = np.clip((n - gn[j]) / (gn[j + 1] - gn[j]), 0, 1)
-        t = ((1 - tr) * (1 - tn) * table[i, j] + tr * (1 - tn) * table[i + 1, j]
-             + (1 - tr) * tn * table[i, j + 1] + tr * tn * table[i + 1, j + 1])
+        t = (
+            (1 - tr) * (1 - tn) * table[i, j]
+            + tr * (1 - tn) * table[i + 1, j]
+            + (1 - tr) * tn * table[i, j + 1]
+            + tr * tn * table[i + 1, j + 1]
+        )
         return np.asarray(t * np.maximum(nodes / self.nodes[-1], 1.0), dtype=np.float64)
 
     def save(self, path: Path) -> None:
@@ -100,15 +106,30 @@ def cost_key(model: torch.nn.Module) -> str:
     """What the timings depend on: the model's shape, dtype, device, attention backend and threads."""
     p = next(model.parameters())
     cfg: Any = model.config  # a transformers config (its fields are not typed)
-    parts = [type(model).__name__, cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-             getattr(cfg, "num_key_value_heads", cfg.num_attention_heads), cfg.intermediate_size, cfg.vocab_size,
-             str(p.dtype), torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
-             getattr(cfg, "_attn_implementation", None), torch.get_num_threads(), torch.__version__]
+    parts = [
+        type(model).__name__,
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        getattr(cfg, "num_key_value_heads", cfg.num_attention_heads),
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        str(p.dtype),
+        torch.cuda.get_device_name(p.device) if p.device.type == "cuda" else "cpu",
+        getattr(cfg, "_attn_implementation", None),
+        torch.get_num_threads(),
+        torch.__version__,
+    ]
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
-def forward_cost(model: torch.nn.Module, cache_dir: Path | None = None, repeats: int = 2,
-                 rows: tuple[int, ...] = ROWS, nodes: tuple[int, ...] = NODES) -> ForwardCost:
+def forward_cost(
+    model: torch.nn.Module,
+    cache_dir: Path | None = None,
+    repeats: int = 2,
+    rows: tuple[int, ...] = ROWS,
+    nodes: tuple[int, ...] = NODES,
+) -> ForwardCost:
     """The model's cost model, from the cache when this device/model/dtype/threads was measured before."""
     key = cost_key(model)
     path = (cache_dir or cost_cache_dir()) / f"{key}.json"
@@ -125,8 +146,9 @@ def forward_cost(model: torch.nn.Module, cache_dir: Path | None = None, repeats:
 
 
 @torch.inference_mode()
-def measure(model: torch.nn.Module, key: str, rows: tuple[int, ...], nodes: tuple[int, ...],
-            repeats: int = 2) -> ForwardCost:
+def measure(
+    model: torch.nn.Module, key: str, rows: tuple[int, ...], nodes: tuple[int, ...], repeats: int = 2
+) -> ForwardCost:
     """Time tree forwards (4D mask, explicit positions) after a ``CONTEXT``-token cache, per shape."""
     from transformers.cache_utils import DynamicCache
 
@@ -141,14 +163,20 @@ def measure(model: torch.nn.Module, key: str, rows: tuple[int, ...], nodes: tupl
     log.info("measuring the forward cost model (%d shapes; cached for the next run)", len(rows) * len(nodes))
     measured: dict[str, float] = {}
     context = DynamicCache()  # one row's context, copied into every row (timings do not depend on contents)
-    model(input_ids=torch.randint(0, vocab, (1, CONTEXT), generator=gen).to(device),
-          past_key_values=context, use_cache=True)
+    model(
+        input_ids=torch.randint(0, vocab, (1, CONTEXT), generator=gen).to(device),
+        past_key_values=context,
+        use_cache=True,
+    )
     for b in rows:
         cache = SlotKVCache(b, CONTEXT + max(nodes))
         layers: list[Any] = list(context.layers)
-        wide: Any = SimpleNamespace(layers=[SimpleNamespace(keys=layer.keys.expand(b, -1, -1, -1),
-                                                            values=layer.values.expand(b, -1, -1, -1))
-                                            for layer in layers])
+        wide: Any = SimpleNamespace(
+            layers=[
+                SimpleNamespace(keys=layer.keys.expand(b, -1, -1, -1), values=layer.values.expand(b, -1, -1, -1))
+                for layer in layers
+            ]
+        )
         cache.write_rows(list(range(b)), wide)
         for n in nodes:
             if b * n > MAX_MEASURED_TOKENS:

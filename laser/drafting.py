@@ -9,6 +9,7 @@ one class may draft together (one draft-model forward for the batch) by overridi
 
 A *draft source* (e.g. a retrieval pool) opens one drafter per request.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Sequence, TypeVar
@@ -35,8 +36,9 @@ class Drafter:
         return self.propose(context, budget).first_path()
 
     @classmethod
-    def propose_batch(cls: type[D], drafters: Sequence[D], contexts: Sequence[Sequence[int]],
-                      budgets: Sequence[int | None]) -> list[DraftTree]:
+    def propose_batch(
+        cls: type[D], drafters: Sequence[D], contexts: Sequence[Sequence[int]], budgets: Sequence[int | None]
+    ) -> list[DraftTree]:
         """Trees for several requests whose drafters are all of this class (override to batch)."""
         return [d.propose(c, b) for d, c, b in zip(drafters, contexts, budgets)]
 

@@ -9,6 +9,7 @@ followed in step (the new text went on as the earlier one did). The wrapped draf
 the tree (or the whole draft when the earlier text has no match). It counts the draft tokens the target accepted from the
 earlier text (``own_accepted``: accepted tokens that followed the earlier text's branch) for the report.
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -61,15 +62,19 @@ class EarlierFirstDrafter(Drafter):
             if ends:
                 end = next((e for e in ends if e >= self.cursor), ends[-1])
                 self.cursor = self.expect = end
-                return self.text.tokens[end:end + limit]
+                return self.text.tokens[end : end + limit]
         return []
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         limit = self.max_nodes if budget is None else budget
         self.chain = self._continuation(context, min(limit, CHAIN if budget is None else limit))
-        own = [tuple(self.chain[:i + 1]) for i in range(len(self.chain))]
-        rest = self.inner.propose(context, max(0, limit - len(own))).paths() if self.inner is not None and limit > len(own) else []
-        paths = list(dict.fromkeys(own + rest))[:max(limit, len(own))]
+        own = [tuple(self.chain[: i + 1]) for i in range(len(self.chain))]
+        rest = (
+            self.inner.propose(context, max(0, limit - len(own))).paths()
+            if self.inner is not None and limit > len(own)
+            else []
+        )
+        paths = list(dict.fromkeys(own + rest))[: max(limit, len(own))]
         return DraftTree.from_paths(context[-1], paths)
 
     def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
@@ -91,7 +96,9 @@ class EarlierFirstDrafter(Drafter):
 
     def match_length(self, context: Sequence[int]) -> int | None:
         own = 0
-        while own < min(self.n_max, len(context)) and any(e < len(self.text) for e in self.text.ends(context[-own - 1:])):
+        while own < min(self.n_max, len(context)) and any(
+            e < len(self.text) for e in self.text.ends(context[-own - 1 :])
+        ):
             own += 1
         if own < MIN_MATCH and self.expect not in self.text.ends(context[-1:]):
             own = 0

@@ -6,6 +6,7 @@ the model call and verification act on the whole padded batch. Requests leave th
 finish. Drafters and verifiers are plug-ins (``laser.drafting``, ``laser.verify``); the engine only
 packs trees, runs the forward, compacts the cache and keeps the stats.
 """
+
 from __future__ import annotations
 
 import time
@@ -84,18 +85,26 @@ def check_tree_attention(model: torch.nn.Module) -> None:
     """Refuse attention backends that would ignore the tree mask (silently wrong tokens otherwise)."""
     backend = getattr(model.config, "_attn_implementation", None) or "eager"
     if backend not in TREE_MASK_BACKENDS:
-        raise ValueError(f"attention backend {backend!r} ignores custom 4D tree masks; load the model with "
-                         f"attn_implementation in {TREE_MASK_BACKENDS} (e.g. model.set_attn_implementation('sdpa'))")
+        raise ValueError(
+            f"attention backend {backend!r} ignores custom 4D tree masks; load the model with "
+            f"attn_implementation in {TREE_MASK_BACKENDS} (e.g. model.set_attn_implementation('sdpa'))"
+        )
 
 
 def check_cached(s: Request, tree: DraftTree) -> None:
     """A tree's ``cached`` nodes must be exactly the nodes the request kept last step, in the same order."""
     n, kept = s.kv_len - s.cache_len, s.kept
-    same = tree.cached == n and (n == 0 or kept is not None and np.array_equal(tree.tokens[:n], kept.tokens)
-                                 and np.array_equal(tree.parents[:n], kept.parents))
+    same = tree.cached == n and (
+        n == 0
+        or kept is not None
+        and np.array_equal(tree.tokens[:n], kept.tokens)
+        and np.array_equal(tree.parents[:n], kept.parents)
+    )
     if not same:
-        raise RuntimeError(f"{type(s.drafter).__name__} laid out a tree whose {tree.cached} cached nodes are not the "
-                           f"{n} nodes kept in the cache")
+        raise RuntimeError(
+            f"{type(s.drafter).__name__} laid out a tree whose {tree.cached} cached nodes are not the "
+            f"{n} nodes kept in the cache"
+        )
 
 
 def kept_slots(s: Request, tree: DraftTree, o: Outcome, offset: int) -> list[int]:
@@ -123,8 +132,14 @@ class TreeDecodingEngine:
     budget each step; without one each request keeps its own ``budget``.
     """
 
-    def __init__(self, model: torch.nn.Module, verifier: Verifier, eos_ids: set[int],
-                 budget: "BudgetPolicy | None" = None, prefill_tokens: int = 2048):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        verifier: Verifier,
+        eos_ids: set[int],
+        budget: "BudgetPolicy | None" = None,
+        prefill_tokens: int = 2048,
+    ):
         check_tree_attention(model)
         self.model = model
         self.verifier = verifier
@@ -141,8 +156,9 @@ class TreeDecodingEngine:
         """Decode ``seqs`` to the end, at most ``slots`` at a time (default: all at once)."""
         queue = deque(seqs)
         capacity = max(len(s.tokens) + s.max_new_tokens for s in seqs) + TREE_ROOM
-        for _ in self.stream(lambda n: [queue.popleft() for _ in range(min(n, len(queue)))],
-                             slots or len(seqs), capacity):
+        for _ in self.stream(
+            lambda n: [queue.popleft() for _ in range(min(n, len(queue)))], slots or len(seqs), capacity
+        ):
             pass
         return seqs
 
@@ -216,8 +232,12 @@ class TreeDecodingEngine:
             tmp = DynamicCache()
             chunk = max(1, self.prefill_tokens // len(seqs))
             for at in range(0, width, chunk):
-                out = self.model(input_ids=ids[:, at:at + chunk], past_key_values=tmp, use_cache=True,
-                                 output_hidden_states=want_hidden)
+                out = self.model(
+                    input_ids=ids[:, at : at + chunk],
+                    past_key_values=tmp,
+                    use_cache=True,
+                    output_hidden_states=want_hidden,
+                )
                 # a drafter that reads the target's state gets it at the last cached prompt token, the
                 # position whose next token is the first step's root (as after a decoding step)
                 for i, (s, n) in enumerate(zip(seqs, lens)):
@@ -251,8 +271,9 @@ class TreeDecodingEngine:
         for i, s in enumerate(seqs):
             by_class[type(s.drafter)].append(i)
         for cls, rows in by_class.items():
-            made = cls.propose_batch([seqs[i].drafter for i in rows], [seqs[i].tokens for i in rows],
-                                     [seqs[i].budget for i in rows])
+            made = cls.propose_batch(
+                [seqs[i].drafter for i in rows], [seqs[i].tokens for i in rows], [seqs[i].budget for i in rows]
+            )
             by_row.update(zip(rows, made))
         return [by_row[i] for i in range(len(seqs))]
 
@@ -265,21 +286,36 @@ class TreeDecodingEngine:
         for s, tree in zip(seqs, trees):
             check_cached(s, tree)
         offset = cache.used
-        batch = self.clock.timed(seqs, "tree_s", lambda: pack_trees(
-            trees, [s.cache_len for s in seqs], offset, self.dtype, self.device))
+        batch = self.clock.timed(
+            seqs, "tree_s", lambda: pack_trees(trees, [s.cache_len for s in seqs], offset, self.dtype, self.device)
+        )
         # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
         plain = batch.input_ids.shape[1] == 1 and all(s.kv_len == offset and s.kept is None for s in seqs)
         want_hidden = any(s.drafter.needs_hidden for s in seqs)
         forward_t0 = time.perf_counter()
-        out = self.clock.timed(seqs, "forward_s", lambda: self.model(
-            input_ids=batch.input_ids, attention_mask=None if plain else batch.attention_mask,
-            position_ids=batch.position_ids, past_key_values=cache, use_cache=True,
-            output_hidden_states=want_hidden))
+        out = self.clock.timed(
+            seqs,
+            "forward_s",
+            lambda: self.model(
+                input_ids=batch.input_ids,
+                attention_mask=None if plain else batch.attention_mask,
+                position_ids=batch.position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=want_hidden,
+            ),
+        )
         forward_s = time.perf_counter() - forward_t0
-        outcomes: list[Outcome] = self.clock.timed(seqs, "verify_s", lambda: self.verifier.verify(
-            self._logits(out.logits, trees, seqs), batch, seqs))
-        self.clock.timed(seqs, "cache_s", lambda: cache.keep_slots(
-            [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, trees, outcomes)]))
+        outcomes: list[Outcome] = self.clock.timed(
+            seqs, "verify_s", lambda: self.verifier.verify(self._logits(out.logits, trees, seqs), batch, seqs)
+        )
+        self.clock.timed(
+            seqs,
+            "cache_s",
+            lambda: cache.keep_slots(
+                [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, trees, outcomes)]
+            ),
+        )
         finished = []
         for row, (s, tree, o) in enumerate(zip(seqs, trees, outcomes)):
             s.cache_len += len(o.path)
@@ -292,21 +328,30 @@ class TreeDecodingEngine:
             self.log.decode_tokens += len(new)
             if not s.stats.finish_reason and s.halt is not None and (stop := s.halt(s.new_tokens)) is not None:
                 s.stats.finish_reason, keep = stop
-                del s.tokens[s.prompt_len + keep:]
+                del s.tokens[s.prompt_len + keep :]
             if o.finished and not s.stats.finish_reason:
                 s.stats.finish_reason = "verifier"
             if s.stats.finish_reason:
                 finished.append(s)
             else:
-                hidden = out.hidden_states[-1][row, o.path[-1] - tree.cached] if s.drafter.needs_hidden and o.path else None
+                hidden = (
+                    out.hidden_states[-1][row, o.path[-1] - tree.cached] if s.drafter.needs_hidden and o.path else None
+                )
                 self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
         step_s = time.perf_counter() - step_t0
         for s in seqs:
             s.stats.decode_s += step_s
         self.log.decode_s += step_s
-        self.log.steps.append(StepRecord(len(seqs), batch.input_ids.shape[1], forward_s, step_s,
-                                         sum(len(t) - 1 for t in trees),
-                                         sum(max(len(o.path) - 1, 0) for o in outcomes)))
+        self.log.steps.append(
+            StepRecord(
+                len(seqs),
+                batch.input_ids.shape[1],
+                forward_s,
+                step_s,
+                sum(len(t) - 1 for t in trees),
+                sum(max(len(o.path) - 1, 0) for o in outcomes),
+            )
+        )
         if self.budget is not None:
             self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
         return finished
@@ -328,8 +373,11 @@ class TreeDecodingEngine:
             if tok in self.eos_ids:
                 s.stats.finish_reason = "eos"
                 return new[: i + 1]
-            if stops and token_text is not None and stop_string_hit(
-                    s.tokens[-max(map(len, stops)) - 1:] + new[: i + 1], stops, token_text):
+            if (
+                stops
+                and token_text is not None
+                and stop_string_hit(s.tokens[-max(map(len, stops)) - 1 :] + new[: i + 1], stops, token_text)
+            ):
                 s.stats.finish_reason = "stop"
                 return new[: i + 1]
         if len(new) == room:

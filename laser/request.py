@@ -1,4 +1,5 @@
 """Per-request decoding state and counters, shared by the engine, the verifiers and the generation rules."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,7 +55,9 @@ class Request:
     budget: int | None = None  # most draft nodes per step (None: the drafter's own limit)
     state: Any = None  # typed state the drafter and the verifier share (e.g. a BeamState); None: none
     halt: Halt | None = None  # the caller's stop check (:data:`Halt`)
-    exact: bool = False  # verified by the target's greedy rule under a relaxed verifier (a greedy row beside relaxed ones)
+    exact: bool = (
+        False  # verified by the target's greedy rule under a relaxed verifier (a greedy row beside relaxed ones)
+    )
     cache_len: int = 0  # committed KV entries: the prompt and accepted tokens before the root
     kept: DraftTree | None = None  # tree nodes kept in the cache after them (beam prefixes; see Outcome.keep)
     stats: DecodeStats = field(default_factory=DecodeStats)
@@ -70,4 +73,4 @@ class Request:
 
     @property
     def new_tokens(self) -> list[int]:
-        return self.tokens[self.prompt_len:]
+        return self.tokens[self.prompt_len :]

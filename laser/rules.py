@@ -15,6 +15,7 @@ rule reads the row's own sequence:
 
 Greedy decoding under these rules equals ``model.generate`` with the same settings (tested).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -61,8 +62,12 @@ class GenerationRules:
 
     @property
     def active(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.no_repeat_ngram_size > 0 or self.min_new_tokens > 0
-                or bool(self.bad_words_ids))
+        return (
+            self.repetition_penalty != 1.0
+            or self.no_repeat_ngram_size > 0
+            or self.min_new_tokens > 0
+            or bool(self.bad_words_ids)
+        )
 
 
 NO_RULES = GenerationRules()
@@ -90,7 +95,7 @@ class TokenText:
             base = self.base = self._pieces(ids)
         if token not in self.cache:
             text = self.tokenizer.convert_tokens_to_string(base + self._pieces(int(token)))
-            self.cache[token] = text[text.index(self.PREFIX) + len(self.PREFIX):]
+            self.cache[token] = text[text.index(self.PREFIX) + len(self.PREFIX) :]
         return self.cache[token]
 
 
@@ -107,8 +112,9 @@ def stop_string_hit(tokens: Sequence[int], stops: Sequence[str], text: TokenText
     return any(tail.find(stop, max(0, len(tail) - len(last) - len(stop) + 1)) != -1 for stop in stops)
 
 
-def apply_rules(logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence[_Ruled],
-                eos_ids: set[int]) -> torch.Tensor:
+def apply_rules(
+    logits: torch.Tensor, trees: Sequence[DraftTree], requests: Sequence[_Ruled], eos_ids: set[int]
+) -> torch.Tensor:
     """``[B, N, V]`` logits with each request's rules applied to each of its tree rows."""
     out = logits.clone()
     for b, (tree, req) in enumerate(zip(trees, requests)):
@@ -138,7 +144,7 @@ def _apply_one(rows: torch.Tensor, tree: DraftTree, req: _Ruled, eos_ids: set[in
         if len(word) == 1 and word[0] in eos_ids:  # as generate: a lone EOS is never a bad word
             continue
         for i, seq in enumerate(seqs):
-            if len(word) == 1 or (len(seq) >= len(word) - 1 and tuple(seq[len(seq) - len(word) + 1:]) == word[:-1]):
+            if len(word) == 1 or (len(seq) >= len(word) - 1 and tuple(seq[len(seq) - len(word) + 1 :]) == word[:-1]):
                 banned[i].add(word[-1])
     if rules.min_new_tokens > 0:
         for i in range(len(seqs)):
@@ -174,7 +180,7 @@ def _ban_repeated_ngrams(banned: list[set[int]], seqs: list[list[int]], n: int) 
     context = seqs[0]
     seen: dict[tuple[int, ...], set[int]] = defaultdict(set)
     for k in range(len(context) - n + 1):
-        seen[tuple(context[k:k + n - 1])].add(context[k + n - 1])
+        seen[tuple(context[k : k + n - 1])].add(context[k + n - 1])
     for i, seq in enumerate(seqs):
         if len(seq) + 1 < n:
             continue
@@ -182,6 +188,6 @@ def _ban_repeated_ngrams(banned: list[set[int]], seqs: list[list[int]], n: int) 
         start = max(len(context) - n + 1, 0)
         for k in range(start, len(seq) - n + 1):  # n-grams that end on the draft path
             if k + n > len(context):
-                extra[tuple(seq[k:k + n - 1])].add(seq[k + n - 1])
-        prefix = tuple(seq[len(seq) - n + 1:]) if n > 1 else ()
+                extra[tuple(seq[k : k + n - 1])].add(seq[k + n - 1])
+        prefix = tuple(seq[len(seq) - n + 1 :]) if n > 1 else ()
         banned[i] |= seen.get(prefix, set()) | extra.get(prefix, set())

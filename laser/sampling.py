@@ -5,6 +5,7 @@ divided by the temperature, then top-k and top-p filtered (transformers' own war
 order), then softmaxed. Every request samples from its own seeded ``torch.Generator``, so a run, and a
 resumed run, draws the same tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Tiny random models for tests and examples (no download)."""
+
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,14 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from laser.models import LoadedModel
 
 
-def tiny_llama(vocab_size: int = 96, hidden_size: int = 64, layers: int = 2, seed: int = 0,
-               logit_scale: float = 8.0, eos_token_id: int = 1) -> LoadedModel:
+def tiny_llama(
+    vocab_size: int = 96,
+    hidden_size: int = 64,
+    layers: int = 2,
+    seed: int = 0,
+    logit_scale: float = 8.0,
+    eos_token_id: int = 1,
+) -> LoadedModel:
     """A randomly initialised fp32 Llama whose output head is scaled up by ``logit_scale``.
 
     Scaling makes the next-token distribution peaked (drafts from the model's own texts get accepted),
@@ -18,9 +25,16 @@ def tiny_llama(vocab_size: int = 96, hidden_size: int = 64, layers: int = 2, see
     """
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, eos_token_id=eos_token_id, bos_token_id=0, pad_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=eos_token_id,
+        bos_token_id=0,
+        pad_token_id=eos_token_id,
         tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(config).eval()
@@ -45,4 +59,4 @@ def first_divergence(lm: LoadedModel, prompt: list[int], got: list[int], want: l
     if got == want:
         return "identical"
     margin = argmax_margin(lm, prompt + want[:i])
-    return f"diverged at new token {i}: got {got[i:i + 3]}, want {want[i:i + 3]}; fp32 argmax margin {margin:.3g}"
+    return f"diverged at new token {i}: got {got[i : i + 3]}, want {want[i : i + 3]}; fp32 argmax margin {margin:.3g}"

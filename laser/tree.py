@@ -29,6 +29,7 @@ With cached nodes, ``N`` counts fed nodes only: cached node j sits in cache slot
 is seen there by its descendants; the batch's per-node tensors describe the fed nodes (a parent that is
 cached reads -1).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -82,7 +83,11 @@ class DraftTree:
             # row i of the tree is the distribution after node i: the root's row drew draft[0], and so on
             dists = torch.cat([draft_dists, draft_dists.new_zeros(1, draft_dists.shape[-1])]) if len(draft) else None
             idx = torch.as_tensor(list(draft), dtype=torch.long)
-            probs = np.concatenate([[1.0], draft_dists[torch.arange(len(draft)), idx].float().cpu().numpy()]) if len(draft) else None
+            probs = (
+                np.concatenate([[1.0], draft_dists[torch.arange(len(draft)), idx].float().cpu().numpy()])
+                if len(draft)
+                else None
+            )
         return cls(np.array([root, *draft], dtype=np.int64), np.arange(-1, n - 1, dtype=np.int64), probs, dists)
 
     @classmethod
@@ -165,8 +170,13 @@ class TreeBatch:
     trees: Sequence[DraftTree] = ()  # the trees themselves, for verifiers that read per-node extras
 
 
-def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slots: int,
-               dtype: torch.dtype, device: torch.device | str) -> TreeBatch:
+def pack_trees(
+    trees: Sequence[DraftTree],
+    cache_lens: Sequence[int],
+    cache_slots: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> TreeBatch:
     """Lay out ``trees`` after caches holding ``cache_lens`` valid slots (of ``cache_slots`` in all); a tree's
     ``cached`` nodes are read from slots ``cache_len + j`` and not fed again."""
     b, n = len(trees), max(len(t) - t.cached for t in trees)
@@ -184,7 +194,7 @@ def pack_trees(trees: Sequence[DraftTree], cache_lens: Sequence[int], cache_slot
         anc = tree.ancestor_mask()
         ancestors[row, :m, :m] = anc[c:, c:]
         if c:  # cached ancestors sit in the cache right after the request's prefix
-            seen_cache[row, :m, lens[row]:lens[row] + c] = anc[c:, :c]
+            seen_cache[row, :m, lens[row] : lens[row] + c] = anc[c:, :c]
     valid = tokens >= 0
     input_ids = np.where(valid, tokens, tokens[:, :1])
     positions = np.where(valid, lens[:, None] + depth, lens[:, None])

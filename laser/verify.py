@@ -15,6 +15,7 @@ Every verifier returns, per request, an :class:`Outcome`: the tree nodes whose K
 - :class:`BeamVerifier` the hook for speculative beam search: it sees each request's tree with per-node
   log-probabilities and owns the request's beam state; :func:`expand_beams` is its scoring core.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -172,15 +173,18 @@ class BeamVerifier(Verifier):
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request]) -> list[Outcome]:
         log_probs = torch.log_softmax(logits.float(), dim=-1)
-        return [self.verify_beams(tree, log_probs[b, : len(tree) - tree.cached], req) for b, (tree, req)
-                in enumerate(zip(batch.trees, requests))]
+        return [
+            self.verify_beams(tree, log_probs[b, : len(tree) - tree.cached], req)
+            for b, (tree, req) in enumerate(zip(batch.trees, requests))
+        ]
 
     def verify_beams(self, tree: DraftTree, log_probs: torch.Tensor, request: Request) -> Outcome:
         raise NotImplementedError
 
 
-def expand_beams(tree: DraftTree, log_probs: torch.Tensor, nodes: Sequence[int], width: int
-                 ) -> list[tuple[int, int, float]]:
+def expand_beams(
+    tree: DraftTree, log_probs: torch.Tensor, nodes: Sequence[int], width: int
+) -> list[tuple[int, int, float]]:
     """The ``width`` best one-token extensions of ``nodes``: ``(node, token, score)``, best first.
 
     A node's score is ``tree.scores[node]`` (the cumulative log-probability of the sequence ending at it,

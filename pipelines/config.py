@@ -1,6 +1,7 @@
 """The knowledge job's configuration schema (pydantic): every block forbids unknown keys, so a typo
 fails with the dotted key named. Reading YAML and ``--set`` overrides live in ``jobs/config.py``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,15 +28,20 @@ class SplitConfig(_Strict):
         default="latest",
         description="latest: each user's knowledge from their latest max_hist interactions, each item's "
         "from its attributes, pools from earlier runs' knowledge (production); paper: the paper's simulated "
-        "old/new split with an old-knowledge pass (benchmarks and the paper's studies)")
-    max_hist: int = Field(default=30, ge=1,
-                          description="latest: interactions a user's prompt shows (the newest); paper: "
-                          "old history = first min((n+1)//2, max_hist) interactions")
-    new_count: int | None = Field(default=None, ge=1, description="paper: interactions after the cut that form the new "
-                                  "history (default max_hist)")
-    new_item_fraction: float = Field(default=0.5, ge=0.0, le=1.0,
-                                     description="paper: the chance an item is new (a seeded "
-                                     "hash of its id decides)")
+        "old/new split with an old-knowledge pass (benchmarks and the paper's studies)",
+    )
+    max_hist: int = Field(
+        default=30,
+        ge=1,
+        description="latest: interactions a user's prompt shows (the newest); paper: "
+        "old history = first min((n+1)//2, max_hist) interactions",
+    )
+    new_count: int | None = Field(
+        default=None, ge=1, description="paper: interactions after the cut that form the new history (default max_hist)"
+    )
+    new_item_fraction: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="paper: the chance an item is new (a seeded hash of its id decides)"
+    )
 
 
 class ModelConfig(_Strict):
@@ -56,64 +62,99 @@ class GenerationConfig(_Strict):
     """Per-request generation limits."""
 
     max_new_tokens: int = Field(default=256, ge=1, description="tokens generated per entity at most")
-    max_prompt_tokens: int | None = Field(default=1024, ge=16,
-                                          description="user histories are cut (oldest first) to fit")
+    max_prompt_tokens: int | None = Field(
+        default=1024, ge=16, description="user histories are cut (oldest first) to fit"
+    )
     degenerate: Literal["retry", "keep", "retry_greedy", "fail"] = Field(
         default="retry",
         description="a degenerate, cut or fragment text (pipelines/quality.py; docs/knowledge-quality.md): "
         "retry: regenerate it once, greedily with the retry_* rules, and keep the retry flagged; keep: keep it flagged; "
         "retry_greedy: regenerate a degenerate one with the greedy autoregressive decoder; fail: record it in "
-        "failures.jsonl")
-    give_up_after: int = Field(default=3, ge=0, description="a run stops decoding an entity after this many identical "
-                               "failures in a row (same reason, inputs and generation config) and records it as given "
-                               "up in failures.jsonl; new inputs or another config try it again; 0 = never give up")
-    repetition_penalty: float = Field(default=1.0, gt=0.0, description="as generate's: logits of tokens already in the "
-                                      "sequence are divided (positive) or multiplied (negative) by it; 1 = off")
-    no_repeat_ngram_size: int = Field(default=0, ge=0,
-                                      description="as generate's: no token n-gram of this size twice; 0 = off")
-    min_new_tokens: int = Field(default=0, ge=0,
-                                description="as generate's: no end-of-sequence before this many new tokens")
-    stop_strings: list[str] = Field(default_factory=list, description="as generate's: stop after the token that "
-                                    "completes one of these strings (it stays in the text)")
-    retry_repetition_penalty: float = Field(default=1.1, gt=0.0,
-                                            description="degenerate retry: repetition penalty of the "
-                                            "retry (the larger of this and repetition_penalty)")
-    retry_no_repeat_ngram_size: int = Field(default=3, ge=0,
-                                            description="degenerate retry: no-repeat n-gram size of the retry "
-                                            "(the smaller non-zero of this and no_repeat_ngram_size)")
-    ban_unsupported_genres: bool = Field(default=False,
-                                         description="first texts, as retries: every form of a genre the "
-                                         "entity's input does not have is banned (bad words), so no text names one")
+        "failures.jsonl",
+    )
+    give_up_after: int = Field(
+        default=3,
+        ge=0,
+        description="a run stops decoding an entity after this many identical "
+        "failures in a row (same reason, inputs and generation config) and records it as given "
+        "up in failures.jsonl; new inputs or another config try it again; 0 = never give up",
+    )
+    repetition_penalty: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="as generate's: logits of tokens already in the "
+        "sequence are divided (positive) or multiplied (negative) by it; 1 = off",
+    )
+    no_repeat_ngram_size: int = Field(
+        default=0, ge=0, description="as generate's: no token n-gram of this size twice; 0 = off"
+    )
+    min_new_tokens: int = Field(
+        default=0, ge=0, description="as generate's: no end-of-sequence before this many new tokens"
+    )
+    stop_strings: list[str] = Field(
+        default_factory=list,
+        description="as generate's: stop after the token that completes one of these strings (it stays in the text)",
+    )
+    retry_repetition_penalty: float = Field(
+        default=1.1,
+        gt=0.0,
+        description="degenerate retry: repetition penalty of the retry (the larger of this and repetition_penalty)",
+    )
+    retry_no_repeat_ngram_size: int = Field(
+        default=3,
+        ge=0,
+        description="degenerate retry: no-repeat n-gram size of the retry "
+        "(the smaller non-zero of this and no_repeat_ngram_size)",
+    )
+    ban_unsupported_genres: bool = Field(
+        default=False,
+        description="first texts, as retries: every form of a genre the "
+        "entity's input does not have is banned (bad words), so no text names one",
+    )
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")
     top_k: int = Field(default=0, ge=0, description="top-k filter when sampling (0 = off)")
-    seed: int = Field(default=0, ge=0, description="sampling seed; each entity draws from its own generator seeded by "
-                      "this seed and its type and id, so a re-run writes the same text")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        description="sampling seed; each entity draws from its own generator seeded by "
+        "this seed and its type and id, so a re-run writes the same text",
+    )
     strategy: Literal["default", "beam_sample"] = Field(
         default="default",
         description="default: the decoder writes one sampled (or greedy) text; beam_sample: beam sampling "
         "of width beam_width at temperature 1, the text is the beam of highest target log-probability (decoder "
-        "decoder.name must be beam_sample or dsbd; see pipelines/knowledge/decoders.py)")
+        "decoder.name must be beam_sample or dsbd; see pipelines/knowledge/decoders.py)",
+    )
     beam_width: int = Field(default=4, ge=1, description="W, the beams of strategy beam_sample")
 
     @model_validator(mode="after")
     def _beam_sampling_is_unwarped(self) -> "GenerationConfig":
         if self.strategy == "beam_sample" and (self.temperature not in (0.0, 1.0) or self.top_p < 1 or self.top_k):
-            raise ValueError("strategy beam_sample samples beams at temperature 1 without filters: generation."
-                             "temperature must be 0 or 1, top_p 1 and top_k 0; got temperature="
-                             f"{self.temperature}, top_p={self.top_p}, top_k={self.top_k}")
+            raise ValueError(
+                "strategy beam_sample samples beams at temperature 1 without filters: generation."
+                "temperature must be 0 or 1, top_p 1 and top_k 0; got temperature="
+                f"{self.temperature}, top_p={self.top_p}, top_k={self.top_k}"
+            )
         return self
 
     def rules(self) -> dict[str, Any]:
         """The generation rules handed to the actors (laser.GenerationRules keywords)."""
-        return {"repetition_penalty": self.repetition_penalty, "no_repeat_ngram_size": self.no_repeat_ngram_size,
-                "min_new_tokens": self.min_new_tokens, "stop_strings": tuple(self.stop_strings)}
+        return {
+            "repetition_penalty": self.repetition_penalty,
+            "no_repeat_ngram_size": self.no_repeat_ngram_size,
+            "min_new_tokens": self.min_new_tokens,
+            "stop_strings": tuple(self.stop_strings),
+        }
 
     def retry_rules(self) -> dict[str, Any]:
         """The stronger rules of the ``retry`` policy's second attempt."""
         sizes = [n for n in (self.no_repeat_ngram_size, self.retry_no_repeat_ngram_size) if n > 0]
-        return {**self.rules(), "repetition_penalty": max(self.repetition_penalty, self.retry_repetition_penalty),
-                "no_repeat_ngram_size": min(sizes) if sizes else 0}
+        return {
+            **self.rules(),
+            "repetition_penalty": max(self.repetition_penalty, self.retry_repetition_penalty),
+            "no_repeat_ngram_size": min(sizes) if sizes else 0,
+        }
 
     def sampling(self) -> dict[str, float | int]:
         """The sampling settings handed to the actors (see pipelines/knowledge/sampling.py); strategy beam_sample
@@ -129,7 +170,8 @@ class OldKnowledgeConfig(_Strict):
     decoder: str = Field(
         default="autoregressive",
         description="decoder for missing old knowledge, run with its greedy_params() and without "
-        "a pool (none exists yet), so it writes the model's greedy text")
+        "a pool (none exists yet), so it writes the model's greedy text",
+    )
     max_new_tokens: int | None = Field(default=None, ge=1, description="default: generation.max_new_tokens")
     generate_missing: bool = Field(default=True, description="generate old knowledge the store lacks")
 
@@ -138,29 +180,58 @@ class RoutingConfig(_Strict):
     """Steps 2 and 3: the binary router, the groups and the pools (see router/ and pools/)."""
 
     user_policy: Literal["warm_cold", "collaborative", "attribute"] = Field(
-        default="warm_cold", description="warm_cold: warm users -> collaborative pool, cold -> attribute pool")
+        default="warm_cold", description="warm_cold: warm users -> collaborative pool, cold -> attribute pool"
+    )
     item_policy: Literal["warm_cold", "collaborative", "attribute"] = "attribute"
     warm_threshold: int = Field(default=5, ge=0, description="warm_cold: at least this many old interactions = warm")
     n_clusters: int = Field(default=8, ge=1, description="K-means groups over LightGCN embeddings (capped at entities)")
-    max_group_size: int = Field(default=200, ge=1,
-                                description="attribute groups larger than this split by sub-category")
+    max_group_size: int = Field(
+        default=200, ge=1, description="attribute groups larger than this split by sub-category"
+    )
     max_pool_size: int = Field(default=2000, ge=1, description="most old-knowledge texts per pool (seeded sample)")
-    global_pool_size: int = Field(default=20000, ge=1, description=(
-        "most texts in a type's global pool (seeded sample), built only for a decoder that drafts from it (resd)"))
-    retrain_share: float = Field(default=0.1, ge=0.0, le=1.0, description=(
-        "an incremental run keeps the last routing (no LightGCN, no K-means) while at most this share of the "
-        "interactions is newer than the ones it was learned from; new entities go to their attribute group. "
-        "0: route afresh every run"))
-    pool_refresh_share: float = Field(default=0.1, ge=0.0, le=1.0, description=(
-        "a pool is rebuilt when more than this share of its texts changed since it was built (0: any change); "
-        "otherwise it is kept as it was (its drafts come from texts at most this share out of date)"))
-    pool_snapshots: bool = Field(default=False, description=(
-        "also build each pool's trie in the pools step and save it (workers then load it instead of building "
-        "it at first use)"))
-    first_wave: float = Field(default=0.1, ge=0.0, le=1.0, description=(
-        "groups with no earlier knowledge (a first run): this share of their entities (at least one a group) "
-        "decodes first, drafting from its own prompt; the pools are then rebuilt from their texts for the rest; "
-        "0 = one wave"))
+    global_pool_size: int = Field(
+        default=20000,
+        ge=1,
+        description=(
+            "most texts in a type's global pool (seeded sample), built only for a decoder that drafts from it (resd)"
+        ),
+    )
+    retrain_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "an incremental run keeps the last routing (no LightGCN, no K-means) while at most this share of the "
+            "interactions is newer than the ones it was learned from; new entities go to their attribute group. "
+            "0: route afresh every run"
+        ),
+    )
+    pool_refresh_share: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "a pool is rebuilt when more than this share of its texts changed since it was built (0: any change); "
+            "otherwise it is kept as it was (its drafts come from texts at most this share out of date)"
+        ),
+    )
+    pool_snapshots: bool = Field(
+        default=False,
+        description=(
+            "also build each pool's trie in the pools step and save it (workers then load it instead of building "
+            "it at first use)"
+        ),
+    )
+    first_wave: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "groups with no earlier knowledge (a first run): this share of their entities (at least one a group) "
+            "decodes first, drafting from its own prompt; the pools are then rebuilt from their texts for the rest; "
+            "0 = one wave"
+        ),
+    )
     lightgcn: dict[str, Any] = Field(default_factory=dict, description="LightGCN overrides: dim, layers, epochs, lr")
     seed: int = 0
 
@@ -178,32 +249,56 @@ AutoOrCount = Annotated[int | Literal["auto"], PlainValidator(_auto_or_count)]
 class ExecutionConfig(_Strict):
     """Where and how wide the generation runs."""
 
-    num_workers: AutoOrCount = Field(default="auto", description=(
-        "generation actors; auto: one per node on CPU, one per gpus_per_worker share of the GPUs "
-        "(measured: pipelines/workers/layout.py)"))
-    threads_per_worker: AutoOrCount = Field(default="auto", description=(
-        "torch threads and Ray CPUs per actor; auto: the node's CPUs shared by the actors it holds"))
-    gpus_per_worker: float = Field(default=0.0, ge=0.0,
-                                   description="Ray GPUs per actor (fractions share a GPU); > 0: the "
-                                   "model loads on the GPU (dtype auto = bfloat16), 0: on the CPU")
+    num_workers: AutoOrCount = Field(
+        default="auto",
+        description=(
+            "generation actors; auto: one per node on CPU, one per gpus_per_worker share of the GPUs "
+            "(measured: pipelines/workers/layout.py)"
+        ),
+    )
+    threads_per_worker: AutoOrCount = Field(
+        default="auto",
+        description=("torch threads and Ray CPUs per actor; auto: the node's CPUs shared by the actors it holds"),
+    )
+    gpus_per_worker: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="Ray GPUs per actor (fractions share a GPU); > 0: the "
+        "model loads on the GPU (dtype auto = bfloat16), 0: on the CPU",
+    )
     address: str | None = Field(default=None, description="Ray address; null = local Ray started in-process")
-    batch_size: int = Field(default=16, ge=1,
-                            description="requests decoding at once per worker (continuous-batching slots)")
+    batch_size: int = Field(
+        default=16, ge=1, description="requests decoding at once per worker (continuous-batching slots)"
+    )
     pool_cache_size: int = Field(default=8, ge=1, description="pools an actor keeps loaded (LRU)")
-    engine: Literal["auto", "vllm", "hf"] = Field(default="auto", description=(
-        "what runs the decoders in each actor: vllm (vLLM with LASER as its drafter; decoders with a vLLM form: "
-        "autoregressive, laser, resd), hf (this package's tree-attention engine over transformers; every decoder) "
-        "or auto: vllm where vLLM is installed for the actors' device and every decoder of the job has a vLLM "
-        "form, else hf (the LASER_ENGINE environment variable, hf or vllm, overrides auto). docs/engines.md"))
-    compile: bool | Literal["auto"] = Field(default="auto", description=(
-        "vLLM only: torch.compile of the model at engine start (true: faster steps, a start of about 3 minutes "
-        "the first time on a machine and 40 s later; false: a 12 s start); auto: true for runs of at least "
-        "500 users and items, and for incremental runs (pipelines/workers/layout.py)"))
+    engine: Literal["auto", "vllm", "hf"] = Field(
+        default="auto",
+        description=(
+            "what runs the decoders in each actor: vllm (vLLM with LASER as its drafter; decoders with a vLLM form: "
+            "autoregressive, laser, resd), hf (this package's tree-attention engine over transformers; every decoder) "
+            "or auto: vllm where vLLM is installed for the actors' device and every decoder of the job has a vLLM "
+            "form, else hf (the LASER_ENGINE environment variable, hf or vllm, overrides auto). docs/engines.md"
+        ),
+    )
+    compile: bool | Literal["auto"] = Field(
+        default="auto",
+        description=(
+            "vLLM only: torch.compile of the model at engine start (true: faster steps, a start of about 3 minutes "
+            "the first time on a machine and 40 s later; false: a 12 s start); auto: true for runs of at least "
+            "500 users and items, and for incremental runs (pipelines/workers/layout.py)"
+        ),
+    )
 
-    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0, description=(
-        "vLLM on GPUs: the fraction of each of an actor's GPUs its engine may fill (weights, activations, KV "
-        "cache); null: 0.9 of the actor's share (0.9 x gpus_per_worker when actors share a GPU). An actor with "
-        "several GPUs runs its engine tensor-parallel over them; the actor itself holds only the tokenizer"))
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description=(
+            "vLLM on GPUs: the fraction of each of an actor's GPUs its engine may fill (weights, activations, KV "
+            "cache); null: 0.9 of the actor's share (0.9 x gpus_per_worker when actors share a GPU). An actor with "
+            "several GPUs runs its engine tensor-parallel over them; the actor itself holds only the tokenizer"
+        ),
+    )
 
     @field_validator("gpus_per_worker")
     @classmethod
@@ -216,19 +311,26 @@ class ExecutionConfig(_Strict):
     def _memory_within_share(self) -> "ExecutionConfig":
         share, want = self.gpus_per_worker, self.gpu_memory_utilization
         if want is not None and 0 < share < 1 and want > share:
-            raise ValueError(f"gpu_memory_utilization {want:g} is more than an actor's share of its GPU "
-                             f"(gpus_per_worker {share:g}): the actors sharing that GPU would not fit")
+            raise ValueError(
+                f"gpu_memory_utilization {want:g} is more than an actor's share of its GPU "
+                f"(gpus_per_worker {share:g}): the actors sharing that GPU would not fit"
+            )
         return self
 
 
 class OutputConfig(_Strict):
     """Where the job writes. ``path`` is the job directory (see README, "Running a job")."""
 
-    path: str = Field(default="runs/job",
-                      description="job directory: a local path or an fsspec URI (s3://, gs://, ...)")
-    work_dir: str | None = Field(default=None, description=(
-        "local directory for the derived files (routing, memberships, pools; rebuilt every run) when path is "
-        "a URI; default $LASER_CACHE_DIR/work/<hash of path>; on a cluster, storage every node sees"))
+    path: str = Field(
+        default="runs/job", description="job directory: a local path or an fsspec URI (s3://, gs://, ...)"
+    )
+    work_dir: str | None = Field(
+        default=None,
+        description=(
+            "local directory for the derived files (routing, memberships, pools; rebuilt every run) when path is "
+            "a URI; default $LASER_CACHE_DIR/work/<hash of path>; on a cluster, storage every node sees"
+        ),
+    )
     shard_rows: int = Field(default=256, ge=1, description="rows per knowledge Parquet shard")
     run_id: str | None = Field(default=None, description="default: a hash of the config, stable across resumes")
 
@@ -262,9 +364,16 @@ class JobConfig(_Strict):
         # the default strategy hashes as configs written before the strategy keys existed
         default = {"strategy", "beam_width"} if self.generation.strategy == "default" else set()
         # input rules added later hash only when set, so configs written before them keep their hash
-        data_rules = {k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None))
-                      if getattr(self.dataset, k) == v}
-        payload = self.model_dump(mode="json", exclude={"execution": True, "output": {"run_id", "work_dir"},
-                                                        "generation": default | {"give_up_after"},
-                                                        "dataset": data_rules})  # give_up_after: a retry policy
+        data_rules = {
+            k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None)) if getattr(self.dataset, k) == v
+        }
+        payload = self.model_dump(
+            mode="json",
+            exclude={
+                "execution": True,
+                "output": {"run_id", "work_dir"},
+                "generation": default | {"give_up_after"},
+                "dataset": data_rules,
+            },
+        )  # give_up_after: a retry policy
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

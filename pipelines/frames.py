@@ -1,4 +1,5 @@
 """Arrow tables as polars frames, typed: ``pl.from_arrow`` may return a Series; a table is always a frame."""
+
 from __future__ import annotations
 
 import polars as pl

@@ -6,6 +6,7 @@ and the generation actors are killed. The CLI then reports what was kept and exi
 (130 for SIGINT, 143 for SIGTERM). A second signal while stopping is ignored, so the flush completes.
 ``ray.init`` installs its own SIGTERM handler; :func:`reassert` puts ours back after it.
 """
+
 from __future__ import annotations
 
 import logging

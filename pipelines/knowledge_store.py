@@ -7,6 +7,7 @@ The Arrow schema (:data:`KNOWLEDGE_SCHEMA`), the columns a row may omit, the ind
 features (pipelines/ops/features/) are all read from :class:`KnowledgeRow`'s fields: a column is added
 there and nowhere else. Old knowledge (the pools' source) lives in the same format in its own store.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,16 +21,30 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.frames import as_frame
-from pipelines.sharded_store import (COMPACT_AFTER, COMPACT_ROWS, KEY_COLUMNS, ShardedWriter, iter_tables,
-                                     scan_store, utc_now)
+from pipelines.sharded_store import (
+    COMPACT_AFTER,
+    COMPACT_ROWS,
+    KEY_COLUMNS,
+    ShardedWriter,
+    iter_tables,
+    scan_store,
+    utc_now,
+)
 from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
 # ---- the knowledge row: every column defined once --------------------------------------------------------
 
-def column(arrow: pa.DataType, doc: str, nullable: bool = True, feature: bool = False, index: bool = False,
-           stamped: bool = False) -> Any:
+
+def column(
+    arrow: pa.DataType,
+    doc: str,
+    nullable: bool = True,
+    feature: bool = False,
+    index: bool = False,
+    stamped: bool = False,
+) -> Any:
     """A :class:`KnowledgeRow` field: its Arrow type, nullability and one-line doc; ``feature``: served by the
     feature store (pipelines/ops/features); ``index``: read by :func:`read_index`. Nullable columns and the
     writer's own (``generated_at``) default to None; the others must be given."""
@@ -53,7 +68,9 @@ class KnowledgeRow:
     knowledge: str = column(pa.string(), "the generated text", nullable=False, feature=True)
     model: str = column(pa.string(), "the target model", nullable=False)
     decoder: str = column(pa.string(), "the decoder's registered name", nullable=False)
-    decoder_params: str = column(pa.string(), "JSON object, keys sorted (pipelines.workers.encode_params)", nullable=False)
+    decoder_params: str = column(
+        pa.string(), "JSON object, keys sorted (pipelines.workers.encode_params)", nullable=False
+    )
     prompt_version: str = column(pa.string(), "the prompt templates' version", nullable=False)
     pool_kind: str | None = column(pa.string(), '"collaborative" | "attribute" | null (no pool)')
     group_id: str | None = column(pa.string(), "the retrieval pool's group")
@@ -64,8 +81,9 @@ class KnowledgeRow:
     generation_s: float = column(pa.float64(), "prefill + decode seconds", nullable=False)
     finish_reason: str = column(pa.string(), "eos, length, stop (a stop string), loop (retry.py)", nullable=False)
     run_id: str = column(pa.string(), "the run that wrote the row", nullable=False, feature=True, index=True)
-    generated_at: datetime | None = column(pa.timestamp("us", tz="UTC"), "the writer's (driver's) UTC clock",
-                                           nullable=False, index=True, stamped=True)
+    generated_at: datetime | None = column(
+        pa.timestamp("us", tz="UTC"), "the writer's (driver's) UTC clock", nullable=False, index=True, stamped=True
+    )
     # quality (pipelines/quality.py, computed from the text when absent) and timing detail
     finished_eos: bool | None = column(pa.bool_(), "ended by EOS")
     repeat_4gram: float | None = column(pa.float64(), "share of word 4-grams that repeat an earlier one")
@@ -73,8 +91,9 @@ class KnowledgeRow:
     greedy_retry: bool | None = column(pa.bool_(), "regenerated greedily after a flawed first text (retry_greedy)")
     prefill_s: float | None = column(pa.float64(), "prefill seconds")
     decode_s: float | None = column(pa.float64(), "decode seconds")
-    source_hash: str | None = column(pa.string(), "hash of the prompt's inputs (staleness check)", feature=True,
-                                     index=True)
+    source_hash: str | None = column(
+        pa.string(), "hash of the prompt's inputs (staleness check)", feature=True, index=True
+    )
     sampling: str | None = column(pa.string(), "JSON: temperature, top_p, top_k, the entity's seed")
     # how the text ended and what it says (pipelines/quality.py)
     ended: bool | None = column(pa.bool_(), "by EOS or at a sentence end")
@@ -101,8 +120,10 @@ class KnowledgeRow:
         missing = [k for k in spec.required if k not in row]
         key = f"{row.get('entity_type')}/{row.get('entity_id')}"
         if unknown:
-            raise ValueError(f"row for {key} has unknown column(s) {unknown}; the knowledge row's columns are "
-                             f"KnowledgeRow's fields (pipelines/knowledge_store.py)")
+            raise ValueError(
+                f"row for {key} has unknown column(s) {unknown}; the knowledge row's columns are "
+                f"KnowledgeRow's fields (pipelines/knowledge_store.py)"
+            )
         if missing:
             raise ValueError(f"row for {key} lacks {missing}")
         return cls(**row)
@@ -140,8 +161,14 @@ def _derive_spec(row_type: type[KnowledgeRow]) -> RowSpec:
     schema = pa.schema([pa.field(n, m["arrow"], nullable=m["nullable"]) for n, m in cols])
     required = tuple(n for n, m in cols if not m["nullable"] and n not in STAMPED)
     optional = tuple(n for n, m in cols if m["nullable"])
-    return RowSpec(schema, tuple(schema.names), required, optional, tuple(n for n, m in cols if m["index"]),
-                   tuple(n for n, m in cols if m["feature"]))
+    return RowSpec(
+        schema,
+        tuple(schema.names),
+        required,
+        optional,
+        tuple(n for n, m in cols if m["index"]),
+        tuple(n for n, m in cols if m["feature"]),
+    )
 
 
 KNOWLEDGE_SCHEMA = row_spec().schema
@@ -179,9 +206,15 @@ class KnowledgeWriter(ShardedWriter):
     row_type: type[KnowledgeRow] = KnowledgeRow
     stamped = STAMPED
 
-    def __init__(self, store: str | Path | Location, shard_rows: int = 256, run_id: str = "",
-                 run_seq: int | None = None, compact_after: int | None = COMPACT_AFTER,
-                 compact_rows: int = COMPACT_ROWS) -> None:
+    def __init__(
+        self,
+        store: str | Path | Location,
+        shard_rows: int = 256,
+        run_id: str = "",
+        run_seq: int | None = None,
+        compact_after: int | None = COMPACT_AFTER,
+        compact_rows: int = COMPACT_ROWS,
+    ) -> None:
         self.schema = row_spec(self.row_type).schema
         self.run_seq = run_seq
         super().__init__(store, shard_rows, run_id, compact_after, compact_rows)
@@ -209,9 +242,14 @@ class KnowledgeWriter(ShardedWriter):
 
 # ---- readers: never modify the store ---------------------------------------------------------------------
 
-def iter_knowledge(store: str | Path | Location, columns: Sequence[str] | None = None, batch_rows: int = 65536,
-                   rows: Sequence[int] | None = None,
-                   row_type: type[KnowledgeRow] = KnowledgeRow) -> Iterator[pa.RecordBatch]:
+
+def iter_knowledge(
+    store: str | Path | Location,
+    columns: Sequence[str] | None = None,
+    batch_rows: int = 65536,
+    rows: Sequence[int] | None = None,
+    row_type: type[KnowledgeRow] = KnowledgeRow,
+) -> Iterator[pa.RecordBatch]:
     """The store's rows as Arrow record batches of at most ``batch_rows`` rows, in write order, without
     dedup: ``columns`` only (every column of ``row_type`` by default), and only the rows at the sorted
     positions ``rows`` when given (the ``_pos`` of :func:`read_index`). Memory holds one shard at a time."""
@@ -230,8 +268,9 @@ def _dedup(frame: pl.DataFrame, root: Location) -> pl.DataFrame:
     return kept
 
 
-def read_knowledge_arrow(store: str | Path | Location, dedup: bool = True,
-                         row_type: type[KnowledgeRow] = KnowledgeRow) -> pa.Table:
+def read_knowledge_arrow(
+    store: str | Path | Location, dedup: bool = True, row_type: type[KnowledgeRow] = KnowledgeRow
+) -> pa.Table:
     """All committed shards as one Arrow table in write order (``dedup``: see :func:`_dedup`), with the
     columns of ``row_type``."""
     root = Location.of(store)
@@ -245,8 +284,9 @@ def read_knowledge_arrow(store: str | Path | Location, dedup: bool = True,
     return table
 
 
-def read_knowledge(store: str | Path | Location, dedup: bool = True,
-                   row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
+def read_knowledge(
+    store: str | Path | Location, dedup: bool = True, row_type: type[KnowledgeRow] = KnowledgeRow
+) -> pl.DataFrame:
     """All knowledge in ``store`` as one polars frame (see :func:`read_knowledge_arrow`)."""
     return as_frame(read_knowledge_arrow(store, dedup=dedup, row_type=row_type))
 

@@ -25,6 +25,7 @@ regular file; its contents are never logged, only the record fields (pid, host, 
 :func:`output_lock` is the one call every writer makes (run, incremental, latest, encode, ingest): it
 is reentrant within a process, so a command that holds the lock can call another writer.
 """
+
 from __future__ import annotations
 
 import errno
@@ -84,8 +85,12 @@ class RunLock:
         self._lease: _Lease | None = None
 
     def _record(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "run_id": self.run_id,
-                "started": datetime.now(timezone.utc).isoformat()}
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "run_id": self.run_id,
+            "started": datetime.now(timezone.utc).isoformat(),
+        }
 
     def acquire(self) -> "RunLock":
         if not self.location.local:
@@ -105,8 +110,11 @@ class RunLock:
         previous = _read_record(fd)
         if previous:
             self.stale = previous
-            log.warning("%s: took over a stale lock from a run that did not release it: %s", path,
-                        _shown(previous) or "(not a lock record)")
+            log.warning(
+                "%s: took over a stale lock from a run that did not release it: %s",
+                path,
+                _shown(previous) or "(not a lock record)",
+            )
         _write_record(fd, self._record(), path)
         self._fd = fd
         _clear_temp_files(path.parent)
@@ -115,8 +123,10 @@ class RunLock:
     def check(self) -> None:
         """Raise :class:`LockLost` when this lock's lease was lost (local locks cannot be lost)."""
         if self._lease is not None and self._lease.lost.is_set():
-            raise LockLost(f"{self.location}: this run lost its lease on the output ({self._lease.why}); "
-                           "stopped before writing more")
+            raise LockLost(
+                f"{self.location}: this run lost its lease on the output ({self._lease.why}); "
+                "stopped before writing more"
+            )
 
     def release(self) -> None:
         if self._lease is not None:

@@ -18,6 +18,7 @@ Rules (documented in docs/knowledge-quality.md):
 - **grounding** (:func:`user_grounding`, :func:`item_grounding`): matched / mentioned facts, None when the text
   mentions none.
 """
+
 from __future__ import annotations
 
 import re
@@ -132,43 +133,79 @@ class TextQuality:
     def reason(self) -> str:
         """Why the text is flawed (for failure records and logs)."""
         if self.degenerate:
-            return (f"degenerate text: {self.repeat_4gram:.0%} of its word 4-grams repeat "
-                    f"(limit {MAX_REPEAT_4GRAM:.0%}) or it has fewer than {MIN_WORDS} words")
+            return (
+                f"degenerate text: {self.repeat_4gram:.0%} of its word 4-grams repeat "
+                f"(limit {MAX_REPEAT_4GRAM:.0%}) or it has fewer than {MIN_WORDS} words"
+            )
         if self.cut:
             return "cut text: stopped at the token limit mid-sentence"
         return "fragment: does not end at a sentence end, unbalanced brackets/quotes or few letters"
 
 
-def text_quality(text: str, finish_reason: str, asked_words: int | None = None,
-                 grounding: "Grounding | None" = None) -> TextQuality:
+def text_quality(
+    text: str, finish_reason: str, asked_words: int | None = None, grounding: "Grounding | None" = None
+) -> TextQuality:
     """Score one generated text; ``finish_reason`` is the decoder's (``eos`` or ``length``)."""
     ws = words(text)
     rep, total = _word_repeats(ws)
     n_words = len(ws)
     at_end = ends_sentence(text)
     loops = total > 0 and rep * _MAX_REPEAT.denominator >= _MAX_REPEAT.numerator * total  # rep/total >= 1/5, exact
-    return TextQuality(finished_eos=finish_reason == "eos", repeat_4gram=rep / total if total else 0.0,
-                       degenerate=n_words < MIN_WORDS or loops,
-                       ended=finish_reason in ("eos", "stop") or at_end, cut=finish_reason == "length" and not at_end,
-                       fragment=fragment_reason(text) is not None, n_words=n_words, asked_words=asked_words,
-                       grounding=grounding)
+    return TextQuality(
+        finished_eos=finish_reason == "eos",
+        repeat_4gram=rep / total if total else 0.0,
+        degenerate=n_words < MIN_WORDS or loops,
+        ended=finish_reason in ("eos", "stop") or at_end,
+        cut=finish_reason == "length" and not at_end,
+        fragment=fragment_reason(text) is not None,
+        n_words=n_words,
+        asked_words=asked_words,
+        grounding=grounding,
+    )
 
 
 # ---- grounding ---------------------------------------------------------------------------------------
 
 # Genre names a text may mention (MovieLens, the synthetic demo, common book genres); the entity's own
 # genres are always added. A mention of one of these that the input does not support is ungrounded.
-KNOWN_GENRES = ("Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary", "Drama",
-                "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi", "Thriller", "War",
-                "Western", "Biography", "History", "Science Fiction", "Poetry", "Memoir")
+KNOWN_GENRES = (
+    "Action",
+    "Adventure",
+    "Animation",
+    "Children",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Film-Noir",
+    "Horror",
+    "Musical",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+    "Biography",
+    "History",
+    "Science Fiction",
+    "Poetry",
+    "Memoir",
+)
 # written forms of a genre beyond "<genre>" and its plural; "war" counts only as a genre phrase
-_GENRE_FORMS = {"sci-fi": ("sci-fi", "science fiction", "science-fiction"),
-                "science fiction": ("sci-fi", "science fiction", "science-fiction"),
-                "film-noir": ("film-noir", "film noir", "noir"), "animation": ("animation", "animated"),
-                "children": ("children's", "children", "family"), "comedy": ("comedy", "comedies"),
-                "mystery": ("mystery", "mysteries"), "war": ("war film", "war films", "war movie", "war movies",
-                                                             "war genre", "war drama", "war dramas"),
-                "history": ("historical",), "biography": ("biography", "biographies", "biopic", "biopics")}
+_GENRE_FORMS = {
+    "sci-fi": ("sci-fi", "science fiction", "science-fiction"),
+    "science fiction": ("sci-fi", "science fiction", "science-fiction"),
+    "film-noir": ("film-noir", "film noir", "noir"),
+    "animation": ("animation", "animated"),
+    "children": ("children's", "children", "family"),
+    "comedy": ("comedy", "comedies"),
+    "mystery": ("mystery", "mysteries"),
+    "war": ("war film", "war films", "war movie", "war movies", "war genre", "war drama", "war dramas"),
+    "history": ("historical",),
+    "biography": ("biography", "biographies", "biopic", "biopics"),
+}
 _RATING = re.compile(r"(?<![\w.])(\d(?:\.5)?)\s*(?:-|\s)?(?:stars?\b|/\s*5\b|out of 5\b)", re.I)
 _QUOTED = re.compile(r"[\"“]([^\"”\n]{2,80})[\"”]")
 _YEAR = re.compile(r"\b(1[89]\d\d|20\d\d)s?\b")
@@ -261,8 +298,9 @@ def entity_genres(entity_type: str, history: Sequence[tuple] | None = None, item
     return []
 
 
-def unsupported_genres(entity_type: str, history: Sequence[tuple] | None = None,
-                       item: Mapping | None = None) -> list[str]:
+def unsupported_genres(
+    entity_type: str, history: Sequence[tuple] | None = None, item: Mapping | None = None
+) -> list[str]:
     """Every genre (``KNOWN_GENRES`` and the entity's own) whose mention the grounding of this entity's text
     would count as unsupported; none when its input has no genres."""
     own = entity_genres(entity_type, history, item)
@@ -337,8 +375,15 @@ def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grou
 
 # ---- knowledge rows ----------------------------------------------------------------------------------
 
-def entity_quality(text: str, finish_reason: str, entity_type: str, history: Sequence[tuple] | None = None,
-                   item: Mapping | None = None, asked_words: int | None = None) -> TextQuality:
+
+def entity_quality(
+    text: str,
+    finish_reason: str,
+    entity_type: str,
+    history: Sequence[tuple] | None = None,
+    item: Mapping | None = None,
+    asked_words: int | None = None,
+) -> TextQuality:
     """:func:`text_quality` with the grounding of a user (``history``) or item (``item``) text."""
     if entity_type == "user" and history:
         grounding = user_grounding(text, history)
@@ -352,10 +397,18 @@ def entity_quality(text: str, finish_reason: str, entity_type: str, history: Seq
 def quality_columns(q: TextQuality) -> dict[str, object]:
     """The knowledge-store quality columns of one row (pipelines/knowledge_store.py, ``KnowledgeRow``)."""
     g = q.grounding
-    return {"finished_eos": q.finished_eos, "repeat_4gram": q.repeat_4gram, "degenerate": q.degenerate,
-            "ended": q.ended, "cut": q.cut, "fragment": q.fragment, "n_words": q.n_words,
-            "asked_words": q.asked_words, "facts_mentioned": g.n_mentioned if g is not None else None,
-            "grounding": g.share if g is not None else None}
+    return {
+        "finished_eos": q.finished_eos,
+        "repeat_4gram": q.repeat_4gram,
+        "degenerate": q.degenerate,
+        "ended": q.ended,
+        "cut": q.cut,
+        "fragment": q.fragment,
+        "n_words": q.n_words,
+        "asked_words": q.asked_words,
+        "facts_mentioned": g.n_mentioned if g is not None else None,
+        "grounding": g.share if g is not None else None,
+    }
 
 
 def row_quality(row: Mapping) -> TextQuality:
@@ -364,11 +417,21 @@ def row_quality(row: Mapping) -> TextQuality:
     if row.get("facts_mentioned"):
         n = int(row["facts_mentioned"])
         g = Grounding({"facts": n}, {"facts": round((row.get("grounding") or 0.0) * n)})
-    return TextQuality(row["finished_eos"], row["repeat_4gram"], row["degenerate"], row.get("ended"), row.get("cut"),
-                       row.get("fragment"), row.get("n_words"), row.get("asked_words"), g)
+    return TextQuality(
+        row["finished_eos"],
+        row["repeat_4gram"],
+        row["degenerate"],
+        row.get("ended"),
+        row.get("cut"),
+        row.get("fragment"),
+        row.get("n_words"),
+        row.get("asked_words"),
+        g,
+    )
 
 
 # ---- summaries -------------------------------------------------------------------------------------
+
 
 @dataclass
 class QualitySummary:
@@ -425,15 +488,27 @@ class QualitySummary:
         def share(k: int) -> float:
             return round(k / self.n, 4) if self.n else 0.0
 
-        return {"n": self.n, "finished_eos": self.finished_eos, "eos_share": round(self.eos_share, 4),
-                "degenerate": self.degenerate, "mean_repeat_4gram": round(self.mean_repeat_4gram, 4),
-                "ended": self.ended, "ended_share": share(self.ended), "cut": self.cut, "cut_share": share(self.cut),
-                "fragment": self.fragment, "degenerate_share": share(self.degenerate),
-                "over_budget": self.over_budget,
-                "mean_length_ratio": round(self.length_ratio_sum / self.length_ratio_n, 4) if self.length_ratio_n else None,
-                "facts_mentioned": self.mentioned, "facts_matched": self.matched,
-                "grounding": round(self.grounding, 4) if self.grounding is not None else None,
-                "grounding_by_kind": {k: {"matched": m, "mentioned": n} for k, (m, n) in sorted(self.grounding_by_kind.items())}}
+        return {
+            "n": self.n,
+            "finished_eos": self.finished_eos,
+            "eos_share": round(self.eos_share, 4),
+            "degenerate": self.degenerate,
+            "mean_repeat_4gram": round(self.mean_repeat_4gram, 4),
+            "ended": self.ended,
+            "ended_share": share(self.ended),
+            "cut": self.cut,
+            "cut_share": share(self.cut),
+            "fragment": self.fragment,
+            "degenerate_share": share(self.degenerate),
+            "over_budget": self.over_budget,
+            "mean_length_ratio": round(self.length_ratio_sum / self.length_ratio_n, 4) if self.length_ratio_n else None,
+            "facts_mentioned": self.mentioned,
+            "facts_matched": self.matched,
+            "grounding": round(self.grounding, 4) if self.grounding is not None else None,
+            "grounding_by_kind": {
+                k: {"matched": m, "mentioned": n} for k, (m, n) in sorted(self.grounding_by_kind.items())
+            },
+        }
 
 
 def summarise_quality(texts: Iterable[str], finish_reasons: Iterable[str]) -> QualitySummary:

@@ -48,6 +48,7 @@ One writer per store: a writer (and :func:`open_store`) holds the lock of the st
 (``<store>/.run.lock``, :mod:`pipelines.lock`) besides the output's, so jobs that share a store (a shared
 ``old_knowledge.path``) never write it at once: the second stops with the lock's exit code (75).
 """
+
 from __future__ import annotations
 
 import bisect
@@ -126,8 +127,11 @@ def _verified_local(path: Location, expected: str) -> bool:
     except FileNotFoundError:
         return False
     seen = _VERIFIED.get(path.path)
-    return seen is not None and seen[:3] == (st.st_size, st.st_mtime_ns, expected) \
+    return (
+        seen is not None
+        and seen[:3] == (st.st_size, st.st_mtime_ns, expected)
         and st.st_mtime_ns < seen[3] - _VERIFY_SLACK_NS
+    )
 
 
 def _shard_source(root: Location, shard: Mapping[str, Any]) -> str | pa.BufferReader:
@@ -144,8 +148,10 @@ def _shard_source(root: Location, shard: Mapping[str, Any]) -> str | pa.BufferRe
     except FileNotFoundError as exc:
         raise CorruptShardError(f"{path}: committed in {root} but missing") from exc
     if expected and hashlib.sha256(data).hexdigest() != expected:
-        raise CorruptShardError(f"{path}: checksum mismatch with its committed sha256; the shard is corrupt (the "
-                                f"next run moves it to {QUARANTINE}/ and regenerates its entities)")
+        raise CorruptShardError(
+            f"{path}: checksum mismatch with its committed sha256; the shard is corrupt (the "
+            f"next run moves it to {QUARANTINE}/ and regenerates its entities)"
+        )
     if st is not None and expected:
         if len(_VERIFIED) > 200_000:
             _VERIFIED.clear()
@@ -153,8 +159,12 @@ def _shard_source(root: Location, shard: Mapping[str, Any]) -> str | pa.BufferRe
     return pa.BufferReader(data)
 
 
-def read_shard(root: str | Path | Location, shard: Mapping[str, Any], columns: Sequence[str] | None = None,
-               schema: pa.Schema | None = None) -> pa.Table:
+def read_shard(
+    root: str | Path | Location,
+    shard: Mapping[str, Any],
+    columns: Sequence[str] | None = None,
+    schema: pa.Schema | None = None,
+) -> pa.Table:
     """One shard, checked against its committed sha256 (when recorded) before Parquet reads it; only
     ``columns`` when given. ``schema``: the store's row schema, so that columns a shard lacks (written before
     they existed) read as null; None: the shard's own."""
@@ -190,6 +200,7 @@ def _write_shard(path: Location, table: pa.Table) -> str:
 
 
 # ---- the committed shard list: checkpoint + log ----------------------------------------------------------
+
 
 @dataclass
 class Manifest:
@@ -302,28 +313,42 @@ class Manifest:
             data = (root / name).read_bytes()
             try:
                 pf = pq.ParquetFile(pa.BufferReader(data))
-                runs = (pf.read(columns=["run_id"]).column("run_id").unique().to_pylist()
-                        if "run_id" in pf.schema_arrow.names else [])
+                runs = (
+                    pf.read(columns=["run_id"]).column("run_id").unique().to_pylist()
+                    if "run_id" in pf.schema_arrow.names
+                    else []
+                )
                 replaced.update(json.loads((pf.schema_arrow.metadata or {}).get(_REPLACES, b"[]")))
             except (pa.ArrowInvalid, OSError, json.JSONDecodeError) as exc:
                 log.error("%s: unreadable shard (%s)", root / name, exc)
                 unreadable.append(name)
                 continue
-            shards.append({"file": name, "rows": pf.metadata.num_rows, "run_id": runs[0] if len(runs) == 1 else None,
-                           "sha256": hashlib.sha256(data).hexdigest()})
+            shards.append(
+                {
+                    "file": name,
+                    "rows": pf.metadata.num_rows,
+                    "run_id": runs[0] if len(runs) == 1 else None,
+                    "sha256": hashlib.sha256(data).hexdigest(),
+                }
+            )
         kept = [s for s in shards if s["file"] not in replaced]
         return cls(kept, retired=sorted(s["file"] for s in shards if s["file"] in replaced)), unreadable
 
     def save(self, store: str | Path | Location) -> None:
         """Write the checkpoint atomically: the shard list through log entry ``log_seq``."""
-        body = json.dumps({"format": FORMAT, "log_seq": self.log_seq, "shards": self.shards,
-                           "retired": self.retired}, indent=1)
+        body = json.dumps(
+            {"format": FORMAT, "log_seq": self.log_seq, "shards": self.shards, "retired": self.retired}, indent=1
+        )
         (Location.of(store) / MANIFEST).write_text(body)
 
 
 def _is_entry(shard: Any) -> bool:
-    return isinstance(shard, dict) and isinstance(shard.get("file"), str) and bool(_SHARD_RE.match(shard["file"])) \
+    return (
+        isinstance(shard, dict)
+        and isinstance(shard.get("file"), str)
+        and bool(_SHARD_RE.match(shard["file"]))
         and isinstance(shard.get("rows"), int)
+    )
 
 
 def _shard_match(name: str) -> re.Match[str]:
@@ -414,8 +439,12 @@ def scan_store(store: str | Path | Location) -> Manifest:
         try:
             rows = pq.ParquetFile(root.local_path / name).metadata.num_rows
         except (pa.ArrowInvalid, OSError) as exc:  # not committed: skipped, and moved aside
-            log.error("%s: unreadable shard not in the manifest, skipped (%s); the next writer moves it to %s/",
-                      root / name, exc, QUARANTINE)
+            log.error(
+                "%s: unreadable shard not in the manifest, skipped (%s); the next writer moves it to %s/",
+                root / name,
+                exc,
+                QUARANTINE,
+            )
             continue
         manifest.shards.append({"file": name, "rows": rows, "run_id": None})
     return manifest
@@ -475,12 +504,14 @@ def _rebuild_torn(root: Location) -> None:
         _quarantine(root, name)
     checkpoint(root, manifest)  # every log file deleted: the shards were read instead
     moved = f"; {len(unreadable)} unreadable moved to {QUARANTINE}/" if unreadable else ""
-    log.warning("%s; rebuilt from the %d shards in the store (%d rows)%s", torn, len(manifest.shards),
-                manifest.n_rows, moved)
+    log.warning(
+        "%s; rebuilt from the %d shards in the store (%d rows)%s", torn, len(manifest.shards), manifest.n_rows, moved
+    )
 
 
-def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS,
-               verify: bool = True) -> Manifest:
+def open_store(
+    store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS, verify: bool = True
+) -> Manifest:
     """For a writer (one per store: the run lock): create ``store``, rebuild a torn checkpoint from the shards,
     drop what a crash left uncommitted, adopt complete local shards not committed, and fold the log into a
     checkpoint when it holds entries. ``verify`` (a job does it once a run, before it reads the store) checks
@@ -497,8 +528,15 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
         if root.local:
             (root / LOG).mkdir(exist_ok=True)
             _quarantine_unreadable_unlisted(root, manifest)
-            adopted = [{"file": n, "rows": pq.ParquetFile(root.local_path / n).metadata.num_rows, "run_id": None,
-                        "sha256": file_sha256(root / n)} for n in _unlisted(root, manifest)]
+            adopted = [
+                {
+                    "file": n,
+                    "rows": pq.ParquetFile(root.local_path / n).metadata.num_rows,
+                    "run_id": None,
+                    "sha256": file_sha256(root / n),
+                }
+                for n in _unlisted(root, manifest)
+            ]
             if adopted:
                 log.warning("%s: adopted %d shards missing from the manifest", root, len(adopted))
                 manifest.shards.extend(adopted)
@@ -510,8 +548,9 @@ def open_store(store: str | Path | Location, key_columns: tuple[str, ...] = KEY_
     return manifest
 
 
-def quarantine_corrupt(root: str | Path | Location, manifest: Manifest,
-                       key_columns: tuple[str, ...] = KEY_COLUMNS) -> list[str]:
+def quarantine_corrupt(
+    root: str | Path | Location, manifest: Manifest, key_columns: tuple[str, ...] = KEY_COLUMNS
+) -> list[str]:
     """Move corrupt shards to ``quarantine/`` and out of ``manifest`` (not saved here); their entities
     are then missing, so a resumed or incremental run regenerates them. Returns the moved file names."""
     root = Location.of(root)
@@ -530,6 +569,7 @@ def quarantine_corrupt(root: str | Path | Location, manifest: Manifest,
 
 # ---- compaction ----------------------------------------------------------------------------------------
 
+
 def _small(shard: Mapping[str, Any], target_rows: int) -> bool:
     """A shard worth merging: under a quarter of a merged shard (so a writer's merges rewrite each row once)."""
     return shard["rows"] < target_rows // 4
@@ -546,14 +586,16 @@ def _compaction_groups(shards: list[dict[str, Any]], target_rows: int) -> list[l
     return [g for g in groups if len(g) > 1]
 
 
-def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any]], schema: pa.Schema,
-                   held: Mapping[str, pa.Table]) -> bool:
+def _compact_group(
+    root: Location, manifest: Manifest, group: list[dict[str, Any]], schema: pa.Schema, held: Mapping[str, pa.Table]
+) -> bool:
     """Write the group's rows as one shard, commit it in their place, delete them (module docstring). A shard
     in ``held`` (its table as this writer wrote it) is not read back."""
     check_held()
     try:
-        table = pa.concat_tables([held[s["file"]] if s["file"] in held else read_shard(root, s, schema=schema)
-                                  for s in group])
+        table = pa.concat_tables(
+            [held[s["file"]] if s["file"] in held else read_shard(root, s, schema=schema) for s in group]
+        )
     except CorruptShardError as exc:  # left as it is: a verifying open quarantines it
         log.error("%s; not compacted", exc)
         return False
@@ -561,8 +603,12 @@ def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any
     runs = {s.get("run_id") for s in group}
     name = f"part-{_shard_number(files[-1]):05d}-c-{uuid.uuid4().hex[:8]}.parquet"
     marked = table.replace_schema_metadata({_REPLACES: json.dumps(files).encode()})
-    entry = {"file": name, "rows": table.num_rows, "run_id": runs.pop() if len(runs) == 1 else None,
-             "sha256": _write_shard(root / name, marked)}
+    entry = {
+        "file": name,
+        "rows": table.num_rows,
+        "run_id": runs.pop() if len(runs) == 1 else None,
+        "sha256": _write_shard(root / name, marked),
+    }
     commit(root, manifest, {"op": "compact", "remove": files, "shard": entry})
     for file in files:
         (root / file).remove()
@@ -570,8 +616,13 @@ def _compact_group(root: Location, manifest: Manifest, group: list[dict[str, Any
     return True
 
 
-def compact_shards(root: str | Path | Location, manifest: Manifest, schema: pa.Schema,
-                   target_rows: int = COMPACT_ROWS, held: Mapping[str, pa.Table] | None = None) -> int:
+def compact_shards(
+    root: str | Path | Location,
+    manifest: Manifest,
+    schema: pa.Schema,
+    target_rows: int = COMPACT_ROWS,
+    held: Mapping[str, pa.Table] | None = None,
+) -> int:
     """Merge every run of neighbouring small shards in ``manifest`` (committed; the caller holds the store's
     lock); returns the number of shards replaced. ``held``: shard file -> the table its writer wrote (and
     committed) there, used instead of reading the file back."""
@@ -583,8 +634,12 @@ def compact_shards(root: str | Path | Location, manifest: Manifest, schema: pa.S
     return replaced
 
 
-def compact_store(store: str | Path | Location, schema: pa.Schema,
-                  key_columns: tuple[str, ...] = KEY_COLUMNS, target_rows: int = COMPACT_ROWS) -> int:
+def compact_store(
+    store: str | Path | Location,
+    schema: pa.Schema,
+    key_columns: tuple[str, ...] = KEY_COLUMNS,
+    target_rows: int = COMPACT_ROWS,
+) -> int:
     """Merge the store's small shards into shards of up to ``target_rows`` rows, under the store's lock, and
     write a checkpoint; returns the number of shards replaced. Every row stays, once, in its place."""
     root = Location.of(store)
@@ -615,8 +670,14 @@ class ShardedWriter:
     key_columns: tuple[str, ...] = KEY_COLUMNS
     stamped: tuple[str, ...] = ()  # required columns the writer sets (``prepare``), not the row's maker
 
-    def __init__(self, store: str | Path | Location, shard_rows: int = 256, run_id: str = "",
-                 compact_after: int | None = COMPACT_AFTER, compact_rows: int = COMPACT_ROWS) -> None:
+    def __init__(
+        self,
+        store: str | Path | Location,
+        shard_rows: int = 256,
+        run_id: str = "",
+        compact_after: int | None = COMPACT_AFTER,
+        compact_rows: int = COMPACT_ROWS,
+    ) -> None:
         if shard_rows < 1:
             raise ValueError(f"shard_rows must be >= 1, got {shard_rows}")
         self.store = Location.of(store)
@@ -680,9 +741,15 @@ class ShardedWriter:
     def add_failure(self, entity_type: str, entity_id: str, reason: str) -> None:
         """Record one entity that could not be generated; appended and fsynced at once."""
         key = (entity_type, str(entity_id))
-        rec = {"entity_type": entity_type, "entity_id": str(entity_id), "reason": reason, "run_id": self.run_id,
-               "failed_at": utc_now().isoformat(), "source_hash": self.failure_inputs.get(key),
-               "config_hash": self.failure_config_hash}
+        rec = {
+            "entity_type": entity_type,
+            "entity_id": str(entity_id),
+            "reason": reason,
+            "run_id": self.run_id,
+            "failed_at": utc_now().isoformat(),
+            "source_hash": self.failure_inputs.get(key),
+            "config_hash": self.failure_config_hash,
+        }
         append_failures(self.store, [rec])
         self.failures_written += 1
 
@@ -699,8 +766,12 @@ class ShardedWriter:
         number = max(taken, default=-1) + 1
         # local: the rename makes the name safe; elsewhere a unique name never meets an uncommitted object
         name = f"part-{number:05d}.parquet" if self.store.local else f"part-{number:05d}-{uuid.uuid4().hex[:8]}.parquet"
-        entry = {"file": name, "rows": table.num_rows, "run_id": self.run_id,
-                 "sha256": _write_shard(self.store / name, table)}
+        entry = {
+            "file": name,
+            "rows": table.num_rows,
+            "run_id": self.run_id,
+            "sha256": _write_shard(self.store / name, table),
+        }
         commit(self.store, self.manifest, {"op": "add", "shard": entry})  # readers trust only what is committed
         self.rows_written += table.num_rows
         self._buffer.clear()
@@ -711,8 +782,11 @@ class ShardedWriter:
     def _hold(self, name: str, table: pa.Table) -> None:
         """Keep a small shard's table for the compaction that will merge it, while the kept rows fit one
         merged shard."""
-        if self.compact_after and _small({"rows": table.num_rows}, self.compact_rows) \
-                and sum(t.num_rows for t in self._held.values()) + table.num_rows <= self.compact_rows:
+        if (
+            self.compact_after
+            and _small({"rows": table.num_rows}, self.compact_rows)
+            and sum(t.num_rows for t in self._held.values()) + table.num_rows <= self.compact_rows
+        ):
             self._held[name] = table
 
     def _upkeep(self) -> None:
@@ -745,6 +819,7 @@ class ShardedWriter:
 
 # ---- readers: never modify the store ---------------------------------------------------------------------
 
+
 def _locate(shards: list[dict[str, Any]], pos: int) -> tuple[int, int, int]:
     """(index, first row position) of the shard holding row ``pos``, and how many of its rows come before."""
     start = 0
@@ -755,8 +830,13 @@ def _locate(shards: list[dict[str, Any]], pos: int) -> tuple[int, int, int]:
     return len(shards), start, 0
 
 
-def iter_tables(root: Location, manifest: Manifest, columns: Sequence[str] | None, schema: pa.Schema | None,
-                 rows: Sequence[int] | None = None) -> Iterator[tuple[int, pa.Table]]:
+def iter_tables(
+    root: Location,
+    manifest: Manifest,
+    columns: Sequence[str] | None,
+    schema: pa.Schema | None,
+    rows: Sequence[int] | None = None,
+) -> Iterator[tuple[int, pa.Table]]:
     """(first row position, table) per committed shard, in write order: ``columns`` only, and only the rows at
     the sorted positions ``rows`` when given (shards without any are not read). A shard that a compaction
     replaced while it was read is followed into the merged shard, from the same row (positions stay)."""
@@ -813,8 +893,13 @@ def _add_keys(root: Location, manifest: Manifest, key_columns: tuple[str, ...], 
 # what failures.jsonl lines may carry besides FAILURE_COLUMNS (absent in lines written before them: null):
 # the inputs' source_hash and the generation config's hash of a failure; given_up and count on the line that
 # records a scheduled run giving up on an entity after ``count`` identical failures
-FAILURE_FIELDS = {**{c: pl.Utf8 for c in FAILURE_COLUMNS}, "source_hash": pl.Utf8, "config_hash": pl.Utf8,
-                  "given_up": pl.Boolean, "count": pl.Int64}
+FAILURE_FIELDS = {
+    **{c: pl.Utf8 for c in FAILURE_COLUMNS},
+    "source_hash": pl.Utf8,
+    "config_hash": pl.Utf8,
+    "given_up": pl.Boolean,
+    "count": pl.Int64,
+}
 
 
 def append_failures(store: str | Path | Location, records: list[dict[str, Any]]) -> None:

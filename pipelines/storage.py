@@ -12,6 +12,7 @@ write replaces one whole file atomically:
 A URI whose filesystem is not installed (e.g. ``s3://`` without ``s3fs``) fails naming the URI and the
 package to install.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,9 +25,15 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 _LOCAL = LocalFileSystem()
-HINTS = {"s3": "install s3fs (the s3 extra)", "s3a": "install s3fs (the s3 extra)", "gs": "install gcsfs",
-         "gcs": "install gcsfs", "abfs": "install adlfs", "az": "install adlfs",
-         "hdfs": "needs a JVM and libhdfs for pyarrow's HadoopFileSystem"}
+HINTS = {
+    "s3": "install s3fs (the s3 extra)",
+    "s3a": "install s3fs (the s3 extra)",
+    "gs": "install gcsfs",
+    "gcs": "install gcsfs",
+    "abfs": "install adlfs",
+    "az": "install adlfs",
+    "hdfs": "needs a JVM and libhdfs for pyarrow's HadoopFileSystem",
+}
 
 
 class StorageError(ValueError):
@@ -155,8 +162,11 @@ class Location:
         """Sorted names of the entries directly under this directory matching ``pattern`` (glob)."""
         if not self.exists():
             return []
-        found = self.fs.glob(posixpath.join(self.path.rstrip("/"), pattern)) if not self.local else \
-            [str(p) for p in Path(self.path).glob(pattern)]
+        found = (
+            self.fs.glob(posixpath.join(self.path.rstrip("/"), pattern))
+            if not self.local
+            else [str(p) for p in Path(self.path).glob(pattern)]
+        )
         return sorted(posixpath.basename(str(p).rstrip("/")) for p in found)
 
     # ---- writing ----
@@ -188,8 +198,9 @@ class Location:
         except FileExistsError:
             return False
         except (NotImplementedError, ValueError) as exc:
-            raise StorageError(f"{self}: this filesystem cannot create a file exclusively ({exc}); "
-                               "a run lock needs it") from exc
+            raise StorageError(
+                f"{self}: this filesystem cannot create a file exclusively ({exc}); a run lock needs it"
+            ) from exc
         return True
 
     def remove(self) -> None:

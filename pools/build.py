@@ -16,6 +16,7 @@ type's knowledge of the same size as the group pool ``{type}/{kind}/{group}`` (t
 Rows with empty knowledge are skipped with a recorded reason; groups without any knowledge are listed in
 ``empty_groups`` and get no pool.
 """
+
 from __future__ import annotations
 
 import logging
@@ -47,12 +48,12 @@ def group_key(entity_type: str, pool_kind: str, group_id: str) -> str:
 class PoolBuildConfig:
     """Pool sizes and which baseline pools to build."""
 
-    max_pool_size: int | None = 2000        # texts per group pool (paper grid 500-5000); None = no cap
-    global_max_size: int | None = None      # texts in each global pool; None = all old knowledge
-    with_groups: bool = True                # the group pools (a decoder drafting from the global pool needs none)
+    max_pool_size: int | None = 2000  # texts per group pool (paper grid 500-5000); None = no cap
+    global_max_size: int | None = None  # texts in each global pool; None = all old knowledge
+    with_groups: bool = True  # the group pools (a decoder drafting from the global pool needs none)
     with_global: bool = True
     with_random: bool = False
-    on_missing: str = "error"               # knowledge of an entity with no group: "error" or "skip"
+    on_missing: str = "error"  # knowledge of an entity with no group: "error" or "skip"
     seed: int = 0
 
 
@@ -80,8 +81,10 @@ def read_knowledge(source: pa.Table | str | Path) -> pa.Table:
         table, name = ds.dataset([str(f) for f in files], format="parquet").to_table(), str(path)
     missing = [c for c in ("entity_type", "entity_id") if c not in table.column_names]
     if missing or not {TEXT_COLUMN, TOKENS_COLUMN} & set(table.column_names):
-        raise ValueError(f"{name}: needs entity_type, entity_id and {TEXT_COLUMN!r} or {TOKENS_COLUMN!r} "
-                         f"columns (has {table.column_names})")
+        raise ValueError(
+            f"{name}: needs entity_type, entity_id and {TEXT_COLUMN!r} or {TOKENS_COLUMN!r} "
+            f"columns (has {table.column_names})"
+        )
     return table
 
 
@@ -119,8 +122,10 @@ def _member_frame(memberships: pa.Table) -> pl.DataFrame:
     frame = _polars(memberships.select(list(MEMBERSHIP_COLUMNS))).with_columns(pl.col("entity_id").cast(pl.Utf8))
     bad = frame.filter(pl.col("group_id").is_null() | pl.col("pool_kind").is_null())
     if bad.height:
-        raise ValueError(f"{bad['entity_type'][0]} {bad['entity_id'][0]!r} has no pool_kind/group_id in the "
-                         f"membership table ({bad.height} rows)")
+        raise ValueError(
+            f"{bad['entity_type'][0]} {bad['entity_id'][0]!r} has no pool_kind/group_id in the "
+            f"membership table ({bad.height} rows)"
+        )
     key = pl.concat_str(["entity_type", "pool_kind", "group_id"], separator="/")
     return frame.select("entity_type", "entity_id", pool_key=key, _member=pl.int_range(pl.len()))
 
@@ -130,8 +135,12 @@ def _capped(frame: pl.DataFrame, cap: int | None, seed: int) -> pl.DataFrame:
     joins or leaves changes at most one other pick (stable across runs of the same polars version)."""
     if cap is None:
         return frame
-    rank = pl.concat_str(["pool_key", "entity_type", "entity_id"], separator="/").hash(seed) \
-        .rank("ordinal").over("pool_key")
+    rank = (
+        pl.concat_str(["pool_key", "entity_type", "entity_id"], separator="/")
+        .hash(seed)
+        .rank("ordinal")
+        .over("pool_key")
+    )
     return frame.filter(rank <= cap)
 
 
@@ -149,8 +158,9 @@ class Selection:
         return dict(self.frame.group_by("pool_key").len().iter_rows())
 
 
-def select_texts(knowledge: pa.Table | str | Path, memberships: pa.Table,
-                 config: PoolBuildConfig | None = None) -> Selection:
+def select_texts(
+    knowledge: pa.Table | str | Path, memberships: pa.Table, config: PoolBuildConfig | None = None
+) -> Selection:
     """The texts of every pool (see the module docstring), as Arrow-backed columns: no Python object per text."""
     config = config or PoolBuildConfig()
     frame, column = _frame(read_knowledge(knowledge))
@@ -158,14 +168,20 @@ def select_texts(knowledge: pa.Table | str | Path, memberships: pa.Table,
     skipped = [(t, e, "empty knowledge") for t, e in empty.select("entity_type", "entity_id").iter_rows()]
     frame = frame.filter(~_is_empty(column))
     members = _member_frame(memberships)
-    orphans = frame.join(members, on=["entity_type", "entity_id"], how="anti").unique(["entity_type", "entity_id"]) \
+    orphans = (
+        frame.join(members, on=["entity_type", "entity_id"], how="anti")
+        .unique(["entity_type", "entity_id"])
         .sort("entity_type", "entity_id")
+    )
     if orphans.height and config.on_missing == "error":
         shown = ", ".join(f"{t} {e!r}" for t, e in orphans.select("entity_type", "entity_id").head(5).iter_rows())
-        raise ValueError(f"{orphans.height} entities with old knowledge are missing from the membership/routing "
-                         f"table: {shown}{' ...' if orphans.height > 5 else ''}")
-    skipped += [(t, e, "no group in the membership table") for t, e in
-                orphans.select("entity_type", "entity_id").iter_rows()]
+        raise ValueError(
+            f"{orphans.height} entities with old knowledge are missing from the membership/routing "
+            f"table: {shown}{' ...' if orphans.height > 5 else ''}"
+        )
+    skipped += [
+        (t, e, "no group in the membership table") for t, e in orphans.select("entity_type", "entity_id").iter_rows()
+    ]
     ids = frame.select("entity_type", "entity_id", "_row")  # texts join the selection at the end
     grouped = members.join(ids, on=["entity_type", "entity_id"], how="inner").sort("_member", "_row")
     empty_groups = sorted(set(members["pool_key"].unique()) - set(grouped["pool_key"].unique()))
@@ -174,14 +190,16 @@ def select_texts(knowledge: pa.Table | str | Path, memberships: pa.Table,
     parts = [_capped(grouped if config.with_groups else grouped.clear(), config.max_pool_size, config.seed)]
     if config.with_global:
         every = ids.sort("entity_type", "entity_id", "_row").with_columns(
-            pool_key=pl.concat_str([pl.col("entity_type"), pl.lit("global/all")], separator="/"))
+            pool_key=pl.concat_str([pl.col("entity_type"), pl.lit("global/all")], separator="/")
+        )
         parts.append(_capped(every, config.global_max_size, config.seed))
     columns = ["pool_key", "entity_type", "entity_id", "_row"]
     selected = pl.concat([p.select(columns) for p in parts])
     if config.with_random:
         selected = pl.concat([selected, _random_baselines(parts[0].select(columns), ids, config.seed)])
-    selected = selected.sort("pool_key", maintain_order=True).join(frame.select("_row", column), on="_row",
-                                                                     how="left", maintain_order="left")
+    selected = selected.sort("pool_key", maintain_order=True).join(
+        frame.select("_row", column), on="_row", how="left", maintain_order="left"
+    )
     return Selection(selected.drop("_row"), column, empty_groups, skipped)
 
 
@@ -201,8 +219,7 @@ def _random_baselines(groups: pl.DataFrame, frame: pl.DataFrame, seed: int) -> p
 
 def member_hashes(selection: Selection) -> pl.DataFrame:
     """(pool_key, entity_type, entity_id, text_hash) of every selected text: what a later build compares."""
-    return selection.frame.select("pool_key", "entity_type", "entity_id",
-                                  text_hash=pl.col(selection.column).hash(0))
+    return selection.frame.select("pool_key", "entity_type", "entity_id", text_hash=pl.col(selection.column).hash(0))
 
 
 def stale_pools(previous: pl.DataFrame | None, current: pl.DataFrame, refresh_share: float) -> set[str]:
@@ -211,11 +228,20 @@ def stale_pools(previous: pl.DataFrame | None, current: pl.DataFrame, refresh_sh
     sizes = current.group_by("pool_key").len()
     if previous is None:
         return set(sizes["pool_key"])
-    differ = pl.concat([current.join(previous, on=current.columns, how="anti"),
-                        previous.join(current, on=current.columns, how="anti")]).group_by("pool_key").len("differ")
+    differ = (
+        pl.concat(
+            [
+                current.join(previous, on=current.columns, how="anti"),
+                previous.join(current, on=current.columns, how="anti"),
+            ]
+        )
+        .group_by("pool_key")
+        .len("differ")
+    )
     known = previous.select("pool_key").unique()
-    table = sizes.join(differ, on="pool_key", how="left").join(known.with_columns(known=True), on="pool_key",
-                                                                how="left")
+    table = sizes.join(differ, on="pool_key", how="left").join(
+        known.with_columns(known=True), on="pool_key", how="left"
+    )
     stale = table.filter(pl.col("known").is_null() | (pl.col("differ").fill_null(0) > refresh_share * pl.col("len")))
     return set(stale["pool_key"])
 
@@ -229,8 +255,12 @@ def token_lists(selection: Selection, tokenizer: Any) -> list[list[int]]:
     return tokenize(tokenizer, selection.frame[TEXT_COLUMN].to_list())
 
 
-def collect_sources(knowledge: pa.Table | str | Path, memberships: pa.Table, tokenizer: Any = None,
-                    config: PoolBuildConfig | None = None) -> PoolSources:
+def collect_sources(
+    knowledge: pa.Table | str | Path,
+    memberships: pa.Table,
+    tokenizer: Any = None,
+    config: PoolBuildConfig | None = None,
+) -> PoolSources:
     """Every pool's token-id texts in memory (see the module docstring): small catalogues, tools and tests;
     the job builds its pools in parallel from a :class:`Selection` (pipelines/knowledge/pool_build.py)."""
     selection = select_texts(knowledge, memberships, config)
@@ -245,8 +275,12 @@ def materialize(texts: Sequence[Sequence[int]]) -> RetrievalPool:
     return RetrievalPool.from_token_ids(texts)
 
 
-def build_pools(knowledge: pa.Table | str | Path, memberships: pa.Table, tokenizer: Any = None,
-                config: PoolBuildConfig | None = None) -> dict[str, RetrievalPool]:
+def build_pools(
+    knowledge: pa.Table | str | Path,
+    memberships: pa.Table,
+    tokenizer: Any = None,
+    config: PoolBuildConfig | None = None,
+) -> dict[str, RetrievalPool]:
     """Every pool as a ``RetrievalPool``, keyed by :func:`group_key`. For persistence use :mod:`pools.store`."""
     sources = collect_sources(knowledge, memberships, tokenizer, config)
     return {key: materialize(texts) for key, texts in sources.texts.items()}

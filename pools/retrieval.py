@@ -10,6 +10,7 @@ down to 1. A prefix whose subtree gives fewer than ``min_nodes`` drafts is short
 that gives enough wins (otherwise the largest seen). The K most frequent nodes are kept, temporary
 before permanent, depth <= ``max_depth``, and laid out depth-first with the best child first.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
@@ -35,8 +36,9 @@ class RetrievalPool:
         max_trie_nodes: eviction cap on permanent nodes (LFU with halving), None for no cap.
     """
 
-    def __init__(self, window: int = 13, max_depth: int = 12, min_fraction: float = 0.25,
-                 max_trie_nodes: int | None = None):
+    def __init__(
+        self, window: int = 13, max_depth: int = 12, min_fraction: float = 0.25, max_trie_nodes: int | None = None
+    ):
         self.trie = TokenTrie(window)
         self.max_depth = max_depth
         self.min_fraction = min_fraction
@@ -67,12 +69,19 @@ class RetrievalPool:
     def __len__(self) -> int:
         return len(self.trie)
 
-    def open(self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
-             min_prob: float = 0.0) -> "PoolDrafter":
+    def open(
+        self, prompt_ids: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX, min_prob: float = 0.0
+    ) -> "PoolDrafter":
         return PoolDrafter(self, prompt_ids, max_nodes, n_max, min_prob)
 
-    def retrieve(self, context: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
-                 temporary: OwnText | None = None, min_prob: float = 0.0) -> DraftTree:
+    def retrieve(
+        self,
+        context: Sequence[int],
+        max_nodes: int = 64,
+        n_max: int = N_MAX,
+        temporary: OwnText | None = None,
+        min_prob: float = 0.0,
+    ) -> DraftTree:
         """Draft tree rooted at ``context[-1]`` from the permanent (and optional temporary) trie.
 
         ``min_prob`` > 0 keeps only nodes that followed the prefix at least that often (see
@@ -81,15 +90,23 @@ class RetrievalPool:
         """
         return _layout(context[-1], self.nodes(context, max_nodes, n_max, temporary, min_prob))
 
-    def nodes(self, context: Sequence[int], max_nodes: int = 64, n_max: int = N_MAX,
-              temporary: OwnText | None = None, min_prob: float = 0.0) -> list[tuple[int, ...]]:
+    def nodes(
+        self,
+        context: Sequence[int],
+        max_nodes: int = 64,
+        n_max: int = N_MAX,
+        temporary: OwnText | None = None,
+        min_prob: float = 0.0,
+    ) -> list[tuple[int, ...]]:
         """The nodes :meth:`retrieve` lays out: paths below the root, prefix-closed, in priority order."""
         enough = max(1, int(self.min_fraction * max_nodes))
         best: list[tuple[int, ...]] = []
         for n in range(min(n_max, len(context)), 0, -1):
             prefix = tuple(context[-n:])
-            nodes = _merge([t.top_subtree(prefix, max_nodes, self.max_depth, min_prob)
-                            for t in (temporary, self.trie) if t], max_nodes)
+            nodes = _merge(
+                [t.top_subtree(prefix, max_nodes, self.max_depth, min_prob) for t in (temporary, self.trie) if t],
+                max_nodes,
+            )
             if len(nodes) > len(best):
                 best = nodes
             if len(best) >= enough:
@@ -100,10 +117,13 @@ class RetrievalPool:
 class PoolDrafter(Drafter):
     """Per-request drafter: the pool's permanent branches plus this request's temporary ones."""
 
-    def __init__(self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int,
-                 min_prob: float = 0.0):
+    def __init__(
+        self, pool: RetrievalPool, prompt_ids: Sequence[int], max_nodes: int, n_max: int, min_prob: float = 0.0
+    ):
         if max_nodes < 0 or n_max < 1 or not 0.0 <= min_prob < 1.0:
-            raise ValueError(f"need max_nodes >= 0, n_max >= 1, 0 <= min_prob < 1; got {max_nodes}, {n_max}, {min_prob}")
+            raise ValueError(
+                f"need max_nodes >= 0, n_max >= 1, 0 <= min_prob < 1; got {max_nodes}, {n_max}, {min_prob}"
+            )
         self.pool, self.max_nodes, self.n_max, self.min_prob = pool, max_nodes, n_max, min_prob
         self.temporary: OwnText | None = OwnText(pool.trie.window, prompt_ids, longest=n_max)
         self._match: tuple[int, int] | None = None  # (context length, match_length) of the last match asked
@@ -137,7 +157,7 @@ class PoolDrafter(Drafter):
         request's text or the pool: retrieval drafts nothing when it is 0."""
         n, top = 0, min(self.n_max, len(context))
         own = self._own()
-        while n < top and (own.follows(context[-n - 1:]) or self.pool.trie.follows(context[-n - 1:])):
+        while n < top and (own.follows(context[-n - 1 :]) or self.pool.trie.follows(context[-n - 1 :])):
             n += 1
         self._match = (len(context), n)
         return n

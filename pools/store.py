@@ -21,6 +21,7 @@ a reader sees either the old or the new store, and a build killed midway leaves 
 manifest names are removed by the next commit. Stores of format 1 (one file per pool) are not read: the
 next build replaces them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -66,8 +67,9 @@ class TokenizerFingerprint:
     def of(cls, tokenizer: Any) -> TokenizerFingerprint:
         """Fingerprint a Hugging Face tokenizer (name_or_path + sha256 of the sorted vocabulary)."""
         vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
-        return cls(str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
-                   hashlib.sha256(vocab).hexdigest())
+        return cls(
+            str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__), hashlib.sha256(vocab).hexdigest()
+        )
 
 
 def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
@@ -77,8 +79,9 @@ def _to_arrow(texts: Sequence[Sequence[int]]) -> pa.Table:
     return pa.table({_COLUMN: pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, pa.int32()))})
 
 
-def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequence[int]]]],
-               snapshot: bool = False) -> dict[str, dict[str, Any]]:
+def write_part(
+    directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequence[int]]]], snapshot: bool = False
+) -> dict[str, dict[str, Any]]:
     """Write the texts of ``pools`` ((key, token-id texts) pairs) as one part file under a new name (and, with
     ``snapshot``, each pool's built trie); returns their manifest entries. Nothing is visible before
     :func:`commit_store` names them."""
@@ -111,8 +114,13 @@ def write_part(directory: str | Path, pools: Sequence[tuple[str, Sequence[Sequen
     return entries
 
 
-def commit_store(directory: str | Path, entries: Mapping[str, Mapping[str, Any]], tokenizer: TokenizerFingerprint,
-                 meta: Mapping[str, Any] | None = None, members: pa.Table | None = None) -> PoolStore:
+def commit_store(
+    directory: str | Path,
+    entries: Mapping[str, Mapping[str, Any]],
+    tokenizer: TokenizerFingerprint,
+    meta: Mapping[str, Any] | None = None,
+    members: pa.Table | None = None,
+) -> PoolStore:
     """Name ``entries`` (from :func:`write_part`, this build's or kept from the last) in a new manifest, with
     the ``members`` table of this build; then remove the files no entry names."""
     directory = Path(directory)
@@ -121,8 +129,13 @@ def commit_store(directory: str | Path, entries: Mapping[str, Mapping[str, Any]]
     if members is not None:
         members_file = f"members-{uuid.uuid4().hex[:12]}.parquet"
         atomic_write(directory / members_file, lambda tmp: pq.write_table(members, tmp))
-    manifest = {"format_version": FORMAT_VERSION, "tokenizer": asdict(tokenizer), "meta": dict(meta or {}),
-                "members": members_file, "pools": {key: dict(entries[key]) for key in sorted(entries)}}
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": asdict(tokenizer),
+        "meta": dict(meta or {}),
+        "members": members_file,
+        "pools": {key: dict(entries[key]) for key in sorted(entries)},
+    }
     atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
     keep = {e.get(f) for e in entries.values() for f in ("file", "snapshot")} | {members_file}
     for stale in [*directory.glob("p*-*.arrow"), *directory.glob("pool-*.pkl"), *directory.glob("members-*.parquet")]:
@@ -132,9 +145,13 @@ def commit_store(directory: str | Path, entries: Mapping[str, Mapping[str, Any]]
     return PoolStore(directory, manifest)
 
 
-def write_store(directory: str | Path, texts: Mapping[str, Sequence[Sequence[int]]],
-                tokenizer: TokenizerFingerprint, meta: Mapping[str, Any] | None = None,
-                snapshot: bool = True) -> PoolStore:
+def write_store(
+    directory: str | Path,
+    texts: Mapping[str, Sequence[Sequence[int]]],
+    tokenizer: TokenizerFingerprint,
+    meta: Mapping[str, Any] | None = None,
+    snapshot: bool = True,
+) -> PoolStore:
     """Persist ``texts`` (pool key -> token-id texts, e.g. ``PoolSources.texts``) under ``directory``, in one
     part. With ``snapshot`` (default) each pool is also built and saved as plain integers, so that loading skips
     the trie build (a 2,000-text pool: about 0.5 s instead of 2.3 s on a 2-core CPU)."""
@@ -155,10 +172,15 @@ def _read_snapshot(path: Path) -> RetrievalPool:
     with pa.memory_map(str(path)) as source:
         table = pa.ipc.open_file(source).read_all()
     settings = json.loads(table.schema.metadata[b"laser_pool"])
-    pool = RetrievalPool(window=int(settings["window"]), max_depth=settings["max_depth"],
-                         min_fraction=settings["min_fraction"], max_trie_nodes=settings["max_trie_nodes"])
-    pool.trie = TokenTrie.from_state(pool.trie.window, int(settings["nodes"]),
-                                     table.column("state").to_numpy().tolist())
+    pool = RetrievalPool(
+        window=int(settings["window"]),
+        max_depth=settings["max_depth"],
+        min_fraction=settings["min_fraction"],
+        max_trie_nodes=settings["max_trie_nodes"],
+    )
+    pool.trie = TokenTrie.from_state(
+        pool.trie.window, int(settings["nodes"]), table.column("state").to_numpy().tolist()
+    )
     pool.texts = int(settings["texts"])
     return pool
 
@@ -186,15 +208,18 @@ class PoolStore:
             raise PoolStoreError(f"{directory}: no pool store ({MANIFEST} missing)")
         manifest = json.loads(path.read_text())
         if manifest.get("format_version") != FORMAT_VERSION:
-            raise PoolStoreError(f"{path}: format version {manifest.get('format_version')!r}, "
-                                 f"this code reads version {FORMAT_VERSION}")
+            raise PoolStoreError(
+                f"{path}: format version {manifest.get('format_version')!r}, this code reads version {FORMAT_VERSION}"
+            )
         if tokenizer is not None:
             expected = tokenizer if isinstance(tokenizer, TokenizerFingerprint) else TokenizerFingerprint.of(tokenizer)
             stored = TokenizerFingerprint(**manifest["tokenizer"])
             if stored != expected:
-                raise PoolStoreError(f"{directory}: pools were built with tokenizer {stored.name!r} "
-                                     f"(vocab sha256 {stored.vocab_sha256[:12]}), not {expected.name!r} "
-                                     f"(vocab sha256 {expected.vocab_sha256[:12]}); rebuild the pools")
+                raise PoolStoreError(
+                    f"{directory}: pools were built with tokenizer {stored.name!r} "
+                    f"(vocab sha256 {stored.vocab_sha256[:12]}), not {expected.name!r} "
+                    f"(vocab sha256 {expected.vocab_sha256[:12]}); rebuild the pools"
+                )
         return cls(directory, manifest)
 
     def keys(self) -> list[str]:
@@ -220,7 +245,7 @@ class PoolStore:
             if not isinstance(column, (pa.ListArray, pa.LargeListArray)):
                 raise PoolStoreError(f"{path}: column {_COLUMN!r} is {column.type}, not a list of token ids")
             values, offsets = column.values.to_numpy(), column.offsets.to_numpy()
-            return [values[offsets[i]:offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
+            return [values[offsets[i] : offsets[i + 1]].tolist() for i in range(len(offsets) - 1)]
 
     def check(self, key: str) -> Path:
         """The part file of pool ``key``, its checksum checked (once per file); :class:`PoolStoreError` when corrupt."""
@@ -228,8 +253,10 @@ class PoolStore:
         path: Path = self.directory / entry["file"]
         if entry["file"] not in self._verified:
             if entry.get("sha256") and (not path.exists() or _sha256(path) != entry["sha256"]):
-                raise PoolStoreError(f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
-                                     "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)")
+                raise PoolStoreError(
+                    f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
+                    "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)"
+                )
             self._verified.add(entry["file"])
         return path
 
@@ -245,17 +272,25 @@ class PoolStore:
             snapshot = entry.get("snapshot")
             if snapshot and not snapshot.endswith(SNAPSHOT_SUFFIX):  # an older store's pickle: never loaded
                 snapshot = None
-            if snapshot and entry.get("snapshot_sha256") and \
-                    _sha256(self.directory / snapshot) != entry["snapshot_sha256"]:
-                log.error("%s: snapshot checksum mismatch; rebuilding pool %r from its texts", self.directory / snapshot,
-                          key)
+            if (
+                snapshot
+                and entry.get("snapshot_sha256")
+                and _sha256(self.directory / snapshot) != entry["snapshot_sha256"]
+            ):
+                log.error(
+                    "%s: snapshot checksum mismatch; rebuilding pool %r from its texts", self.directory / snapshot, key
+                )
                 snapshot = None
             if snapshot:
                 try:
                     self._pools[key] = _read_snapshot(self.directory / snapshot)
                 except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
-                    log.error("%s: unreadable snapshot (%s); rebuilding pool %r from its texts",
-                              self.directory / snapshot, exc, key)
+                    log.error(
+                        "%s: unreadable snapshot (%s); rebuilding pool %r from its texts",
+                        self.directory / snapshot,
+                        exc,
+                        key,
+                    )
                     snapshot = None
             if not snapshot:
                 self._pools[key] = materialize(self.token_ids(key))

@@ -5,6 +5,7 @@ the window's path counts one more pass. A node's count is therefore the number o
 token sequence (for sequences no longer than the window), and counts never grow going down a branch:
 the most frequent K nodes under any node always form a connected subtree.
 """
+
 from __future__ import annotations
 
 import gc
@@ -47,7 +48,7 @@ class TokenTrie:
         """
         tokens = tuple(tokens)
         for start in range(max(0, old_len - self.window + 1), len(tokens)):
-            key = tokens[start:start + self.window]
+            key = tokens[start : start + self.window]
             self._trie.setdefault(key, 0)
             steps = self._trie.walk_towards(key)
             next(steps)  # the root (empty key)
@@ -57,8 +58,9 @@ class TokenTrie:
                     self._nodes += not old
                     step.value = (old or 0) + 1
 
-    def top_subtree(self, prefix: Sequence[int], limit: int, max_depth: int,
-                    min_prob: float = 0.0) -> list[tuple[tuple[int, ...], int]]:
+    def top_subtree(
+        self, prefix: Sequence[int], limit: int, max_depth: int, min_prob: float = 0.0
+    ) -> list[tuple[tuple[int, ...], int]]:
         """The ``limit`` most frequent nodes below ``prefix`` (at most ``max_depth`` deeper), best first.
 
         ``min_prob`` drops nodes seen in less than that share of the prefix's occurrences (their
@@ -75,7 +77,7 @@ class TokenTrie:
 
         def push(children: Iterable[_Node]) -> None:
             for path, count, grandchildren in children:
-                heapq.heappush(heap, (-(count or 0), next(tie), tuple(path[len(prefix):]), grandchildren))
+                heapq.heappush(heap, (-(count or 0), next(tie), tuple(path[len(prefix) :]), grandchildren))
 
         push(root[2])
         floor = min_prob * (root[1] or 0)

@@ -3,6 +3,7 @@
 Teams that already train a recommender can skip LightGCN and hand its vectors in: one Parquet file with
 an id column and a vector column (list or fixed-size list of floats).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,16 +64,22 @@ class Embeddings:
         return Embeddings(list(ids), self.vectors[[position[e] for e in ids]])
 
 
-def save_embeddings(embeddings: Embeddings, path: str | Path, id_column: str = "id",
-                    vector_column: str = "embedding") -> None:
+def save_embeddings(
+    embeddings: Embeddings, path: str | Path, id_column: str = "id", vector_column: str = "embedding"
+) -> None:
     """Write ``embeddings`` to ``path`` (Parquet, the layout :func:`load_embeddings` reads), atomically."""
-    frame = pl.DataFrame({id_column: pl.Series(embeddings.ids, dtype=pl.Utf8),
-                          vector_column: pl.Series(embeddings.vectors, dtype=pl.Array(pl.Float32, embeddings.dim))})
+    frame = pl.DataFrame(
+        {
+            id_column: pl.Series(embeddings.ids, dtype=pl.Utf8),
+            vector_column: pl.Series(embeddings.vectors, dtype=pl.Array(pl.Float32, embeddings.dim)),
+        }
+    )
     atomic_write(path, frame.write_parquet)
 
 
-def load_embeddings(path: str | Path, id_column: str = "id", vector_column: str = "embedding",
-                    dim: int | None = None) -> Embeddings:
+def load_embeddings(
+    path: str | Path, id_column: str = "id", vector_column: str = "embedding", dim: int | None = None
+) -> Embeddings:
     """Read ``path`` (Parquet) into validated :class:`Embeddings`.
 
     Every vector must have the same width (``dim`` when given, else the first row's); ids are cast to
@@ -91,14 +98,17 @@ def load_embeddings(path: str | Path, id_column: str = "id", vector_column: str 
         raise EmbeddingError(f"{path}: column {vector_column!r} must hold lists of floats, got {vectors.dtype}")
     missing = (ids.is_null() | vectors.is_null()).arg_true().to_list()
     if missing:
-        raise EmbeddingError(f"{path}: missing id or vector in rows {missing[:_SHOW]} "
-                             f"(ids: {_name_some([str(ids[i]) for i in missing])})")
+        raise EmbeddingError(
+            f"{path}: missing id or vector in rows {missing[:_SHOW]} "
+            f"(ids: {_name_some([str(ids[i]) for i in missing])})"
+        )
     widths = vectors.list.len()
     expected = dim if dim is not None else (int(widths[0]) if len(widths) else 0)
     wrong = ids.filter(widths != expected).to_list()
     if wrong:
-        raise EmbeddingError(f"{path}: column {vector_column!r} must have width {expected}; "
-                             f"wrong width for ids: {_name_some(wrong)}")
+        raise EmbeddingError(
+            f"{path}: column {vector_column!r} must have width {expected}; wrong width for ids: {_name_some(wrong)}"
+        )
     matrix = np.asarray(vectors.explode().cast(pl.Float32).to_numpy(), dtype=np.float32).reshape(len(ids), expected)
     try:
         return Embeddings(ids.to_list(), matrix)

@@ -13,6 +13,7 @@ Attribute rules (documented contract):
   When attributes run out, a still-too-large group is cut into equal seeded random parts ``#0, #1, ...``.
 - Group ids join the values along the path with ``|``: "Drama|1990-1999".
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,8 +35,13 @@ log = logging.getLogger(__name__)
 GROUP_SCHEMA = pl.Schema({"entity_id": pl.Utf8, "group_id": pl.Utf8})
 
 
-def collaborative_groups(embeddings: Embeddings, n_clusters: int | None = None, target_group_size: int | None = None,
-                         seed: int = 0, minibatch_above: int = 50_000) -> pl.DataFrame:
+def collaborative_groups(
+    embeddings: Embeddings,
+    n_clusters: int | None = None,
+    target_group_size: int | None = None,
+    seed: int = 0,
+    minibatch_above: int = 50_000,
+) -> pl.DataFrame:
     """K-means over ``embeddings``; ``group_id`` is the cluster number as a string.
 
     Give ``n_clusters`` (the paper uses 3-10) or ``target_group_size`` (clusters = ceil(n / size)).
@@ -64,10 +70,10 @@ def collaborative_groups(embeddings: Embeddings, n_clusters: int | None = None, 
 class AttributeGrouping:
     """How to group by attributes; see the module docstring for the rules."""
 
-    hierarchy: Sequence[str]                  # e.g. ("genres", "year") or ("category", "sub_category")
+    hierarchy: Sequence[str]  # e.g. ("genres", "year") or ("category", "sub_category")
     max_group_size: int = 1000
     bucket_widths: dict[str, float] = field(default_factory=dict)  # e.g. {"year": 10, "age": 10}
-    split_target: str | None = None           # column a decision tree predicts to choose the split attribute
+    split_target: str | None = None  # column a decision tree predicts to choose the split attribute
     missing_value: str = "unknown"
     seed: int = 0
 
@@ -102,8 +108,14 @@ def _tree_choice(frame: pl.DataFrame, candidates: list[str], target: str, seed: 
     return candidates[int(np.argmax(importance))]  # argmax: ties go to hierarchy order
 
 
-def _split(frame: pl.DataFrame, path: str, remaining: list[str], config: AttributeGrouping,
-           rng: np.random.Generator, out: list[pl.DataFrame]) -> None:
+def _split(
+    frame: pl.DataFrame,
+    path: str,
+    remaining: list[str],
+    config: AttributeGrouping,
+    rng: np.random.Generator,
+    out: list[pl.DataFrame],
+) -> None:
     if len(frame) <= config.max_group_size:
         out.append(frame.select("entity_id", group_id=pl.lit(path)))
         return
@@ -134,9 +146,11 @@ def attribute_groups(table: pl.DataFrame, config: AttributeGrouping, id_column: 
     dupes = ids.filter(ids.is_duplicated()).unique().sort().to_list()
     if dupes:
         raise ValueError(f"attribute table has duplicate {id_column}s: {dupes[:5]}")
-    frame = table.select(pl.col(id_column).cast(pl.Utf8).alias("entity_id"),
-                         *[_attribute_values(table, c, config) for c in config.hierarchy],
-                         *([pl.col(config.split_target)] if config.split_target else []))
+    frame = table.select(
+        pl.col(id_column).cast(pl.Utf8).alias("entity_id"),
+        *[_attribute_values(table, c, config) for c in config.hierarchy],
+        *([pl.col(config.split_target)] if config.split_target else []),
+    )
     first, rest = config.hierarchy[0], list(config.hierarchy[1:])
     out: list[pl.DataFrame] = []
     rng = np.random.default_rng(config.seed)

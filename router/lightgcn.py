@@ -13,6 +13,7 @@ Early stopping scores a seeded sample of at most ``eval_users`` users, ``eval_ch
 a time. ``train_lightgcn(..., init=...)`` starts from an earlier run's layer-0 embeddings (matched by id)
 and trains ``warm_epochs`` epochs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,21 +40,21 @@ class LightGCNConfig:
 
     embedding_dim: int = 32
     num_layers: int = 3
-    positive_threshold: float = 4.0   # rating >= this is a positive interaction
+    positive_threshold: float = 4.0  # rating >= this is a positive interaction
     lr: float = 1e-2
-    weight_decay: float = 1e-4        # L2 on the layer-0 embeddings of the step's triples (BPR regulariser)
-    propagations_per_epoch: int = 4   # optimizer steps an epoch, each one full-graph propagation
-    batch_size: int = 4096            # BPR triples scored at once within a step (memory, not the step size)
+    weight_decay: float = 1e-4  # L2 on the layer-0 embeddings of the step's triples (BPR regulariser)
+    propagations_per_epoch: int = 4  # optimizer steps an epoch, each one full-graph propagation
+    batch_size: int = 4096  # BPR triples scored at once within a step (memory, not the step size)
     max_epochs: int = 300
-    warm_epochs: int = 30             # most epochs of a warm start (``init``); 0: always train from scratch
-    eval_every: int = 5               # epochs between recall@k evaluations
-    patience: int = 4                 # evaluations without improvement before stopping
-    holdout_fraction: float = 0.2     # share of each user's positives held out for early stopping
+    warm_epochs: int = 30  # most epochs of a warm start (``init``); 0: always train from scratch
+    eval_every: int = 5  # epochs between recall@k evaluations
+    patience: int = 4  # evaluations without improvement before stopping
+    holdout_fraction: float = 0.2  # share of each user's positives held out for early stopping
     k: int = 20
-    eval_users: int = 2000            # users (with held-out positives) sampled, seeded, for recall@k
-    eval_chunk: int = 256             # users scored at once against every item (fewer for large catalogues)
+    eval_users: int = 2000  # users (with held-out positives) sampled, seeded, for recall@k
+    eval_chunk: int = 256  # users scored at once against every item (fewer for large catalogues)
     seed: int = 0
-    device: str = "cpu"               # "cpu", "cuda" or "auto"
+    device: str = "cpu"  # "cpu", "cuda" or "auto"
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -120,7 +121,7 @@ class InteractionGraph:
     user_ids: list[str]
     item_ids: list[str]
     train: np.ndarray  # [n_train, 2] (user index, item index)
-    test: np.ndarray   # [n_test, 2]
+    test: np.ndarray  # [n_test, 2]
 
     @property
     def num_users(self) -> int:
@@ -140,8 +141,14 @@ def _check_known(frame: pl.DataFrame, column: str, known: list[str] | None) -> N
         raise ValueError(f"interactions name unknown {column}s: {shown}")
 
 
-def build_graph(interactions: pl.DataFrame, positive_threshold: float, holdout_fraction: float, seed: int,
-                known_users: list[str] | None = None, known_items: list[str] | None = None) -> InteractionGraph:
+def build_graph(
+    interactions: pl.DataFrame,
+    positive_threshold: float,
+    holdout_fraction: float,
+    seed: int,
+    known_users: list[str] | None = None,
+    known_items: list[str] | None = None,
+) -> InteractionGraph:
     """Index the positive interactions and hold out ``holdout_fraction`` of each user's positives.
 
     Nodes are the users/items with at least one positive. A user keeps at least one training positive;
@@ -152,9 +159,12 @@ def build_graph(interactions: pl.DataFrame, positive_threshold: float, holdout_f
             raise ValueError(f"interactions have no column {column!r} (columns: {interactions.columns})")
     _check_known(interactions, "user_id", known_users)
     _check_known(interactions, "item_id", known_items)
-    positives = (interactions.filter(pl.col("rating") >= positive_threshold)
-                 .select(pl.col("user_id").cast(pl.Utf8), pl.col("item_id").cast(pl.Utf8)).unique()
-                 .sort("user_id", "item_id"))
+    positives = (
+        interactions.filter(pl.col("rating") >= positive_threshold)
+        .select(pl.col("user_id").cast(pl.Utf8), pl.col("item_id").cast(pl.Utf8))
+        .unique()
+        .sort("user_id", "item_id")
+    )
     if positives.is_empty():
         raise ValueError(f"no interaction has rating >= {positive_threshold}: nothing to train on")
     user_ids = positives["user_id"].unique().sort().to_list()
@@ -225,7 +235,7 @@ class LightGCN(nn.Module):
             layer = _Propagate.apply(adjacency, layer)  # type: ignore[no-untyped-call]  # torch leaves apply untyped
             total = total + layer
         final = total / (self.num_layers + 1)
-        return final[: self.num_users], final[self.num_users:]
+        return final[: self.num_users], final[self.num_users :]
 
 
 def bpr_loss(users: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
@@ -279,8 +289,12 @@ def _train_step(model: LightGCN, adjacency: torch.Tensor, triples: torch.Tensor,
     for chunk in triples.split(config.batch_size):
         u, p, q = chunk.T
         nodes = torch.cat([u, p + model.num_users, q + model.num_users])
-        rows = [users[u].requires_grad_(), items[p].requires_grad_(), items[q].requires_grad_(),
-                layer0[nodes].requires_grad_()]
+        rows = [
+            users[u].requires_grad_(),
+            items[p].requires_grad_(),
+            items[q].requires_grad_(),
+            layer0[nodes].requires_grad_(),
+        ]
         loss = bpr_loss(*rows[:3]) * (len(chunk) / n)
         (loss + config.weight_decay * rows[3].pow(2).sum() / (2 * n)).backward()
         grad_users.index_add_(0, u, rows[0].grad)
@@ -295,8 +309,14 @@ def _train_step(model: LightGCN, adjacency: torch.Tensor, triples: torch.Tensor,
     return total
 
 
-def _train_epoch(model: LightGCN, adjacency: torch.Tensor, train: torch.Tensor, optimizer: torch.optim.Optimizer,
-                 config: LightGCNConfig, generator: torch.Generator) -> float:
+def _train_epoch(
+    model: LightGCN,
+    adjacency: torch.Tensor,
+    train: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    config: LightGCNConfig,
+    generator: torch.Generator,
+) -> float:
     """Every training positive once, with a fresh negative, in ``propagations_per_epoch`` steps; mean loss."""
     order = torch.randperm(len(train), generator=generator, device="cpu").to(train.device)
     negatives = torch.randint(model.num_items, (len(train),), generator=generator, device="cpu").to(train.device)
@@ -320,27 +340,39 @@ def _warm_start(model: LightGCN, graph: InteractionGraph, init: WarmStart, dim: 
         return False
     rows, vectors = [], []
     for ids, start, offset in ((graph.user_ids, init.users, 0), (graph.item_ids, init.items, graph.num_users)):
-        matched = (pl.DataFrame({"id": ids, "row": np.arange(len(ids))})
-                   .join(pl.DataFrame({"id": start.ids, "at": np.arange(len(start))}), on="id"))
+        matched = pl.DataFrame({"id": ids, "row": np.arange(len(ids))}).join(
+            pl.DataFrame({"id": start.ids, "at": np.arange(len(start))}), on="id"
+        )
         rows.append(matched["row"].to_numpy() + offset)
         vectors.append(start.vectors[matched["at"].to_numpy()])
     known = sum(len(r) for r in rows)
     if known < WARM_MIN_KNOWN * (graph.num_users + graph.num_items):
-        log.warning("LightGCN warm start knows %d of %d users and items: training from scratch",
-                    known, graph.num_users + graph.num_items)
+        log.warning(
+            "LightGCN warm start knows %d of %d users and items: training from scratch",
+            known,
+            graph.num_users + graph.num_items,
+        )
         return False
     with torch.no_grad():
         weight = model.embedding.weight
         weight[torch.as_tensor(np.concatenate(rows), dtype=torch.long, device=weight.device)] = torch.as_tensor(
-            np.concatenate(vectors), device=weight.device)
-    log.info("LightGCN warm start: %d of %d users and items start from the last run", known,
-             graph.num_users + graph.num_items)
+            np.concatenate(vectors), device=weight.device
+        )
+    log.info(
+        "LightGCN warm start: %d of %d users and items start from the last run",
+        known,
+        graph.num_users + graph.num_items,
+    )
     return True
 
 
-def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = None,
-                   known_users: list[str] | None = None, known_items: list[str] | None = None,
-                   init: LightGCNResult | WarmStart | None = None) -> LightGCNResult:
+def train_lightgcn(
+    interactions: pl.DataFrame,
+    config: LightGCNConfig | None = None,
+    known_users: list[str] | None = None,
+    known_items: list[str] | None = None,
+    init: LightGCNResult | WarmStart | None = None,
+) -> LightGCNResult:
     """Train LightGCN on canonical ``interactions`` (user_id, item_id, rating, ...) and return embeddings.
 
     Only users/items with at least one positive interaction get an embedding. With ``init`` (an earlier
@@ -352,8 +384,9 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     device = _resolve_device(config.device)
-    graph = build_graph(interactions, config.positive_threshold, config.holdout_fraction, config.seed,
-                        known_users, known_items)
+    graph = build_graph(
+        interactions, config.positive_threshold, config.holdout_fraction, config.seed, known_users, known_items
+    )
     adjacency = sparse_csr(normalized_adjacency(graph.train, graph.num_users, graph.num_items)).to(device)
     model = LightGCN(graph.num_users, graph.num_items, config.embedding_dim, config.num_layers).to(device)
     init = init.layer0 if isinstance(init, LightGCNResult) else init
@@ -382,20 +415,34 @@ def train_lightgcn(interactions: pl.DataFrame, config: LightGCNConfig | None = N
         else:
             waited += 1
             if waited >= config.patience:
-                log.info("LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
-                         epoch, config.k, best[0], best[1])
+                log.info(
+                    "LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
+                    epoch,
+                    config.k,
+                    best[0],
+                    best[1],
+                )
                 break
     bar.close()
     with torch.no_grad():
         model.embedding.weight.copy_(best[2])
         user_final, item_final = (t.cpu().numpy() for t in model(adjacency))
     layer0 = best[2].cpu().numpy()
-    start = WarmStart(Embeddings(graph.user_ids, layer0[: graph.num_users]),
-                      Embeddings(graph.item_ids, layer0[graph.num_users:]))
-    return LightGCNResult(Embeddings(graph.user_ids, user_final), Embeddings(graph.item_ids, item_final),
-                          best_recall=best[0], best_epoch=best[1], history=history,
-                          train_seconds=time.perf_counter() - started, layer0=start, epochs=epoch,
-                          epoch_seconds=epoch_time / max(epoch, 1), warm_started=warm)
+    start = WarmStart(
+        Embeddings(graph.user_ids, layer0[: graph.num_users]), Embeddings(graph.item_ids, layer0[graph.num_users :])
+    )
+    return LightGCNResult(
+        Embeddings(graph.user_ids, user_final),
+        Embeddings(graph.item_ids, item_final),
+        best_recall=best[0],
+        best_epoch=best[1],
+        history=history,
+        train_seconds=time.perf_counter() - started,
+        layer0=start,
+        epochs=epoch,
+        epoch_seconds=epoch_time / max(epoch, 1),
+        warm_started=warm,
+    )
 
 
 @dataclass
@@ -405,7 +452,7 @@ class EvalSample:
 
     users: np.ndarray  # [S] user indices
     train: np.ndarray  # [n, 2] (row in ``users``, item index)
-    test: np.ndarray   # [m, 2]
+    test: np.ndarray  # [m, 2]
 
 
 def eval_sample(graph: InteractionGraph, max_users: int, seed: int) -> EvalSample:

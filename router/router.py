@@ -9,6 +9,7 @@ attribute), ``"collaborative"`` (always), ``"attribute"`` (always), or a callabl
 entity without a collaborative group (no embedding) is routed to its attribute group and the reason
 says so. Every entity must have an attribute group: that is the fallback that always exists.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -24,8 +25,15 @@ from laser.files import atomic_write
 
 COLLABORATIVE, ATTRIBUTE = "collaborative", "attribute"
 POOL_KINDS = (COLLABORATIVE, ATTRIBUTE)
-ROUTING_SCHEMA = pa.schema([("entity_type", pa.string()), ("entity_id", pa.string()), ("pool_kind", pa.string()),
-                            ("group_id", pa.string()), ("reason", pa.string())])
+ROUTING_SCHEMA = pa.schema(
+    [
+        ("entity_type", pa.string()),
+        ("entity_id", pa.string()),
+        ("pool_kind", pa.string()),
+        ("group_id", pa.string()),
+        ("reason", pa.string()),
+    ]
+)
 
 
 @dataclass(frozen=True)
@@ -53,8 +61,10 @@ def _decide(info: EntityInfo, policy: Policy, warm_threshold: int) -> tuple[str,
         answer = policy(info)
         kind, reason = answer if isinstance(answer, tuple) else (answer, "custom policy")
         if kind not in POOL_KINDS:
-            raise ValueError(f"routing policy returned {kind!r} for {info.entity_type} {info.entity_id!r}; "
-                             f"expected one of {POOL_KINDS}")
+            raise ValueError(
+                f"routing policy returned {kind!r} for {info.entity_type} {info.entity_id!r}; "
+                f"expected one of {POOL_KINDS}"
+            )
         return kind, reason
     if policy == "warm_cold":
         if info.n_interactions >= warm_threshold:
@@ -76,9 +86,15 @@ def _group_map(groups: pl.DataFrame | None, what: str) -> dict[str, str]:
     return dict(zip(ids.to_list(), groups["group_id"].cast(pl.Utf8).to_list()))
 
 
-def route(entity_type: str, entity_ids: Sequence[str], attribute: pl.DataFrame,
-          collaborative: pl.DataFrame | None = None, counts: Mapping[str, int] | None = None,
-          policy: Policy = "warm_cold", warm_threshold: int = 5) -> pa.Table:
+def route(
+    entity_type: str,
+    entity_ids: Sequence[str],
+    attribute: pl.DataFrame,
+    collaborative: pl.DataFrame | None = None,
+    counts: Mapping[str, int] | None = None,
+    policy: Policy = "warm_cold",
+    warm_threshold: int = 5,
+) -> pa.Table:
     """Route every id of ``entity_ids`` to one pool; returns the routing table (see module docstring).
 
     ``attribute`` / ``collaborative`` are group frames ``(entity_id, group_id)`` from :mod:`router.groups`;
@@ -92,8 +108,9 @@ def route(entity_type: str, entity_ids: Sequence[str], attribute: pl.DataFrame,
     collab = _group_map(collaborative, "collaborative")
     no_attr = [e for e in ids if e not in attr]
     if no_attr:
-        raise ValueError(f"{len(no_attr)} {entity_type}s have no attribute group (the fallback every entity "
-                         f"needs): {no_attr[:5]}")
+        raise ValueError(
+            f"{len(no_attr)} {entity_type}s have no attribute group (the fallback every entity needs): {no_attr[:5]}"
+        )
     counts = counts or {}
     rows: dict[str, list[str | None]] = {name: [] for name in ROUTING_SCHEMA.names}
     for entity_id in ids:
@@ -115,9 +132,16 @@ def group_memberships(entity_type: str, attribute: pl.DataFrame, collaborative: 
     to it have little or none of their own.
     """
     parts = [(ATTRIBUTE, attribute)] + ([(COLLABORATIVE, collaborative)] if collaborative is not None else [])
-    frames = [g.select(pl.lit(entity_type).alias("entity_type"), pl.col("entity_id").cast(pl.Utf8),
-                       pl.lit(kind).alias("pool_kind"), pl.col("group_id").cast(pl.Utf8),
-                       pl.lit("membership").alias("reason")) for kind, g in parts]
+    frames = [
+        g.select(
+            pl.lit(entity_type).alias("entity_type"),
+            pl.col("entity_id").cast(pl.Utf8),
+            pl.lit(kind).alias("pool_kind"),
+            pl.col("group_id").cast(pl.Utf8),
+            pl.lit("membership").alias("reason"),
+        )
+        for kind, g in parts
+    ]
     return pl.concat(frames).to_arrow().cast(ROUTING_SCHEMA)
 
 

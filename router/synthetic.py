@@ -4,13 +4,13 @@ Users and items are split into ``n_clusters`` equal taste groups. A user rates m
 group, highly, and some random items, lowly; item popularity inside a group is Zipf-like, so a
 popularity baseline is meaningful but beatable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-
 
 
 @dataclass
@@ -22,8 +22,14 @@ class PlantedGraph:
     item_cluster: dict[str, int]
 
 
-def planted_interactions(n_users: int = 943, n_items: int = 1682, n_ratings: int = 100_000, n_clusters: int = 5,
-                         in_cluster: float = 0.8, seed: int = 0) -> PlantedGraph:
+def planted_interactions(
+    n_users: int = 943,
+    n_items: int = 1682,
+    n_ratings: int = 100_000,
+    n_clusters: int = 5,
+    in_cluster: float = 0.8,
+    seed: int = 0,
+) -> PlantedGraph:
     """Draw ``n_ratings`` distinct (user, item, rating, timestamp) rows with planted taste clusters.
 
     A share ``in_cluster`` of each user's ratings goes to their cluster's items (ratings 4-5), the rest
@@ -45,11 +51,17 @@ def planted_interactions(n_users: int = 943, n_items: int = 1682, n_ratings: int
         rows_i.append(np.concatenate([liked, other]))
         rows_r.append(np.concatenate([rng.integers(4, 6, len(liked)), rng.integers(1, 4, len(other))]))
     users, items, ratings = (np.concatenate(x) for x in (rows_u, rows_i, rows_r))
-    interactions = pl.DataFrame({
-        "user_id": [f"u{u}" for u in users],
-        "item_id": [f"i{i}" for i in items],
-        "rating": ratings.astype(np.float64),
-        "timestamp": rng.integers(880_000_000, 890_000_000, len(users)),
-    }, schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64})
-    return PlantedGraph(interactions, {f"u{u}": int(c) for u, c in enumerate(user_cluster)},
-                        {f"i{i}": int(c) for i, c in enumerate(item_cluster)})
+    interactions = pl.DataFrame(
+        {
+            "user_id": [f"u{u}" for u in users],
+            "item_id": [f"i{i}" for i in items],
+            "rating": ratings.astype(np.float64),
+            "timestamp": rng.integers(880_000_000, 890_000_000, len(users)),
+        },
+        schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64},
+    )
+    return PlantedGraph(
+        interactions,
+        {f"u{u}": int(c) for u, c in enumerate(user_cluster)},
+        {f"i{i}": int(c) for i, c in enumerate(item_cluster)},
+    )

@@ -14,6 +14,7 @@ the JSON.
 
 Each checkout runs with its own code first on the path (the same venv, the machine's caches).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,14 @@ from pathlib import Path
 
 def run_once(checkout: Path, argv: list[str], env_path: Path) -> None:
     cmd = [sys.executable, "-c", "from jobs.cli import app; app()", *argv]
-    subprocess.run(cmd, cwd=checkout, env={**os.environ, "PYTHONPATH": str(env_path)}, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        cmd,
+        cwd=checkout,
+        env={**os.environ, "PYTHONPATH": str(env_path)},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def decode_figures(checkout: Path, bench_args: list[str], out: Path) -> dict[str, float]:
@@ -41,7 +48,9 @@ def decode_figures(checkout: Path, bench_args: list[str], out: Path) -> dict[str
 def quality_figures(name: str, quality: dict[str, float]) -> dict[str, float]:
     """A pass's written rows: ended, degenerate and fragment shares and grounding, in percent."""
     keys = {"ended %": "ended_share", "degenerate %": "degenerate_share", "grounding %": "grounding"}
-    figures = {f"{name} pass {label}": 100 * quality[key] for label, key in keys.items() if quality.get(key) is not None}
+    figures = {
+        f"{name} pass {label}": 100 * quality[key] for label, key in keys.items() if quality.get(key) is not None
+    }
     if quality.get("n"):
         figures[f"{name} pass fragment %"] = 100 * quality.get("fragment", 0) / quality["n"]
     return figures
@@ -76,27 +85,47 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("bench-revisions.json"))
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
-    args, extra = ap.parse_args(argv[:cut]), argv[cut + 1:]
+    args, extra = ap.parse_args(argv[:cut]), argv[cut + 1 :]
     runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for label, checkout in (("before", args.before), ("after", args.after)):
                 out = Path(tmp) / f"{label}-{r}"
                 sets = [a for kv in getattr(args, f"{label}_set") for a in ("--set", kv)]
-                figures = (job_figures(checkout.resolve(), args.job, extra + sets, out) if args.job else
-                           decode_figures(checkout.resolve(), extra, out.with_suffix(".json")))
+                figures = (
+                    job_figures(checkout.resolve(), args.job, extra + sets, out)
+                    if args.job
+                    else decode_figures(checkout.resolve(), extra, out.with_suffix(".json"))
+                )
                 runs[label].append(figures)
                 print(f"round {r + 1} {label}: " + ", ".join(f"{k} {v:.1f}" for k, v in figures.items()), flush=True)
     names = [m for m in runs["after"][0] if all(m in x for x in runs["before"] + runs["after"])]
-    table = {m: {"before": statistics.median(x[m] for x in runs["before"]),
-                 "after": statistics.median(x[m] for x in runs["after"])} for m in names}
+    table = {
+        m: {
+            "before": statistics.median(x[m] for x in runs["before"]),
+            "after": statistics.median(x[m] for x in runs["after"]),
+        }
+        for m in names
+    }
     print(f"\n{'figure (median)':32s} {'before':>10s} {'after':>10s} {'after/before':>12s}")
     for m, v in table.items():
         ratio = f"{v['after'] / v['before']:12.2f}" if v["before"] else f"{'-':>12s}"
         print(f"{m:32s} {v['before']:10.1f} {v['after']:10.1f} {ratio}")
-    args.json.write_text(json.dumps({"job": str(args.job) if args.job else None, "args": extra, "rounds": args.rounds,
-                                     "before_set": args.before_set, "after_set": args.after_set,
-                                     "runs": runs, "median": table, "load_avg": os.getloadavg()}, indent=1))
+    args.json.write_text(
+        json.dumps(
+            {
+                "job": str(args.job) if args.job else None,
+                "args": extra,
+                "rounds": args.rounds,
+                "before_set": args.before_set,
+                "after_set": args.after_set,
+                "runs": runs,
+                "median": table,
+                "load_avg": os.getloadavg(),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the target, measured here on one thread.
 
     python scripts/compare_drafts.py OUTPUT_PATH/draft-training NAME... [--json OUT]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,13 +32,20 @@ def main() -> None:
         report = json.loads((args.work_root / name / "report.json").read_text())
         draft = laser.load_model(name, device="cpu", dtype="float32").model
         ms = step_ms(draft)
-        rows[name] = {"init": report["settings"]["init"], "steps": report["steps"], "step_ms": ms,
-                      "cost_vs_target": ms / rows["target"]["step_ms"], "agreement_before": report["agreement_before"],
-                      "agreement_after": report["agreement_after"],
-                      "agreement_per_cost": report["agreement_after"] / (ms / rows["target"]["step_ms"])}
-        print(f"{name:28s} {rows[name]['init']:12s} {report['steps']:4d} steps  agreement "
-              f"{report['agreement_before']:.1%} -> {report['agreement_after']:.1%}  step {ms:.1f} ms "
-              f"({rows[name]['cost_vs_target']:.2f} x target {rows['target']['step_ms']:.1f} ms)")
+        rows[name] = {
+            "init": report["settings"]["init"],
+            "steps": report["steps"],
+            "step_ms": ms,
+            "cost_vs_target": ms / rows["target"]["step_ms"],
+            "agreement_before": report["agreement_before"],
+            "agreement_after": report["agreement_after"],
+            "agreement_per_cost": report["agreement_after"] / (ms / rows["target"]["step_ms"]),
+        }
+        print(
+            f"{name:28s} {rows[name]['init']:12s} {report['steps']:4d} steps  agreement "
+            f"{report['agreement_before']:.1%} -> {report['agreement_after']:.1%}  step {ms:.1f} ms "
+            f"({rows[name]['cost_vs_target']:.2f} x target {rows['target']['step_ms']:.1f} ms)"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 

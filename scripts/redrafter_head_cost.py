@@ -1,4 +1,5 @@
 """Cost of one ReDrafter head beam step against one target decoding step on this machine (CPU, fp32)."""
+
 import json
 import sys
 import time

@@ -6,6 +6,7 @@ examples a `laser train-redrafter` run generated in its work folder (--generated
     python scripts/train_redrafter_bench_head.py --name smollm2-135m-redrafter --steps 150 \
         --generated /tmp/rd/runs/redrafter/smollm2-135m-redrafter --workdir /tmp/rd/bench-head
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,10 @@ def main() -> None:
         if time.perf_counter() - t0 > args.budget_s:
             break
         f = extract_features(lm, [(prompt, answer)], 1, desc="cached answers")
-        examples.append((prompt, answer, f.hidden[:len(answer) - 1].half()))
-    logging.info("%d of %d cached answers used (%.0f s of forwards)", len(examples), len(pairs), time.perf_counter() - t0)
+        examples.append((prompt, answer, f.hidden[: len(answer) - 1].half()))
+    logging.info(
+        "%d of %d cached answers used (%.0f s of forwards)", len(examples), len(pairs), time.perf_counter() - t0
+    )
     if args.generated:
         examples += generated_examples(args.generated)
     order = torch.randperm(len(examples), generator=torch.Generator().manual_seed(0)).tolist()

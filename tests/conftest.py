@@ -7,6 +7,7 @@ test measures one itself (``laser.cost.forward_cost`` is untouched). Ray runs on
 whose ``execution.engine`` is ``auto`` run on hf (``LASER_ENGINE=hf``): vLLM's start-up stays out of
 every test but the vLLM ones, which ask for it by name.
 """
+
 from __future__ import annotations
 
 import os
@@ -127,6 +128,7 @@ def _ray_shutdown():
 
 # ---- tiers: markers from the folder, run in order, timed -----------------------------------------
 
+
 def _tier(item: pytest.Item) -> str:
     parts = Path(str(item.fspath)).parts
     return next((t for t in TIERS if t in parts), "unit")
@@ -150,4 +152,6 @@ def pytest_runtest_protocol(item, nextitem):
 
 def pytest_terminal_summary(terminalreporter):
     if _SECONDS:
-        terminalreporter.write_line("time per tier: " + ", ".join(f"{t} {_SECONDS[t]:.0f}s" for t in TIERS if t in _SECONDS))
+        terminalreporter.write_line(
+            "time per tier: " + ", ".join(f"{t} {_SECONDS[t]:.0f}s" for t in TIERS if t in _SECONDS)
+        )

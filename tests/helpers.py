@@ -1,4 +1,5 @@
 """Helpers shared by the test tiers: tiny saved models, the target's own greedy decoding, random prompts."""
+
 from __future__ import annotations
 
 import random
@@ -25,7 +26,9 @@ def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    fast.chat_template = "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
+    )
     lm = laser.tiny_llama(vocab_size=len(fast), hidden_size=hidden_size, seed=0, eos_token_id=1)
     lm.model.config.max_position_embeddings = 4096
     lm.model.save_pretrained(path)
@@ -36,9 +39,13 @@ def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
 def greedy_reference(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     """The target's own greedy decoding through transformers ``generate``."""
     device = lm.model.device
-    out = lm.model.generate(torch.tensor([prompt_ids], device=device), max_new_tokens=max_new_tokens, do_sample=False,
-                            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device))
-    return out[0, len(prompt_ids):].tolist()
+    out = lm.model.generate(
+        torch.tensor([prompt_ids], device=device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=device),
+    )
+    return out[0, len(prompt_ids) :].tolist()
 
 
 def random_prompts(n: int, vocab: int, seed: int = 0, length: tuple[int, int] = (4, 20)) -> list[list[int]]:
@@ -51,11 +58,23 @@ def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict
     from pipelines.workers import encode_params
 
     return {
-        "entity_type": entity_type, "entity_id": f"u{i}", "knowledge": f"likes film {i}", "model": "m",
-        "decoder": "laser", "decoder_params": encode_params({"k": 2, "p": 0.1}), "prompt_version": "v1",
-        "pool_kind": "collaborative", "group_id": str(i % 2), "n_tokens": i, "target_forwards": max(1, i // 2),
-        "accepted_tokens": i - max(1, i // 2), "retrieval_s": 0.001, "generation_s": 0.5, "finish_reason": "eos",
-        "run_id": run_id, "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
+        "entity_type": entity_type,
+        "entity_id": f"u{i}",
+        "knowledge": f"likes film {i}",
+        "model": "m",
+        "decoder": "laser",
+        "decoder_params": encode_params({"k": 2, "p": 0.1}),
+        "prompt_version": "v1",
+        "pool_kind": "collaborative",
+        "group_id": str(i % 2),
+        "n_tokens": i,
+        "target_forwards": max(1, i // 2),
+        "accepted_tokens": i - max(1, i // 2),
+        "retrieval_s": 0.001,
+        "generation_s": 0.5,
+        "finish_reason": "eos",
+        "run_id": run_id,
+        "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
     }
 
 
@@ -63,15 +82,31 @@ def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0)
     """A knowledge-store row of run ``run_id`` generated now (+ ``offset_s``), with a source hash."""
     from pipelines.sharded_store import utc_now
 
-    return {"entity_type": etype, "entity_id": eid, "knowledge": text, "model": "m", "decoder": "laser",
-            "decoder_params": "{}", "prompt_version": "v", "pool_kind": None, "group_id": None, "n_tokens": 3,
-            "target_forwards": 3, "accepted_tokens": 0, "retrieval_s": 0.0, "generation_s": 0.1,
-            "finish_reason": "eos", "run_id": run_id, "generated_at": utc_now() + timedelta(seconds=offset_s),
-            "source_hash": f"{run_id}-{eid}"}
+    return {
+        "entity_type": etype,
+        "entity_id": eid,
+        "knowledge": text,
+        "model": "m",
+        "decoder": "laser",
+        "decoder_params": "{}",
+        "prompt_version": "v",
+        "pool_kind": None,
+        "group_id": None,
+        "n_tokens": 3,
+        "target_forwards": 3,
+        "accepted_tokens": 0,
+        "retrieval_s": 0.0,
+        "generation_s": 0.1,
+        "finish_reason": "eos",
+        "run_id": run_id,
+        "generated_at": utc_now() + timedelta(seconds=offset_s),
+        "source_hash": f"{run_id}-{eid}",
+    }
 
 
-def check_killed_actor_loses_no_row(engine: str, model: str, workers: int, requests, store: Path,
-                                    after_rows: int = 6) -> None:
+def check_killed_actor_loses_no_row(
+    engine: str, model: str, workers: int, requests, store: Path, after_rows: int = 6
+) -> None:
     """Stream ``requests`` (autoregressive, 48 new tokens) through ``workers`` knowledge actors on ``engine`` into
     the knowledge ``store`` (one row per shard); once ``after_rows`` rows are written, SIGKILL the first
     actor's process. Asserts that Ray restarted it and that every entity was written exactly once.

@@ -21,6 +21,7 @@ checkpoint; batches follow a seeded order per epoch, so a resumed run trains exa
 uninterrupted one. The draft is saved in the model cache (``laser.models.cached_model_dir(name)``),
 so ``decoder.params.draft: <name>`` loads it.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,24 +52,32 @@ log = logging.getLogger(__name__)
 class DraftTrainSettings:
     """How `laser train-draft` trains (CLI options)."""
 
-    name: str | None = None          # model-cache name; default "<model>-draft"
-    init: str = "truncate:2"         # truncate:N | fresh:LAYERS:HIDDEN
+    name: str | None = None  # model-cache name; default "<model>-draft"
+    init: str = "truncate:2"  # truncate:N | fresh:LAYERS:HIDDEN
     steps: int = 200
     batch_size: int = 4
     lr: float = 5e-4
     warmup: int = 10
-    max_prompt_tokens: int = 160     # prompt tokens kept before each response (its end)
-    max_new_tokens: int = 128        # budget of generated examples (when the store lacks them)
-    samples: int = 48                # examples wanted; the store's rows are topped up by greedy generation
+    max_prompt_tokens: int = 160  # prompt tokens kept before each response (its end)
+    max_new_tokens: int = 128  # budget of generated examples (when the store lacks them)
+    samples: int = 48  # examples wanted; the store's rows are topped up by greedy generation
     checkpoint_every: int = 25
-    positions: int = 32              # response positions per text in the loss (seeded sample per step)
+    positions: int = 32  # response positions per text in the loss (seeded sample per step)
     kl_weight: float = 0.1
     train_embeddings: bool = False
     seed: int = 0
     threads: int = 1
 
     def __post_init__(self) -> None:
-        for key in ("steps", "batch_size", "checkpoint_every", "samples", "positions", "max_prompt_tokens", "max_new_tokens"):
+        for key in (
+            "steps",
+            "batch_size",
+            "checkpoint_every",
+            "samples",
+            "positions",
+            "max_prompt_tokens",
+            "max_new_tokens",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"train-draft: {key} must be >= 1, got {getattr(self, key)}")
         if not self.lr > 0:
@@ -108,8 +117,10 @@ def parse_init(init: str) -> tuple[str, list[int]]:
     nums = rest.split(":") if rest else []
     want = {"truncate": 1, "fresh": 2}.get(kind)
     if want is None or len(nums) != want or not all(n.isdigit() and int(n) > 0 for n in nums):
-        raise ValueError(f"train-draft: init {init!r}: expected truncate:N (the target's first N layers) or "
-                         "fresh:LAYERS:HIDDEN (a small config), with positive integers")
+        raise ValueError(
+            f"train-draft: init {init!r}: expected truncate:N (the target's first N layers) or "
+            "fresh:LAYERS:HIDDEN (a small config), with positive integers"
+        )
     return kind, [int(n) for n in nums]
 
 
@@ -128,13 +139,22 @@ def fresh_draft(target: PreTrainedModel, layers: int, hidden: int, seed: int = 0
     from transformers import AutoModelForCausalLM
 
     cfg = target.config.to_dict()
-    head_dim = getattr(target.config, "head_dim", None) or target.config.hidden_size // target.config.num_attention_heads
+    head_dim = (
+        getattr(target.config, "head_dim", None) or target.config.hidden_size // target.config.num_attention_heads
+    )
     if hidden % head_dim:
         raise ValueError(f"train-draft: fresh hidden size {hidden} must be a multiple of the head size {head_dim}")
     heads = hidden // head_dim
-    cfg.update(num_hidden_layers=layers, hidden_size=hidden, intermediate_size=64 * round(hidden * 8 / 3 / 64),
-               num_attention_heads=heads, num_key_value_heads=max(1, heads // 3) if heads % 3 == 0 else heads,
-               head_dim=head_dim, tie_word_embeddings=True, layer_types=None)
+    cfg.update(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        intermediate_size=64 * round(hidden * 8 / 3 / 64),
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 3) if heads % 3 == 0 else heads,
+        head_dim=head_dim,
+        tie_word_embeddings=True,
+        layer_types=None,
+    )
     config = type(target.config).from_dict({k: v for k, v in cfg.items() if v is not None})
     torch.manual_seed(seed)
     draft = AutoModelForCausalLM.from_config(config)
@@ -157,6 +177,7 @@ def _input_weight(model: PreTrainedModel) -> torch.Tensor:
 
 # ---- data ---------------------------------------------------------------------------------------
 
+
 def _old_requests(cfg: JobConfig) -> tuple[list[Any], str]:
     """The job's old-knowledge requests (old histories, existing items) and the prompt domain."""
     from pipelines.knowledge.inputs import load_job_data
@@ -172,8 +193,14 @@ def _prompt_text(req: Any, lm: LoadedModel, cfg: JobConfig, domain: str) -> str:
 
     words = words_for_budget(cfg.generation.max_new_tokens)
     if req.entity_type == "user":
-        return user_prompt(req.history or [], domain, user_id=req.entity_id, tokenizer=lm.tokenizer,
-                           max_prompt_tokens=cfg.generation.max_prompt_tokens, max_words=words)
+        return user_prompt(
+            req.history or [],
+            domain,
+            user_id=req.entity_id,
+            tokenizer=lm.tokenizer,
+            max_prompt_tokens=cfg.generation.max_prompt_tokens,
+            max_words=words,
+        )
     return item_prompt(req.item or {"item_id": req.entity_id}, domain, max_words=words)
 
 
@@ -208,14 +235,17 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
         answers = greedy_knowledge(lm, prompts, s.max_new_tokens, desc="draft training texts")
         pairs += [(prompts[k], answers[k]) for k in sorted(prompts)]
     if len(pairs) < 2:
-        raise ValueError(f"train-draft: {len(pairs)} training texts: the job ({cfg.output.path}) has no old knowledge "
-                         "and no old prompts to generate it from")
+        raise ValueError(
+            f"train-draft: {len(pairs)} training texts: the job ({cfg.output.path}) has no old knowledge "
+            "and no old prompts to generate it from"
+        )
     return pairs
 
 
 @torch.inference_mode()
-def make_examples(target: PreTrainedModel, pairs: list[tuple[list[int], list[int]]],
-                  max_prompt_tokens: int) -> list[Example]:
+def make_examples(
+    target: PreTrainedModel, pairs: list[tuple[list[int], list[int]]], max_prompt_tokens: int
+) -> list[Example]:
     """Examples with the target's last hidden states at the response positions (one target forward each)."""
     out = []
     for prompt, answer in tqdm(pairs, desc="target hidden states", unit="text"):
@@ -225,14 +255,22 @@ def make_examples(target: PreTrainedModel, pairs: list[tuple[list[int], list[int
             continue
         hidden = target.base_model(input_ids=torch.tensor([ids])).last_hidden_state[0]
         start = len(prompt) - 1
-        out.append(Example(ids, start, hidden[start:len(ids) - 1].clone()))
+        out.append(Example(ids, start, hidden[start : len(ids) - 1].clone()))
     return out
 
 
 # ---- training -----------------------------------------------------------------------------------
 
-def _batch_loss(draft: PreTrainedModel, target: PreTrainedModel, proj: torch.nn.Module, batch: list[Example],
-                kl_weight: float, positions: int, rng: random.Random) -> torch.Tensor:
+
+def _batch_loss(
+    draft: PreTrainedModel,
+    target: PreTrainedModel,
+    proj: torch.nn.Module,
+    batch: list[Example],
+    kl_weight: float,
+    positions: int,
+    rng: random.Random,
+) -> torch.Tensor:
     """The distillation loss of a right-padded batch over up to ``positions`` response positions per text
     (a seeded sample: the vocabulary head dominates a small draft's cost)."""
     width = max(len(e.ids) for e in batch)
@@ -252,7 +290,7 @@ def agreement(draft: PreTrainedModel, target: PreTrainedModel, examples: list[Ex
     """Share of response positions where the draft's argmax is the target's (greedy acceptance proxy)."""
     hits = total = 0
     for e in examples:
-        hidden = draft.base_model(input_ids=torch.tensor([e.ids])).last_hidden_state[0, e.start:len(e.ids) - 1]
+        hidden = draft.base_model(input_ids=torch.tensor([e.ids])).last_hidden_state[0, e.start : len(e.ids) - 1]
         head_d, head_t = draft.get_output_embeddings(), target.get_output_embeddings()
         hits += int((head_d(hidden).argmax(-1) == head_t(e.target_hidden).argmax(-1)).sum())
         total += len(e.target_hidden)
@@ -283,8 +321,12 @@ def default_name(cfg: JobConfig, s: DraftTrainSettings) -> str:
     return s.name or f"{base}-draft-{s.init.replace(':', '')}"
 
 
-def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, float], None] | None = None,
-                lm: LoadedModel | None = None) -> TrainResult:
+def train_draft(
+    cfg: JobConfig,
+    s: DraftTrainSettings,
+    on_step: Callable[[int, float], None] | None = None,
+    lm: LoadedModel | None = None,
+) -> TrainResult:
     """Train (or resume) the draft for the job's target; save it in the model cache and plot the loss."""
     name = default_name(cfg, s)
     work, lm = start_run(cfg, "draft-training", name, s.threads, lm)
@@ -308,13 +350,29 @@ def train_draft(cfg: JobConfig, s: DraftTrainSettings, on_step: Callable[[int, f
         return _batch_loss(draft, target, proj, batch, s.kl_weight, s.positions, random.Random(s.seed * 7_919 + step))
 
     before = agreement(draft, target, test)
-    loop = LoopSettings(steps=s.steps, lr=s.lr, warmup=max(1, s.warmup), checkpoint_every=s.checkpoint_every,
-                        desc=f"train-draft {name}", decay=False)
+    loop = LoopSettings(
+        steps=s.steps,
+        lr=s.lr,
+        warmup=max(1, s.warmup),
+        checkpoint_every=s.checkpoint_every,
+        desc=f"train-draft {name}",
+        decay=False,
+    )
     res = run_steps(trained, step_loss, None, loop, work, {"init": s.init}, on_step)
-    result = TrainResult(name=name, path=str(save_draft(draft, lm, name)), work_dir=str(work), steps=res.steps,
-                         resumed_from=res.resumed_from, losses=res.losses, agreement_before=before,
-                         agreement_after=agreement(draft, target, test), examples=len(examples),
-                         train_s=res.seconds, draft_step_ms=step_ms(draft), target_step_ms=step_ms(target))
+    result = TrainResult(
+        name=name,
+        path=str(save_draft(draft, lm, name)),
+        work_dir=str(work),
+        steps=res.steps,
+        resumed_from=res.resumed_from,
+        losses=res.losses,
+        agreement_before=before,
+        agreement_after=agreement(draft, target, test),
+        examples=len(examples),
+        train_s=res.seconds,
+        draft_step_ms=step_ms(draft),
+        target_step_ms=step_ms(target),
+    )
     plot_losses(res.losses, work / "loss.png", name)
     (work / "report.json").write_text(json.dumps({**asdict(result), "settings": asdict(s)}, indent=1))
     return result
@@ -343,8 +401,14 @@ def save_draft(draft: PreTrainedModel, lm: LoadedModel, name: str) -> Path:
     return out
 
 
-def plot_losses(losses: list[float], path: Path, title: str, held: dict[int, float] | None = None,
-                ylabel: str = "distillation loss", command: str = "train-draft") -> Path:
+def plot_losses(
+    losses: list[float],
+    path: Path,
+    title: str,
+    held: dict[int, float] | None = None,
+    ylabel: str = "distillation loss",
+    command: str = "train-draft",
+) -> Path:
     """The loss curve (per step and a moving average; ``held``: held-out loss by step) as a PNG."""
     import matplotlib
 
@@ -354,7 +418,9 @@ def plot_losses(losses: list[float], path: Path, title: str, held: dict[int, flo
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(range(1, len(losses) + 1), losses, alpha=0.4, label="step")
     w = max(1, len(losses) // 20)
-    smooth = [sum(losses[max(0, i - w + 1):i + 1]) / len(losses[max(0, i - w + 1):i + 1]) for i in range(len(losses))]
+    smooth = [
+        sum(losses[max(0, i - w + 1) : i + 1]) / len(losses[max(0, i - w + 1) : i + 1]) for i in range(len(losses))
+    ]
     ax.plot(range(1, len(losses) + 1), smooth, label=f"mean of {w}")
     if held:
         steps = sorted(held)

@@ -7,6 +7,7 @@ interrupt (trainable weights, optimizer, losses). A re-run resumes from the chec
 is a pure function of the step (seeded order per epoch, :func:`batch_indices`), so a
 resumed run trains exactly as an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import logging
@@ -75,7 +76,7 @@ def batch_indices(n_examples: int, batch_size: int, step: int, seed: int) -> lis
     epoch, k = divmod(step, per_epoch)
     order = list(range(n_examples))
     random.Random(seed * 1_000_003 + epoch).shuffle(order)
-    return order[k * batch_size:(k + 1) * batch_size]
+    return order[k * batch_size : (k + 1) * batch_size]
 
 
 def lr_at(step: int, s: LoopSettings) -> float:
@@ -92,11 +93,18 @@ def trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def save_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, res: LoopResult,
-                    meta: dict[str, Any]) -> None:
+def save_checkpoint(
+    path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, res: LoopResult, meta: dict[str, Any]
+) -> None:
     weights = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    state = {"step": res.steps, "meta": meta, "weights": weights, "optimizer": opt.state_dict(),
-             "losses": res.losses, "held_losses": res.held_losses}
+    state = {
+        "step": res.steps,
+        "meta": meta,
+        "weights": weights,
+        "optimizer": opt.state_dict(),
+        "losses": res.losses,
+        "held_losses": res.held_losses,
+    }
     atomic_write_local(path, lambda tmp: torch.save(state, tmp))
 
 
@@ -109,29 +117,41 @@ def load_plain(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True)
     except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise JobInputError(f"{path}: not a plain tensor file, refused ({reason[:160]}); delete it to start "
-                            "over") from None
+        raise JobInputError(
+            f"{path}: not a plain tensor file, refused ({reason[:160]}); delete it to start over"
+        ) from None
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer,
-                    meta: dict[str, Any]) -> LoopResult:
+def load_checkpoint(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, meta: dict[str, Any]) -> LoopResult:
     ckpt = load_plain(path)
     if ckpt.get("meta") != meta:
-        raise ValueError(f"{path}: checkpoint of another training ({ckpt['meta']}), not {meta}; "
-                         "use another --name or delete the work directory")
+        raise ValueError(
+            f"{path}: checkpoint of another training ({ckpt['meta']}), not {meta}; "
+            "use another --name or delete the work directory"
+        )
     missing = set(ckpt["weights"]) - {n for n, _ in model.named_parameters()}
     if missing:
         raise ValueError(f"{path}: checkpoint weights {sorted(missing)[:3]} are not in the model")
     model.load_state_dict(ckpt["weights"], strict=False)
     opt.load_state_dict(ckpt["optimizer"])
     step = int(ckpt["step"])
-    return LoopResult(steps=step, resumed_from=step, losses=list(ckpt["losses"]),
-                      held_losses={int(k): v for k, v in ckpt["held_losses"].items()})
+    return LoopResult(
+        steps=step,
+        resumed_from=step,
+        losses=list(ckpt["losses"]),
+        held_losses={int(k): v for k, v in ckpt["held_losses"].items()},
+    )
 
 
-def run_steps(model: torch.nn.Module, step_loss: Callable[[int], torch.Tensor],
-              held_loss: Callable[[], float] | None, s: LoopSettings, work: Path, meta: dict[str, Any],
-              on_step: Callable[[int, float], None] | None = None) -> LoopResult:
+def run_steps(
+    model: torch.nn.Module,
+    step_loss: Callable[[int], torch.Tensor],
+    held_loss: Callable[[], float] | None,
+    s: LoopSettings,
+    work: Path,
+    meta: dict[str, Any],
+    on_step: Callable[[int, float], None] | None = None,
+) -> LoopResult:
     """Train (or resume) ``model``'s trainable parameters; ``step_loss(step)`` is the loss of a step's batch,
     ``held_loss()`` the held-out loss (no gradients; None: none). ``meta`` must match a checkpoint to resume it."""
     params = trainable(model)

@@ -12,6 +12,7 @@
 - :class:`PrefixRows` / :func:`model_beam_search`: constrained beam search with any per-step scoring (a
   draft/target mixture, the draft alone), each model's rows read off its prompt cache and tree-fed prefixes.
 """
+
 from __future__ import annotations
 
 import random
@@ -71,13 +72,21 @@ def ordered_histories(old: pl.DataFrame, items: pl.DataFrame) -> dict[str, tuple
     from pipelines.knowledge.prompts import user_histories
 
     entries = user_histories(old, items)
-    ids = {u: g["item_id"].to_list() for (u,), g in old.sort(["user_id", "timestamp", "item_id"]).group_by(
-        ["user_id"], maintain_order=True)}
+    ids = {
+        u: g["item_id"].to_list()
+        for (u,), g in old.sort(["user_id", "timestamp", "item_id"]).group_by(["user_id"], maintain_order=True)
+    }
     return {u: (entries[u], ids[u]) for u in entries}
 
 
-def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.1, eval_users: int = 8,
-             seed: int = 0, command: str = "train-recommender") -> RecData:
+def rec_data(
+    cfg: RecommendJobConfig,
+    lm: LoadedModel,
+    held_fraction: float = 0.1,
+    eval_users: int = 8,
+    seed: int = 0,
+    command: str = "train-recommender",
+) -> RecData:
     """The job's next-item examples, held-out users and evaluation prompts (clear errors on bad input)."""
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.recommend.items import item_identifiers, recommend_prompt
@@ -95,17 +104,23 @@ def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.
     mh = cfg.recommend.max_history
     examples: dict[str, list[RecExample]] = {}
     for user, (entries, ids) in sorted(hist.items()):
-        examples[user] = [RecExample(user, ids[i], encode(recommend_prompt(entries[:i], ds.domain, user, mh)),
-                                     codes[ids[i]] + [end]) for i in range(1, len(ids)) if ids[i] in codes]
+        examples[user] = [
+            RecExample(user, ids[i], encode(recommend_prompt(entries[:i], ds.domain, user, mh)), codes[ids[i]] + [end])
+            for i in range(1, len(ids))
+            if ids[i] in codes
+        ]
     users = [u for u in sorted(examples) if examples[u]]
     if not users:
-        raise _fail(f"{command}: no user has two old interactions (split.max_hist={cfg.split.max_hist}, "
-                    f"{split.old_interactions.height} old interactions): nothing to learn the next item from")
+        raise _fail(
+            f"{command}: no user has two old interactions (split.max_hist={cfg.split.max_hist}, "
+            f"{split.old_interactions.height} old interactions): nothing to learn the next item from"
+        )
     random.Random(seed).shuffle(users)
     n_held = max(1, round(len(users) * held_fraction)) if len(users) > 1 else 0
     held_users, train_users = sorted(users[:n_held]), sorted(users[n_held:])
-    out = RecData(trie, codes, [e for u in train_users for e in examples[u]],
-                  [e for u in held_users for e in examples[u]])
+    out = RecData(
+        trie, codes, [e for u in train_users for e in examples[u]], [e for u in held_users for e in examples[u]]
+    )
     held_items = held_out_items(split.new_interactions)
     for user in [u for u in sorted(held_items) if u in hist][:eval_users]:
         out.eval_users.append(user)
@@ -115,6 +130,7 @@ def rec_data(cfg: RecommendJobConfig, lm: LoadedModel, held_fraction: float = 0.
 
 
 # ---- forwards -----------------------------------------------------------------------------------
+
 
 def transformers_model(model: Any, what: str) -> PreTrainedModel:
     """``model`` as the transformers model it must be (a clear error naming ``what`` otherwise)."""
@@ -149,7 +165,7 @@ def identifier_logits(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int
     lm = _causal_lm(model)
     ids, mask = _padded([list(p) + list(s) for p, s in pairs])
     hidden = lm.base_model(input_ids=ids, attention_mask=mask).last_hidden_state
-    rows = torch.cat([hidden[b, len(p) - 1:len(p) + len(s) - 1] for b, (p, s) in enumerate(pairs)])
+    rows = torch.cat([hidden[b, len(p) - 1 : len(p) + len(s) - 1] for b, (p, s) in enumerate(pairs)])
     return lm.get_output_embeddings()(rows).float()
 
 
@@ -222,5 +238,8 @@ def beam_metrics(lm: LoadedModel, data: RecData, K: int) -> dict[str, float]:
     lm.model.eval()
     recs = ranking_decoder("beam", lm).recommend_batch(data.eval_prompts, data.trie, K)
     pairs = [user_metrics([i for i, _ in r.items], held, K) for r, held in zip(recs, data.eval_items)]
-    return {"users": float(len(pairs)), f"recall@{K}": sum(p[0] for p in pairs) / len(pairs),
-            f"ndcg@{K}": sum(p[1] for p in pairs) / len(pairs)}
+    return {
+        "users": float(len(pairs)),
+        f"recall@{K}": sum(p[0] for p in pairs) / len(pairs),
+        f"ndcg@{K}": sum(p[1] for p in pairs) / len(pairs),
+    }

@@ -11,6 +11,7 @@ Work directory ``<output work dir>/recommender-training/<name>/``: ``checkpoint.
 step). A re-run resumes from the checkpoint and trains exactly as an uninterrupted run. The result is
 saved in the model cache under ``name`` (``laser.load_model(name)``; ``--set model.name=<name>``).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,18 +39,18 @@ DEFAULT_LR = {"lora": 1e-3, "full": 5e-5}
 class RecTrainSettings:
     """How `laser train-recommender` trains (CLI options)."""
 
-    method: str = "lora"             # lora | full
-    name: str | None = None          # model-cache name; default "<model>-rec-<method>"
+    method: str = "lora"  # lora | full
+    name: str | None = None  # model-cache name; default "<model>-rec-<method>"
     steps: int = 60
     batch_size: int = 4
-    lr: float | None = None          # default: 1e-3 (lora), 5e-5 (full)
+    lr: float | None = None  # default: 1e-3 (lora), 5e-5 (full)
     warmup: int = 5
     lora_r: int = 8
     lora_alpha: int = 16
     checkpoint_every: int = 20
-    eval_every: int = 10             # steps between held-out losses
-    eval_users: int = 8              # users whose held-out new items rate the model before and after
-    held_fraction: float = 0.1       # users whose examples give the held-out loss
+    eval_every: int = 10  # steps between held-out losses
+    eval_users: int = 8  # users whose held-out new items rate the model before and after
+    held_fraction: float = 0.1  # users whose examples give the held-out loss
     seed: int = 0
     threads: int = 1
 
@@ -123,8 +124,10 @@ def held_out_loss(model: torch.nn.Module, examples: list[RecExample], batch_size
     if not examples:
         return float("nan")
     with torch.no_grad():
-        total = sum(float(rec_loss(model, examples[i:i + batch_size])) * len(examples[i:i + batch_size])
-                    for i in range(0, len(examples), batch_size))
+        total = sum(
+            float(rec_loss(model, examples[i : i + batch_size])) * len(examples[i : i + batch_size])
+            for i in range(0, len(examples), batch_size)
+        )
     return total / len(examples)
 
 
@@ -138,9 +141,12 @@ def _before(work: Path, lm: LoadedModel, data: RecData, K: int) -> dict[str, flo
     return metrics
 
 
-def train_recommender(cfg: RecommendJobConfig, s: RecTrainSettings,
-                      on_step: Callable[[int, float], None] | None = None,
-                      lm: LoadedModel | None = None) -> RecTrainResult:
+def train_recommender(
+    cfg: RecommendJobConfig,
+    s: RecTrainSettings,
+    on_step: Callable[[int, float], None] | None = None,
+    lm: LoadedModel | None = None,
+) -> RecTrainResult:
     """Fine-tune (or resume), save in the model cache, evaluate, plot and report."""
     name = default_name(cfg, s)
     work, lm = start_run(cfg, "recommender-training", name, s.threads, lm)
@@ -153,20 +159,44 @@ def train_recommender(cfg: RecommendJobConfig, s: RecTrainSettings,
     def step_loss(step: int) -> torch.Tensor:
         return rec_loss(model, [data.train[i] for i in batch_indices(len(data.train), s.batch_size, step, s.seed)])
 
-    loop = LoopSettings(steps=s.steps, lr=s.peak_lr, warmup=s.warmup, checkpoint_every=s.checkpoint_every,
-                        eval_every=s.eval_every, desc=f"train-recommender {name}")
+    loop = LoopSettings(
+        steps=s.steps,
+        lr=s.peak_lr,
+        warmup=s.warmup,
+        checkpoint_every=s.checkpoint_every,
+        eval_every=s.eval_every,
+        desc=f"train-recommender {name}",
+    )
     meta = {"method": s.method, "model": cfg.model.name, "lora_r": s.lora_r if s.method == "lora" else None}
     res = run_steps(model, step_loss, lambda: held_out_loss(model, data.held, s.batch_size), loop, work, meta, on_step)
     tuned = finish(model)
     path = save_draft(tuned, lm, name)
     out_lm = LoadedModel(tuned, lm.tokenizer, name)
     result = RecTrainResult(
-        name=name, path=str(path), work_dir=str(work), method=s.method, steps=res.steps,
-        resumed_from=res.resumed_from, trainable_params=n_train, total_params=sum(p.numel() for p in tuned.parameters()),
-        s_per_step=res.s_per_step, cpu_s_per_step=res.cpu_s_per_step, train_examples=len(data.train),
-        held_examples=len(data.held), before=before,
-        after=beam_metrics(out_lm, data, K), losses=res.losses, held_losses=res.held_losses)
-    plot_losses(res.losses, work / "loss.png", name, held=res.held_losses, ylabel="identifier cross-entropy",
-                command="train-recommender")
+        name=name,
+        path=str(path),
+        work_dir=str(work),
+        method=s.method,
+        steps=res.steps,
+        resumed_from=res.resumed_from,
+        trainable_params=n_train,
+        total_params=sum(p.numel() for p in tuned.parameters()),
+        s_per_step=res.s_per_step,
+        cpu_s_per_step=res.cpu_s_per_step,
+        train_examples=len(data.train),
+        held_examples=len(data.held),
+        before=before,
+        after=beam_metrics(out_lm, data, K),
+        losses=res.losses,
+        held_losses=res.held_losses,
+    )
+    plot_losses(
+        res.losses,
+        work / "loss.png",
+        name,
+        held=res.held_losses,
+        ylabel="identifier cross-entropy",
+        command="train-recommender",
+    )
     (work / "report.json").write_text(json.dumps({**asdict(result), "K": K, "settings": asdict(s)}, indent=1))
     return result

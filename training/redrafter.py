@@ -13,6 +13,7 @@ from a generator seeded by (seed, step), so a resumed run draws what an uninterr
 Checkpoints every ``checkpoint_every`` steps (atomic); a killed run resumes from the last one. The head
 is written to ``<laser cache>/heads/<name>.pt`` with a loss/accuracy curve PNG and JSON beside it.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,10 +41,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainSettings:
-    kind: str = "shortlist"      # full | tied | shortlist (see laser.decoders.redrafter.head)
-    shortlist: int = 4096        # tokens of a shortlist head: the most frequent in the training answers
-    blocks: int = 2              # residual blocks
-    depth: int = 4               # future tokens predicted per position (T = beam_length - 1)
+    kind: str = "shortlist"  # full | tied | shortlist (see laser.decoders.redrafter.head)
+    shortlist: int = 4096  # tokens of a shortlist head: the most frequent in the training answers
+    blocks: int = 2  # residual blocks
+    depth: int = 4  # future tokens predicted per position (T = beam_length - 1)
     steps: int = 300
     batch_positions: int = 256
     lr: float = 1e-3
@@ -61,6 +62,7 @@ class TrainSettings:
 
 # ---- data -----------------------------------------------------------------------------------------
 
+
 @dataclass
 class Features:
     """Teacher-forcing examples: the target's hidden state at a position and the next 1 + T tokens."""
@@ -70,8 +72,12 @@ class Features:
 
 
 @torch.no_grad()
-def extract_features(lm: laser.LoadedModel, sequences: Sequence[tuple[list[int], list[int]]], depth: int,
-                     desc: str = "target hidden states") -> Features:
+def extract_features(
+    lm: laser.LoadedModel,
+    sequences: Sequence[tuple[list[int], list[int]]],
+    depth: int,
+    desc: str = "target hidden states",
+) -> Features:
     """One frozen target forward per (prompt, answer): an example at every position whose next token is
     an answer token."""
     hiddens, tokens = [], []
@@ -81,7 +87,7 @@ def extract_features(lm: laser.LoadedModel, sequences: Sequence[tuple[list[int],
         ids = prompt + answer
         out = lm.model(torch.tensor([ids]), output_hidden_states=True)
         start = len(prompt) - 1  # h at the last prompt token predicts answer[0]
-        h = out.hidden_states[-1][0, start:len(ids) - 1].float().cpu()  # one per answer token
+        h = out.hidden_states[-1][0, start : len(ids) - 1].float().cpu()  # one per answer token
         padded = torch.tensor(answer + [-100] * (depth + 1))
         idx = torch.arange(len(answer))[:, None] + torch.arange(depth + 1)[None, :]
         hiddens.append(h)
@@ -108,8 +114,14 @@ class _HiddenRecorder(Drafter):
 Example = tuple[list[int], list[int], torch.Tensor | None]  # prompt, answer, hidden states (None: recompute)
 
 
-def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_new_tokens: int, workdir: Path,
-                      batch: int = 8, progress: bool = True) -> list[Example]:
+def generate_examples(
+    lm: laser.LoadedModel,
+    prompts: Sequence[list[int]],
+    max_new_tokens: int,
+    workdir: Path,
+    batch: int = 8,
+    progress: bool = True,
+) -> list[Example]:
     """The target's greedy answers with the hidden state at every answer position, captured during
     generation (no second forward); saved after every batch in ``workdir`` so a killed run keeps them."""
     path = workdir / "generated.pt"
@@ -118,14 +130,16 @@ def generate_examples(lm: laser.LoadedModel, prompts: Sequence[list[int]], max_n
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
     todo = [list(p) for p in dict.fromkeys(tuple(p) for p in prompts) if p not in have]
     for start in tqdm(range(0, len(todo), batch), desc="target greedy answers", unit="batch", disable=not progress):
-        chunk = todo[start:start + batch]
+        chunk = todo[start : start + batch]
         recorders = [_HiddenRecorder() for _ in chunk]
-        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=rec, max_new_tokens=max_new_tokens)
-                for p, rec in zip(chunk, recorders)]
+        reqs = [
+            Request(tokens=list(p), prompt_len=len(p), drafter=rec, max_new_tokens=max_new_tokens)
+            for p, rec in zip(chunk, recorders)
+        ]
         engine.run(reqs)
         for r, rec in zip(reqs, recorders):
             hidden = torch.stack(rec.hidden) if rec.hidden else torch.zeros(0, lm.model.config.hidden_size)
-            example = (r.tokens[:r.prompt_len], r.new_tokens, hidden.half())
+            example = (r.tokens[: r.prompt_len], r.new_tokens, hidden.half())
             kept.append(example)
             have[tuple(example[0])] = example
         workdir.mkdir(parents=True, exist_ok=True)
@@ -174,8 +188,10 @@ def shortlist_tokens(answers: Sequence[list[int]], size: int, extra: Sequence[in
 
 # ---- training -------------------------------------------------------------------------------------
 
-def head_loss(head: RecurrentDraftHead, hidden: torch.Tensor, tokens: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+
+def head_loss(
+    head: RecurrentDraftHead, hidden: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Summed cross-entropy over the T depths (teacher forcing), and per-depth (hits, counted) tensors."""
     k = head.out_size
     to_head = torch.full((head.vocab_size,), -100, dtype=torch.long)
@@ -201,6 +217,7 @@ def _schedule(settings: TrainSettings):
         if step < warm:
             return (step + 1) / warm
         return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, settings.steps - warm)))
+
     return factor
 
 
@@ -209,14 +226,21 @@ def _batch(n: int, size: int, seed: int, step: int) -> torch.Tensor:
     return torch.randint(0, n, (min(size, n),), generator=g)
 
 
-def train_head(lm: laser.LoadedModel, feats: Features, settings: TrainSettings, workdir: Path,
-               shortlist: torch.Tensor | None = None, progress: bool = True) -> tuple[RecurrentDraftHead, list[dict]]:
+def train_head(
+    lm: laser.LoadedModel,
+    feats: Features,
+    settings: TrainSettings,
+    workdir: Path,
+    shortlist: torch.Tensor | None = None,
+    progress: bool = True,
+) -> tuple[RecurrentDraftHead, list[dict]]:
     """Train (or resume) a head on ``feats``; checkpoints under ``workdir``; returns the head and the history."""
     torch.manual_seed(settings.seed)
     lm.model.requires_grad_(False)
     head = RecurrentDraftHead(lm.model, settings.kind, settings.blocks, shortlist).float().train()
-    opt = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=settings.lr,
-                            weight_decay=settings.weight_decay)
+    opt = torch.optim.AdamW(
+        [p for p in head.parameters() if p.requires_grad], lr=settings.lr, weight_decay=settings.weight_decay
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(settings))
     history: list[dict[str, Any]] = []
     start = 0
@@ -225,8 +249,14 @@ def train_head(lm: laser.LoadedModel, feats: Features, settings: TrainSettings, 
         start, history = load_checkpoint(ckpt, head, opt, sched, settings)
         log.info("Resuming ReDrafter training from step %d (%s)", start, ckpt)
     hidden = feats.hidden.to(head.rnn_w.weight.dtype)
-    bar = tqdm(range(start, settings.steps), desc="train redrafter head", unit="step", disable=not progress,
-               initial=start, total=settings.steps)
+    bar = tqdm(
+        range(start, settings.steps),
+        desc="train redrafter head",
+        unit="step",
+        disable=not progress,
+        initial=start,
+        total=settings.steps,
+    )
     for step in bar:
         idx = _batch(len(hidden), settings.batch_positions, settings.seed, step)
         loss, hits, counted = head_loss(head, hidden[idx], feats.tokens[idx])
@@ -245,8 +275,17 @@ def train_head(lm: laser.LoadedModel, feats: Features, settings: TrainSettings, 
 def save_checkpoint(path: Path, head, opt, sched, settings: TrainSettings, step: int, history: list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save({"step": step, "settings": asdict(settings), "head": head.state_dict(), "opt": opt.state_dict(),
-                "sched": sched.state_dict(), "history": history}, tmp)
+    torch.save(
+        {
+            "step": step,
+            "settings": asdict(settings),
+            "head": head.state_dict(),
+            "opt": opt.state_dict(),
+            "sched": sched.state_dict(),
+            "history": history,
+        },
+        tmp,
+    )
     tmp.replace(path)
 
 
@@ -254,8 +293,10 @@ def load_checkpoint(path: Path, head, opt, sched, settings: TrainSettings) -> tu
     blob = load_plain(path)
     if blob["settings"] != asdict(settings):
         changed = sorted(k for k in blob["settings"] if blob["settings"][k] != asdict(settings).get(k))
-        raise ValueError(f"{path} was written with other training settings ({', '.join(changed)}); "
-                         "delete it to start over, or resume with the same settings")
+        raise ValueError(
+            f"{path} was written with other training settings ({', '.join(changed)}); "
+            "delete it to start over, or resume with the same settings"
+        )
     head.load_state_dict(blob["head"])
     opt.load_state_dict(blob["opt"])
     sched.load_state_dict(blob["sched"])
@@ -291,8 +332,15 @@ def evaluate(head: RecurrentDraftHead, feats: Features) -> list[float]:
     return (hits.float() / counted.clamp(min=1)).tolist()
 
 
-def fit_and_save(lm: laser.LoadedModel, examples: Sequence[Example], settings: TrainSettings, name: str,
-                 workdir: Path, progress: bool = True, held_out: float = 0.1) -> dict[str, Any]:
+def fit_and_save(
+    lm: laser.LoadedModel,
+    examples: Sequence[Example],
+    settings: TrainSettings,
+    name: str,
+    workdir: Path,
+    progress: bool = True,
+    held_out: float = 0.1,
+) -> dict[str, Any]:
     """Features, shortlist, training (resumable), held-out accuracy; head, PNG and JSON written; a summary.
 
     ``examples``: (prompt, answer, hidden states or None); pairs (prompt, answer) are accepted too.
@@ -303,13 +351,20 @@ def fit_and_save(lm: laser.LoadedModel, examples: Sequence[Example], settings: T
     shortlist, coverage = shortlist_tokens([a for _, a, _ in train_ex], settings.shortlist, sorted(lm.eos_ids))
     feats = examples_features(lm, train_ex, settings.depth, "target hidden states")
     eval_feats = examples_features(lm, eval_ex, settings.depth, "held-out hidden states") if eval_ex else None
-    head, history = train_head(lm, feats, settings, workdir, shortlist if settings.kind == "shortlist" else None,
-                               progress)
-    summary = {"model": lm.name, "head": name, "settings": asdict(settings), "train_sequences": len(train_ex),
-               "eval_sequences": len(eval_ex), "positions": len(feats.hidden),
-               "shortlist_coverage": coverage if settings.kind == "shortlist" else 1.0,
-               "final_train_accuracy": history[-1]["accuracy"],
-               "eval_accuracy": evaluate(head, eval_feats) if eval_feats else None}
+    head, history = train_head(
+        lm, feats, settings, workdir, shortlist if settings.kind == "shortlist" else None, progress
+    )
+    summary = {
+        "model": lm.name,
+        "head": name,
+        "settings": asdict(settings),
+        "train_sequences": len(train_ex),
+        "eval_sequences": len(eval_ex),
+        "positions": len(feats.hidden),
+        "shortlist_coverage": coverage if settings.kind == "shortlist" else 1.0,
+        "final_train_accuracy": history[-1]["accuracy"],
+        "eval_accuracy": evaluate(head, eval_feats) if eval_feats else None,
+    }
     out = head_path(name)
     head.save(out, summary)
     summary["path"] = str(out)
@@ -320,8 +375,15 @@ def fit_and_save(lm: laser.LoadedModel, examples: Sequence[Example], settings: T
 
 # ---- the job's data -------------------------------------------------------------------------------
 
-def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | None = None, source: str = "auto",
-                 progress: bool = True) -> list[Example]:
+
+def job_examples(
+    cfg: Any,
+    lm: laser.LoadedModel,
+    workdir: Path,
+    limit: int | None = None,
+    source: str = "auto",
+    progress: bool = True,
+) -> list[Example]:
     """(prompt ids, answer ids) for the job's old-knowledge prompts (old user histories, existing items).
 
     ``source``: ``greedy`` (the target's greedy answers with their hidden states, generated once and kept in
@@ -349,19 +411,32 @@ def job_examples(cfg: Any, lm: laser.LoadedModel, workdir: Path, limit: int | No
     encode = laser.get_decoder("autoregressive", lm).encode
     prompts = {}
     for r in reqs:
-        text = (user_prompt(r.history or [], domain, user_id=r.entity_id, tokenizer=lm.tokenizer,
-                            max_prompt_tokens=cfg.generation.max_prompt_tokens, max_words=words)
-                if r.entity_type == "user" else item_prompt(r.item or {}, domain, max_words=words))
+        text = (
+            user_prompt(
+                r.history or [],
+                domain,
+                user_id=r.entity_id,
+                tokenizer=lm.tokenizer,
+                max_prompt_tokens=cfg.generation.max_prompt_tokens,
+                max_words=words,
+            )
+            if r.entity_type == "user"
+            else item_prompt(r.item or {}, domain, max_words=words)
+        )
         prompts[(r.entity_type, r.entity_id)] = encode(text)
     store = JobPaths.of(cfg).old_knowledge
     texts = knowledge_texts(store) if source != "greedy" and (store / MANIFEST).exists() else {}
     if source == "store" and not texts:
-        raise ValueError(f"old-knowledge store {store} is empty or missing: run `laser generate CONFIG --old` "
-                         "or use source greedy")
+        raise ValueError(
+            f"old-knowledge store {store} is empty or missing: run `laser generate CONFIG --old` or use source greedy"
+        )
     if texts:
         log.info("Training on %d texts of the old-knowledge store %s", len(texts), store)
         if lm.tokenizer is None:
             raise ValueError(f"train-redrafter: model {lm.name!r} has no tokenizer: the store's texts need one")
-        return [(prompts[k], lm.tokenizer.encode(t, add_special_tokens=False), None)
-                for k, t in sorted(texts.items()) if k in prompts]
+        return [
+            (prompts[k], lm.tokenizer.encode(t, add_special_tokens=False), None)
+            for k, t in sorted(texts.items())
+            if k in prompts
+        ]
     return generate_examples(lm, [ids for _, ids in sorted(prompts.items())], max_new, workdir, progress=progress)

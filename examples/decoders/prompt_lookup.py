@@ -10,6 +10,7 @@ Once installed beside laser (on every Ray node, or through ``runtime_env``), ``d
 prompt_lookup`` works in ``laser run`` with no change to laser. The test suite installs this file that
 way and runs a job with it (tests/unit/test_decoder_plugins.py).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -29,8 +30,8 @@ class LookupDrafter(Drafter):
         for n in range(min(self.max_ngram, len(ctx) - 1), 0, -1):
             tail = ctx[-n:]
             for start in range(len(ctx) - n - 1, -1, -1):  # latest match first, never the tail itself
-                if ctx[start:start + n] == tail:
-                    draft = ctx[start + n:start + n + limit]
+                if ctx[start : start + n] == tail:
+                    draft = ctx[start + n : start + n + limit]
                     return DraftTree.chain(ctx[-1], draft)
         return DraftTree.chain(ctx[-1])
 

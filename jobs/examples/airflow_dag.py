@@ -10,6 +10,7 @@ another run holds the output's lock: the task is skipped (Airflow's ``skip_on_ex
 ingestion; 2 invalid config or data, 1 unexpected error: the task fails, nothing is ingested. Airflow is
 not a dependency of this project; this file needs Airflow >= 2.6 (BashOperator.skip_on_exit_code).
 """
+
 from __future__ import annotations
 
 import os
@@ -27,10 +28,11 @@ CONFIG = os.environ.get("LASER_CONFIG", "/etc/laser/job.yaml")
 LOCKED = 75  # pipelines.ops.schedule.exitcodes.LOCKED
 PARTIAL = 3  # pipelines.ops.schedule.exitcodes.PARTIAL
 # exit 3 becomes success with "partial" as the task's last output line (its XCom), so ingestion follows
-RUN = (f"{LASER} run {CONFIG} --incremental; rc=$?; "
-       f"if [ $rc -eq {PARTIAL} ]; then echo partial; exit 0; fi; exit $rc")
-CHECK = ("if [ \"{{ ti.xcom_pull(task_ids='incremental_run') }}\" = partial ]; then "
-         f"echo 'some entities failed; {LASER} failures {CONFIG} lists them; the next run retries them'; exit 1; fi")
+RUN = f"{LASER} run {CONFIG} --incremental; rc=$?; if [ $rc -eq {PARTIAL} ]; then echo partial; exit 0; fi; exit $rc"
+CHECK = (
+    "if [ \"{{ ti.xcom_pull(task_ids='incremental_run') }}\" = partial ]; then "
+    f"echo 'some entities failed; {LASER} failures {CONFIG} lists them; the next run retries them'; exit 1; fi"
+)
 
 with DAG(
     dag_id="laser_knowledge",

@@ -19,6 +19,7 @@ request drafts from). Decoders that draft from retrieval pools derive from :clas
 which owns the draft budget ``K`` and the retrieval knobs. A request's ``state`` is a typed object the
 drafter and the verifier share (beam decoders: their beams), never a string-keyed dict.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -101,8 +102,9 @@ class Decoder:
         accepted = [n for n in sig.parameters if n not in ("self", "lm")]
         unknown = sorted(set(params) - set(accepted))
         if unknown:
-            raise ValueError(f"params.{unknown[0]}: decoder {cls.name!r} takes no parameter {unknown[0]!r} "
-                             f"(it takes {accepted})")
+            raise ValueError(
+                f"params.{unknown[0]}: decoder {cls.name!r} takes no parameter {unknown[0]!r} (it takes {accepted})"
+            )
 
     @classmethod
     def probe(cls, params: dict[str, Any], layers: int = 2) -> None:
@@ -140,30 +142,51 @@ class Decoder:
         constructor's defaults with ``params`` over them (an engine that runs the decoder in its own form,
         such as vLLM, reads them here)."""
         sig = inspect.signature(cls.__init__)
-        defaults = {n: p.default for n, p in sig.parameters.items()
-                    if n not in ("self", "lm") and p.default is not inspect.Parameter.empty}
+        defaults = {
+            n: p.default
+            for n, p in sig.parameters.items()
+            if n not in ("self", "lm") and p.default is not inspect.Parameter.empty
+        }
         return {**defaults, **params}
 
-    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
-                state: Any = None) -> Drafter:
+    def drafter(
+        self,
+        prompt_ids: list[int],
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        state: Any = None,
+    ) -> Drafter:
         """The drafter of one request: from its prompt, its pool, its sampling settings (their seed) and the
         state it shares with the verifier. The default drafts nothing."""
         return NoDrafter()
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 256, pool: DraftSource | None = None,
-                 sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES) -> Generation:
+    def generate(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int = 256,
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        rules: GenerationRules = NO_RULES,
+    ) -> Generation:
         return self.generate_batch([prompt], max_new_tokens, [pool], [sampling], rules)[0]
 
-    def generate_batch(self, prompts: Sequence[Prompt], max_new_tokens: int = 256,
-                       pools: Sequence[DraftSource | None] | None = None,
-                       sampling: SamplingParams | Sequence[SamplingParams] = GREEDY,
-                       rules: GenerationRules = NO_RULES, slots: int | None = None) -> list[Generation]:
+    def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        max_new_tokens: int = 256,
+        pools: Sequence[DraftSource | None] | None = None,
+        sampling: SamplingParams | Sequence[SamplingParams] = GREEDY,
+        rules: GenerationRules = NO_RULES,
+        slots: int | None = None,
+    ) -> list[Generation]:
         """Decode ``prompts`` continuously batched, at most ``slots`` at a time (default: all); ``sampling``
         is one setting for all or one per prompt; ``rules`` (repetition penalty, no-repeat n-grams, min new
         tokens, bad words) apply inside verification."""
         if self.produces != "text":
-            raise ValueError(f"decoder {self.name!r} produces a {self.produces}, not text: use recommend_batch "
-                             "(the `laser recommend` job)")
+            raise ValueError(
+                f"decoder {self.name!r} produces a {self.produces}, not text: use recommend_batch "
+                "(the `laser recommend` job)"
+            )
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         pools = list(pools) if pools is not None else [None] * len(prompts)
@@ -179,18 +202,35 @@ class Decoder:
         """The generation of a finished request."""
         return Generation(request.new_tokens, self.decode(request.new_tokens), request.stats)
 
-    def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None,
-                sampling: SamplingParams = GREEDY, rules: GenerationRules = NO_RULES,
-                halt: Halt | None = None, exact: bool = False) -> Request:
+    def request(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        rules: GenerationRules = NO_RULES,
+        halt: Halt | None = None,
+        exact: bool = False,
+    ) -> Request:
         """One engine request for prompt token ids (for callers that stream requests into ``engine``);
         ``halt``: :attr:`laser.request.Request.halt`; ``exact``: verified by the target's greedy rule on this
         decoder's engine (see :meth:`runs_greedy_of`)."""
         if exact and not (sampling.greedy and isinstance(self.engine.verifier, (TopKVerifier, RejectionSampler))):
-            raise ValueError(f"decoder {self.name!r}: an exact request needs greedy sampling and a top-k or "
-                             "rejection verifier (greedy rows exact)")
+            raise ValueError(
+                f"decoder {self.name!r}: an exact request needs greedy sampling and a top-k or "
+                "rejection verifier (greedy rows exact)"
+            )
         self.check_sampling(sampling)
-        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), pool, sampling),
-                       max_new_tokens=max_new_tokens, sampling=sampling, rules=rules, halt=halt, exact=exact)
+        return Request(
+            tokens=list(ids),
+            prompt_len=len(ids),
+            drafter=self.drafter(list(ids), pool, sampling),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            rules=rules,
+            halt=halt,
+            exact=exact,
+        )
 
     def runs_greedy_of(self, other: "Decoder") -> bool:
         """Whether ``other``'s greedy requests can decode on this decoder's engine, beside its own, as
@@ -211,7 +251,9 @@ class Decoder:
             if not ids:
                 raise ValueError("empty prompt")
         if len(ids) >= self.lm.context_length:
-            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's context of {self.lm.context_length}")
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit the model's context of {self.lm.context_length}"
+            )
         return ids
 
     def decode(self, token_ids: list[int]) -> str:
@@ -238,7 +280,9 @@ class RetrievalDecoder(Decoder):
         self.adaptive = K is None or K == "auto"
         K = MAX_BUDGET if self.adaptive else K
         if not isinstance(K, int) or K < 0 or n_max < 1:
-            raise ValueError(f"K must be 'auto' or an integer >= 0 and n_max an integer >= 1, got K={K!r}, n_max={n_max!r}")
+            raise ValueError(
+                f"K must be 'auto' or an integer >= 0 and n_max an integer >= 1, got K={K!r}, n_max={n_max!r}"
+            )
         if not 0.0 <= min_prob < 1.0:
             raise ValueError(f"min_prob must lie in [0, 1), got {min_prob}")
         self.K, self.n_max, self.min_prob = K, n_max, min_prob
@@ -259,8 +303,13 @@ class RetrievalDecoder(Decoder):
             out["K"] = "auto"
         return out
 
-    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
-                state: Any = None) -> Drafter:
+    def drafter(
+        self,
+        prompt_ids: list[int],
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        state: Any = None,
+    ) -> Drafter:
         if pool is None or self.K == 0:
             return NoDrafter()
         return pool.open(prompt_ids, max_nodes=self.K, n_max=self.n_max, min_prob=self.min_prob)

@@ -3,6 +3,7 @@
 At temperature 0 the greedy ones reproduce the target's greedy decoding; above it they sample exactly
 from the target (rejection sampling with the trie drafts as one-hot proposals).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,8 +39,16 @@ class Laser(RetrievalDecoder):
     pool = "routed"
     engines = ("hf", "vllm")
 
-    def __init__(self, lm: LoadedModel, verification: str = "relaxed", k: int = RELAXED_K, p: float = RELAXED_P,
-                 K: int | str | None = None, n_max: int = N_MAX, min_prob: float = 0.0):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        verification: str = "relaxed",
+        k: int = RELAXED_K,
+        p: float = RELAXED_P,
+        K: int | str | None = None,
+        n_max: int = N_MAX,
+        min_prob: float = 0.0,
+    ):
         super().__init__(lm, K=K, n_max=n_max, min_prob=min_prob)
         if verification not in ("relaxed", "greedy"):
             raise ValueError(f"verification must be 'relaxed' or 'greedy', got {verification!r}")
@@ -55,14 +64,20 @@ class Laser(RetrievalDecoder):
 
     def runs_greedy_of(self, other: Decoder) -> bool:
         # relaxed rows and greedy ones share the drafts and the budget; TopKVerifier holds exact rows to k=1
-        return (self.verification == "relaxed" and type(other) is type(self) and other.verification == "greedy"
-                and {**other.params(), "verification": "relaxed", "k": self.k, "p": self.p} == self.params())
+        return (
+            self.verification == "relaxed"
+            and type(other) is type(self)
+            and other.verification == "greedy"
+            and {**other.params(), "verification": "relaxed", "k": self.k, "p": self.p} == self.params()
+        )
 
     @classmethod
     def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
         if params.get("verification", "relaxed") == "relaxed" and not sampling.greedy:
-            raise ValueError("relaxed verification is deterministic: use temperature 0, or verification='greedy' "
-                             "to sample exactly from the target")
+            raise ValueError(
+                "relaxed verification is deterministic: use temperature 0, or verification='greedy' "
+                "to sample exactly from the target"
+            )
 
     def params(self) -> dict[str, Any]:
         return {"verification": self.verification, "k": self.k, "p": self.p, **super().params()}

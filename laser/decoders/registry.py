@@ -1,4 +1,5 @@
 """Decoders by name: the built-ins plus third-party ones from the ``laser.decoders`` entry-point group."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,8 +62,14 @@ class DecoderChoice:
         return self.cls(lm, **self.params)
 
 
-def resolve_decoder(name: str, params: dict[str, Any] | None = None, *, key: str = "decoder",
-                    model: str | None = None, produces: str | None = None) -> DecoderChoice:
+def resolve_decoder(
+    name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    key: str = "decoder",
+    model: str | None = None,
+    produces: str | None = None,
+) -> DecoderChoice:
     """The decoder called ``name`` with ``params`` checked by the class itself (``Decoder.check_params``);
     every error is a ``ValueError`` whose message starts with the config ``key`` it is about. ``model`` is
     the target; ``produces`` (``"text"`` or ``"ranking"``) refuses a decoder that makes the other kind."""
@@ -72,8 +79,9 @@ def resolve_decoder(name: str, params: dict[str, Any] | None = None, *, key: str
     cls = known[name]
     if produces is not None and cls.produces != produces:
         makes = sorted(n for n, c in known.items() if c.produces == produces)
-        raise ValueError(f"{key}.name: decoder {name!r} produces a {cls.produces}, not a {produces}; "
-                         f"choose one of {makes}")
+        raise ValueError(
+            f"{key}.name: decoder {name!r} produces a {cls.produces}, not a {produces}; choose one of {makes}"
+        )
     try:
         checked = cls.check_params(dict(params or {}), model)
     except ValueError as exc:

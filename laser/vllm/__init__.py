@@ -12,11 +12,22 @@ lengths and what a step costs), ``sources`` (where a request's pool comes from i
 ``relaxed`` and ``plugin`` (the relaxed rule inside vLLM's verification), ``forms`` (decoders and rules in
 vLLM's terms).
 """
+
 from laser.vllm.engine import VllmEngine, VllmResult
 from laser.vllm.env import vllm_env
 from laser.vllm.proposer import RowStats
 from laser.vllm.request_args import LaserArgs, LaserArgsError
 from laser.vllm.sources import PromptLookup, get_source, register_source, unregister_source
 
-__all__ = ["VllmEngine", "VllmResult", "vllm_env", "PromptLookup", "register_source", "unregister_source",
-           "get_source", "RowStats", "LaserArgs", "LaserArgsError"]
+__all__ = [
+    "VllmEngine",
+    "VllmResult",
+    "vllm_env",
+    "PromptLookup",
+    "register_source",
+    "unregister_source",
+    "get_source",
+    "RowStats",
+    "LaserArgs",
+    "LaserArgsError",
+]

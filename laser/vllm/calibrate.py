@@ -5,6 +5,7 @@ The table the proposer's chain budget starts from (:func:`start_cost`) is the on
 when there is one, else the shipped prior scaled to the model (:func:`laser.vllm.step_cost.prior_cost`);
 the budget corrects it online either way (:class:`laser.vllm.step_cost.StepCost`).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,9 +40,19 @@ def step_cost_key(model_path: str, dtype: str, threads: int | None, max_draft: i
     import vllm
 
     cfg = json.loads((Path(model_path) / "config.json").read_text())
-    parts = [cfg.get("architectures"), cfg.get("hidden_size"), cfg.get("num_hidden_layers"),
-             cfg.get("vocab_size"), dtype, threads, os.cpu_count(), vllm.__version__,
-             max_draft, "vllm-step", device_name()]
+    parts = [
+        cfg.get("architectures"),
+        cfg.get("hidden_size"),
+        cfg.get("num_hidden_layers"),
+        cfg.get("vocab_size"),
+        dtype,
+        threads,
+        os.cpu_count(),
+        vllm.__version__,
+        max_draft,
+        "vllm-step",
+        device_name(),
+    ]
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:16]
 
 
@@ -64,8 +75,10 @@ def start_cost(model_path: str, threads: int | None, key: str) -> ForwardCost:
     if cost is None:
         cfg = json.loads((Path(model_path) / "config.json").read_text())
         cost = prior_cost(cfg, threads, key=f"prior:{key}")
-        log.info("step cost: the shipped prior scaled to this model (no measured table for key %s); "
-                 "it is corrected online", key)
+        log.info(
+            "step cost: the shipped prior scaled to this model (no measured table for key %s); it is corrected online",
+            key,
+        )
     return cost
 
 
@@ -83,8 +96,15 @@ class Calibration:
         self.llm, self.proposer = llm, proposer
         self.max_draft, self.max_num_seqs = max_draft, max_num_seqs
 
-    def measure(self, key: str, remeasure: bool = False, rows: Sequence[int] = CALIBRATION_ROWS,
-                lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 5) -> ForwardCost:
+    def measure(
+        self,
+        key: str,
+        remeasure: bool = False,
+        rows: Sequence[int] = CALIBRATION_ROWS,
+        lens: Sequence[int] = CALIBRATION_LENS,
+        context: int = 256,
+        repeats: int = 5,
+    ) -> ForwardCost:
         """Seconds of one vLLM step against rows x tokens per row, cached under ``key``.
 
         Each row count runs that many requests whose proposer drafts a fixed number of junk tokens
@@ -113,8 +133,14 @@ class Calibration:
                 measured[f"{b}x{L + 1}"] = sec
                 row.append(sec)
             table.append(row)
-        cost = ForwardCost(key=key, rows=list(rows), nodes=[L + 1 for L in lens], seconds=fill_untimed(table),
-                           context=context, measured=measured)
+        cost = ForwardCost(
+            key=key,
+            rows=list(rows),
+            nodes=[L + 1 for L in lens],
+            seconds=fill_untimed(table),
+            context=context,
+            measured=measured,
+        )
         cost.save(path)
         return cost
 
@@ -124,8 +150,9 @@ class Calibration:
         for b in rows:
             self._time_steps(b, [L for L in lens if L <= self.max_draft], context, 1)
 
-    def _time_steps(self, b: int, lens: Sequence[int], context: int,
-                    repeats: int) -> dict[tuple[int, int], list[float]]:
+    def _time_steps(
+        self, b: int, lens: Sequence[int], context: int, repeats: int
+    ) -> dict[tuple[int, int], list[float]]:
         """``b`` requests drafting junk of each length in ``lens`` in turn; step times by (rows, length)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt

@@ -42,6 +42,7 @@ best T is 0 and back on after ``ON_AFTER`` steps in a row where drafting beats n
 ``PROBE_ROWS`` rows (the rows probed longest ago first), so the acceptance estimates follow the data
 without a whole-batch wider step.
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
@@ -109,7 +110,9 @@ class ChainBudget:
     # acceptance ---------------------------------------------------------------------------------
     def _gains(self, slots: npt.NDArray[np.int_], buckets: npt.NDArray[np.int_]) -> npt.NDArray[np.float64]:
         base = (self._all[1, buckets, 1:] + 2 * OPTIMISM) / (self._all[0, buckets, 1:] + 2)
-        alpha = (self._accepted[slots, buckets, 1:] + self.prior * base) / (self._reached[slots, buckets, 1:] + self.prior)
+        alpha = (self._accepted[slots, buckets, 1:] + self.prior * base) / (
+            self._reached[slots, buckets, 1:] + self.prior
+        )
         return np.asarray(np.cumprod(alpha, axis=-1), dtype=np.float64)
 
     def gains(self, key: Hashable, match: int | None = None) -> npt.NDArray[np.float64]:
@@ -135,9 +138,9 @@ class ChainBudget:
         top = min(drafted, accepted + 1, self.max_len)
         hit = min(accepted, top)
         for arr in (self._reached[slot, b], self._all[0, b]):
-            arr[1:top + 1] += 1
+            arr[1 : top + 1] += 1
         for arr in (self._accepted[slot, b], self._all[1, b]):
-            arr[1:hit + 1] += 1
+            arr[1 : hit + 1] += 1
 
     def forget(self, key: Hashable) -> None:
         """Row ``key`` left the batch."""
@@ -184,9 +187,14 @@ class ChainBudget:
         return np.asarray((n + expected) / seconds, dtype=np.float64)
 
     # lengths ---------------------------------------------------------------------------------------
-    def lengths(self, keys: Sequence[Hashable], available: Sequence[int],
-                matches: Sequence[int | None] | None = None, prefilling: bool = False,
-                fixed: Sequence[int | None] | None = None) -> list[int]:
+    def lengths(
+        self,
+        keys: Sequence[Hashable],
+        available: Sequence[int],
+        matches: Sequence[int | None] | None = None,
+        prefilling: bool = False,
+        fixed: Sequence[int | None] | None = None,
+    ) -> list[int]:
         """Draft length of each row this step; row i never gets more than ``available[i]``.
 
         ``matches[i]``: how many tokens of row i's text its drafter matched (0: it has nothing to draft;

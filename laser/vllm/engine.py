@@ -20,6 +20,7 @@ Build it under ``if __name__ == "__main__":`` in scripts. Requests are fed conti
 one to vLLM, ``step`` runs one engine step and returns those that finished (vLLM schedules up to
 ``max_num_seqs`` together); ``generate`` is both for a list of prompts.
 """
+
 from __future__ import annotations
 
 import logging
@@ -118,13 +119,28 @@ class VllmEngine:
     lines, Prometheus) are dropped; pass ``disable_log_stats=True`` to turn both off.
     """
 
-    def __init__(self, model: str = "smollm2-135m", *, speculation: str | None = "laser", max_draft: int = 8,
-                 draft_len: DraftLen = "auto", kv_cache_gib: float = 2, threads: int | None = None,
-                 bind_threads: bool = True, in_process: bool = True,
-                 max_num_seqs: int = 64, max_model_len: int = 2048, dtype: str = "float32", seed: int = 0,
-                 enforce_eager: bool = False, block_size: int | None = None, cost: ForwardCost | None = None,
-                 ngram: tuple[int, int] = (2, 4), on_start: Callable[[str], None] | None = None,
-                 **vllm_kwargs: Any) -> None:
+    def __init__(
+        self,
+        model: str = "smollm2-135m",
+        *,
+        speculation: str | None = "laser",
+        max_draft: int = 8,
+        draft_len: DraftLen = "auto",
+        kv_cache_gib: float = 2,
+        threads: int | None = None,
+        bind_threads: bool = True,
+        in_process: bool = True,
+        max_num_seqs: int = 64,
+        max_model_len: int = 2048,
+        dtype: str = "float32",
+        seed: int = 0,
+        enforce_eager: bool = False,
+        block_size: int | None = None,
+        cost: ForwardCost | None = None,
+        ngram: tuple[int, int] = (2, 4),
+        on_start: Callable[[str], None] | None = None,
+        **vllm_kwargs: Any,
+    ) -> None:
         spec = env.speculative_config(speculation, max_draft, ngram)
         _check_draft_len(draft_len)
         env.set_engine_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads)
@@ -141,10 +157,18 @@ class VllmEngine:
         block_size = block_size or default_block_size()
         if block_size is not None:
             vllm_kwargs["block_size"] = block_size
-        self.llm: LLM | None = self._start(on_start, enforce_eager, seed=seed, enable_prefix_caching=True,
-                                           max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-                                           max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
-                                           speculative_config=spec, enforce_eager=enforce_eager, **vllm_kwargs)
+        self.llm: LLM | None = self._start(
+            on_start,
+            enforce_eager,
+            seed=seed,
+            enable_prefix_caching=True,
+            max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
+            speculative_config=spec,
+            enforce_eager=enforce_eager,
+            **vllm_kwargs,
+        )
         # vLLM hands back the Hugging Face tokenizer it loaded (typed as its own protocol)
         self.tokenizer = cast("PreTrainedTokenizerBase", self._vllm.get_tokenizer())
         self.proposer: LaserProposer | None = self._find_proposer() if speculation == "laser" else None
@@ -159,9 +183,16 @@ class VllmEngine:
         from vllm import LLM
 
         t0, wall_t0, inductor_t0 = time.perf_counter(), time.time(), env.inductor_cache_counts()
-        _say(on_start, f"vLLM engine: loading {Path(self.path).name} ({self.dtype}, threads={self.threads or 'auto'}, "
-                       f"speculation={self.speculation})" + ("" if eager else
-                       "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"))
+        _say(
+            on_start,
+            f"vLLM engine: loading {Path(self.path).name} ({self.dtype}, threads={self.threads or 'auto'}, "
+            f"speculation={self.speculation})"
+            + (
+                ""
+                if eager
+                else "; torch.compile (minutes the first time on a machine; later starts reuse the compile cache)"
+            ),
+        )
         keep_stat_loggers = "disable_log_stats" in llm_kwargs
         llm_kwargs.setdefault("disable_log_stats", False)  # per-request timestamps (RequestOutput.metrics)
         llm = LLM(model=self.path, dtype=self.dtype, **llm_kwargs)  # type: ignore[arg-type]  # vLLM checks dtype
@@ -169,10 +200,16 @@ class VllmEngine:
             llm.llm_engine.logger_manager = None  # request stats stay; no periodic stat lines
         self.start_seconds = time.perf_counter() - t0
         self.compile_cache_dir, self.compile_cache_reused = env.compile_cache(llm, wall_t0, inductor_t0)
-        _say(on_start, f"vLLM engine: ready in {self.start_seconds:.1f} s" + (
-            "" if self.compile_cache_dir is None else
-            f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
-            f"{self.compile_cache_dir})"))
+        _say(
+            on_start,
+            f"vLLM engine: ready in {self.start_seconds:.1f} s"
+            + (
+                ""
+                if self.compile_cache_dir is None
+                else f" ({'compiled model loaded from' if self.compile_cache_reused else 'model compiled into'} "
+                f"{self.compile_cache_dir})"
+            ),
+        )
         return llm
 
     @property
@@ -188,8 +225,10 @@ class VllmEngine:
         process: it needs vLLM's engine core here (``in_process=True``). With the engine core in another
         process, requests name their pool store instead (``submit(..., pool_key=, pool_store=)``)."""
         if self.speculation == "laser" and self.proposer is None:
-            raise RuntimeError("register_pool: vLLM's engine core runs in another process (in_process=False) "
-                               "and cannot see pools registered here; pass pool_store= to submit/generate")
+            raise RuntimeError(
+                "register_pool: vLLM's engine core runs in another process (in_process=False) "
+                "and cannot see pools registered here; pass pool_store= to submit/generate"
+            )
         sources.register_source(key, source)
 
     def unregister_pool(self, key: Hashable) -> None:
@@ -202,13 +241,26 @@ class VllmEngine:
             return chat_ids(self.tokenizer, prompt)
         return list(prompt)
 
-    def submit(self, prompt: str | Sequence[int], max_new_tokens: int, *, pool_key: Hashable | None = None,
-               verification: str = "greedy", k: int = RELAXED_K, p: float = RELAXED_P,
-               sampling: dict[str, Any] | None = None, stop: Sequence[str] | None = None, ignore_eos: bool = False,
-               rules: dict[str, Any] | None = None,
-               draft: bool = True, n_max: int = N_MAX, min_prob: float = 0.0,
-               pool_store: str | os.PathLike[str] | None = None,
-               halt: Halt | None = None, earlier: Sequence[int] | None = None) -> str:
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int,
+        *,
+        pool_key: Hashable | None = None,
+        verification: str = "greedy",
+        k: int = RELAXED_K,
+        p: float = RELAXED_P,
+        sampling: dict[str, Any] | None = None,
+        stop: Sequence[str] | None = None,
+        ignore_eos: bool = False,
+        rules: dict[str, Any] | None = None,
+        draft: bool = True,
+        n_max: int = N_MAX,
+        min_prob: float = 0.0,
+        pool_store: str | os.PathLike[str] | None = None,
+        halt: Halt | None = None,
+        earlier: Sequence[int] | None = None,
+    ) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
         ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
@@ -239,17 +291,30 @@ class VllmEngine:
         self._serial += 1
         tag = f"r{self._serial}"
         relaxed = verification == "relaxed"
-        args = LaserArgs(tag=tag, pool=pool_key, draft=draft, draft_len=self.draft_len,
-                         pool_store=os.fspath(pool_store) if pool_store is not None else None,  # any process layout
-                         k=int(k) if relaxed else None, p=float(p) if relaxed else None,
-                         earlier=tuple(int(t) for t in earlier) if earlier and draft else None,
-                         n_max=int(n_max), min_prob=float(min_prob))
-        params = SamplingParams(max_tokens=max_new_tokens, temperature=float(s["temperature"]),
-                                top_p=float(s["top_p"]), top_k=int(s["top_k"] or 0),
-                                seed=s["seed"] if s["temperature"] > 0 else None, stop=stops or None,
-                                ignore_eos=ignore_eos, extra_args=args.to_extra_args(),
-                                output_kind=RequestOutputKind.CUMULATIVE if halt else RequestOutputKind.FINAL_ONLY,
-                                **rule_kw)
+        args = LaserArgs(
+            tag=tag,
+            pool=pool_key,
+            draft=draft,
+            draft_len=self.draft_len,
+            pool_store=os.fspath(pool_store) if pool_store is not None else None,  # any process layout
+            k=int(k) if relaxed else None,
+            p=float(p) if relaxed else None,
+            earlier=tuple(int(t) for t in earlier) if earlier and draft else None,
+            n_max=int(n_max),
+            min_prob=float(min_prob),
+        )
+        params = SamplingParams(
+            max_tokens=max_new_tokens,
+            temperature=float(s["temperature"]),
+            top_p=float(s["top_p"]),
+            top_k=int(s["top_k"] or 0),
+            seed=s["seed"] if s["temperature"] > 0 else None,
+            stop=stops or None,
+            ignore_eos=ignore_eos,
+            extra_args=args.to_extra_args(),
+            output_kind=RequestOutputKind.CUMULATIVE if halt else RequestOutputKind.FINAL_ONLY,
+            **rule_kw,
+        )
         ids = self.encode(prompt)
         self._vllm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
         self._pending[tag] = (len(ids), time.perf_counter())
@@ -328,10 +393,19 @@ class VllmEngine:
         if pending:
             self._vllm.llm_engine.abort_request(pending)
 
-    def generate(self, prompts: Sequence[str | Sequence[int]], max_new_tokens: int, *,
-                 pool_keys: Sequence[Hashable | None] | None = None,
-                 samplings: Sequence[dict[str, Any] | None] | None = None, temperature: float = 0.0,
-                 top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **kwargs: Any) -> list[VllmResult]:
+    def generate(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int,
+        *,
+        pool_keys: Sequence[Hashable | None] | None = None,
+        samplings: Sequence[dict[str, Any] | None] | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> list[VllmResult]:
         """Every prompt's result, in order (all submitted at once; vLLM keeps ``max_num_seqs`` in flight).
 
         ``pool_keys`` and ``samplings`` (None entries: the call's ``temperature``/``top_p``/``top_k``/``seed``)
@@ -340,21 +414,28 @@ class VllmEngine:
         if pool_keys is not None and len(pool_keys) != len(prompts):
             raise ValueError(f"{len(pool_keys)} pool keys for {len(prompts)} prompts")
         call = {"temperature": temperature, "top_p": top_p, "top_k": top_k, "seed": seed}
-        tags = [self.submit(pr, max_new_tokens, pool_key=pool_keys[i] if pool_keys is not None else None,
-                            sampling={**call, **((samplings[i] if samplings is not None else None) or {})},
-                            **kwargs)
-                for i, pr in enumerate(prompts)]
+        tags = [
+            self.submit(
+                pr,
+                max_new_tokens,
+                pool_key=pool_keys[i] if pool_keys is not None else None,
+                sampling={**call, **((samplings[i] if samplings is not None else None) or {})},
+                **kwargs,
+            )
+            for i, pr in enumerate(prompts)
+        ]
         results: dict[str, VllmResult] = {}
         while len(results) < len(tags):
             results.update(self.step())
         return [results[t] for t in tags]
 
-    def _result(self, out: RequestOutput, prompt_tokens: int, seconds: float,
-                halted: tuple[str, int] | None = None) -> VllmResult:
+    def _result(
+        self, out: RequestOutput, prompt_tokens: int, seconds: float, halted: tuple[str, int] | None = None
+    ) -> VllmResult:
         c = out.outputs[0]
         tokens, text = list(c.token_ids), c.text
         if halted:
-            tokens = tokens[:halted[1]]
+            tokens = tokens[: halted[1]]
             text = str(self.tokenizer.decode(tokens, skip_special_tokens=True))
         if self.proposer is not None:
             stats = self.proposer.take_stats(out.request_id)
@@ -380,14 +461,23 @@ class VllmEngine:
         else:
             reason = "stop"
         timing = _timings(out)
-        return VllmResult(text=text, token_ids=tokens, finish_reason=reason, prompt_tokens=prompt_tokens,
-                          target_forwards=forwards, accepted_tokens=max(len(tokens) - forwards, 0),
-                          seconds=seconds, prefill_s=timing.get("prefill_s"),
-                          decode_s=timing.get("decode_s"), queued_s=timing.get("queued_s"),
-                          accepted_per_step=per_step, drafted_tokens=drafted,
-                          draft_s=stats.draft_s if stats is not None else None,
-                          cached_prompt_tokens=getattr(out, "num_cached_tokens", None),
-                          own_accepted=stats.own_accepted if stats is not None else None)
+        return VllmResult(
+            text=text,
+            token_ids=tokens,
+            finish_reason=reason,
+            prompt_tokens=prompt_tokens,
+            target_forwards=forwards,
+            accepted_tokens=max(len(tokens) - forwards, 0),
+            seconds=seconds,
+            prefill_s=timing.get("prefill_s"),
+            decode_s=timing.get("decode_s"),
+            queued_s=timing.get("queued_s"),
+            accepted_per_step=per_step,
+            drafted_tokens=drafted,
+            draft_s=stats.draft_s if stats is not None else None,
+            cached_prompt_tokens=getattr(out, "num_cached_tokens", None),
+            own_accepted=stats.own_accepted if stats is not None else None,
+        )
 
     # draft length --------------------------------------------------------------------------------
     def set_draft_len(self, draft_len: DraftLen) -> None:
@@ -419,8 +509,14 @@ class VllmEngine:
         """``cpu`` or the name of the CUDA device vLLM runs on."""
         return env.device_name()
 
-    def measure_cost(self, remeasure: bool = False, rows: Sequence[int] = CALIBRATION_ROWS,
-                     lens: Sequence[int] = CALIBRATION_LENS, context: int = 256, repeats: int = 5) -> ForwardCost:
+    def measure_cost(
+        self,
+        remeasure: bool = False,
+        rows: Sequence[int] = CALIBRATION_ROWS,
+        lens: Sequence[int] = CALIBRATION_LENS,
+        context: int = 256,
+        repeats: int = 5,
+    ) -> ForwardCost:
         """Seconds of one vLLM step against rows x tokens per row, timed on this engine and cached
         (:meth:`laser.vllm.calibrate.Calibration.measure`)."""
         calibration = self._calibration("the step-cost model is measured through the laser proposer")

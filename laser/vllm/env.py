@@ -5,6 +5,7 @@ the compile cache, room for a genre ban's bad words); :func:`speculative_config`
 ``speculative_config`` for each kind of speculation; :func:`compile_cache` says after start-up where the
 compiled model is cached and whether this start reused it. Nothing here imports vLLM at module level.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,9 @@ CPU_BLOCK = 32
 BAD_WORDS_LIMITS = {"VLLM_MAX_NUM_BAD_WORDS": "512", "VLLM_MAX_BAD_WORDS_TOTAL_TOKENS": "4096"}
 
 
-def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True,
-             bind: bool = True) -> dict[str, str]:
+def vllm_env(
+    threads: int | None = None, kv_cache_gib: float = 2, in_process: bool = True, bind: bool = True
+) -> dict[str, str]:
     """Environment vLLM reads at start-up: bounded KV memory, threads (pinned to cores 0.. when ``bind``;
     several engines on one machine, such as the job's worker actors, leave placement to the OS), engine
     core in process, room for a genre ban's bad words (:data:`BAD_WORDS_LIMITS`).
@@ -53,8 +55,12 @@ def vllm_env(threads: int | None = None, kv_cache_gib: float = 2, in_process: bo
 
 def set_engine_env(threads: int | None, kv_cache_gib: float, in_process: bool, bind: bool) -> None:
     """Set :func:`vllm_env` in this process, the engine core's placement (in process or not) included."""
-    os.environ.update({**vllm_env(threads, kv_cache_gib, in_process=in_process, bind=bind),
-                       "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1"})
+    os.environ.update(
+        {
+            **vllm_env(threads, kv_cache_gib, in_process=in_process, bind=bind),
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if in_process else "1",
+        }
+    )
 
 
 def default_block_size() -> int | None:
@@ -82,8 +88,12 @@ def speculative_config(speculation: str | None, max_draft: int, ngram: tuple[int
     if speculation == "laser":
         return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": max_draft}
     if speculation == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": max_draft,
-                "prompt_lookup_min": ngram[0], "prompt_lookup_max": ngram[1]}
+        return {
+            "method": "ngram",
+            "num_speculative_tokens": max_draft,
+            "prompt_lookup_min": ngram[0],
+            "prompt_lookup_max": ngram[1],
+        }
     if speculation == "suffix":
         return {"method": "suffix", "num_speculative_tokens": max_draft}
     return None

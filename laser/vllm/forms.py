@@ -18,6 +18,7 @@ decoder ``K``             draft budget in tree nodes, or ``auto``     chain leng
 pool ``none`` or no pool  no drafts                                   ``draft=False``
 ========================  ==========================================  ===================================
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -39,10 +40,14 @@ def decoder_options(cls: type[Decoder], settings: dict[str, Any], pooled: bool) 
     ``settings``; ``pooled``: the request has a pool to draft from."""
     if "vllm" not in cls.engines:
         raise ValueError(f"decoder {cls.name!r} has no vLLM form (it runs on {list(cls.engines)})")
-    return {"verification": settings.get("verification", "greedy"), "k": int(settings.get("k", RELAXED_K)),
-            "p": float(settings.get("p", RELAXED_P)),
-            "draft": pooled and cls.pool != "none" and settings.get("K", 0) != 0,
-            "n_max": int(settings.get("n_max", N_MAX)), "min_prob": float(settings.get("min_prob", 0.0))}
+    return {
+        "verification": settings.get("verification", "greedy"),
+        "k": int(settings.get("k", RELAXED_K)),
+        "p": float(settings.get("p", RELAXED_P)),
+        "draft": pooled and cls.pool != "none" and settings.get("K", 0) != 0,
+        "n_max": int(settings.get("n_max", N_MAX)),
+        "min_prob": float(settings.get("min_prob", 0.0)),
+    }
 
 
 def draft_length(settings: dict[str, Any]) -> DraftLen:

@@ -22,6 +22,7 @@ Nothing falls back in silence: a laser proposer whose runner was never attached 
 filtered out by ``VLLM_PLUGINS``, another model-runner implementation) raises :data:`PROBLEM` or
 :func:`not_attached_message` when vLLM loads its model.
 """
+
 from __future__ import annotations
 
 import functools
@@ -59,8 +60,10 @@ def check_vllm() -> str | None:
         return f"laser's vLLM plug-in: vLLM is not importable ({exc})"
     version = str(getattr(vllm, "__version__", "unknown"))
     if not version.startswith(SUPPORTED):
-        return (f"laser's vLLM plug-in was written for vLLM {SUPPORTED}x, this is vLLM {version}: "
-                f"pin vllm(-cpu)=={SUPPORTED}0 or port laser/vllm/plugin.py")
+        return (
+            f"laser's vLLM plug-in was written for vLLM {SUPPORTED}x, this is vLLM {version}: "
+            f"pin vllm(-cpu)=={SUPPORTED}0 or port laser/vllm/plugin.py"
+        )
     for module_name, path in _REQUIRED:
         obj: object
         try:
@@ -126,8 +129,12 @@ def not_attached_message() -> str:
     if PROBLEM is not None:
         return PROBLEM
     if not _installed:
-        return (f"laser's vLLM plug-in is not loaded in this process: install the project (pip install -e .) "
-                f"so that vLLM finds the '{PLUGIN_NAME}' entry point of group vllm.general_plugins, and let "
-                f"VLLM_PLUGINS (if set) include '{PLUGIN_NAME}'")
-    return ("laser's vLLM plug-in is loaded but vLLM built the laser proposer outside GPUModelRunner "
-            "(another model-runner implementation, e.g. VLLM_USE_V2_MODEL_RUNNER?): unsupported")
+        return (
+            f"laser's vLLM plug-in is not loaded in this process: install the project (pip install -e .) "
+            f"so that vLLM finds the '{PLUGIN_NAME}' entry point of group vllm.general_plugins, and let "
+            f"VLLM_PLUGINS (if set) include '{PLUGIN_NAME}'"
+        )
+    return (
+        "laser's vLLM plug-in is loaded but vLLM built the laser proposer outside GPUModelRunner "
+        "(another model-runner implementation, e.g. VLLM_USE_V2_MODEL_RUNNER?): unsupported"
+    )

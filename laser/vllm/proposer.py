@@ -30,6 +30,7 @@ The step's wall seconds and the proposer's own seconds go to the budget's ``obse
 one, and the steps in which no request prefilled go to :attr:`LaserProposer.decode_clock` (the engine's
 decode-only time and tokens).
 """
+
 from __future__ import annotations
 
 import logging
@@ -100,8 +101,9 @@ class RowStats:
         if not per_step:  # "summary" level: the histogram of accepted drafts per verifying step
             per_step = [j for j, count in enumerate(metrics.histogram) for _ in range(count)]
         accepted = sum(per_step)
-        return cls(steps=max(int(n_tokens) - accepted, 1), accepted_per_step=per_step,
-                   drafted=int(metrics.num_draft_tokens))
+        return cls(
+            steps=max(int(n_tokens) - accepted, 1), accepted_per_step=per_step, drafted=int(metrics.num_draft_tokens)
+        )
 
 
 @dataclass
@@ -178,8 +180,14 @@ class LaserProposer:
         """No weights; checks the plug-in attached the runner (else ONE line says why not)."""
         self._check_attached()
 
-    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: npt.NDArray[np.int32],
-                token_ids_cpu: torch.Tensor, slot_mappings: object = None, **kwargs: object) -> list[list[int]]:
+    def propose(
+        self,
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: npt.NDArray[np.int32],
+        token_ids_cpu: torch.Tensor,
+        slot_mappings: object = None,
+        **kwargs: object,
+    ) -> list[list[int]]:
         now = time.perf_counter()
         self._check_attached()
         req_ids = list(self.runner.input_batch.req_ids)
@@ -249,8 +257,13 @@ class LaserProposer:
         share = (time.perf_counter() - t0) / len(rows)
         for _, _, row in rows:
             row.draft_s += share
-        return self.budget.lengths([rid for _, rid, _ in rows], [self.max_len] * len(rows), matches,
-                                   prefilling=prefilling, fixed=[row.draft_len for _, _, row in rows])
+        return self.budget.lengths(
+            [rid for _, rid, _ in rows],
+            [self.max_len] * len(rows),
+            matches,
+            prefilling=prefilling,
+            fixed=[row.draft_len for _, _, row in rows],
+        )
 
     # the chain budget, owned here --------------------------------------------------------------------
     def fresh_budget(self, cost: ForwardCost | None = None) -> ChainBudget:
@@ -323,8 +336,14 @@ class LaserProposer:
         rule = args.rule
         if rule is not None:
             self._check_relaxed(rid, params)
-        row = _Row(drafter=self._drafter(args, prompt), context=prompt, tag=args.tag if args.tag is not None else rid,
-                   rule=rule, draft_len=args.fixed_len, force_cycle=self._cycle)
+        row = _Row(
+            drafter=self._drafter(args, prompt),
+            context=prompt,
+            tag=args.tag if args.tag is not None else rid,
+            rule=rule,
+            draft_len=args.fixed_len,
+            force_cycle=self._cycle,
+        )
         self.rows[rid] = row
         self._relaxed_open += rule is not None
         return row
@@ -333,12 +352,16 @@ class LaserProposer:
         from laser.vllm.relaxed import RelaxedRule
 
         if not isinstance(getattr(self.runner, "rejection_sampler", None), RelaxedRule):
-            raise RuntimeError(f"request {rid} asks for relaxed verification but the runner's rejection sampler "
-                               f"is {type(self.runner.rejection_sampler).__name__}, not laser's: refusing to "
-                               "verify it greedily")
+            raise RuntimeError(
+                f"request {rid} asks for relaxed verification but the runner's rejection sampler "
+                f"is {type(self.runner.rejection_sampler).__name__}, not laser's: refusing to "
+                "verify it greedily"
+            )
         if params is not None and params.temperature > 0:
-            raise ValueError(f"request {rid}: relaxed verification is deterministic and needs temperature 0, "
-                             f"got {params.temperature}")
+            raise ValueError(
+                f"request {rid}: relaxed verification is deterministic and needs temperature 0, "
+                f"got {params.temperature}"
+            )
 
     def _drafter(self, args: LaserArgs, prompt: list[int]) -> Drafter | None:
         if not args.draft:  # plain decoding inside a laser engine
@@ -356,8 +379,11 @@ class LaserProposer:
             if key not in self._warned_keys:
                 self._warned_keys.add(key)
                 where = f"pool store {store}" if store is not None else "the pools registered in this process"
-                log.warning("pool %r is not in %s: its requests decode without drafts (counted in "
-                            "LaserProposer.unknown_pools)", key, where)
+                log.warning(
+                    "pool %r is not in %s: its requests decode without drafts (counted in LaserProposer.unknown_pools)",
+                    key,
+                    where,
+                )
             if not args.earlier:
                 return None
         source = with_earlier(source, args.earlier)
@@ -370,8 +396,11 @@ class LaserProposer:
         from transformers import AutoTokenizer
 
         mc = self.vllm_config.model_config
-        return AutoTokenizer.from_pretrained(mc.tokenizer, revision=getattr(mc, "tokenizer_revision", None),
-                                             trust_remote_code=bool(getattr(mc, "trust_remote_code", False)))
+        return AutoTokenizer.from_pretrained(
+            mc.tokenizer,
+            revision=getattr(mc, "tokenizer_revision", None),
+            trust_remote_code=bool(getattr(mc, "trust_remote_code", False)),
+        )
 
     def _drop_finished(self, req_ids: list[str]) -> None:
         if len(self.rows) <= len(req_ids) and all(r in self.rows for r in req_ids):
@@ -386,9 +415,13 @@ class LaserProposer:
             row.drafter.close()
         self._relaxed_open -= row.rule is not None
         if row.force_cycle is None:  # calibration rows leave no statistics
-            self.stats[row.tag] = RowStats(steps=row.steps, accepted_per_step=row.accepted_per_step,
-                                           drafted=row.drafted_total, draft_s=row.draft_s,
-                                           own_accepted=getattr(row.drafter, "own_accepted", None))
+            self.stats[row.tag] = RowStats(
+                steps=row.steps,
+                accepted_per_step=row.accepted_per_step,
+                drafted=row.drafted_total,
+                draft_s=row.draft_s,
+                own_accepted=getattr(row.drafter, "own_accepted", None),
+            )
         self.budget.forget(rid)
 
     def take_stats(self, tag: str) -> RowStats | None:

@@ -27,6 +27,7 @@ Worked example (k=2, p=0.1): target probabilities at the three draft positions
 (accepted), 9 in the top-2 with .45 (accepted), 4 not in the top-2 (rejected, recovered = 2). Output
 ``[3, 9, 2]``; greedy verification would have given ``[7]``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -46,8 +47,9 @@ Rule = tuple[int, float]  # (k, p)
 Rules = Callable[[], "list[Rule | None] | None"]
 
 
-def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor,
-                   kmax: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def relaxed_accept(
+    logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p: torch.Tensor, kmax: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Which draft tokens the relaxed rule accepts, each judged on its own position.
 
     One top-k pass over the vocabulary judges every position; the softmax normaliser is computed only at
@@ -84,8 +86,14 @@ def relaxed_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, p
     return ok, top[:, 0]
 
 
-def chain_output(accept: torch.Tensor, draft: torch.Tensor, argmax: torch.Tensor, bonus: torch.Tensor,
-                 num_draft: Sequence[int], width: int) -> torch.Tensor:
+def chain_output(
+    accept: torch.Tensor,
+    draft: torch.Tensor,
+    argmax: torch.Tensor,
+    bonus: torch.Tensor,
+    num_draft: Sequence[int],
+    width: int,
+) -> torch.Tensor:
     """Output tokens per row: accepted drafts, then the argmax at the first rejection, or the bonus.
 
     (What vLLM's greedy kernel emits once :class:`RelaxedRule` made the accepted drafts the argmax; the
@@ -133,20 +141,28 @@ class RelaxedRule:
     relaxed_rows: int
     relaxed_positions: int
 
-    def apply_logits_processors(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata,
-                                metadata: SpecDecodeMetadata) -> torch.Tensor:
+    def apply_logits_processors(
+        self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, metadata: SpecDecodeMetadata
+    ) -> torch.Tensor:
         logits = super().apply_logits_processors(logits, sampling_metadata, metadata)  # type: ignore[misc]
         rules = self.laser_rules()
         if rules is not None and logits.shape[0]:
             self._relax(logits, sampling_metadata, metadata, rules)
         return logits
 
-    def _relax(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, metadata: SpecDecodeMetadata,
-               rules: Sequence[Rule | None]) -> None:
+    def _relax(
+        self,
+        logits: torch.Tensor,
+        sampling_metadata: SamplingMetadata,
+        metadata: SpecDecodeMetadata,
+        rules: Sequence[Rule | None],
+    ) -> None:
         counts = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
         if len(rules) != len(counts):
-            raise RuntimeError(f"laser relaxed rule: {len(rules)} rules for a batch of {len(counts)} rows "
-                               "(the proposer's batch and the sampler's are out of step)")
+            raise RuntimeError(
+                f"laser relaxed rule: {len(rules)} rules for a batch of {len(counts)} rows "
+                "(the proposer's batch and the sampler's are out of step)"
+            )
         k_row = np.array([r[0] if r is not None else 0 for r in rules], dtype=np.int64)
         if not (k_row > 0).any():
             return
@@ -156,16 +172,23 @@ class RelaxedRule:
         if not len(pos):
             return
         if getattr(self, "is_processed_logprobs_mode", False) and sampling_metadata.max_num_logprobs is not None:
-            raise ValueError("relaxed verification cannot return processed logprobs (logprobs_mode "
-                             "processed_*): ask for raw logprobs or greedy verification")
+            raise ValueError(
+                "relaxed verification cannot return processed logprobs (logprobs_mode "
+                "processed_*): ask for raw logprobs or greedy verification"
+            )
         dev = logits.device
         idx = torch.from_numpy(pos).to(dev, non_blocking=True)
         if len(pos) == logits.shape[0]:  # every position is relaxed: no copy
             sub, draft = logits, metadata.draft_token_ids.long()
         else:  # [M, V] processed logits of the relaxed draft positions
             sub, draft = logits.index_select(0, idx), metadata.draft_token_ids.index_select(0, idx).long()
-        acc, top = relaxed_accept(sub, draft, torch.from_numpy(k_tok[pos]).to(dev),
-                                  torch.from_numpy(p_tok[pos]).to(dev), kmax=int(k_tok[pos].max()))
+        acc, top = relaxed_accept(
+            sub,
+            draft,
+            torch.from_numpy(k_tok[pos]).to(dev),
+            torch.from_numpy(p_tok[pos]).to(dev),
+            kmax=int(k_tok[pos].max()),
+        )
         cur = sub.gather(1, draft[:, None])[:, 0]
         raised = top + top.abs().clamp(min=1.0) * 1e-2  # strictly the row's maximum, in any float precision
         logits.index_put_((idx, draft), torch.where(acc, raised.to(logits.dtype), cur.to(logits.dtype)))

@@ -8,6 +8,7 @@ the request. The record crosses the boundary as plain values (vLLM serialises ``
 msgpack when the engine core runs in another process): ``earlier`` travels as a list, and a pool key
 should be a string or a number (a tuple key arrives as a list and is refused).
 """
+
 from __future__ import annotations
 
 import math
@@ -78,8 +79,9 @@ class LaserArgs:
             return f"draft must be true or false, got {self.draft!r}"
         if self.draft_len != "auto" and (not _is_int(self.draft_len) or self.draft_len < 0):
             return f"draft_len must be 'auto' or an integer >= 0, got {self.draft_len!r}"
-        if self.earlier is not None and (not isinstance(self.earlier, tuple)
-                                         or not all(_is_int(t) for t in self.earlier)):
+        if self.earlier is not None and (
+            not isinstance(self.earlier, tuple) or not all(_is_int(t) for t in self.earlier)
+        ):
             return f"earlier must be token ids, got {type(self.earlier).__name__}"
         if not _is_int(self.n_max) or self.n_max < 1:
             return f"n_max must be an integer >= 1, got {self.n_max!r}"
@@ -113,17 +115,19 @@ class LaserArgs:
         if raw is None:
             return cls()
         if not isinstance(raw, Mapping):
-            raise LaserArgsError(f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] must be a mapping, "
-                                 f"got {type(raw).__name__}")
+            raise LaserArgsError(
+                f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] must be a mapping, got {type(raw).__name__}"
+            )
         version = raw.get(_VERSION_KEY)
         if version != VERSION:
-            raise LaserArgsError(f"request {request_id}: LASER arguments of version {version!r}, this proposer "
-                                 f"reads version {VERSION} (the engine and vLLM's processes run different code?)")
+            raise LaserArgsError(
+                f"request {request_id}: LASER arguments of version {version!r}, this proposer "
+                f"reads version {VERSION} (the engine and vLLM's processes run different code?)"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(key) for key in raw if key != _VERSION_KEY and key not in known)
         if unknown:
-            raise LaserArgsError(f"request {request_id}: unknown LASER argument(s) {unknown}; "
-                                 f"known: {sorted(known)}")
+            raise LaserArgsError(f"request {request_id}: unknown LASER argument(s) {unknown}; known: {sorted(known)}")
         values = {str(key): value for key, value in raw.items() if key != _VERSION_KEY}
         if isinstance(values.get("earlier"), list):  # a list on the wire
             values["earlier"] = tuple(values["earlier"])
@@ -138,5 +142,6 @@ def _is_int(value: object) -> bool:
 
 
 def _is_prob(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and 0.0 <= value <= 1.0)
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0.0 <= value <= 1.0
+    )

@@ -14,6 +14,7 @@ A request names its pool in its :class:`laser.vllm.request_args.LaserArgs` (``ex
 A key found in neither place is not a silent fallback: the proposer counts it
 (``LaserProposer.unknown_pools``), logs a warning once per key, and the request decodes without drafts.
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 STORE_GROUP = "laser.pool_stores"  # entry points: name -> callable(directory, tokenizer=...) -> a pool store
 STORE_OPENER = "pools"  # the entry point used when several are installed
 POOL_CACHE = 64  # pools kept loaded per proposer (LRU by store and key)
-
 
 
 class PoolStore(Protocol):
@@ -84,11 +84,14 @@ def store_opener() -> StoreOpener:
 
     found = {ep.name: ep for ep in entry_points(group=STORE_GROUP)}
     if not found:
-        raise RuntimeError(f"no pool-store opener is installed (entry-point group {STORE_GROUP!r} is empty): "
-                           "install the project (pip install -e .) to open pool stores in vLLM's engine process")
+        raise RuntimeError(
+            f"no pool-store opener is installed (entry-point group {STORE_GROUP!r} is empty): "
+            "install the project (pip install -e .) to open pool stores in vLLM's engine process"
+        )
     if len(found) > 1 and STORE_OPENER not in found:
-        raise RuntimeError(f"several pool-store openers are installed ({sorted(found)}) and none is named "
-                           f"{STORE_OPENER!r}")
+        raise RuntimeError(
+            f"several pool-store openers are installed ({sorted(found)}) and none is named {STORE_OPENER!r}"
+        )
     opener: StoreOpener = (found.get(STORE_OPENER) or next(iter(found.values()))).load()
     return opener
 

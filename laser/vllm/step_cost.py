@@ -9,6 +9,7 @@ table corrected from the steps the engine runs (what the proposer's chain budget
 (:func:`prior_cost`, ``cost_prior.json``: SmolLM2-135M on a 2-core CPU, scaled to the model and threads)
 used where nothing was measured.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,14 @@ def prior_cost(config: dict[str, Any], threads: int | None, key: str = "prior", 
     threads = threads or os.cpu_count() or 1
     factor = max(ratio, 0.05) * (prior["threads"] / threads) ** 0.8
     seconds = [[t * factor for t in row] for row in prior["seconds"]]
-    return ForwardCost(key=key, rows=list(prior["rows"]), nodes=list(prior["nodes"]), seconds=seconds,
-                       context=prior.get("context", 256), measured={})
+    return ForwardCost(
+        key=key,
+        rows=list(prior["rows"]),
+        nodes=list(prior["nodes"]),
+        seconds=seconds,
+        context=prior.get("context", 256),
+        measured={},
+    )
 
 
 @dataclass
@@ -108,8 +115,9 @@ class StepCost:
         """Proposer seconds of a step of ``rows`` rows that drafts (``on``) or does not."""
         return self.propose_s[bool(on)] * rows
 
-    def observe(self, rows: int, drafts: int, seconds: float, propose_s: float = 0.0,
-                drafting: bool | None = None) -> None:
+    def observe(
+        self, rows: int, drafts: int, seconds: float, propose_s: float = 0.0, drafting: bool | None = None
+    ) -> None:
         """Learn from one step that ran: ``seconds`` without the proposer, ``propose_s`` the proposer's."""
         if rows <= 0 or not np.isfinite(seconds) or seconds <= 0:
             return

@@ -5,6 +5,7 @@ same seed) and the same batch order, so AUC differences between sources come fro
 A source is "lossless vs <reference>" when, for every model, the seed-averaged paired AUC difference
 to the reference source is within ``tolerance`` (0.002 by default, as the paper's Table 2 reads).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,16 @@ class RunResult:
     val_logloss: float
 
 
-def train_and_test(samples: dict[str, pl.DataFrame], catalog: ItemCatalog, knowledge: KnowledgeVectors | None,
-                   model_name: str, seed: int, model_cfg: ModelConfig = ModelConfig(),
-                   train_cfg: TrainConfig = TrainConfig(), history_len: int = 5) -> tuple[dict[str, float], int, float]:
+def train_and_test(
+    samples: dict[str, pl.DataFrame],
+    catalog: ItemCatalog,
+    knowledge: KnowledgeVectors | None,
+    model_name: str,
+    seed: int,
+    model_cfg: ModelConfig = ModelConfig(),
+    train_cfg: TrainConfig = TrainConfig(),
+    history_len: int = 5,
+) -> tuple[dict[str, float], int, float]:
     """Train ``model_name`` on ``samples['train']``, select on ``samples['val']``, score ``samples['test']``.
 
     Returns (test metrics, best epoch, best validation log loss).
@@ -55,11 +63,18 @@ def train_and_test(samples: dict[str, pl.DataFrame], catalog: ItemCatalog, knowl
     return evaluate(model, test), chosen.best_epoch, chosen.best_val_loss
 
 
-def compare_sources(samples: pl.DataFrame, catalog: ItemCatalog, sources: dict[str, KnowledgeVectors | None],
-                    models: tuple[str, ...] = ("din", "dcnv2"), seeds: tuple[int, ...] = (0, 1, 2),
-                    model_cfg: ModelConfig = ModelConfig(), train_cfg: TrainConfig = TrainConfig(),
-                    history_len: int = 5, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
-                    progress: bool = True) -> list[RunResult]:
+def compare_sources(
+    samples: pl.DataFrame,
+    catalog: ItemCatalog,
+    sources: dict[str, KnowledgeVectors | None],
+    models: tuple[str, ...] = ("din", "dcnv2"),
+    seeds: tuple[int, ...] = (0, 1, 2),
+    model_cfg: ModelConfig = ModelConfig(),
+    train_cfg: TrainConfig = TrainConfig(),
+    history_len: int = 5,
+    fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
+    progress: bool = True,
+) -> list[RunResult]:
     """Train and test every model for every knowledge source (None = no knowledge inputs) and seed."""
     runs: list[RunResult] = []
     bar = tqdm(total=len(seeds) * len(sources) * len(models), desc="ctr-eval", unit="model", disable=not progress)
@@ -67,9 +82,19 @@ def compare_sources(samples: pl.DataFrame, catalog: ItemCatalog, sources: dict[s
         parts = split_by_user(samples, seed, fractions)
         for source, knowledge in sources.items():
             for model_name in models:
-                test, epoch, val_loss = train_and_test(parts, catalog, knowledge, model_name, seed, model_cfg, train_cfg, history_len)
+                test, epoch, val_loss = train_and_test(
+                    parts, catalog, knowledge, model_name, seed, model_cfg, train_cfg, history_len
+                )
                 runs.append(RunResult(source, model_name, seed, test["auc"], test["logloss"], epoch, val_loss))
-                log.info("seed %d %s %s: test AUC %.4f LL %.4f (epoch %d)", seed, source, model_name, test["auc"], test["logloss"], epoch)
+                log.info(
+                    "seed %d %s %s: test AUC %.4f LL %.4f (epoch %d)",
+                    seed,
+                    source,
+                    model_name,
+                    test["auc"],
+                    test["logloss"],
+                    epoch,
+                )
                 bar.update()
     bar.close()
     return runs
@@ -99,14 +124,20 @@ def as_float(value: object, what: str) -> float:
 def paired_deltas(frame: pl.DataFrame, source: str, baseline: str) -> dict[str, dict[str, float | list[float]]]:
     """Per model: mean of (source - baseline) test AUC and log loss over the seeds both ran, with 95% intervals."""
     base = frame.filter(pl.col("source") == baseline).select(
-        "model", "seed", pl.col("auc").alias("base_auc"), pl.col("logloss").alias("base_logloss"))
+        "model", "seed", pl.col("auc").alias("base_auc"), pl.col("logloss").alias("base_logloss")
+    )
     paired = frame.filter(pl.col("source") == source).join(base, on=["model", "seed"], how="inner")
     out: dict[str, dict[str, float | list[float]]] = {}
     for (model,), g in paired.group_by(["model"], maintain_order=True):
         d_auc = (g["auc"] - g["base_auc"]).to_list()
         d_ll = (g["logloss"] - g["base_logloss"]).to_list()
-        out[model] = {"auc": float(np.nanmean(d_auc)), "auc_ci95": list(mean_ci95(d_auc)),
-                      "logloss": float(np.nanmean(d_ll)), "logloss_ci95": list(mean_ci95(d_ll)), "n": g.height}
+        out[model] = {
+            "auc": float(np.nanmean(d_auc)),
+            "auc_ci95": list(mean_ci95(d_auc)),
+            "logloss": float(np.nanmean(d_ll)),
+            "logloss_ci95": list(mean_ci95(d_ll)),
+            "n": g.height,
+        }
     return out
 
 
@@ -130,7 +161,9 @@ def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float
             "auc_ci95": list(mean_ci95(group["auc"].to_list())),
             "logloss_mean": as_float(group["logloss"].mean(), f"{what} logloss"),
             "logloss_std": as_float(group["logloss"].std(ddof=0), f"{what} logloss"),
-            "logloss_ci95": list(mean_ci95(group["logloss"].to_list())), "n": group.height}
+            "logloss_ci95": list(mean_ci95(group["logloss"].to_list())),
+            "n": group.height,
+        }
     differences: dict[str, dict[str, dict]] = {}
     for source in table:
         if source == NO_KNOWLEDGE:
@@ -145,9 +178,19 @@ def summarise(runs: list[RunResult], reference: str = "greedy", tolerance: float
             if source in (NO_KNOWLEDGE, reference):
                 continue
             paired = frame.filter(pl.col("source") == source).join(ref, on=["model", "seed"], how="inner")
-            deltas = {m: as_float((g["auc"] - g["ref_auc"]).mean(), f"{source}/{m} auc - {reference}")
-                      for (m,), g in paired.group_by(["model"], maintain_order=True)}
-            lossless = bool(deltas) and set(deltas) == set(table[source]) and all(abs(d) <= tolerance for d in deltas.values())
+            deltas = {
+                m: as_float((g["auc"] - g["ref_auc"]).mean(), f"{source}/{m} auc - {reference}")
+                for (m,), g in paired.group_by(["model"], maintain_order=True)
+            }
+            lossless = (
+                bool(deltas) and set(deltas) == set(table[source]) and all(abs(d) <= tolerance for d in deltas.values())
+            )
             verdicts[source] = {"delta_auc": deltas, "lossless": lossless}
-    return {"table": table, "verdicts": verdicts, "deltas": differences, "reference": reference, "tolerance": tolerance,
-            "runs": [asdict(r) for r in runs]}
+    return {
+        "table": table,
+        "verdicts": verdicts,
+        "deltas": differences,
+        "reference": reference,
+        "tolerance": tolerance,
+        "runs": [asdict(r) for r in runs],
+    }

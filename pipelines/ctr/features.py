@@ -2,6 +2,7 @@
 
 Index 0 is padding/unknown everywhere (item ids, categories, genres).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,9 +25,9 @@ class ItemCatalog:
 
     index: dict[str, int]
     category: torch.Tensor  # [n_items + 1] long
-    genres: torch.Tensor    # [n_items + 1, max_genres] long, 0 = no genre
-    n_categories: int       # including index 0
-    n_genres: int           # including index 0
+    genres: torch.Tensor  # [n_items + 1, max_genres] long, 0 = no genre
+    n_categories: int  # including index 0
+    n_genres: int  # including index 0
 
     @property
     def n_items(self) -> int:
@@ -36,8 +37,14 @@ class ItemCatalog:
     def build(cls, items: pl.DataFrame, extra_item_ids: Sequence[str] = (), max_genres: int = 3) -> "ItemCatalog":
         """Catalog over ``items`` (item_id, optional category, optional genres) plus ids seen only in interactions."""
         cols = [pl.col("item_id").cast(pl.Utf8)]
-        cols.append(pl.col("category").cast(pl.Utf8) if "category" in items.columns else pl.lit(None, pl.Utf8).alias("category"))
-        cols.append(pl.col("genres").cast(pl.List(pl.Utf8)) if "genres" in items.columns else pl.lit(None, pl.List(pl.Utf8)).alias("genres"))
+        cols.append(
+            pl.col("category").cast(pl.Utf8) if "category" in items.columns else pl.lit(None, pl.Utf8).alias("category")
+        )
+        cols.append(
+            pl.col("genres").cast(pl.List(pl.Utf8))
+            if "genres" in items.columns
+            else pl.lit(None, pl.List(pl.Utf8)).alias("genres")
+        )
         table = items.select(cols).unique(subset="item_id", keep="first", maintain_order=True)
         extra = sorted(set(extra_item_ids) - set(table["item_id"].to_list()))
         if extra:
@@ -50,7 +57,7 @@ class ItemCatalog:
         for row, (cat, gs) in enumerate(zip(table["category"].to_list(), table["genres"].to_list()), start=1):
             category[row] = cats.get(cat, 0)
             picked = [genre_idx[g] for g in (gs or []) if g is not None][:max_genres]
-            genres[row, :len(picked)] = torch.tensor(picked, dtype=torch.long)
+            genres[row, : len(picked)] = torch.tensor(picked, dtype=torch.long)
         index = {item: i + 1 for i, item in enumerate(table["item_id"].to_list())}
         return cls(index, category, genres, len(cats) + 1, len(genre_idx) + 1)
 
@@ -76,7 +83,9 @@ class KnowledgeVectors:
         by_type: dict[str, dict[str, np.ndarray]] = {"user": {}, "item": {}}
         for kind, eid, vec in zip(frame["entity_type"].to_list(), frame["entity_id"].to_list(), matrix):
             if kind not in by_type:
-                raise ValueError(f"knowledge vectors: entity_type must be 'user' or 'item', got {kind!r} for id {eid!r}")
+                raise ValueError(
+                    f"knowledge vectors: entity_type must be 'user' or 'item', got {kind!r} for id {eid!r}"
+                )
             by_type[kind][str(eid)] = vec
         return cls(by_type["user"], by_type["item"], matrix.shape[1])
 
@@ -100,11 +109,11 @@ class KnowledgeVectors:
 class CtrTensors:
     """A set of CTR samples as tensors. ``user_vec`` and friends are None when no knowledge is used."""
 
-    user_ids: np.ndarray     # [N] object, kept to trace which users a computation saw
-    target: torch.Tensor     # [N] long item index
-    hist: torch.Tensor       # [N, H] long item index, 0 = padding (oldest first, right-aligned)
+    user_ids: np.ndarray  # [N] object, kept to trace which users a computation saw
+    target: torch.Tensor  # [N] long item index
+    hist: torch.Tensor  # [N, H] long item index, 0 = padding (oldest first, right-aligned)
     hist_rating: torch.Tensor  # [N, H] float rating, 0 at padding
-    label: torch.Tensor      # [N] float 0/1
+    label: torch.Tensor  # [N] float 0/1
     user_vec: torch.Tensor | None = None  # [N, D]
     user_has: torch.Tensor | None = None  # [N]
     item_vec: torch.Tensor | None = None  # [N, D]
@@ -115,19 +124,26 @@ class CtrTensors:
 
     def take(self, idx: torch.Tensor) -> "CtrTensors":
         """The samples at ``idx`` (a long tensor)."""
-        picked: dict[str, Any] = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[idx.numpy() if f.name == "user_ids" else idx])
-                  for f in fields(self)}
+        picked: dict[str, Any] = {
+            f.name: (
+                None
+                if getattr(self, f.name) is None
+                else getattr(self, f.name)[idx.numpy() if f.name == "user_ids" else idx]
+            )
+            for f in fields(self)
+        }
         return replace(self, **picked)
 
     def batches(self, batch_size: int, generator: torch.Generator | None = None) -> Iterator["CtrTensors"]:
         """Mini-batches; shuffled with ``generator`` when given, in order otherwise."""
         order = torch.randperm(len(self), generator=generator) if generator is not None else torch.arange(len(self))
         for start in range(0, len(self), batch_size):
-            yield self.take(order[start:start + batch_size])
+            yield self.take(order[start : start + batch_size])
 
 
-def to_tensors(samples: pl.DataFrame, catalog: ItemCatalog, knowledge: KnowledgeVectors | None = None,
-               history_len: int = 5) -> CtrTensors:
+def to_tensors(
+    samples: pl.DataFrame, catalog: ItemCatalog, knowledge: KnowledgeVectors | None = None, history_len: int = 5
+) -> CtrTensors:
     """Turn samples from :func:`pipelines.ctr.samples.build_samples` into tensors (history right-aligned)."""
     n = samples.height
     hist = torch.zeros(n, history_len, dtype=torch.long)
@@ -135,12 +151,17 @@ def to_tensors(samples: pl.DataFrame, catalog: ItemCatalog, knowledge: Knowledge
     for row, (items, ratings) in enumerate(zip(samples["hist_items"].to_list(), samples["hist_ratings"].to_list())):
         items, ratings = items[-history_len:], ratings[-history_len:]
         if items:
-            hist[row, history_len - len(items):] = catalog.lookup(items)
-            hist_rating[row, history_len - len(items):] = torch.tensor(ratings, dtype=torch.float32)
+            hist[row, history_len - len(items) :] = catalog.lookup(items)
+            hist_rating[row, history_len - len(items) :] = torch.tensor(ratings, dtype=torch.float32)
     users = samples["user_id"].to_list()
     items = samples["item_id"].to_list()
-    data = CtrTensors(np.array(users, dtype=object), catalog.lookup(items), hist, hist_rating,
-                      torch.tensor(samples["label"].to_numpy(), dtype=torch.float32))
+    data = CtrTensors(
+        np.array(users, dtype=object),
+        catalog.lookup(items),
+        hist,
+        hist_rating,
+        torch.tensor(samples["label"].to_numpy(), dtype=torch.float32),
+    )
     if knowledge is not None:
         data.user_vec, data.user_has = knowledge.lookup("user", users)
         data.item_vec, data.item_has = knowledge.lookup("item", items)

@@ -3,6 +3,7 @@
 Every model scores a :class:`~pipelines.ctr.features.CtrTensors` batch and returns logits ``[B]``.
 With ``knowledge_dim=None`` the model has no knowledge inputs at all (the "none" baseline).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,12 +50,13 @@ class MoEConverter(nn.Module):
 
     def __init__(self, in_dim: int, out_dim: int, n_experts: int = 4, hidden: int = 128) -> None:
         super().__init__()
-        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, out_dim))
-                                     for _ in range(n_experts))
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, out_dim)) for _ in range(n_experts)
+        )
         self.gate = nn.Linear(in_dim, n_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, in_dim] -> [B, out_dim]
-        weights = torch.softmax(self.gate(x), dim=-1)                      # [B, E]
+        weights = torch.softmax(self.gate(x), dim=-1)  # [B, E]
         outputs = torch.stack([expert(x) for expert in self.experts], 1)  # [B, E, out_dim]
         return (weights.unsqueeze(-1) * outputs).sum(1)
 
@@ -75,7 +77,7 @@ class ItemEmbedding(nn.Module):
         self.dim = 3 * embed_dim
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # idx: [...] -> [..., 3 * embed_dim]
-        genres = self.item_genres[idx]                                         # [..., G]
+        genres = self.item_genres[idx]  # [..., G]
         count = (genres > 0).sum(-1, keepdim=True).clamp(min=1)
         genre_mean = self.genre(genres).sum(-2) / count
         return torch.cat([self.item(idx), self.category(self.item_category[idx]), genre_mean], -1)
@@ -125,7 +127,9 @@ class DIN(_CtrBase):
     softmax-normalised (as in DIN) and padding gets weight 0.
     """
 
-    def __init__(self, catalog: ItemCatalog, knowledge_dim: int | None = None, cfg: ModelConfig = ModelConfig()) -> None:
+    def __init__(
+        self, catalog: ItemCatalog, knowledge_dim: int | None = None, cfg: ModelConfig = ModelConfig()
+    ) -> None:
         super().__init__(catalog, knowledge_dim, cfg)
         d = self.items.dim
         self.attention = nn.Sequential(nn.Linear(4 * d, 36), nn.PReLU(), nn.Linear(36, 1))
@@ -147,7 +151,9 @@ class DCNv2(_CtrBase):
     Input ``x_0`` = target item ⊕ masked mean of the history ⊕ knowledge features.
     """
 
-    def __init__(self, catalog: ItemCatalog, knowledge_dim: int | None = None, cfg: ModelConfig = ModelConfig()) -> None:
+    def __init__(
+        self, catalog: ItemCatalog, knowledge_dim: int | None = None, cfg: ModelConfig = ModelConfig()
+    ) -> None:
         super().__init__(catalog, knowledge_dim, cfg)
         width = 2 * self.items.dim + self.knowledge_width
         self.cross = nn.ModuleList(nn.Linear(width, width) for _ in range(cfg.cross_layers))
@@ -168,7 +174,9 @@ MODELS: dict[str, type[_CtrBase]] = {"din": DIN, "dcnv2": DCNv2}
 MODEL_LABELS = {"din": "DIN", "dcnv2": "DCNv2"}
 
 
-def build_model(name: str, catalog: ItemCatalog, knowledge_dim: int | None, cfg: ModelConfig = ModelConfig()) -> nn.Module:
+def build_model(
+    name: str, catalog: ItemCatalog, knowledge_dim: int | None, cfg: ModelConfig = ModelConfig()
+) -> nn.Module:
     """A CTR model by name (``din`` or ``dcnv2``); ``knowledge_dim=None`` builds it without knowledge inputs."""
     if name not in MODELS:
         raise ValueError(f"unknown CTR model {name!r}; choose from {sorted(MODELS)}")

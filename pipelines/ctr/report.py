@@ -4,6 +4,7 @@ The Markdown holds the sample, one row per (knowledge source, model) with test A
 mean [95% interval] over the seeds, the paired differences vs no knowledge and vs the reference, and
 the lossless verdicts. The PNG plots the same means with their intervals, one panel per metric.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,44 +33,64 @@ def markdown(result: dict, title: str | None = None) -> str:
     sample = result.get("sample", {})
     if sample:
         lines.append("Sample: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sample.items()) + ".")
-    lines.append(f"CTR samples (one per new interaction, label = rating >= {cfg.get('rating_threshold') or cfg['dataset']['min_positive_rating']}): "
-                 f"{result['n_samples']}, positive rate {result['positive_rate']:.3f}; users split "
-                 f"{'/'.join(str(f) for f in cfg['split_fractions'])} train/validation/test per seed; seeds {seeds}; "
-                 f"encoder {result['encoder']}.")
+    lines.append(
+        f"CTR samples (one per new interaction, label = rating >= {cfg.get('rating_threshold') or cfg['dataset']['min_positive_rating']}): "
+        f"{result['n_samples']}, positive rate {result['positive_rate']:.3f}; users split "
+        f"{'/'.join(str(f) for f in cfg['split_fractions'])} train/validation/test per seed; seeds {seeds}; "
+        f"encoder {result['encoder']}."
+    )
     if result.get("knowledge_rows"):
-        lines.append("Knowledge rows per source: " + ", ".join(
-            f"{s} {n['user']} users + {n['item']} items" for s, n in result["knowledge_rows"].items()) + ".")
+        lines.append(
+            "Knowledge rows per source: "
+            + ", ".join(f"{s} {n['user']} users + {n['item']} items" for s, n in result["knowledge_rows"].items())
+            + "."
+        )
     if result.get("wall_s") is not None:
         lines.append(f"Wall time of ctr-eval: {result['wall_s']:.0f} s.")
-    lines += ["", "Test AUC and log loss: mean over seeds [Student-t 95% interval].", "",
-              "| knowledge | model | AUC | AUC 95% CI | log loss | log loss 95% CI |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Test AUC and log loss: mean over seeds [Student-t 95% interval].",
+        "",
+        "| knowledge | model | AUC | AUC 95% CI | log loss | log loss 95% CI |",
+        "|---|---|---|---|---|---|",
+    ]
     for source, per_model in result["table"].items():
         for m in models:
             if m not in per_model:
                 continue
             r = per_model[m]
-            lines.append(f"| {source} | {MODEL_LABELS.get(m, m)} | {_num(r['auc_mean'])} | {_ci(r.get('auc_ci95'))} | "
-                         f"{_num(r['logloss_mean'])} | {_ci(r.get('logloss_ci95'))} |")
+            lines.append(
+                f"| {source} | {MODEL_LABELS.get(m, m)} | {_num(r['auc_mean'])} | {_ci(r.get('auc_ci95'))} | "
+                f"{_num(r['logloss_mean'])} | {_ci(r.get('logloss_ci95'))} |"
+            )
     deltas = result.get("deltas", {})
     if deltas:
-        lines += ["", "Paired differences (same seed: same user split, initial weights and batch order), "
-                  "mean [95% interval]:", "",
-                  "| knowledge | vs | model | ΔAUC | ΔAUC 95% CI | Δlog loss | Δlog loss 95% CI |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Paired differences (same seed: same user split, initial weights and batch order), mean [95% interval]:",
+            "",
+            "| knowledge | vs | model | ΔAUC | ΔAUC 95% CI | Δlog loss | Δlog loss 95% CI |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for source, per_base in deltas.items():
             for base, per_model in per_base.items():
                 for m in models:
                     if m not in per_model:
                         continue
                     d = per_model[m]
-                    lines.append(f"| {source} | {base.removeprefix('vs_')} | {MODEL_LABELS.get(m, m)} | "
-                                 f"{_num(d['auc'], True)} | {_ci(d['auc_ci95'], True)} | {_num(d['logloss'], True)} | "
-                                 f"{_ci(d['logloss_ci95'], True)} |")
+                    lines.append(
+                        f"| {source} | {base.removeprefix('vs_')} | {MODEL_LABELS.get(m, m)} | "
+                        f"{_num(d['auc'], True)} | {_ci(d['auc_ci95'], True)} | {_num(d['logloss'], True)} | "
+                        f"{_ci(d['logloss_ci95'], True)} |"
+                    )
     if result["verdicts"]:
         lines += ["", f"Lossless vs {ref} (|mean paired ΔAUC| <= {result['tolerance']} for every model):", ""]
         for source, v in result["verdicts"].items():
-            lines.append(f"- {source}: {'lossless' if v['lossless'] else 'differs'} ("
-                         + ", ".join(f"{MODEL_LABELS.get(m, m)} {_num(d, True)}" for m, d in v["delta_auc"].items()) + ")")
+            lines.append(
+                f"- {source}: {'lossless' if v['lossless'] else 'differs'} ("
+                + ", ".join(f"{MODEL_LABELS.get(m, m)} {_num(d, True)}" for m, d in v["delta_auc"].items())
+                + ")"
+            )
     if result.get("verdict"):
         lines += ["", f"Verdict: {result['verdict']}"]
     return "\n".join(lines) + "\n"

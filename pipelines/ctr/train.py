@@ -4,6 +4,7 @@
 (:func:`selection_loss`) is computed on validation data only. The test set is scored once, by
 :func:`evaluate`, on the model that validation chose.
 """
+
 from __future__ import annotations
 
 import copy
@@ -71,7 +72,9 @@ def selection_loss(model: nn.Module, val: CtrTensors) -> float:
     return metrics(val.label.numpy(), predict(model, val))["logloss"]
 
 
-def fit(model: nn.Module, train: CtrTensors, val: CtrTensors, cfg: TrainConfig = TrainConfig(), seed: int = 0) -> FitResult:
+def fit(
+    model: nn.Module, train: CtrTensors, val: CtrTensors, cfg: TrainConfig = TrainConfig(), seed: int = 0
+) -> FitResult:
     """Train with Adam + BCE; keep the weights of the epoch with the lowest validation log loss.
 
     Stops after ``cfg.patience`` epochs without improvement. On return ``model`` holds the selected

@@ -7,6 +7,7 @@ rating, timestamp in milliseconds; metadata ``categories`` as one path). From a 
 the first when the path has one level), ``sub_category`` the third, ``genres`` every level below the root.
 When metadata is given, reviews of items without metadata are dropped (counted in the log).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,14 @@ log = logging.getLogger(__name__)
 _JSON_SUFFIXES = (".json", ".jsonl", ".ndjson", ".json.gz", ".jsonl.gz", ".ndjson.gz")
 _MS_THRESHOLD = 100_000_000_000  # timestamps above this are milliseconds (year 5138 in seconds)
 _YEAR = re.compile(r"\b(1[5-9]\d\d|20\d\d)\b")
-_ITEM_SCHEMA: dict[str, DType] = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8),
-                                  "category": pl.Utf8, "sub_category": pl.Utf8, "year": pl.Int32}
+_ITEM_SCHEMA: dict[str, DType] = {
+    "item_id": pl.Utf8,
+    "title": pl.Utf8,
+    "genres": pl.List(pl.Utf8),
+    "category": pl.Utf8,
+    "sub_category": pl.Utf8,
+    "year": pl.Int32,
+}
 
 
 def _first(record: dict, *keys: str) -> Any:
@@ -97,8 +104,10 @@ def _find_files(directory: Path) -> tuple[Path, Path | None]:
     if not reviews:
         raise FileNotFoundError(f"{directory} holds no Amazon reviews file (*.json[l][.gz] not starting with 'meta')")
     if len(reviews) > 1 or len(meta) > 1:
-        raise ValueError(f"{directory} holds several candidate files (reviews {[p.name for p in reviews]}, metadata "
-                         f"{[p.name for p in meta]}); set dataset.reviews_file and dataset.metadata_file")
+        raise ValueError(
+            f"{directory} holds several candidate files (reviews {[p.name for p in reviews]}, metadata "
+            f"{[p.name for p in meta]}); set dataset.reviews_file and dataset.metadata_file"
+        )
     return reviews[0], (meta[0] if meta else None)
 
 
@@ -114,19 +123,25 @@ def load_amazon(path: Path, reviews_file: str | None = None, metadata_file: str 
         reviews, meta = path, (path.parent / metadata_file if metadata_file else None)
     log.info("reading Amazon reviews %s, metadata %s", reviews, meta)
     notes: dict[str, Any] = {}
-    inter = conform_interactions(records_frame(reviews, review_row, INTERACTIONS_SCHEMA, notes,
-                                               "a user, item, numeric rating or timestamp"))
+    inter = conform_interactions(
+        records_frame(reviews, review_row, INTERACTIONS_SCHEMA, notes, "a user, item, numeric rating or timestamp")
+    )
     if meta is not None:
         items = records_frame(meta, metadata_row, _ITEM_SCHEMA, notes, "an item id or a title")
         known = inter["item_id"].is_in(items["item_id"].implode())
         if (~known).any():
-            log.warning("%s: dropped %d reviews of %d items without metadata", reviews, int((~known).sum()),
-                        inter.filter(~known)["item_id"].n_unique())
+            log.warning(
+                "%s: dropped %d reviews of %d items without metadata",
+                reviews,
+                int((~known).sum()),
+                inter.filter(~known)["item_id"].n_unique(),
+            )
         inter = inter.filter(known)
     else:
         log.warning("no Amazon metadata file: item titles fall back to item ids")
         items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
     users = inter.select("user_id").unique().sort("user_id")
     name = reviews.name.split(".")[0]
-    return Dataset(name=f"amazon-{name}", domain="book", interactions=inter, items=conform_items(items), users=users,
-                   notes=notes)
+    return Dataset(
+        name=f"amazon-{name}", domain="book", interactions=inter, items=conform_items(items), users=users, notes=notes
+    )

@@ -1,4 +1,5 @@
 """`DatasetConfig`: which dataset to load and how much of it (the `dataset:` block of a job config)."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -24,8 +25,9 @@ class SyntheticParams(BaseModel):
     max_history: int = Field(default=40, ge=2, description="most interactions of a warm user")
     cold_user_fraction: float = Field(default=0.1, ge=0.0, le=1.0, description="share of users with 1-3 interactions")
     cold_item_fraction: float = Field(default=0.1, ge=0.0, le=1.0, description="share of items with 0-2 interactions")
-    in_cluster_share: float = Field(default=0.75, ge=0.0, le=1.0,
-                                    description="share of a user's picks from cluster genres")
+    in_cluster_share: float = Field(
+        default=0.75, ge=0.0, le=1.0, description="share of a user's picks from cluster genres"
+    )
 
     @model_validator(mode="after")
     def _history_bounds(self) -> "SyntheticParams":
@@ -64,17 +66,21 @@ class DatasetConfig(BaseModel):
     path: str | None = None
     name: str | None = Field(default=None, description="dataset name in outputs; default from format and path")
     domain: Domain | None = Field(default=None, description="prompt variant; default movie, book for Amazon")
-    limit_users: int | None = Field(default=None, ge=1,
-                                    description="trial sample: this many users, drawn in a seeded order "
-                                    "among those with interactions (pipelines/data/load.py, limit_dataset)")
-    limit_items: int | None = Field(default=None, ge=1,
-                                    description="trial sample: at most this many items; how they are "
-                                    "chosen is sample_items")
+    limit_users: int | None = Field(
+        default=None,
+        ge=1,
+        description="trial sample: this many users, drawn in a seeded order "
+        "among those with interactions (pipelines/data/load.py, limit_dataset)",
+    )
+    limit_items: int | None = Field(
+        default=None, ge=1, description="trial sample: at most this many items; how they are chosen is sample_items"
+    )
     sample_items: Literal["most_rated", "whole_histories"] = Field(
         default="most_rated",
         description="most_rated: the limit_users users, then the limit_items items they rated most "
         "(first those that give every kept user a rating), histories cut to the kept items; whole_histories: "
-        "histories never cut, users whose history would take the items past limit_items passed over")
+        "histories never cut, users whose history would take the items past limit_items passed over",
+    )
     seed: int = 0
     min_positive_rating: float = Field(default=4.0, description="ratings >= this count as positive (graph, CTR labels)")
     synthetic: SyntheticParams = Field(default_factory=SyntheticParams)
@@ -87,12 +93,21 @@ class DatasetConfig(BaseModel):
     users_file: str | None = None
     columns: TableColumns = Field(default_factory=TableColumns)
     genres_separator: str = Field(default="|", description="separator when genres is a string column (table)")
-    timestamp_format: str = Field(default="epoch", min_length=1, description=(
-        "how a text timestamp column is read (table): epoch (unix seconds), iso (ISO 8601 date or date-time, "
-        "UTC), or a strftime format such as %d/%m/%Y; digits are always unix seconds; rows that do not match "
-        "are skipped and counted, naming the column"))
-    rating_scale: tuple[float, float] | None = Field(default=None, description=(
-        "[min, max] of valid ratings; rows outside are skipped and counted (NaN and negative ratings always are)"))
+    timestamp_format: str = Field(
+        default="epoch",
+        min_length=1,
+        description=(
+            "how a text timestamp column is read (table): epoch (unix seconds), iso (ISO 8601 date or date-time, "
+            "UTC), or a strftime format such as %d/%m/%Y; digits are always unix seconds; rows that do not match "
+            "are skipped and counted, naming the column"
+        ),
+    )
+    rating_scale: tuple[float, float] | None = Field(
+        default=None,
+        description=(
+            "[min, max] of valid ratings; rows outside are skipped and counted (NaN and negative ratings always are)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _path_needed(self) -> "DatasetConfig":

@@ -1,4 +1,5 @@
 """`load_dataset`: one entry point from a `DatasetConfig` to canonical tables, with seeded trial limits."""
+
 from __future__ import annotations
 
 import logging
@@ -20,14 +21,21 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     nothing usable left, raises :class:`DataFileError` with one line naming the file (and column)."""
     ds = check_interactions(_load_checked(cfg), cfg.rating_scale)
     if ds.interactions.is_empty():
-        raise DataFileError(f"dataset.path {cfg.path!r} (format {cfg.format}): no usable interactions left"
-                            + (f"; skipped: {'; '.join(ds.notes)}" if ds.notes else ""))
+        raise DataFileError(
+            f"dataset.path {cfg.path!r} (format {cfg.format}): no usable interactions left"
+            + (f"; skipped: {'; '.join(ds.notes)}" if ds.notes else "")
+        )
     if cfg.name:
         ds.name = cfg.name
     ds.domain = cfg.resolved_domain()
     ds = limit_dataset(ds, cfg.limit_users, cfg.limit_items, cfg.seed, cfg.sample_items)
-    log.info("dataset %s: %d users, %d items, %d interactions", ds.name, ds.users.height, ds.items.height,
-             ds.interactions.height)
+    log.info(
+        "dataset %s: %d users, %d items, %d interactions",
+        ds.name,
+        ds.users.height,
+        ds.items.height,
+        ds.interactions.height,
+    )
     return ds
 
 
@@ -44,14 +52,21 @@ def check_interactions(ds: Dataset, scale: tuple[float, float] | None = None) ->
     if scale is not None:
         bad = bad | (rating < scale[0]) | (rating > scale[1])
     invalid = inter.filter(bad)
-    what = "NaN, infinite or negative" + (f", or outside dataset.rating_scale [{scale[0]}, {scale[1]}]" if scale else "")
+    what = "NaN, infinite or negative" + (
+        f", or outside dataset.rating_scale [{scale[0]}, {scale[1]}]" if scale else ""
+    )
     _note_rows(notes, ds.name, f"interactions with invalid ratings ({what}), skipped", invalid)
     inter = inter.filter(~bad)
     newest = inter.unique(subset=["user_id", "item_id"], keep="last", maintain_order=True)  # sorted by time
     if newest.height < inter.height:
         superseded = inter.join(newest, on=list(inter.columns), how="anti", nulls_equal=True)
-        _note_rows(notes, ds.name, "duplicate (user, item) interactions: the newest kept (equal timestamps: the "
-                   "later row), older rows skipped", superseded)
+        _note_rows(
+            notes,
+            ds.name,
+            "duplicate (user, item) interactions: the newest kept (equal timestamps: the "
+            "later row), older rows skipped",
+            superseded,
+        )
         inter = newest
     return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=ds.items, users=ds.users, notes=notes)
 
@@ -59,8 +74,10 @@ def check_interactions(ds: Dataset, scale: tuple[float, float] | None = None) ->
 def _note_rows(notes: dict, source: str, what: str, rows: pl.DataFrame) -> None:
     if rows.is_empty():
         return
-    shown = [f"user {u} item {i} rating {r} time {t}" for u, i, r, t in
-             rows.select("user_id", "item_id", "rating", "timestamp").head(SHOWN_ROWS).iter_rows()]
+    shown = [
+        f"user {u} item {i} rating {r} time {t}"
+        for u, i, r, t in rows.select("user_id", "item_id", "rating", "timestamp").head(SHOWN_ROWS).iter_rows()
+    ]
     notes[what] = {"count": rows.height, "first": shown}
     log.warning("%s: %s: %d row(s), first: %s", source, what, rows.height, "; ".join(shown))
 
@@ -98,8 +115,9 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
 SAMPLE_RULES = ("most_rated", "whole_histories")
 
 
-def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0,
-                  sample_items: str = "most_rated") -> Dataset:
+def limit_dataset(
+    ds: Dataset, limit_users: int | None, limit_items: int | None, seed: int = 0, sample_items: str = "most_rated"
+) -> Dataset:
     """Seeded sample for trial runs that honours both limits; ``ds.notes["sample"]`` (also logged) says in
     one line what it kept and why.
 
@@ -140,8 +158,20 @@ def limit_dataset(ds: Dataset, limit_users: int | None, limit_items: int | None,
     if sample_items == "most_rated":
         notes["sample_dropped_interactions"] = before.height - small.height
         notes["sample_users_without_interactions"] = asked_users - len(kept_users)
-    notes["sample"] = _summary(sample_items, seed, limit_users, limit_items, order, before, small, items,
-                               len(kept_users), passed_over, covered, inter.height)
+    notes["sample"] = _summary(
+        sample_items,
+        seed,
+        limit_users,
+        limit_items,
+        order,
+        before,
+        small,
+        items,
+        len(kept_users),
+        passed_over,
+        covered,
+        inter.height,
+    )
     log.info("%s", notes["sample"])
     return Dataset(name=ds.name, domain=ds.domain, interactions=small, items=items, users=users, notes=notes)
 
@@ -152,8 +182,9 @@ def user_order(inter: pl.DataFrame, seed: int) -> list[str]:
     return ids.sample(fraction=1.0, shuffle=True, seed=seed)["user_id"].to_list()
 
 
-def _whole_histories(inter: pl.DataFrame, order: list[str], limit_users: int | None,
-                     limit_items: int | None) -> tuple[list[str], list[str], int]:
+def _whole_histories(
+    inter: pl.DataFrame, order: list[str], limit_users: int | None, limit_items: int | None
+) -> tuple[list[str], list[str], int]:
     """Users kept whole in ``order`` while their items stay within ``limit_items``; (users, items, passed over)."""
     per_user = dict(inter.group_by("user_id").agg(pl.col("item_id").unique()).iter_rows())
     kept_users: list[str] = []
@@ -170,9 +201,11 @@ def _whole_histories(inter: pl.DataFrame, order: list[str], limit_users: int | N
         kept_items = union
     if not kept_users:
         smallest = min(len(v) for v in per_user.values())
-        raise ValueError(f"dataset.sample_items: whole_histories keeps no user: the smallest history has {smallest} "
-                         f"items, more than limit_items={limit_items}; raise limit_items or use sample_items: "
-                         "most_rated (cuts histories to the most-rated items)")
+        raise ValueError(
+            f"dataset.sample_items: whole_histories keeps no user: the smallest history has {smallest} "
+            f"items, more than limit_items={limit_items}; raise limit_items or use sample_items: "
+            "most_rated (cuts histories to the most-rated items)"
+        )
     return kept_users, sorted(kept_items), passed_over
 
 
@@ -194,57 +227,88 @@ def _most_rated_items(inter: pl.DataFrame, limit: int | None) -> tuple[list[str]
     chosen: list[str] = []
     left = inter
     while left.height and len(chosen) < limit:
-        best = (left.group_by("item_id").agg(pl.col("user_id").n_unique().alias("users"))
-                .join(popularity, on="item_id").sort(["users", "ratings", "item_id"], descending=[True, True, False]))
+        best = (
+            left.group_by("item_id")
+            .agg(pl.col("user_id").n_unique().alias("users"))
+            .join(popularity, on="item_id")
+            .sort(["users", "ratings", "item_id"], descending=[True, True, False])
+        )
         item = best["item_id"][0]
         chosen.append(item)
         now = left.filter(pl.col("item_id") == item)["user_id"].unique().implode()
         left = left.filter(~pl.col("user_id").is_in(now))
     taken = set(chosen)
-    chosen += [i for i in ranked if i not in taken][:limit - len(chosen)]
+    chosen += [i for i in ranked if i not in taken][: limit - len(chosen)]
     return chosen, len(set(chosen) - set(top))
 
 
-def _summary(rule: str, seed: int, limit_users: int | None, limit_items: int | None, order: list[str],
-             before: pl.DataFrame, small: pl.DataFrame, items: pl.DataFrame, n_users: int, passed_over: int,
-             covered: int, total_interactions: int) -> str:
+def _summary(
+    rule: str,
+    seed: int,
+    limit_users: int | None,
+    limit_items: int | None,
+    order: list[str],
+    before: pl.DataFrame,
+    small: pl.DataFrame,
+    items: pl.DataFrame,
+    n_users: int,
+    passed_over: int,
+    covered: int,
+    total_interactions: int,
+) -> str:
     """The one line that says what a trial sample kept and why."""
     asked_u = f"{limit_users} asked" if limit_users is not None else "no limit_users"
     asked_i = f"{limit_items} asked" if limit_items is not None else "no limit_items"
-    head = f"trial sample (sample_items={rule}, seed {seed}): users {n_users} kept of {asked_u} " \
-           f"({len(order)} with ratings)"
+    head = (
+        f"trial sample (sample_items={rule}, seed {seed}): users {n_users} kept of {asked_u} "
+        f"({len(order)} with ratings)"
+    )
     if rule == "whole_histories":
-        why = f"; {passed_over} passed over: their whole history would take the items past limit_items={limit_items}" \
-            if passed_over else ""
-        return (f"{head}{why}; items {items.height} kept of {asked_i}: every item the kept users rated (histories "
-                f"are never cut); interactions {small.height} kept of {total_interactions}")
+        why = (
+            f"; {passed_over} passed over: their whole history would take the items past limit_items={limit_items}"
+            if passed_over
+            else ""
+        )
+        return (
+            f"{head}{why}; items {items.height} kept of {asked_i}: every item the kept users rated (histories "
+            f"are never cut); interactions {small.height} kept of {total_interactions}"
+        )
     pool = before["item_id"].n_unique()
     if limit_items is None or pool <= limit_items:
         item_why = f"every item the kept users rated ({pool})"
     else:
         item_why = f"the most-rated of the {pool} items the kept users rated"
         if covered:
-            item_why += (f" ({covered} of them in place of more-rated ones, so that every kept user keeps a "
-                         "rating)")
+            item_why += f" ({covered} of them in place of more-rated ones, so that every kept user keeps a rating)"
     asked = len(order) if limit_users is None else min(limit_users, len(order))
     dropped = asked - n_users
-    drop = (f"; {dropped} drawn users dropped: none of their ratings is among the kept items (limit_items="
-            f"{limit_items} is too few to give each of the {asked} users one)") if dropped else ""
-    return (f"{head}; items {items.height} kept of {asked_i}: {item_why}; interactions {small.height} kept of the "
-            f"kept users' {before.height} (histories cut to the kept items; {total_interactions} in the data){drop}")
+    drop = (
+        (
+            f"; {dropped} drawn users dropped: none of their ratings is among the kept items (limit_items="
+            f"{limit_items} is too few to give each of the {asked} users one)"
+        )
+        if dropped
+        else ""
+    )
+    return (
+        f"{head}; items {items.height} kept of {asked_i}: {item_why}; interactions {small.height} kept of the "
+        f"kept users' {before.height} (histories cut to the kept items; {total_interactions} in the data){drop}"
+    )
 
 
 def _share(kept: int, total: int) -> str:
     return f"{kept} of {total} ({kept / total:.1%})" if total else f"{kept} of 0"
 
 
-def sample_notes(full: Dataset, inter: pl.DataFrame, items: pl.DataFrame, users: pl.DataFrame,
-                 passed_over: int) -> dict[str, str | int]:
+def sample_notes(
+    full: Dataset, inter: pl.DataFrame, items: pl.DataFrame, users: pl.DataFrame, passed_over: int
+) -> dict[str, str | int]:
     """How much of ``full`` a sample kept, for ``Dataset.notes`` (and so the job's closing summary)."""
     notes: dict[str, str | int] = {
         "sample_kept_users": _share(users.height, full.users.height),
         "sample_kept_items": _share(items.height, full.items.height),
-        "sample_kept_interactions": _share(inter.height, full.interactions.height)}
+        "sample_kept_interactions": _share(inter.height, full.interactions.height),
+    }
     if passed_over:
         notes["sample_users_passed_over_for_limit_items"] = passed_over
     return notes

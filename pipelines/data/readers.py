@@ -3,6 +3,7 @@
 A few malformed rows are skipped with a logged count and the first offending line numbers; a missing
 file, or a file where most rows are unreadable, raises an error that names the file.
 """
+
 from __future__ import annotations
 
 import ast
@@ -60,13 +61,26 @@ def read_lines(path: Path) -> pl.DataFrame:
     data = utf8_bytes(read_bytes(path), path)
     if not data.strip():
         return pl.DataFrame(schema={"line_no": pl.UInt32, "line": pl.Utf8})
-    frame = pl.read_csv(io.BytesIO(data), has_header=False, separator="\x1f", quote_char=None,
-                        schema={"line": pl.Utf8}, truncate_ragged_lines=True)
+    frame = pl.read_csv(
+        io.BytesIO(data),
+        has_header=False,
+        separator="\x1f",
+        quote_char=None,
+        schema={"line": pl.Utf8},
+        truncate_ragged_lines=True,
+    )
     return frame.with_row_index("line_no", offset=1)
 
 
-def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: str = "line",
-               notes: dict[str, Any] | None = None, why: str = "", columns: Sequence[str] = ()) -> None:
+def report_bad(
+    path: Path,
+    total: int,
+    bad_line_numbers: Sequence[int],
+    what: str = "line",
+    notes: dict[str, Any] | None = None,
+    why: str = "",
+    columns: Sequence[str] = (),
+) -> None:
     """Log skipped rows and record them in ``notes`` (when given) as ``malformed {what}s{why}``; raise
     ``DataFileError`` when the file is empty or mostly unreadable (naming ``columns``, the fields at fault)."""
     if total == 0:
@@ -77,8 +91,10 @@ def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: st
     first = ", ".join(str(n) for n in list(bad_line_numbers)[:SHOWN_BAD_LINES])
     if n_bad > MAX_BAD_FRACTION * total:
         where = f" (column {', '.join(repr(c) for c in columns)} empty or invalid)" if columns else ""
-        raise DataFileError(f"{path}: {n_bad} of {total} {what}s are malformed{where} (first at {what} {first}); "
-                            "is this the right file and format?")
+        raise DataFileError(
+            f"{path}: {n_bad} of {total} {what}s are malformed{where} (first at {what} {first}); "
+            "is this the right file and format?"
+        )
     log.warning("%s: skipped %d malformed %s(s) of %d (first at %s %s)", path, n_bad, what, total, what, first)
     if notes is not None:
         _record(notes, path, f"malformed {what}s{why}, skipped", bad_line_numbers)
@@ -86,6 +102,7 @@ def report_bad(path: Path, total: int, bad_line_numbers: Sequence[int], what: st
 
 def _cast(frame: pl.DataFrame, dtypes: Mapping[str, DType]) -> pl.DataFrame:
     """Columns cast non-strictly (a value that does not cast is null); text stripped, empty text null."""
+
     def typed(name: str, dtype: DType) -> pl.Expr:
         col = pl.col(name)
         if frame.schema[name] == pl.Utf8:
@@ -96,8 +113,13 @@ def _cast(frame: pl.DataFrame, dtypes: Mapping[str, DType]) -> pl.DataFrame:
     return frame.with_columns(typed(name, dtype) for name, dtype in dtypes.items())
 
 
-def cast_rows(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequence[str],
-              row_no: str = "line_no", keep_row_no: bool = False) -> tuple[pl.DataFrame, list[int]]:
+def cast_rows(
+    frame: pl.DataFrame,
+    dtypes: Mapping[str, DType],
+    required: Sequence[str],
+    row_no: str = "line_no",
+    keep_row_no: bool = False,
+) -> tuple[pl.DataFrame, list[int]]:
     """Cast columns (non-strict; text stripped, empty text = missing); split off rows whose ``required``
     columns end up null. Returns (good rows without ``row_no``, row numbers of the bad rows)."""
     cast = _cast(frame, dtypes)
@@ -106,9 +128,16 @@ def cast_rows(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequen
     return (good if keep_row_no else good.drop(row_no)), cast.filter(~ok)[row_no].to_list()
 
 
-def coerce(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequence[str], path: Path,
-           row_no: str = "line_no", keep_row_no: bool = False, notes: dict[str, Any] | None = None,
-           names: dict[str, str] | None = None) -> pl.DataFrame:
+def coerce(
+    frame: pl.DataFrame,
+    dtypes: Mapping[str, DType],
+    required: Sequence[str],
+    path: Path,
+    row_no: str = "line_no",
+    keep_row_no: bool = False,
+    notes: dict[str, Any] | None = None,
+    names: dict[str, str] | None = None,
+) -> pl.DataFrame:
     """``cast_rows`` plus ``report_bad``: the typed good rows of a frame read from ``path``; the skipped
     rows are counted in ``notes`` naming the required columns (``names``: canonical -> the file's name)."""
     cast = _cast(frame, dtypes)
@@ -121,9 +150,15 @@ def coerce(frame: pl.DataFrame, dtypes: Mapping[str, DType], required: Sequence[
     return good
 
 
-def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: Mapping[str, DType],
-                   required: Sequence[str], keep_line_no: bool = False,
-                   notes: dict[str, Any] | None = None) -> pl.DataFrame:
+def read_delimited(
+    path: Path,
+    separator: str,
+    names: Sequence[str],
+    dtypes: Mapping[str, DType],
+    required: Sequence[str],
+    keep_line_no: bool = False,
+    notes: dict[str, Any] | None = None,
+) -> pl.DataFrame:
     """A headerless file with a (possibly multi-character) separator, e.g. MovieLens ``::`` or ``|``.
 
     Columns not in ``dtypes`` stay strings. Lines with the wrong number of fields or uncastable
@@ -133,12 +168,17 @@ def read_delimited(path: Path, separator: str, names: Sequence[str], dtypes: Map
     parts = lines.with_columns(pl.col("line").str.strip_chars_end("\r").str.split(separator).alias("_f"))
     good_shape = pl.col("_f").list.len() == len(names)
     fields = parts.filter(good_shape).select(
-        "line_no", *(pl.col("_f").list.get(k).alias(n) for k, n in enumerate(names)))
-    good, bad_cast = cast_rows(fields, {n: dtypes[n] for n in names if n in dtypes}, required,
-                               keep_row_no=keep_line_no)
-    report_bad(path, lines.height, sorted(parts.filter(~good_shape)["line_no"].to_list() + bad_cast), notes=notes,
-               why=f" (not {len(names)} {separator!r}-separated fields, or an empty or invalid "
-                   f"{', '.join(repr(c) for c in required)})")
+        "line_no", *(pl.col("_f").list.get(k).alias(n) for k, n in enumerate(names))
+    )
+    good, bad_cast = cast_rows(fields, {n: dtypes[n] for n in names if n in dtypes}, required, keep_row_no=keep_line_no)
+    report_bad(
+        path,
+        lines.height,
+        sorted(parts.filter(~good_shape)["line_no"].to_list() + bad_cast),
+        notes=notes,
+        why=f" (not {len(names)} {separator!r}-separated fields, or an empty or invalid "
+        f"{', '.join(repr(c) for c in required)})",
+    )
     return good
 
 
@@ -159,8 +199,13 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict | None]]:
         yield no, record if isinstance(record, dict) else None
 
 
-def records_frame(path: Path, extract: Callable[[dict], dict | None], schema: Mapping[str, DType],
-                  notes: dict[str, Any] | None = None, needs: str = "a required field") -> pl.DataFrame:
+def records_frame(
+    path: Path,
+    extract: Callable[[dict], dict | None],
+    schema: Mapping[str, DType],
+    notes: dict[str, Any] | None = None,
+    needs: str = "a required field",
+) -> pl.DataFrame:
     """Map each JSON-lines record through ``extract`` into a typed frame.
 
     Lines that do not parse and records ``extract`` rejects (returns None: it lacks ``needs``) are skipped,
@@ -193,7 +238,7 @@ _QUOTED = r'"[^"]*"'  # a quoted field (doubled quotes inside split into adjacen
 
 def _record(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) -> list[int]:
     """Put ``len(lines)`` rows of ``path`` skipped or repaired for ``what`` in a load report (not logged)."""
-    shown = sorted(lines)[:SHOWN_BAD_LINES * 2]
+    shown = sorted(lines)[: SHOWN_BAD_LINES * 2]
     if lines:
         notes[f"{path.name}: {what}"] = {"count": len(lines), "lines": shown}
     return shown
@@ -204,8 +249,14 @@ def note(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) -> 
     if not lines:
         return
     shown = _record(notes, path, what, lines)
-    log.warning("%s: %s: %d line(s) (file lines, header = line 1): %s%s", path, what, len(lines), shown,
-                " ..." if len(lines) > len(shown) else "")
+    log.warning(
+        "%s: %s: %d line(s) (file lines, header = line 1): %s%s",
+        path,
+        what,
+        len(lines),
+        shown,
+        " ..." if len(lines) > len(shown) else "",
+    )
 
 
 def utf8_lines(raw: bytes) -> tuple[bytes, list[int]]:
@@ -234,10 +285,17 @@ def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.Da
     with its line numbers. Quoted fields may hold the separator but not a line break (both halves of such
     a row have an unbalanced quote)."""
     raw, repaired = utf8_lines(read_bytes(path))
-    lines = pl.read_csv(io.BytesIO(raw), has_header=False, separator="\x1f", quote_char=None,
-                        schema={"line": pl.Utf8}, truncate_ragged_lines=True).with_row_index("line_no", offset=1)
+    lines = pl.read_csv(
+        io.BytesIO(raw),
+        has_header=False,
+        separator="\x1f",
+        quote_char=None,
+        schema={"line": pl.Utf8},
+        truncate_ragged_lines=True,
+    ).with_row_index("line_no", offset=1)
     lines = lines.with_columns(pl.col("line").str.strip_chars_end("\r")).filter(
-        pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != ""))
+        pl.col("line").is_not_null() & (pl.col("line").str.strip_chars() != "")
+    )
     if lines.is_empty():
         raise DataFileError(f"{path}: empty file")
     odd = pl.col("line").str.count_matches('"', literal=True) % 2 == 1
@@ -250,10 +308,18 @@ def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.Da
     width = lines["_n"][0]
     body = lines.slice(1)
     note(notes, path, "lines not UTF-8, repaired as Latin-1", repaired)
-    note(notes, path, f"rows with more fields than the header's {width}, skipped",
-         body.filter(pl.col("_n") > width)["line_no"].to_list())
-    note(notes, path, f"rows with fewer fields than the header's {width}, skipped",
-         body.filter(pl.col("_n") < width)["line_no"].to_list())
+    note(
+        notes,
+        path,
+        f"rows with more fields than the header's {width}, skipped",
+        body.filter(pl.col("_n") > width)["line_no"].to_list(),
+    )
+    note(
+        notes,
+        path,
+        f"rows with fewer fields than the header's {width}, skipped",
+        body.filter(pl.col("_n") < width)["line_no"].to_list(),
+    )
     good = body.filter(pl.col("_n") == width)
     text = "\n".join([lines["line"][0], *good["line"].to_list()])
     try:
@@ -261,26 +327,35 @@ def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.Da
     except pl.exceptions.PolarsError as err:
         raise DataFileError(f"{path}: unreadable CSV ({err})") from err
     if frame.height != good.height:
-        raise DataFileError(f"{path}: {good.height} rows checked but {frame.height} parsed; a quoted field "
-                            "probably holds a line break")
+        raise DataFileError(
+            f"{path}: {good.height} rows checked but {frame.height} parsed; a quoted field probably holds a line break"
+        )
     return frame.with_columns(good["line_no"])
 
 
-def drop_unknown_items(inter: pl.DataFrame, items: pl.DataFrame, path: Path, notes: dict[str, Any],
-                       line_col: str = "line_no") -> pl.DataFrame:
+def drop_unknown_items(
+    inter: pl.DataFrame, items: pl.DataFrame, path: Path, notes: dict[str, Any], line_col: str = "line_no"
+) -> pl.DataFrame:
     """Interactions whose item is in ``items`` (the catalogue); the others are skipped and counted. When
     none is, the load stops naming the file and the column (ids that do not match between the files)."""
     known = pl.col("item_id").is_in(items["item_id"].implode())
     if inter.height and not inter.select(known.any()).item():
-        raise DataFileError(f"{path}: column 'item_id': none of the {inter.height} interactions names an item of "
-                            f"the items file (e.g. {inter['item_id'][0]!r}; items are e.g. "
-                            f"{items['item_id'].head(3).to_list()})")
-    note(notes, path, "interactions with items missing from the items file, skipped",
-         inter.filter(~known)[line_col].to_list())
+        raise DataFileError(
+            f"{path}: column 'item_id': none of the {inter.height} interactions names an item of "
+            f"the items file (e.g. {inter['item_id'][0]!r}; items are e.g. "
+            f"{items['item_id'].head(3).to_list()})"
+        )
+    note(
+        notes,
+        path,
+        "interactions with items missing from the items file, skipped",
+        inter.filter(~known)[line_col].to_list(),
+    )
     return inter.filter(known)
 
 
 # ---- ids and JSON-lines tables: one row at a time ------------------------------------------------
+
 
 def _label(column: str, source: str | None) -> str:
     """``'item_id'``, or ``item_id (column 'iid')`` when the file names it otherwise."""
@@ -303,16 +378,19 @@ def id_text(frame: pl.DataFrame, column: str, path: Path, source: str | None = N
     return frame.with_columns(pl.when(text != "").then(text).alias(column))
 
 
-def drop_empty_ids(frame: pl.DataFrame, column: str, path: Path, notes: dict[str, Any], line_col: str,
-                   source: str | None = None) -> pl.DataFrame:
+def drop_empty_ids(
+    frame: pl.DataFrame, column: str, path: Path, notes: dict[str, Any], line_col: str, source: str | None = None
+) -> pl.DataFrame:
     """Ids normalised (:func:`id_text`); rows without one skipped and counted in ``notes`` by file line. A
     file where more than half the rows have none stops the load, naming the file and the column."""
     frame = id_text(frame, column, path, source)
     empty = frame.filter(pl.col(column).is_null())
     if empty.height > MAX_BAD_FRACTION * frame.height:
         first = ", ".join(str(n) for n in empty[line_col].head(SHOWN_BAD_LINES).to_list())
-        raise DataFileError(f"{path}: column {_label(column, source)}: {empty.height} of {frame.height} rows have "
-                            f"no {column} (first at line {first}); is it the right column?")
+        raise DataFileError(
+            f"{path}: column {_label(column, source)}: {empty.height} of {frame.height} rows have "
+            f"no {column} (first at line {first}); is it the right column?"
+        )
     note(notes, path, f"rows with an empty {_label(column, source)}, skipped", empty[line_col].to_list())
     return frame.filter(pl.col(column).is_not_null())
 

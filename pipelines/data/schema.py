@@ -7,6 +7,7 @@ items         item_id: Utf8, title: Utf8, genres: List(Utf8), category: Utf8?, s
               year: Int32?, plus any further attribute columns
 users         user_id: Utf8, plus attribute columns (age: Int32?, gender: Utf8?, occupation: Utf8?, ...)
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,10 +18,20 @@ import polars as pl
 # a polars dtype, as a class (pl.Utf8) or an instance (pl.List(pl.Utf8)): polars takes both
 DType: TypeAlias = Union[pl.DataType, type[pl.DataType]]
 
-INTERACTIONS_SCHEMA: dict[str, DType] = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64,
-                                        "timestamp": pl.Int64}
-ITEM_COLUMNS: dict[str, DType] = {"item_id": pl.Utf8, "title": pl.Utf8, "genres": pl.List(pl.Utf8),
-                                 "category": pl.Utf8, "sub_category": pl.Utf8, "year": pl.Int32}
+INTERACTIONS_SCHEMA: dict[str, DType] = {
+    "user_id": pl.Utf8,
+    "item_id": pl.Utf8,
+    "rating": pl.Float64,
+    "timestamp": pl.Int64,
+}
+ITEM_COLUMNS: dict[str, DType] = {
+    "item_id": pl.Utf8,
+    "title": pl.Utf8,
+    "genres": pl.List(pl.Utf8),
+    "category": pl.Utf8,
+    "sub_category": pl.Utf8,
+    "year": pl.Int32,
+}
 USER_ID: dict[str, DType] = {"user_id": pl.Utf8}
 
 
@@ -69,9 +80,11 @@ class Split:
 
 def conform_interactions(frame: pl.DataFrame) -> pl.DataFrame:
     """Canonical interaction columns and types, exact duplicates dropped, sorted by user then time."""
-    return (frame.select(pl.col(name).cast(dtype) for name, dtype in INTERACTIONS_SCHEMA.items())
-            .unique(maintain_order=True)
-            .sort(["user_id", "timestamp", "item_id"], maintain_order=True))  # stable: ties keep file order
+    return (
+        frame.select(pl.col(name).cast(dtype) for name, dtype in INTERACTIONS_SCHEMA.items())
+        .unique(maintain_order=True)
+        .sort(["user_id", "timestamp", "item_id"], maintain_order=True)
+    )  # stable: ties keep file order
 
 
 def conform_items(frame: pl.DataFrame) -> pl.DataFrame:
@@ -80,15 +93,18 @@ def conform_items(frame: pl.DataFrame) -> pl.DataFrame:
     ``category``/``sub_category`` default to the first/second genre where missing; the first row per
     item_id wins.
     """
-    frame = frame.with_columns(pl.lit(None, dtype).alias(name) for name, dtype in ITEM_COLUMNS.items()
-                               if name not in frame.columns)
     frame = frame.with_columns(
-        pl.col(name).cast(dtype) for name, dtype in ITEM_COLUMNS.items()
-    ).with_columns(
-        pl.col("genres").fill_null(pl.lit([], pl.List(pl.Utf8))),
-    ).with_columns(
-        pl.col("category").fill_null(pl.col("genres").list.get(0, null_on_oob=True)),
-        pl.col("sub_category").fill_null(pl.col("genres").list.get(1, null_on_oob=True)),
+        pl.lit(None, dtype).alias(name) for name, dtype in ITEM_COLUMNS.items() if name not in frame.columns
+    )
+    frame = (
+        frame.with_columns(pl.col(name).cast(dtype) for name, dtype in ITEM_COLUMNS.items())
+        .with_columns(
+            pl.col("genres").fill_null(pl.lit([], pl.List(pl.Utf8))),
+        )
+        .with_columns(
+            pl.col("category").fill_null(pl.col("genres").list.get(0, null_on_oob=True)),
+            pl.col("sub_category").fill_null(pl.col("genres").list.get(1, null_on_oob=True)),
+        )
     )
     extras = [c for c in frame.columns if c not in ITEM_COLUMNS]
     return frame.select(*ITEM_COLUMNS, *extras).unique(subset="item_id", keep="first", maintain_order=True)
@@ -96,6 +112,8 @@ def conform_items(frame: pl.DataFrame) -> pl.DataFrame:
 
 def conform_users(frame: pl.DataFrame) -> pl.DataFrame:
     """``user_id`` first as Utf8, attribute columns kept; the first row per user_id wins."""
-    return (frame.with_columns(pl.col("user_id").cast(pl.Utf8))
-            .select("user_id", pl.exclude("user_id"))
-            .unique(subset="user_id", keep="first", maintain_order=True))
+    return (
+        frame.with_columns(pl.col("user_id").cast(pl.Utf8))
+        .select("user_id", pl.exclude("user_id"))
+        .unique(subset="user_id", keep="first", maintain_order=True)
+    )

@@ -7,6 +7,7 @@ Structure the pipeline can exploit, planted on purpose:
 - cold users (1-3 interactions) and cold items (0-2 interactions);
 - user attributes: age, gender, occupation; strictly increasing timestamps per user.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,18 +16,104 @@ import polars as pl
 from pipelines.data.config import SyntheticParams
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS, Dataset
 
-GENRES = ["Action", "Adventure", "Animation", "Comedy", "Crime", "Documentary", "Drama", "Fantasy",
-          "Horror", "Mystery", "Romance", "Sci-Fi", "Thriller", "War", "Western", "Musical"]
-_ADJECTIVES = ["Silent", "Broken", "Golden", "Last", "Hidden", "Crimson", "Endless", "Lonely", "Frozen",
-               "Wild", "Midnight", "Distant", "Burning", "Secret", "Restless", "Iron", "Paper", "Electric",
-               "Quiet", "Forgotten", "Savage", "Velvet", "Hollow", "Bright"]
-_NOUNS = ["Harbor", "Kingdom", "Road", "Garden", "Signal", "Empire", "River", "Storm", "Promise", "Mirror",
-          "Frontier", "Station", "Island", "Detective", "Orchard", "Machine", "Summer", "Shadow", "Letter",
-          "Circus", "Voyage", "Heart", "Tower", "Witness"]
-_PLACES = ["Paris", "the North", "Mars", "Brooklyn", "Tokyo", "the Valley", "the Deep", "Casablanca",
-           "Avalon", "the Border"]
-OCCUPATIONS = ["student", "engineer", "artist", "educator", "doctor", "writer", "programmer", "retired",
-               "salesman", "scientist", "lawyer", "technician", "homemaker", "administrator"]
+GENRES = [
+    "Action",
+    "Adventure",
+    "Animation",
+    "Comedy",
+    "Crime",
+    "Documentary",
+    "Drama",
+    "Fantasy",
+    "Horror",
+    "Mystery",
+    "Romance",
+    "Sci-Fi",
+    "Thriller",
+    "War",
+    "Western",
+    "Musical",
+]
+_ADJECTIVES = [
+    "Silent",
+    "Broken",
+    "Golden",
+    "Last",
+    "Hidden",
+    "Crimson",
+    "Endless",
+    "Lonely",
+    "Frozen",
+    "Wild",
+    "Midnight",
+    "Distant",
+    "Burning",
+    "Secret",
+    "Restless",
+    "Iron",
+    "Paper",
+    "Electric",
+    "Quiet",
+    "Forgotten",
+    "Savage",
+    "Velvet",
+    "Hollow",
+    "Bright",
+]
+_NOUNS = [
+    "Harbor",
+    "Kingdom",
+    "Road",
+    "Garden",
+    "Signal",
+    "Empire",
+    "River",
+    "Storm",
+    "Promise",
+    "Mirror",
+    "Frontier",
+    "Station",
+    "Island",
+    "Detective",
+    "Orchard",
+    "Machine",
+    "Summer",
+    "Shadow",
+    "Letter",
+    "Circus",
+    "Voyage",
+    "Heart",
+    "Tower",
+    "Witness",
+]
+_PLACES = [
+    "Paris",
+    "the North",
+    "Mars",
+    "Brooklyn",
+    "Tokyo",
+    "the Valley",
+    "the Deep",
+    "Casablanca",
+    "Avalon",
+    "the Border",
+]
+OCCUPATIONS = [
+    "student",
+    "engineer",
+    "artist",
+    "educator",
+    "doctor",
+    "writer",
+    "programmer",
+    "retired",
+    "salesman",
+    "scientist",
+    "lawyer",
+    "technician",
+    "homemaker",
+    "administrator",
+]
 _T0 = 946_684_800  # 2000-01-01 UTC
 
 
@@ -43,8 +130,11 @@ def _titles(rng: np.random.Generator, n: int) -> list[str]:
     out: list[str] = []
     while len(out) < n:
         pat = patterns[rng.integers(len(patterns))]
-        title = pat(_ADJECTIVES[rng.integers(len(_ADJECTIVES))], _NOUNS[rng.integers(len(_NOUNS))],
-                    _PLACES[rng.integers(len(_PLACES))])
+        title = pat(
+            _ADJECTIVES[rng.integers(len(_ADJECTIVES))],
+            _NOUNS[rng.integers(len(_NOUNS))],
+            _PLACES[rng.integers(len(_PLACES))],
+        )
         if title in seen:  # the pattern space is large; fall back to a sequel number when it collides
             title = f"{title} {2 + sum(t.startswith(title) for t in seen)}"
         seen.add(title)
@@ -58,14 +148,17 @@ def _items(rng: np.random.Generator, p: SyntheticParams) -> pl.DataFrame:
     for g in primary:
         extra = rng.choice([x for x in range(len(GENRES)) if x != g], size=rng.integers(0, 3), replace=False)
         genres.append([GENRES[g]] + [GENRES[x] for x in extra])
-    return pl.DataFrame({
-        "item_id": [f"i{k:04d}" for k in range(p.n_items)],
-        "title": _titles(rng, p.n_items),
-        "genres": genres,
-        "category": [g[0] for g in genres],
-        "sub_category": [g[1] if len(g) > 1 else None for g in genres],
-        "year": rng.integers(1950, 2021, size=p.n_items).astype(np.int32),
-    }, schema=ITEM_COLUMNS)
+    return pl.DataFrame(
+        {
+            "item_id": [f"i{k:04d}" for k in range(p.n_items)],
+            "title": _titles(rng, p.n_items),
+            "genres": genres,
+            "category": [g[0] for g in genres],
+            "sub_category": [g[1] if len(g) > 1 else None for g in genres],
+            "year": rng.integers(1950, 2021, size=p.n_items).astype(np.int32),
+        },
+        schema=ITEM_COLUMNS,
+    )
 
 
 def _cluster_genres(rng: np.random.Generator, n_clusters: int) -> list[set[int]]:
@@ -108,8 +201,11 @@ def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Data
         like = liked[clusters[u]]
         in_cluster = np.array([primary[k] in like for k in warm_items])
         n = int(rng.integers(1, 4)) if u in cold_users else int(rng.integers(p.min_history, p.max_history + 1))
-        w = popularity * np.where(in_cluster, p.in_cluster_share / max(in_cluster.sum(), 1),
-                                  (1 - p.in_cluster_share) / max((~in_cluster).sum(), 1))
+        w = popularity * np.where(
+            in_cluster,
+            p.in_cluster_share / max(in_cluster.sum(), 1),
+            (1 - p.in_cluster_share) / max((~in_cluster).sum(), 1),
+        )
         picks = rng.choice(warm_items, size=min(n, len(warm_items)), replace=False, p=w / w.sum())
         t = _T0 + int(rng.integers(0, 3 * 365 * 86_400))
         for k in picks:
@@ -123,20 +219,27 @@ def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Data
             ts = _T0 + 3 * 365 * 86_400 + int(rng.integers(0, 365 * 86_400))
             rows.append((f"u{u:04d}", f"i{k:04d}", _rating(rng, item_genres[k], primary[k], liked[clusters[u]]), ts))
 
-    interactions = (pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
-                    .unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
-                    .sort(["user_id", "timestamp", "item_id"]))
-    users = pl.DataFrame({
-        "user_id": [f"u{u:04d}" for u in range(p.n_users)],
-        "age": rng.integers(16, 70, size=p.n_users).astype(np.int32),
-        "gender": rng.choice(["F", "M"], size=p.n_users).tolist(),
-        "occupation": rng.choice(OCCUPATIONS, size=p.n_users).tolist(),
-    }, schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8})
-    truth = pl.DataFrame({
-        "user_id": users["user_id"],
-        "cluster": clusters.astype(np.int32),
-        "liked_genres": [sorted(GENRES[g] for g in liked[c]) for c in clusters],
-    })
+    interactions = (
+        pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
+        .unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
+        .sort(["user_id", "timestamp", "item_id"])
+    )
+    users = pl.DataFrame(
+        {
+            "user_id": [f"u{u:04d}" for u in range(p.n_users)],
+            "age": rng.integers(16, 70, size=p.n_users).astype(np.int32),
+            "gender": rng.choice(["F", "M"], size=p.n_users).tolist(),
+            "occupation": rng.choice(OCCUPATIONS, size=p.n_users).tolist(),
+        },
+        schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8},
+    )
+    truth = pl.DataFrame(
+        {
+            "user_id": users["user_id"],
+            "cluster": clusters.astype(np.int32),
+            "liked_genres": [sorted(GENRES[g] for g in liked[c]) for c in clusters],
+        }
+    )
     return Dataset(name="synthetic", domain="movie", interactions=interactions, items=items, users=users), truth
 
 
@@ -159,26 +262,39 @@ def _scale_items(rng: np.random.Generator, n_items: int) -> pl.DataFrame:
     offsets = rng.permuted(np.tile(np.arange(1, len(GENRES)), (n_items, 1)), axis=1)[:, :2]  # two distinct others
     n_extra = rng.integers(0, 3, size=n_items)
     names = np.array(GENRES)
-    frame = pl.DataFrame({
-        "item_id": _ids("i", n_items), "n_extra": n_extra,
-        "g0": names[primary], "x1": names[(primary + offsets[:, 0]) % len(GENRES)],
-        "x2": names[(primary + offsets[:, 1]) % len(GENRES)],
-        "adj": np.array(_ADJECTIVES)[rng.integers(len(_ADJECTIVES), size=n_items)],
-        "noun": np.array(_NOUNS)[rng.integers(len(_NOUNS), size=n_items)],
-        "year": rng.integers(1950, 2021, size=n_items).astype(np.int32),
-    })
-    frame = frame.with_columns(g1=pl.when(pl.col("n_extra") > 0).then("x1"),
-                               g2=pl.when(pl.col("n_extra") > 1).then("x2"))
+    frame = pl.DataFrame(
+        {
+            "item_id": _ids("i", n_items),
+            "n_extra": n_extra,
+            "g0": names[primary],
+            "x1": names[(primary + offsets[:, 0]) % len(GENRES)],
+            "x2": names[(primary + offsets[:, 1]) % len(GENRES)],
+            "adj": np.array(_ADJECTIVES)[rng.integers(len(_ADJECTIVES), size=n_items)],
+            "noun": np.array(_NOUNS)[rng.integers(len(_NOUNS), size=n_items)],
+            "year": rng.integers(1950, 2021, size=n_items).astype(np.int32),
+        }
+    )
+    frame = frame.with_columns(
+        g1=pl.when(pl.col("n_extra") > 0).then("x1"), g2=pl.when(pl.col("n_extra") > 1).then("x2")
+    )
     return frame.select(
         "item_id",
         title=pl.concat_str("adj", "noun", pl.col("item_id").str.slice(1), separator=" "),  # the id keeps it unique
         genres=pl.concat_list("g0", "g1", "g2").list.drop_nulls(),
-        category="g0", sub_category="g1", year="year",
+        category="g0",
+        sub_category="g1",
+        year="year",
     ).cast(pl.Schema(ITEM_COLUMNS))
 
 
-def scale_catalogue(n_users: int, n_items: int, mean_history: float = 20.0, seed: int = 0,
-                    popularity_exponent: float = 1.0, activity_sigma: float = 1.0) -> Dataset:
+def scale_catalogue(
+    n_users: int,
+    n_items: int,
+    mean_history: float = 20.0,
+    seed: int = 0,
+    popularity_exponent: float = 1.0,
+    activity_sigma: float = 1.0,
+) -> Dataset:
     """A large synthetic catalogue in time and memory linear in users + items + interactions (no users x items).
 
     - activity: each user's interaction count is lognormal (``activity_sigma``) with mean ``mean_history``,
@@ -191,11 +307,13 @@ def scale_catalogue(n_users: int, n_items: int, mean_history: float = 20.0, seed
     Canonical tables (pipelines/data/schema.py); same arguments, same tables.
     """
     if n_users < 1 or n_items < 1 or mean_history <= 0:
-        raise ValueError(f"scale_catalogue needs n_users, n_items >= 1 and mean_history > 0, got "
-                         f"{n_users}, {n_items}, {mean_history}")
+        raise ValueError(
+            f"scale_catalogue needs n_users, n_items >= 1 and mean_history > 0, got "
+            f"{n_users}, {n_items}, {mean_history}"
+        )
     rng = np.random.default_rng(seed)
     items = _scale_items(rng, n_items)
-    mu = np.log(mean_history) - activity_sigma ** 2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
+    mu = np.log(mean_history) - activity_sigma**2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
     counts = np.clip(np.rint(rng.lognormal(mu, activity_sigma, size=n_users)), 1, n_items).astype(np.int64)
     total = int(counts.sum())
     user = np.repeat(np.arange(n_users, dtype=np.int64), counts)
@@ -203,23 +321,42 @@ def scale_catalogue(n_users: int, n_items: int, mean_history: float = 20.0, seed
     item = rng.permutation(n_items)[rng.choice(n_items, size=total, p=weights / weights.sum())]
     favourite = rng.integers(len(GENRES), size=n_users)
     primary = pl.Series(items["category"]).replace_strict(GENRES, list(range(len(GENRES))), return_dtype=pl.Int64)
-    score = (3.2 + rng.normal(0, 0.5, n_users)[user] + rng.normal(0, 0.6, n_items)[item]
-             + 0.8 * (primary.to_numpy()[item] == favourite[user]) + rng.normal(0, 0.7, total))
+    score = (
+        3.2
+        + rng.normal(0, 0.5, n_users)[user]
+        + rng.normal(0, 0.6, n_items)[item]
+        + 0.8 * (primary.to_numpy()[item] == favourite[user])
+        + rng.normal(0, 0.7, total)
+    )
     gaps = rng.integers(60, 7 * 86_400, size=total)
     clock = np.cumsum(gaps)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     start = _T0 + rng.integers(0, 3 * 365 * 86_400, size=n_users)
     timestamp = start[user] + clock - (clock - gaps)[first][user]  # each user's clock from their own start
     user_ids, item_ids = _ids("u", n_users), _ids("i", n_items)
-    interactions = pl.DataFrame({
-        "user_id": user_ids.gather(user), "item_id": item_ids.gather(item),
-        "rating": np.clip(np.rint(score), 1, 5), "timestamp": timestamp,
-    }, schema=INTERACTIONS_SCHEMA).unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
-    users = pl.DataFrame({
-        "user_id": user_ids,
-        "age": rng.integers(16, 70, size=n_users).astype(np.int32),
-        "gender": np.array(["F", "M"])[rng.integers(2, size=n_users)],
-        "occupation": np.array(OCCUPATIONS)[rng.integers(len(OCCUPATIONS), size=n_users)],
-    }, schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8})
-    return Dataset(name=f"scale-{n_users}u-{n_items}i", domain="movie", interactions=interactions, items=items,
-                   users=users, notes={"generator": "scale_catalogue", "seed": seed, "mean_history": mean_history})
+    interactions = pl.DataFrame(
+        {
+            "user_id": user_ids.gather(user),
+            "item_id": item_ids.gather(item),
+            "rating": np.clip(np.rint(score), 1, 5),
+            "timestamp": timestamp,
+        },
+        schema=INTERACTIONS_SCHEMA,
+    ).unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
+    users = pl.DataFrame(
+        {
+            "user_id": user_ids,
+            "age": rng.integers(16, 70, size=n_users).astype(np.int32),
+            "gender": np.array(["F", "M"])[rng.integers(2, size=n_users)],
+            "occupation": np.array(OCCUPATIONS)[rng.integers(len(OCCUPATIONS), size=n_users)],
+        },
+        schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8},
+    )
+    return Dataset(
+        name=f"scale-{n_users}u-{n_items}i",
+        domain="movie",
+        interactions=interactions,
+        items=items,
+        users=users,
+        notes={"generator": "scale_catalogue", "seed": seed, "mean_history": mean_history},
+    )

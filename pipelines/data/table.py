@@ -13,6 +13,7 @@ Ids are text whatever a file types them as (``10``, ``10.0`` from an integer col
 their file line: an empty id, a line that is not JSON, a CSV line with an unbalanced quote or the
 wrong number of fields, an invalid rating or timestamp.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,10 +23,18 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.config import DatasetConfig
-from pipelines.data.readers import (MAX_BAD_FRACTION, DataFileError, coerce, drop_empty_ids, drop_unknown_items,
-                                    id_text, note, read_checked_csv, read_json_table)
-from pipelines.data.schema import (INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items,
-                                   conform_users)
+from pipelines.data.readers import (
+    MAX_BAD_FRACTION,
+    DataFileError,
+    coerce,
+    drop_empty_ids,
+    drop_unknown_items,
+    id_text,
+    note,
+    read_checked_csv,
+    read_json_table,
+)
+from pipelines.data.schema import INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items, conform_users
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +66,22 @@ def _rename(frame: pl.DataFrame, mapping: dict[str, str], required: list[str], p
     """Rename source columns to canonical names; error naming the file and column when a required one is missing."""
     missing = [f"{canon} (column {mapping[canon]!r})" for canon in required if mapping[canon] not in frame.columns]
     if missing:
-        raise DataFileError(f"{path}: missing {', '.join(missing)}; found columns "
-                            f"{[c for c in frame.columns if c != LINE]}")
+        raise DataFileError(
+            f"{path}: missing {', '.join(missing)}; found columns {[c for c in frame.columns if c != LINE]}"
+        )
     present = {src: canon for canon, src in mapping.items() if src in frame.columns and src != canon}
     return frame.drop([c for c in present.values() if c in frame.columns]).rename(present)
 
 
-ISO_FORMATS = ("%Y-%m-%dT%H:%M:%S%.f", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S",
-               "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%d")
+ISO_FORMATS = (
+    "%Y-%m-%dT%H:%M:%S%.f",
+    "%Y-%m-%d %H:%M:%S%.f",
+    "%Y-%m-%dT%H:%M:%S",
+    "%Y-%m-%d %H:%M:%S",
+    "%Y-%m-%dT%H:%M",
+    "%Y-%m-%d %H:%M",
+    "%Y-%m-%d",
+)
 
 
 def _parse_text_times(text: pl.Expr, fmt: str) -> pl.Expr:
@@ -78,8 +95,7 @@ def _parse_text_times(text: pl.Expr, fmt: str) -> pl.Expr:
     return pl.coalesce(digits, *parsed)
 
 
-def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path,
-                       notes: dict[str, Any]) -> pl.DataFrame:
+def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path, notes: dict[str, Any]) -> pl.DataFrame:
     """The timestamp column as unix seconds (Date/Datetime columns converted; text by ``fmt``, see
     ``dataset.timestamp_format``). Text that does not match is skipped and counted naming the column; a
     column that mostly does not match is an error."""
@@ -96,10 +112,16 @@ def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path,
     if bad.height:
         first = bad.row(0, named=True)
         if bad.height > MAX_BAD_FRACTION * frame.height:
-            raise DataFileError(f"{path}: column {column!r}: {bad.height} of {frame.height} timestamps do not match "
-                                f"dataset.timestamp_format {fmt!r} (first at row {first[LINE]}: {first['_raw']!r})")
-        note(notes, path, f"timestamps in column {column!r} not matching dataset.timestamp_format {fmt!r}, skipped",
-             bad[LINE].to_list())
+            raise DataFileError(
+                f"{path}: column {column!r}: {bad.height} of {frame.height} timestamps do not match "
+                f"dataset.timestamp_format {fmt!r} (first at row {first[LINE]}: {first['_raw']!r})"
+            )
+        note(
+            notes,
+            path,
+            f"timestamps in column {column!r} not matching dataset.timestamp_format {fmt!r}, skipped",
+            bad[LINE].to_list(),
+        )
         out = out.join(bad.select(LINE), on=LINE, how="anti")
     return out.drop("_raw")
 
@@ -120,8 +142,16 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     for key in ("user_id", "item_id"):
         inter = id_text(inter, key, inter_path, mapping[key])
     inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], inter_path, notes)
-    inter = coerce(inter, INTERACTIONS_SCHEMA, required, inter_path, row_no=LINE, keep_row_no=True, notes=notes,
-                   names={k: mapping[k] for k in required})
+    inter = coerce(
+        inter,
+        INTERACTIONS_SCHEMA,
+        required,
+        inter_path,
+        row_no=LINE,
+        keep_row_no=True,
+        notes=notes,
+        names={k: mapping[k] for k in required},
+    )
 
     if cfg.items_file:
         items = _read_items(directory / cfg.items_file, cfg, mapping, notes)
@@ -140,8 +170,14 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     else:
         users = inter.select("user_id").unique().sort("user_id")
     name = cfg.name or inter_path.name.split(".")[0]
-    return Dataset(name=name, domain=cfg.resolved_domain(), interactions=inter, items=conform_items(items),
-                   users=conform_users(users), notes=notes)
+    return Dataset(
+        name=name,
+        domain=cfg.resolved_domain(),
+        interactions=inter,
+        items=conform_items(items),
+        users=conform_users(users),
+        notes=notes,
+    )
 
 
 SCALAR_ITEM_COLUMNS = ("title", "sub_category", "year")  # a list here has no one reading: the load stops
@@ -154,16 +190,25 @@ def _read_items(path: Path, cfg: DatasetConfig, mapping: dict[str, str], notes: 
     items = drop_empty_ids(items, "item_id", path, notes, LINE, mapping["item_id"])
     for column in (c for c in SCALAR_ITEM_COLUMNS if c in items.columns):
         if items.schema[column].is_nested():
-            raise DataFileError(f"{path}: column {mapping[column]!r} holds {items.schema[column]} values, not one "
-                                f"{column} per item; map columns.{column} to a column of single values")
+            raise DataFileError(
+                f"{path}: column {mapping[column]!r} holds {items.schema[column]} values, not one "
+                f"{column} per item; map columns.{column} to a column of single values"
+            )
     items = _category_path(items, path, notes, mapping["category"])
     if "genres" in items.columns and items.schema["genres"] == pl.Utf8:
-        items = items.with_columns(pl.col("genres").str.split(cfg.genres_separator).list.eval(
-            pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != "")))
+        items = items.with_columns(
+            pl.col("genres")
+            .str.split(cfg.genres_separator)
+            .list.eval(pl.element().str.strip_chars().filter(pl.element().str.strip_chars() != ""))
+        )
     title = pl.col("title").cast(pl.Utf8).str.strip_chars()
     items = items.with_columns(title=pl.when(title != "").then(title))
-    note(notes, path, f"items with an empty title (column {mapping['title']!r}): the item id is the title",
-         items.filter(pl.col("title").is_null())[LINE].to_list())
+    note(
+        notes,
+        path,
+        f"items with an empty title (column {mapping['title']!r}): the item id is the title",
+        items.filter(pl.col("title").is_null())[LINE].to_list(),
+    )
     items = items.with_columns(pl.col("title").fill_null(pl.col("item_id")))
     if "year" in items.columns:
         items = items.with_columns(pl.col("year").cast(pl.Int32, strict=False))
@@ -177,12 +222,18 @@ def _category_path(items: pl.DataFrame, path: Path, notes: dict[str, Any], sourc
     if dtype is None or not dtype.is_nested():
         return items
     if not isinstance(dtype, pl.List):
-        raise DataFileError(f"{path}: column {source!r} (category) holds {dtype} values; expected text or a list "
-                            "of text")
+        raise DataFileError(
+            f"{path}: column {source!r} (category) holds {dtype} values; expected text or a list of text"
+        )
     listed = items.filter(pl.col("category").list.len() > 0)[LINE].to_list()
     path_ = pl.col("category").cast(pl.List(pl.Utf8))
     second = path_.list.get(1, null_on_oob=True)
     sub = pl.coalesce(pl.col("sub_category").cast(pl.Utf8), second) if "sub_category" in items.columns else second
-    note(notes, path, f"items whose category (column {source!r}) is a list: the first entry is the category, the "
-         "second the sub-category", listed)
+    note(
+        notes,
+        path,
+        f"items whose category (column {source!r}) is a list: the first entry is the category, the "
+        "second the sub-category",
+        listed,
+    )
     return items.with_columns(category=path_.list.get(0, null_on_oob=True), sub_category=sub)

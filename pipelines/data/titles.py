@@ -1,4 +1,5 @@
 """Title clean-up shared by the loaders: ``"Usual Suspects, The (1995)"`` -> ``"The Usual Suspects"``, 1995."""
+
 from __future__ import annotations
 
 import polars as pl

@@ -5,6 +5,7 @@ Users are served when they have interactions (every user with one has a new hist
 knowledge). A user in the users table without any interaction (e.g. every one of its interactions was
 outside a trial sample) gets none: counted here, logged, and written to the closing summary.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,8 +40,10 @@ def lightgcn_notes(best_recall: float | None) -> dict[str, str]:
     if best_recall is None:
         msg = "LightGCN was not trained; collaborative groups are unavailable"
     elif best_recall <= 0.0:
-        msg = ("LightGCN learned nothing (best recall@k 0.0): collaborative groups are arbitrary; the sample is "
-               "probably too small (raise dataset.limit_users / limit_items)")
+        msg = (
+            "LightGCN learned nothing (best recall@k 0.0): collaborative groups are arbitrary; the sample is "
+            "probably too small (raise dataset.limit_users / limit_items)"
+        )
     else:
         return {}
     log.warning(msg)
@@ -56,8 +59,10 @@ def pool_kind_notes(routing: pl.DataFrame, policies: Mapping[str, str]) -> dict[
             continue
         kinds = routing.filter(pl.col("entity_type") == etype)["pool_kind"].unique().to_list()
         if len(kinds) == 1:
-            msg = (f"every {etype} went to the {kinds[0]} pool (routing.{etype}_policy warm_cold, warm_threshold); "
-                   "the router had nothing to choose")
+            msg = (
+                f"every {etype} went to the {kinds[0]} pool (routing.{etype}_policy warm_cold, warm_threshold); "
+                "the router had nothing to choose"
+            )
             log.warning(msg)
             out[f"warning_{etype}_pools"] = msg
     return out

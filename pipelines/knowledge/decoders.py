@@ -7,6 +7,7 @@
 - old knowledge: ``old_knowledge.decoder`` with the parameters under which it writes the target's
   greedy text (old knowledge is lossless).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -35,8 +36,10 @@ def old_knowledge_decoder(cfg: JobConfig) -> DecoderChoice:
     cls = available_decoders().get(name)
     params = cls.greedy_params() if cls is not None else {}
     if params is None:
-        raise JobInputError(f"old_knowledge.decoder: decoder {name!r} cannot write greedy text; choose one whose "
-                            "greedy_params() is not None (e.g. autoregressive)")
+        raise JobInputError(
+            f"old_knowledge.decoder: decoder {name!r} cannot write greedy text; choose one whose "
+            "greedy_params() is not None (e.g. autoregressive)"
+        )
     return resolve_job_decoder(name, params, "old_knowledge.decoder", cfg.model.name)
 
 
@@ -45,8 +48,10 @@ def check_job_decoders(cfg: JobConfig) -> DecoderChoice:
     against the job's engine; returns the new-knowledge one."""
     engine = job_engine(cfg)
     if engine == "vllm" and cfg.generation.no_repeat_ngram_size:
-        raise JobInputError("execution.engine=vllm: generation.no_repeat_ngram_size has no vLLM form; set it to 0 "
-                            "or execution.engine: hf")
+        raise JobInputError(
+            "execution.engine=vllm: generation.no_repeat_ngram_size has no vLLM form; set it to 0 "
+            "or execution.engine: hf"
+        )
     if cfg.old_knowledge.generate_missing and cfg.split.mode == "paper":  # latest mode has no old-knowledge pass
         check_engine(engine, old_knowledge_decoder(cfg), "old_knowledge.decoder")
     return check_engine(engine, new_knowledge_decoder(cfg), "decoder.name")
@@ -65,12 +70,18 @@ def job_engine(cfg: JobConfig) -> str:
     forced = os.environ.get(ENGINE_ENV, "")
     if forced:
         if forced not in ENGINES:
-            raise JobInputError(f"{ENGINE_ENV}={forced!r}: must be one of {sorted(ENGINES)} (it overrides "
-                                "execution.engine: auto)")
+            raise JobInputError(
+                f"{ENGINE_ENV}={forced!r}: must be one of {sorted(ENGINES)} (it overrides execution.engine: auto)"
+            )
         return forced
-    decoders = [new_knowledge_decoder(cfg)] + ([old_knowledge_decoder(cfg)] if cfg.old_knowledge.generate_missing else [])
-    if vllm_build() == ("cuda" if cfg.execution.gpus_per_worker > 0 else "cpu") and \
-            all("vllm" in d.cls.engines for d in decoders) and not cfg.generation.no_repeat_ngram_size:
+    decoders = [new_knowledge_decoder(cfg)] + (
+        [old_knowledge_decoder(cfg)] if cfg.old_knowledge.generate_missing else []
+    )
+    if (
+        vllm_build() == ("cuda" if cfg.execution.gpus_per_worker > 0 else "cpu")
+        and all("vllm" in d.cls.engines for d in decoders)
+        and not cfg.generation.no_repeat_ngram_size
+    ):
         return "vllm"
     return "hf"
 
@@ -93,13 +104,16 @@ def check_engine(engine: str, choice: DecoderChoice, key: str) -> DecoderChoice:
     """Refuse a decoder the job's engine cannot run (its class lists its ``engines``)."""
     if engine not in choice.cls.engines:
         able = sorted(n for n, c in available_decoders().items() if engine in c.engines and c.produces == "text")
-        raise JobInputError(f"execution.engine={engine}: {key}={choice.name!r} has no {engine} form (it runs on "
-                            f"{list(choice.cls.engines)}); set {key} to one of {able} or execution.engine: hf")
+        raise JobInputError(
+            f"execution.engine={engine}: {key}={choice.name!r} has no {engine} form (it runs on "
+            f"{list(choice.cls.engines)}); set {key} to one of {able} or execution.engine: hf"
+        )
     return choice
 
 
-def resolve_job_decoder(name: str, params: dict[str, object], key: str = "decoder", model: str | None = None,
-                        produces: str = "text") -> DecoderChoice:
+def resolve_job_decoder(
+    name: str, params: dict[str, object], key: str = "decoder", model: str | None = None, produces: str = "text"
+) -> DecoderChoice:
     """:func:`laser.decoders.resolve_decoder` with its errors as :class:`JobInputError` (exit code 2)."""
     try:
         return resolve_decoder(name, params, key=key, model=model, produces=produces)
@@ -112,11 +126,15 @@ def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, object]) ->
     cls = available_decoders().get(name)
     if cls is None or not cls.beam_sampling:
         samplers = sorted(n for n, c in available_decoders().items() if c.beam_sampling)
-        raise JobInputError(f"generation.strategy=beam_sample: decoder.name={name!r} cannot beam-sample; set "
-                            f"decoder.name to one of {samplers}")
+        raise JobInputError(
+            f"generation.strategy=beam_sample: decoder.name={name!r} cannot beam-sample; set "
+            f"decoder.name to one of {samplers}"
+        )
     if params.get("W", width) != width:
-        raise JobInputError(f"decoder.params.W={params['W']} conflicts with generation.beam_width={width} under "
-                            "generation.strategy=beam_sample; set the width once, in generation.beam_width")
+        raise JobInputError(
+            f"decoder.params.W={params['W']} conflicts with generation.beam_width={width} under "
+            "generation.strategy=beam_sample; set the width once, in generation.beam_width"
+        )
     return {**params, "W": width}
 
 
@@ -127,8 +145,11 @@ def _check_sampling(choice: DecoderChoice, sampling: dict[str, float] | None) ->
     from laser.sampling import SamplingParams
 
     try:
-        choice.cls.refuse_sampling(SamplingParams(float(sampling["temperature"]), float(sampling["top_p"]),
-                                                  int(sampling["top_k"])), choice.params)
+        choice.cls.refuse_sampling(
+            SamplingParams(float(sampling["temperature"]), float(sampling["top_p"]), int(sampling["top_k"])),
+            choice.params,
+        )
     except ValueError as exc:
-        raise JobInputError(f"generation.temperature={sampling['temperature']}: decoder {choice.name!r} refuses "
-                            f"it: {exc}") from None
+        raise JobInputError(
+            f"generation.temperature={sampling['temperature']}: decoder {choice.name!r} refuses it: {exc}"
+        ) from None

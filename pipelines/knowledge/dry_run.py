@@ -12,6 +12,7 @@ The estimate comes from what was measured: the tokens per entity of the rows the
 model and the workers' threads (decode steps of ``execution.batch_size`` rows, and the prompts' prefill at
 the table's widest per-token cost).
 """
+
 from __future__ import annotations
 
 import json
@@ -77,17 +78,30 @@ def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
     stored = (paths.knowledge / "manifest.json").exists()
     unfinished = RunLedger(paths.root).unfinished(cfg.resolved_run_id()) if paths.root.exists() else None
     keys = request_keys(data.dataset, data.split, paths.work / SOURCE_CACHE, write=False)
-    classified = classify(keys, read_index(paths.knowledge) if stored else _empty(), task.config_hash,
-                          resuming=unfinished.run_id if unfinished else None, keep_existing=keep_existing)
+    classified = classify(
+        keys,
+        read_index(paths.knowledge) if stored else _empty(),
+        task.config_hash,
+        resuming=unfinished.run_id if unfinished else None,
+        keep_existing=keep_existing,
+    )
     counts = _with_pool_kind(classified, routing, decoder.cls.pool).group_by("entity_type", "pool_kind", "why").len()
     todo = to_generate(classified)
-    est = RunEstimate(entities=[{"entity_type": t, "pool_kind": k, "reason": why, "entities": n}
-                                for t, k, why, n in counts.sort("entity_type", "pool_kind", "why").iter_rows()],
-                      planned=todo.height)
+    est = RunEstimate(
+        entities=[
+            {"entity_type": t, "pool_kind": k, "reason": why, "entities": n}
+            for t, k, why, n in counts.sort("entity_type", "pool_kind", "why").iter_rows()
+        ],
+        planned=todo.height,
+    )
     est.prompt_tokens = _prompt_tokens(cfg, data, task, todo)
     per_entity = _tokens_per_entity(paths.knowledge if stored else None)
-    est.new_tokens = int(sum(n * per_entity.get(t, cfg.generation.max_new_tokens)
-                             for t, n in todo.group_by("entity_type").len().iter_rows()))
+    est.new_tokens = int(
+        sum(
+            n * per_entity.get(t, cfg.generation.max_new_tokens)
+            for t, n in todo.group_by("entity_type").len().iter_rows()
+        )
+    )
     spec, est.workers = job_actors(cfg, keys.height)
     est.seconds, est.basis = _seconds(cfg, paths, est, spec.threads)
     return est
@@ -99,7 +113,8 @@ def _with_pool_kind(classified: pl.DataFrame, routing: pl.DataFrame, pool_need: 
         return classified.with_columns(pool_kind=pl.lit("global" if pool_need == "global" else "none"))
     kinds = routing.select("entity_type", "entity_id", "pool_kind")
     return classified.join(kinds, on=["entity_type", "entity_id"], how="left").with_columns(
-        pl.col("pool_kind").fill_null("none"))
+        pl.col("pool_kind").fill_null("none")
+    )
 
 
 def _prompt_tokens(cfg: JobConfig, data: JobData, task: DecodeTask, todo: pl.DataFrame) -> int:
@@ -116,7 +131,8 @@ def _prompt_tokens(cfg: JobConfig, data: JobData, task: DecodeTask, todo: pl.Dat
 def _empty() -> pl.DataFrame:
     cols = ("entity_type", "entity_id", "source_hash", "config_hash", "run_id")
     return pl.DataFrame({c: [] for c in cols}, schema={c: pl.Utf8 for c in cols}).with_columns(
-        run_seq=pl.lit(None, pl.Int64), generated_at=pl.lit(None, pl.Datetime("us", "UTC")))
+        run_seq=pl.lit(None, pl.Int64), generated_at=pl.lit(None, pl.Datetime("us", "UTC"))
+    )
 
 
 def _tokens_per_entity(store: Path | Location | None) -> dict[str, float]:
@@ -144,8 +160,10 @@ def _seconds(cfg: JobConfig, paths: JobPaths, est: RunEstimate, threads: int) ->
     decode = cost.time(slots, 1) / slots  # seconds a token when slots rows decode together
     prefill = cost.time(cost.rows[-1], cost.nodes[-1]) / (cost.rows[-1] * cost.nodes[-1])
     seconds = (est.new_tokens * decode + est.prompt_tokens * prefill) / est.workers
-    return seconds, (f"the shipped vLLM step-cost table for {threads} thread(s): {1 / decode:.0f} decode tok/s "
-                     f"a worker at {slots} in flight, prefill {1 / prefill:.0f} tok/s")
+    return seconds, (
+        f"the shipped vLLM step-cost table for {threads} thread(s): {1 / decode:.0f} decode tok/s "
+        f"a worker at {slots} in flight, prefill {1 / prefill:.0f} tok/s"
+    )
 
 
 def _prior(cfg: JobConfig, threads: int) -> ForwardCost:
@@ -167,5 +185,7 @@ def print_estimate(est: RunEstimate) -> None:
         table.add_row(*(str(row[k]) for k in ("entity_type", "pool_kind", "reason", "entities")))
     console = Console()
     console.print(table)
-    console.print(f"to generate: {est.planned} entities, {est.prompt_tokens} prompt tokens, about {est.new_tokens} "
-                  f"new tokens; about {est.seconds / 60:.1f} minutes on {est.workers} worker(s) ({est.basis})")
+    console.print(
+        f"to generate: {est.planned} entities, {est.prompt_tokens} prompt tokens, about {est.new_tokens} "
+        f"new tokens; about {est.seconds / 60:.1f} minutes on {est.workers} worker(s) ({est.basis})"
+    )

@@ -7,6 +7,7 @@ it; :func:`record_result` writes what comes back into a
 :class:`~pipelines.knowledge_store.KnowledgeWriter`. A request that fails (prompt too long, bad item,
 decoder error) becomes a failure record; it never takes down the others.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,7 @@ from pipelines.quality import QualitySummary, entity_quality, row_quality, words
 from pipelines.knowledge.engines import build_adapter
 from pipelines.knowledge.pool_cache import PoolCache
 from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
-from pipelines.knowledge.retry import (LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons,
-                                       worse)
+from pipelines.knowledge.retry import LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
 
@@ -78,10 +78,17 @@ class GenerationWorker(StreamWorker):
         return entity_prompt(task, req, self.tokenizer)
 
     def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
-        return Attempt(req, self.prompt(task, req), task.decoder, task.decoder_params,
-                       req.pool_key if self.pools.has(task, req.pool_key) else None,
-                       entity_sampling(task.sampling, req.entity_type, req.entity_id),
-                       first_rules(task, req, self.genre_ban), earlier=self.earlier_ids(req), stop=self.loop_stop(task))
+        return Attempt(
+            req,
+            self.prompt(task, req),
+            task.decoder,
+            task.decoder_params,
+            req.pool_key if self.pools.has(task, req.pool_key) else None,
+            entity_sampling(task.sampling, req.entity_type, req.entity_id),
+            first_rules(task, req, self.genre_ban),
+            earlier=self.earlier_ids(req),
+            stop=self.loop_stop(task),
+        )
 
     def earlier_ids(self, req: GenerationRequest) -> list[int] | None:
         """The entity's earlier knowledge as the model's tokens (as pools hold texts), or None."""
@@ -111,8 +118,9 @@ class GenerationWorker(StreamWorker):
         """The most words one token of the model's vocabulary adds (read once, at the first stop check)."""
         return words_per_token(self.tokenizer)
 
-    def serve(self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]],
-              slots: int) -> Iterator[BatchResult]:
+    def serve(
+        self, task: DecodeTask, take: Callable[[int], list[GenerationRequest]], slots: int
+    ) -> Iterator[BatchResult]:
         """Decode requests pulled from ``take(n)`` through the engine; yield each one's result as it finishes.
 
         Retries of flawed rows join the engine as ordinary requests (first in line). A request whose prompt
@@ -130,8 +138,9 @@ class GenerationWorker(StreamWorker):
         def admit(n: int) -> int:
             made = 0
             while made < n:
-                todo: list[Attempt | GenerationRequest] = [self.retries.popleft()
-                                                           for _ in range(min(n - made, len(self.retries)))]
+                todo: list[Attempt | GenerationRequest] = [
+                    self.retries.popleft() for _ in range(min(n - made, len(self.retries)))
+                ]
                 todo = todo or list(take(n - made))
                 if not todo:
                     break
@@ -200,9 +209,18 @@ class GenerationWorker(StreamWorker):
             return BatchResult(failures=[{**_failure(attempt.req, exc), "decoded": "yes"}])
         if plan is None:
             return BatchResult(rows=[row])
-        retry = Attempt(attempt.req, attempt.prompt, plan.decoder, plan.params,
-                        attempt.pool_key if plan.keep_pool else None, GREEDY, plan.rules, first=row,
-                        compare=plan.compare, earlier=attempt.earlier if plan.keep_pool else None)
+        retry = Attempt(
+            attempt.req,
+            attempt.prompt,
+            plan.decoder,
+            plan.params,
+            attempt.pool_key if plan.keep_pool else None,
+            GREEDY,
+            plan.rules,
+            first=row,
+            compare=plan.compare,
+            earlier=attempt.earlier if plan.keep_pool else None,
+        )
         if alone or not self.adapter.joins(retry):
             return self._alone(retry)
         self.retries.append(retry)
@@ -210,25 +228,49 @@ class GenerationWorker(StreamWorker):
 
     def _row(self, a: Attempt, res: Decoded) -> KnowledgeRow:
         st, req, task = res.stats, a.req, self.task
-        q = entity_quality(res.text, st.finish_reason, req.entity_type, req.history, req.item,
-                           words_for_budget(task.max_new_tokens))
+        q = entity_quality(
+            res.text, st.finish_reason, req.entity_type, req.history, req.item, words_for_budget(task.max_new_tokens)
+        )
         pooled = a.pool_key is not None
         g = q.grounding
         return KnowledgeRow(
-            entity_type=req.entity_type, entity_id=req.entity_id, knowledge=res.text,
-            model=self.adapter.model_name, decoder=a.decoder,
-            decoder_params=self.adapter.params_json(a.decoder, a.params), prompt_version=task.prompt_version,
-            pool_kind=req.pool_kind if pooled else None, group_id=req.group_id if pooled else None,
-            n_tokens=len(res.token_ids), target_forwards=int(st.target_forwards),
-            accepted_tokens=int(sum(st.accepted_per_step)), retrieval_s=float(st.retrieval_s),
-            generation_s=float(st.prefill_s + st.decode_s), finish_reason=st.finish_reason, run_id=task.run_id,
-            finished_eos=q.finished_eos, repeat_4gram=q.repeat_4gram, degenerate=q.degenerate, ended=q.ended,
-            cut=q.cut, fragment=q.fragment, n_words=q.n_words, asked_words=q.asked_words,
-            facts_mentioned=g.n_mentioned if g is not None else None, grounding=g.share if g is not None else None,
-            greedy_retry=a.first is not None, prefill_s=float(st.prefill_s), decode_s=float(st.decode_s),
-            source_hash=req.source_hash, sampling=encode_sampling(a.sampling), engine=self.adapter.name,
-            prompt_tokens=st.prompt_tokens, cached_prompt_tokens=st.cached_prompt_tokens,
-            config_hash=task.config_hash, own_accepted_tokens=st.own_accepted)
+            entity_type=req.entity_type,
+            entity_id=req.entity_id,
+            knowledge=res.text,
+            model=self.adapter.model_name,
+            decoder=a.decoder,
+            decoder_params=self.adapter.params_json(a.decoder, a.params),
+            prompt_version=task.prompt_version,
+            pool_kind=req.pool_kind if pooled else None,
+            group_id=req.group_id if pooled else None,
+            n_tokens=len(res.token_ids),
+            target_forwards=int(st.target_forwards),
+            accepted_tokens=int(sum(st.accepted_per_step)),
+            retrieval_s=float(st.retrieval_s),
+            generation_s=float(st.prefill_s + st.decode_s),
+            finish_reason=st.finish_reason,
+            run_id=task.run_id,
+            finished_eos=q.finished_eos,
+            repeat_4gram=q.repeat_4gram,
+            degenerate=q.degenerate,
+            ended=q.ended,
+            cut=q.cut,
+            fragment=q.fragment,
+            n_words=q.n_words,
+            asked_words=q.asked_words,
+            facts_mentioned=g.n_mentioned if g is not None else None,
+            grounding=g.share if g is not None else None,
+            greedy_retry=a.first is not None,
+            prefill_s=float(st.prefill_s),
+            decode_s=float(st.decode_s),
+            source_hash=req.source_hash,
+            sampling=encode_sampling(a.sampling),
+            engine=self.adapter.name,
+            prompt_tokens=st.prompt_tokens,
+            cached_prompt_tokens=st.cached_prompt_tokens,
+            config_hash=task.config_hash,
+            own_accepted_tokens=st.own_accepted,
+        )
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:

@@ -1,4 +1,5 @@
 """The job's inputs: the configured dataset and its seeded old/new split."""
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,20 @@ def load_job_data(cfg: JobConfig, mode: str | None = None) -> JobData:
     research tools hold out new behaviour, so they split as the paper does)."""
     ds = load_dataset(cfg.dataset)
     sp = cfg.split if mode is None else cfg.split.model_copy(update={"mode": mode})
-    split = split_old_new(ds, seed=cfg.dataset.seed, max_hist=sp.max_hist, new_item_fraction=sp.new_item_fraction,
-                          new_count=sp.new_count, mode=sp.mode)
-    log.info("split (%s): %d old / %d new interactions, %d existing / %d new items", sp.mode, split.old_interactions.height,
-             split.new_interactions.height, split.existing_items.height, split.new_items.height)
+    split = split_old_new(
+        ds,
+        seed=cfg.dataset.seed,
+        max_hist=sp.max_hist,
+        new_item_fraction=sp.new_item_fraction,
+        new_count=sp.new_count,
+        mode=sp.mode,
+    )
+    log.info(
+        "split (%s): %d old / %d new interactions, %d existing / %d new items",
+        sp.mode,
+        split.old_interactions.height,
+        split.new_interactions.height,
+        split.existing_items.height,
+        split.new_items.height,
+    )
     return JobData(ds, split)

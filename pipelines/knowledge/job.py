@@ -21,6 +21,7 @@ Every run, one-shot or scheduled, takes these steps; they differ in the run id a
 reading of the exit. Each step's checks run before any step does (:func:`check_job`), so a bad config
 fails before hours of work.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,15 @@ from pipelines.knowledge.records import DecodeTask
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.prompts import PROMPT_VERSION
-from pipelines.knowledge.requests import (SOURCE_CACHE, attach_payloads, drop_payloads, new_requests, old_requests,
-                                         pending, pool_routes)
+from pipelines.knowledge.requests import (
+    SOURCE_CACHE,
+    attach_payloads,
+    drop_payloads,
+    new_requests,
+    old_requests,
+    pending,
+    pool_routes,
+)
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, read_index, read_knowledge
@@ -104,6 +112,7 @@ class JobRun:
 
 # ---- the steps ---------------------------------------------------------------------------------------
 
+
 def _load(job: JobRun) -> None:
     if job.data is None:
         job.data = load_inputs(load_job_data, job.cfg)
@@ -128,8 +137,11 @@ def _earlier_knowledge(job: JobRun) -> pa.Table:
     paths = job.paths
     if job.inputs.split.mode == "paper" and not job.incremental:
         return read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
-    return latest_view(paths.knowledge, paths.old_knowledge, ["entity_type", "entity_id", "knowledge"]).drop(
-        "store").to_arrow()
+    return (
+        latest_view(paths.knowledge, paths.old_knowledge, ["entity_type", "entity_id", "knowledge"])
+        .drop("store")
+        .to_arrow()
+    )
 
 
 def _plan(job: JobRun) -> None:
@@ -137,22 +149,41 @@ def _plan(job: JobRun) -> None:
     job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools)
     store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
     index, resuming = read_index(store), rec.run_id if job.resuming else None
-    plan = plan_run(data.dataset, data.split, job.routing, job.decoder.cls.pool, index, job.new_pass.config_hash,
-                    job.paths.work / SOURCE_CACHE, resuming, job.keep_existing)  # hashes: changed inputs only
+    plan = plan_run(
+        data.dataset,
+        data.split,
+        job.routing,
+        job.decoder.cls.pool,
+        index,
+        job.new_pass.config_hash,
+        job.paths.work / SOURCE_CACHE,
+        resuming,
+        job.keep_existing,
+    )  # hashes: changed inputs only
     job.todo = plan.todo
     job.resumed = plan.resumed
-    job.todo, rec.given_up = drop_given_up(job.todo, job.paths.knowledge, job.cfg.generation.give_up_after,
-                                           job.new_pass.config_hash, rec.run_id)
+    job.todo, rec.given_up = drop_given_up(
+        job.todo, job.paths.knowledge, job.cfg.generation.give_up_after, job.new_pass.config_hash, rec.run_id
+    )
     earlier = earlier_texts(index, resuming, job.todo, lambda rows: knowledge_at(store, rows))
     for req in job.todo:  # its own earlier text is an entity's likeliest draft
         req.earlier = earlier.get(req.key)
     rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
-    log.info("run %s: %d new, %d changed, %d unchanged entities", rec.run_id, rec.entities_new,
-             rec.entities_changed, rec.entities_unchanged)
+    log.info(
+        "run %s: %d new, %d changed, %d unchanged entities",
+        rec.run_id,
+        rec.entities_new,
+        rec.entities_changed,
+        rec.entities_unchanged,
+    )
     if plan.other_config:
         verb = "kept (--keep-existing)" if job.keep_existing else "regenerated"
-        log.warning("%d entities have rows another config wrote (model, decoder, generation rules or prompt "
-                    "version differ): %s", plan.other_config, verb)
+        log.warning(
+            "%d entities have rows another config wrote (model, decoder, generation rules or prompt "
+            "version differ): %s",
+            plan.other_config,
+            verb,
+        )
     job.other_config = plan.other_config
 
 
@@ -170,14 +201,36 @@ def _new_knowledge(job: JobRun) -> None:
     job.new = GenerationReport()
     rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
     if job.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
-        log.info("first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
-                 "texts before the other %d", len(job.first_wave), len(job.todo))
-        write_knowledge(job.cfg, job.first_wave, task, job.paths.knowledge, "new knowledge, first wave",
-                        job.workers, job.record.seq, job.new, _payloads(job))
+        log.info(
+            "first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
+            "texts before the other %d",
+            len(job.first_wave),
+            len(job.todo),
+        )
+        write_knowledge(
+            job.cfg,
+            job.first_wave,
+            task,
+            job.paths.knowledge,
+            "new knowledge, first wave",
+            job.workers,
+            job.record.seq,
+            job.new,
+            _payloads(job),
+        )
         step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
-    write_knowledge(job.cfg, job.todo, task, job.paths.knowledge, "new knowledge", job.workers, job.record.seq,
-                    job.new, _payloads(job))
+    write_knowledge(
+        job.cfg,
+        job.todo,
+        task,
+        job.paths.knowledge,
+        "new knowledge",
+        job.workers,
+        job.record.seq,
+        job.new,
+        _payloads(job),
+    )
     if job.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
         shutil.rmtree(job.paths.pools, ignore_errors=True)
         rebuilt.rename(job.paths.pools)
@@ -200,11 +253,19 @@ class Step:
     run: Callable[[JobRun], None]
 
 
-STEPS = (Step("load", _load), Step("old knowledge", _old_knowledge), Step("route", _route), Step("plan", _plan),
-         Step("pools", _pools), Step("new knowledge", _new_knowledge), Step("latest view", _latest))
+STEPS = (
+    Step("load", _load),
+    Step("old knowledge", _old_knowledge),
+    Step("route", _route),
+    Step("plan", _plan),
+    Step("pools", _pools),
+    Step("new knowledge", _new_knowledge),
+    Step("latest view", _latest),
+)
 
 
 # ---- running them ----------------------------------------------------------------------------------
+
 
 def check_job(cfg: JobConfig) -> DecoderChoice:
     """The checks of every step, before any work: decoders and their parameters, the output location.
@@ -234,15 +295,28 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
         record, resuming = _open_record(cfg, ledger, incremental, decoder.name)
         entities = None if data is None else data.dataset.users.height + data.dataset.items.height
         with worker_group(cfg, entities) as workers:
-            job = JobRun(cfg, paths, incremental, record, decoder, workers, data=data, keep_existing=keep_existing,
-                         resuming=resuming)
+            job = JobRun(
+                cfg,
+                paths,
+                incremental,
+                record,
+                decoder,
+                workers,
+                data=data,
+                keep_existing=keep_existing,
+                resuming=resuming,
+            )
             try:
                 for step in STEPS:
                     log.info("step: %s", step.name)
                     step.run(job)
                     ledger.save(record)  # what the run has done so far, should it be killed
             except BaseException as exc:
-                record.status, record.finished, record.error = "failed", utc_now(), f"{type(exc).__name__}: {exc}"[:2000]
+                record.status, record.finished, record.error = (
+                    "failed",
+                    utc_now(),
+                    f"{type(exc).__name__}: {exc}"[:2000],
+                )
                 ledger.save(record)
                 raise
         record.status = "partial" if record.failed or record.old_failed else "succeeded"
@@ -251,7 +325,10 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, time.perf_counter() - start)
     summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
     summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
-    summary.skipped, summary.input_notes = skipped_entities(job.inputs.dataset, job.inputs.split), dict(job.inputs.dataset.notes)
+    summary.skipped, summary.input_notes = (
+        skipped_entities(job.inputs.dataset, job.inputs.split),
+        dict(job.inputs.dataset.notes),
+    )
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
     return summary
 
@@ -266,15 +343,20 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
         run_id = resumed.run_id
     else:
         run_id = new_run_id(cfg, started) if incremental else config_hash
-    record = RunRecord(run_id=run_id, decoder=decoder, config_hash=config_hash,
-                       started=resumed.started if resumed else started,
-                       previous_watermark=previous.watermark if previous else None,
-                       seq=resumed.seq if resumed and resumed.seq is not None else ledger.next_seq())
+    record = RunRecord(
+        run_id=run_id,
+        decoder=decoder,
+        config_hash=config_hash,
+        started=resumed.started if resumed else started,
+        previous_watermark=previous.watermark if previous else None,
+        seq=resumed.seq if resumed and resumed.seq is not None else ledger.next_seq(),
+    )
     ledger.save(record)
     return record, resumed is not None
 
 
 # ---- steps alone (`laser generate`, tools) and their parts ------------------------------------------
+
 
 def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
     """The job's generation actors (one model load each, shared by every pass of the job), each driving the
@@ -286,19 +368,35 @@ def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
     return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address)
 
 
-def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: str, pool_store: Path | str | None,
-                   greedy: bool = False) -> DecodeTask:
+def knowledge_task(
+    cfg: JobConfig,
+    decoder: DecoderChoice,
+    run_id: str,
+    domain: str,
+    pool_store: Path | str | None,
+    greedy: bool = False,
+) -> DecodeTask:
     """A pass's decode task, with the hash of what decides its texts (pipelines/knowledge/provenance.py);
     ``greedy`` (old knowledge) ignores the job's sampling settings."""
-    max_new = (cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens) if greedy \
-        else cfg.generation.max_new_tokens
-    task = DecodeTask(decoder=decoder.name, decoder_params=decoder.params, max_new_tokens=max_new,
-                      max_prompt_tokens=cfg.generation.max_prompt_tokens, domain=domain,
-                      prompt_version=PROMPT_VERSION, run_id=run_id, pool_store=str(pool_store) if pool_store else None,
-                      pool_cache_size=cfg.execution.pool_cache_size, degenerate=cfg.generation.degenerate,
-                      sampling=None if greedy else cfg.generation.sampling(), rules=cfg.generation.rules(),
-                      retry_rules=cfg.generation.retry_rules(),
-                      ban_unsupported_genres=cfg.generation.ban_unsupported_genres)
+    max_new = (
+        (cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens) if greedy else cfg.generation.max_new_tokens
+    )
+    task = DecodeTask(
+        decoder=decoder.name,
+        decoder_params=decoder.params,
+        max_new_tokens=max_new,
+        max_prompt_tokens=cfg.generation.max_prompt_tokens,
+        domain=domain,
+        prompt_version=PROMPT_VERSION,
+        run_id=run_id,
+        pool_store=str(pool_store) if pool_store else None,
+        pool_cache_size=cfg.execution.pool_cache_size,
+        degenerate=cfg.generation.degenerate,
+        sampling=None if greedy else cfg.generation.sampling(),
+        rules=cfg.generation.rules(),
+        retry_rules=cfg.generation.retry_rules(),
+        ban_unsupported_genres=cfg.generation.ban_unsupported_genres,
+    )
     task.config_hash = generation_hash(cfg.model.name, cfg.model.dtype, asdict(task))
     return task
 
@@ -306,10 +404,17 @@ def knowledge_task(cfg: JobConfig, decoder: DecoderChoice, run_id: str, domain: 
 REQUEST_BATCH = 50_000  # requests whose prompt inputs the driver holds at once (payloads attached per batch)
 
 
-def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: DecodeTask, store: Path | Location, desc: str,
-                    workers: WorkerGroup | LocalGroup | None, run_seq: int | None = None,
-                    report: GenerationReport | None = None,
-                    payloads: Callable[[list[GenerationRequest]], None] | None = None) -> GenerationReport:
+def write_knowledge(
+    cfg: JobConfig,
+    requests: list[GenerationRequest],
+    task: DecodeTask,
+    store: Path | Location,
+    desc: str,
+    workers: WorkerGroup | LocalGroup | None,
+    run_seq: int | None = None,
+    report: GenerationReport | None = None,
+    payloads: Callable[[list[GenerationRequest]], None] | None = None,
+) -> GenerationReport:
     """Generate ``requests`` and stream their rows into ``store`` as they finish (stamped with the run's
     sequence number), counted into ``report`` (a new one by default). With ``payloads`` (requests planned
     without their prompt inputs) the requests go in batches of :data:`REQUEST_BATCH` in pool order, each filled
@@ -320,9 +425,11 @@ def write_knowledge(cfg: JobConfig, requests: list[GenerationRequest], task: Dec
     start = time.perf_counter()
     size = REQUEST_BATCH if payloads is not None else len(requests)
     ordered = sorted(requests, key=lambda r: (r.pool_key or "", r.key)) if payloads is not None else requests
-    batches = [ordered[i:i + size] for i in range(0, len(ordered), size)]
-    with KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id, run_seq=run_seq) as writer, \
-            (nullcontext(workers) if workers is not None else worker_group(cfg)) as group:
+    batches = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    with (
+        KnowledgeWriter(store, shard_rows=cfg.output.shard_rows, run_id=task.run_id, run_seq=run_seq) as writer,
+        nullcontext(workers) if workers is not None else worker_group(cfg) as group,
+    ):
         writer.note_inputs({r.key: r.source_hash for r in requests}, task.config_hash)  # kept with failures
         for n, batch in enumerate(batches, start=1):
             if payloads is not None:
@@ -343,21 +450,24 @@ def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
 
 
-def step_old_knowledge(cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None,
-                       run_seq: int | None = None) -> GenerationReport:
+def step_old_knowledge(
+    cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None, run_seq: int | None = None
+) -> GenerationReport:
     """Old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
     todo = pending(old_requests(data.dataset, data.split), paths.old_knowledge)
     if not cfg.old_knowledge.generate_missing:
         log.info("old knowledge: generation disabled; %d entities lack old knowledge", len(todo))
         return GenerationReport()
-    task = knowledge_task(cfg, old_knowledge_decoder(cfg), f"{cfg.resolved_run_id()}-old", data.dataset.domain,
-                          None, greedy=True)
+    task = knowledge_task(
+        cfg, old_knowledge_decoder(cfg), f"{cfg.resolved_run_id()}-old", data.dataset.domain, None, greedy=True
+    )
     return write_knowledge(cfg, todo, task, paths.old_knowledge, "old knowledge", workers, run_seq)
 
 
-def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
-                  workers: WorkerGroup | LocalGroup | None = None) -> GenerationReport:
+def step_generate(
+    cfg: JobConfig, data: JobData, routing: pl.DataFrame, workers: WorkerGroup | LocalGroup | None = None
+) -> GenerationReport:
     """New knowledge alone (`laser generate`) for the entities not yet written, after route and pools."""
     paths = JobPaths.of(cfg)
     decoder = new_knowledge_decoder(cfg)
@@ -367,5 +477,15 @@ def step_generate(cfg: JobConfig, data: JobData, routing: pl.DataFrame,
     return write_knowledge(cfg, todo, task, paths.knowledge, "new knowledge", workers)
 
 
-__all__ = ["STEPS", "JobRun", "check_job", "read_routing", "run_job", "step_build_pools", "step_generate",
-           "step_old_knowledge", "step_route", "worker_group"]
+__all__ = [
+    "STEPS",
+    "JobRun",
+    "check_job",
+    "read_routing",
+    "run_job",
+    "step_build_pools",
+    "step_generate",
+    "step_old_knowledge",
+    "step_route",
+    "worker_group",
+]

@@ -1,5 +1,6 @@
 """Where a job reads and writes: the stores, the summary, the ledger and the latest view under
 ``output.path`` (a local directory or an fsspec URI), the derived files in a local work directory."""
+
 from __future__ import annotations
 
 import hashlib
@@ -30,9 +31,16 @@ class JobPaths:
         root = Location.of(cfg.output.path)
         old = Location.of(cfg.old_knowledge.path) if cfg.old_knowledge.path else root / "old_knowledge"
         work = work_dir(cfg, root)
-        return cls(root=root, knowledge=root / "knowledge", old_knowledge=old, summary=root / "summary.json",
-                   work=work, routing=work / "routing.parquet", memberships=work / "memberships.parquet",
-                   pools=work / "pools")
+        return cls(
+            root=root,
+            knowledge=root / "knowledge",
+            old_knowledge=old,
+            summary=root / "summary.json",
+            work=work,
+            routing=work / "routing.parquet",
+            memberships=work / "memberships.parquet",
+            pools=work / "pools",
+        )
 
 
 def work_dir(cfg: JobConfig, root: Location) -> Path:

@@ -11,6 +11,7 @@ before it was killed are done (``resumed``), so a resumed run never decodes them
 The hashes, not the watermark, decide: a rating edited in place keeps its timestamp, yet changes the
 history. The watermark tells the ledger what arrived since the last successful run.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -53,24 +54,38 @@ class ChangePlan:
 TODO_REASONS = ("new", "changed", "config")  # the reasons an entity is generated
 
 
-def classify(keys: pl.DataFrame, rows: pl.DataFrame, config_hash: str | None, resuming: str | None = None,
-             keep_existing: bool = False) -> pl.DataFrame:
+def classify(
+    keys: pl.DataFrame,
+    rows: pl.DataFrame,
+    config_hash: str | None,
+    resuming: str | None = None,
+    keep_existing: bool = False,
+) -> pl.DataFrame:
     """``keys`` (entity_type, entity_id, source_hash, ...) with ``why`` (new, changed, config, unchanged or kept:
     the module docstring) and ``done`` (written by run ``resuming`` with the same hashes: not generated again),
     by joins on the store's index ``rows``: no Python object per entity."""
     ours = pl.col("run_id") == (resuming or "")
     base = newest_per_entity(rows.filter(~ours) if resuming else rows).select(
-        *_KEYS, _h="source_hash", _c="config_hash", _known=pl.lit(True))
+        *_KEYS, _h="source_hash", _c="config_hash", _known=pl.lit(True)
+    )
     mine = rows.filter(ours) if resuming else rows.clear()
     mine = mine.select(*_KEYS, _mh="source_hash", _mc="config_hash").unique(list(_KEYS), keep="last")
     out = keys.join(base, on=list(_KEYS), how="left").join(mine, on=list(_KEYS), how="left")
     other_config = pl.col("_c").ne_missing(pl.lit(config_hash, pl.Utf8))
-    why = (pl.when(pl.col("_known").is_null()).then(pl.lit("new"))
-           .when(pl.col("_h").is_null() | (pl.col("_h") != pl.col("source_hash"))).then(pl.lit("changed"))
-           .when(other_config).then(pl.lit("kept" if keep_existing else "config"))
-           .otherwise(pl.lit("unchanged")))
-    done = pl.col("_mh").eq_missing(pl.col("source_hash")) & pl.col("_mc").eq_missing(pl.lit(config_hash, pl.Utf8)) \
+    why = (
+        pl.when(pl.col("_known").is_null())
+        .then(pl.lit("new"))
+        .when(pl.col("_h").is_null() | (pl.col("_h") != pl.col("source_hash")))
+        .then(pl.lit("changed"))
+        .when(other_config)
+        .then(pl.lit("kept" if keep_existing else "config"))
+        .otherwise(pl.lit("unchanged"))
+    )
+    done = (
+        pl.col("_mh").eq_missing(pl.col("source_hash"))
+        & pl.col("_mc").eq_missing(pl.lit(config_hash, pl.Utf8))
         & pl.col("_mh").is_not_null()
+    )
     return out.with_columns(why=why, done=done.fill_null(False)).drop("_h", "_c", "_known", "_mh", "_mc")
 
 
@@ -89,9 +104,17 @@ def to_generate(classified: pl.DataFrame) -> pl.DataFrame:
     return classified.filter(pl.col("why").is_in(TODO_REASONS) & ~pl.col("done"))
 
 
-def plan_run(dataset: Dataset, split: Split, routing: pl.DataFrame | None, pool_need: str, index: pl.DataFrame,
-             config_hash: str | None, cache: Path | None = None, resuming: str | None = None,
-             keep_existing: bool = False) -> ChangePlan:
+def plan_run(
+    dataset: Dataset,
+    split: Split,
+    routing: pl.DataFrame | None,
+    pool_need: str,
+    index: pl.DataFrame,
+    config_hash: str | None,
+    cache: Path | None = None,
+    resuming: str | None = None,
+    keep_existing: bool = False,
+) -> ChangePlan:
     """A run's plan from frames: every entity's source hash (recomputed only where its inputs changed since the
     ``cache`` was written), classified against the store's ``index``; requests are made for the entities to
     generate alone, with their route and hash but no prompt inputs yet (``attach_payloads`` adds those a batch
@@ -104,15 +127,23 @@ def plan_run(dataset: Dataset, split: Split, routing: pl.DataFrame | None, pool_
     return plan
 
 
-def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_hash: str | None,
-                 resuming: str | None = None, keep_existing: bool = False,
-                 texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None = None) -> ChangePlan:
+def plan_changes(
+    requests: list[GenerationRequest],
+    rows: pl.DataFrame,
+    config_hash: str | None,
+    resuming: str | None = None,
+    keep_existing: bool = False,
+    texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None = None,
+) -> ChangePlan:
     """Split requests by their entity's newest row in ``rows`` (module docstring; :func:`classify`); rows of
     run ``resuming`` (a killed run being resumed) with the same hashes are done. A row without a hash differs.
     ``rows`` may be the store's index (no ``knowledge``: pipelines/knowledge_store.py ``read_index``); ``texts``
     then reads the newest rows of the planned entities' texts (``knowledge_at``)."""
-    keys = pl.DataFrame([(*r.key, r.source_hash) for r in requests], orient="row",
-                        schema={"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8})
+    keys = pl.DataFrame(
+        [(*r.key, r.source_hash) for r in requests],
+        orient="row",
+        schema={"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8},
+    )
     classified = classify(keys, rows, config_hash, resuming, keep_existing)
     plan = counted(ChangePlan(), classified)
     plan.why = dict(zip(zip(classified["entity_type"], classified["entity_id"]), classified["why"]))
@@ -125,8 +156,12 @@ def plan_changes(requests: list[GenerationRequest], rows: pl.DataFrame, config_h
 _KEYS = ("entity_type", "entity_id")
 
 
-def earlier_texts(rows: pl.DataFrame, resuming: str | None, todo: list[GenerationRequest],
-                  texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None) -> dict[tuple[str, str], str]:
+def earlier_texts(
+    rows: pl.DataFrame,
+    resuming: str | None,
+    todo: list[GenerationRequest],
+    texts: Callable[[pl.DataFrame], dict[tuple[str, str], str]] | None,
+) -> dict[tuple[str, str], str]:
     """Newest texts: every entity's when ``rows`` hold them, else the planned entities' through ``texts`` (their
     rows picked before the newest is found: an incremental run sorts its changed entities' rows alone)."""
     rows = rows.filter(pl.col("run_id") != resuming) if resuming else rows
@@ -155,8 +190,9 @@ def exit_code(status: str) -> int:
     return exitcodes.PARTIAL if status == "partial" else exitcodes.OK
 
 
-def split_first_wave(todo: list[GenerationRequest], pooled: set[str],
-                     share: float) -> tuple[list[GenerationRequest], list[GenerationRequest]]:
+def split_first_wave(
+    todo: list[GenerationRequest], pooled: set[str], share: float
+) -> tuple[list[GenerationRequest], list[GenerationRequest]]:
     """(rest, first wave): of the entities whose group has no pool yet (no earlier knowledge in ``pooled``
     keys), a ``share`` of each group (at least one) decodes first, so the pools can be built from their
     texts before the rest; chosen by a hash of the id, so a resumed run picks the same ones."""
@@ -169,5 +205,5 @@ def split_first_wave(todo: list[GenerationRequest], pooled: set[str],
     first: set[tuple[str, str]] = set()
     for members in unpooled.values():
         members = sorted(members, key=lambda r: hashlib.sha256("/".join(r.key).encode()).digest())
-        first.update(r.key for r in members[:max(1, math.ceil(share * len(members)))])
+        first.update(r.key for r in members[: max(1, math.ceil(share * len(members)))])
     return [r for r in todo if r.key not in first], [r for r in todo if r.key in first]

@@ -7,6 +7,7 @@ themselves are built where they are used: by the worker that first drafts from a
 ``routing.pool_snapshots``). A pool whose texts changed by at most ``routing.pool_refresh_share`` is kept.
 A build of one part with no cluster configured is done in this process (the same functions).
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,13 +49,19 @@ def build_settings(cfg: JobConfig, pool_need: str) -> PoolBuildConfig:
     from pools.build import PoolBuildConfig
 
     rc = cfg.routing
-    return PoolBuildConfig(max_pool_size=rc.max_pool_size, global_max_size=rc.global_pool_size,
-                           with_groups=pool_need != "global", with_global=pool_need != "routed", on_missing="skip",
-                           seed=rc.seed)
+    return PoolBuildConfig(
+        max_pool_size=rc.max_pool_size,
+        global_max_size=rc.global_pool_size,
+        with_groups=pool_need != "global",
+        with_global=pool_need != "routed",
+        on_missing="skip",
+        seed=rc.seed,
+    )
 
 
-def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, directory: Path | None = None,
-                     pool_need: str = "routed") -> dict[str, int]:
+def step_build_pools(
+    cfg: JobConfig, knowledge: pa.Table | None = None, directory: Path | None = None, pool_need: str = "routed"
+) -> dict[str, int]:
     """Step 3: the pools of ``pool_need`` (``routed``: one per group; ``global``: one per entity type; ``both``) from the
     members' knowledge (default: the old-knowledge store; ``knowledge``: entity_type, entity_id, knowledge),
     persisted in ``directory`` (default: the job's pool store); returns {pool key: texts}."""
@@ -70,25 +77,40 @@ def step_build_pools(cfg: JobConfig, knowledge: pa.Table | None = None, director
     directory = directory or paths.pools
     tokenizer = load_tokenizer(cfg.model.name)
     fingerprint, build = TokenizerFingerprint.of(tokenizer), build_settings(cfg, pool_need)
-    selection = select_texts(knowledge.select(["entity_type", "entity_id", "knowledge"]),
-                             router.read_routing(paths.memberships), build)
+    selection = select_texts(
+        knowledge.select(["entity_type", "entity_id", "knowledge"]), router.read_routing(paths.memberships), build
+    )
     _log_skipped(selection.skipped)
     members, meta = member_hashes(selection), _meta(cfg, build)
     kept = _reusable(directory, fingerprint, meta, members, cfg.routing.pool_refresh_share)
     todo = selection.frame.filter(~pl.col("pool_key").is_in(list(kept)))
     sizes = selection.sizes()
-    log.info("pools: %d pools from %d knowledge texts: %d kept from the last build, %d to write (%d texts)",
-             len(sizes), knowledge.num_rows, len(kept), todo["pool_key"].n_unique(), todo.height)
+    log.info(
+        "pools: %d pools from %d knowledge texts: %d kept from the last build, %d to write (%d texts)",
+        len(sizes),
+        knowledge.num_rows,
+        len(kept),
+        todo["pool_key"].n_unique(),
+        todo.height,
+    )
     written = _write_parts(cfg, todo, selection.column, tokenizer, directory)
-    commit_store(directory, {**kept, **written}, fingerprint, {**meta, "run_id": cfg.resolved_run_id()},
-                 members.to_arrow())
+    commit_store(
+        directory, {**kept, **written}, fingerprint, {**meta, "run_id": cfg.resolved_run_id()}, members.to_arrow()
+    )
     return sizes
 
 
 def _meta(cfg: JobConfig, build: PoolBuildConfig) -> dict[str, object]:
     """What a build's pools depend on besides their texts: a store built otherwise is not reused."""
-    settings = {k: getattr(build, k) for k in ("max_pool_size", "global_max_size", "with_groups", "with_global", "seed")}
-    return {"model": cfg.model.name, "build": settings, "polars": pl.__version__, "snapshots": cfg.routing.pool_snapshots}
+    settings = {
+        k: getattr(build, k) for k in ("max_pool_size", "global_max_size", "with_groups", "with_global", "seed")
+    }
+    return {
+        "model": cfg.model.name,
+        "build": settings,
+        "polars": pl.__version__,
+        "snapshots": cfg.routing.pool_snapshots,
+    }
 
 
 def _log_skipped(skipped: list[tuple[str, str, str]]) -> None:
@@ -97,8 +119,13 @@ def _log_skipped(skipped: list[tuple[str, str, str]]) -> None:
         log.warning("pools: %d knowledge rows skipped: %s%s", len(skipped), shown, " ..." if len(skipped) > 5 else "")
 
 
-def _reusable(directory: Path, fingerprint: TokenizerFingerprint, meta: dict[str, object], members: pl.DataFrame,
-              refresh_share: float) -> dict[str, PartEntry]:
+def _reusable(
+    directory: Path,
+    fingerprint: TokenizerFingerprint,
+    meta: dict[str, object],
+    members: pl.DataFrame,
+    refresh_share: float,
+) -> dict[str, PartEntry]:
     """The entries of the store's last build that this build keeps: same tokenizer and settings, texts changed
     by at most ``refresh_share``, files whole."""
     from pools.build import stale_pools
@@ -142,8 +169,9 @@ def _parts(todo: pl.DataFrame, n_parts: int) -> list[pl.DataFrame]:
     return [todo.slice(offset, length) for offset, length in zip(lengths.cum_sum() - lengths, lengths)]
 
 
-def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: PreTrainedTokenizerBase,
-                 directory: Path) -> dict[str, PartEntry]:
+def _write_parts(
+    cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: PreTrainedTokenizerBase, directory: Path
+) -> dict[str, PartEntry]:
     """Each part tokenised and written by a Ray task; in this process when the work is one part and no cluster
     is configured (a task would only add a worker process's start on this machine). Their manifest entries."""
     from pipelines.workers.driver import ensure_ray
@@ -158,8 +186,9 @@ def _write_parts(cfg: JobConfig, todo: pl.DataFrame, column: str, tokenizer: Pre
     parts = _parts(todo, max(2 * cpus, math.ceil(todo.height / PART_TEXTS)))
     shared = ray.put(tokenizer)  # one copy in the object store, resolved by each task
     entries: dict[str, PartEntry] = {}
-    for result in map_tasks(build_part, [(part.to_arrow(), shared, *how) for part in parts],
-                            desc="pools: tokenise and write", unit="part"):
+    for result in map_tasks(
+        build_part, [(part.to_arrow(), shared, *how) for part in parts], desc="pools: tokenise and write", unit="part"
+    ):
         entries.update(result)
     return entries
 
@@ -172,8 +201,9 @@ def _local_cpus(cfg: JobConfig) -> int:
     return n * spec.threads
 
 
-def build_part(part: pa.Table, tokenizer: PreTrainedTokenizerBase, column: str, directory: str,
-               snapshot: bool) -> dict[str, PartEntry]:
+def build_part(
+    part: pa.Table, tokenizer: PreTrainedTokenizerBase, column: str, directory: str, snapshot: bool
+) -> dict[str, PartEntry]:
     """One build task: the part's texts tokenised (unless they are token ids already) and written, pool by pool
     (rows sorted by pool key), as one part file of the store; returns their manifest entries."""
     from pools.build import TOKENS_COLUMN, tokenize
@@ -181,7 +211,9 @@ def build_part(part: pa.Table, tokenizer: PreTrainedTokenizerBase, column: str, 
 
     keys = cast("list[str]", part.column("pool_key").to_pylist())
     values = part.column(column).to_pylist()  # texts, or token ids already
-    tokens = cast("list[list[int]]", values) if column == TOKENS_COLUMN else tokenize(tokenizer, cast("list[str]", values))
+    tokens = (
+        cast("list[list[int]]", values) if column == TOKENS_COLUMN else tokenize(tokenizer, cast("list[str]", values))
+    )
     pools: list[tuple[str, list[list[int]]]] = []
     for key, ids in zip(keys, tokens):
         if not pools or pools[-1][0] != key:

@@ -1,4 +1,5 @@
 """A worker's pools: the pool store a task names, and an LRU of the pools loaded from it."""
+
 from __future__ import annotations
 
 from collections import OrderedDict

@@ -17,6 +17,7 @@ tokenizer turns the exact text of its special tokens (``<|im_end|>``, ``</s>``, 
 ids wherever it appears, so :func:`as_text` breaks any such marker in a field with a space after its
 opening bracket (``< |im_end|>``) before the field enters a prompt.
 """
+
 from __future__ import annotations
 
 import re
@@ -53,19 +54,27 @@ _USER_INTRO = {
 # the answer is asked short (HEADROOM) and bounded to the listed facts, so it ends within the budget.
 # The fixed opening keeps SmolLM2-135M-Instruct from copying the list back instead of profiling it.
 _USER_ASK = {
-    "movie": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's movie taste: the "
-              "genres and eras they like and the ones they dislike. Use only the facts listed above. "
-              'Begin with "This user enjoys".'),
-    "book": ("In 2 or 3 short sentences (at most {w} words in all), describe this user's reading taste: the "
-             "genres and eras they like and the ones they dislike. Use only the facts listed above. "
-             'Begin with "This user enjoys".'),
+    "movie": (
+        "In 2 or 3 short sentences (at most {w} words in all), describe this user's movie taste: the "
+        "genres and eras they like and the ones they dislike. Use only the facts listed above. "
+        'Begin with "This user enjoys".'
+    ),
+    "book": (
+        "In 2 or 3 short sentences (at most {w} words in all), describe this user's reading taste: the "
+        "genres and eras they like and the ones they dislike. Use only the facts listed above. "
+        'Begin with "This user enjoys".'
+    ),
 }
 _ITEM_INTRO = {"movie": "A movie:", "book": "A book:"}
 _ITEM_ASK = {
-    "movie": ("In 1 or 2 sentences (at most {w} words in all), say what kind of movie this is and who would "
-              "enjoy it, using only its genres and year above."),
-    "book": ("In 1 or 2 sentences (at most {w} words in all), say what kind of book this is and who would "
-             "enjoy it, using only its genres and year above."),
+    "movie": (
+        "In 1 or 2 sentences (at most {w} words in all), say what kind of movie this is and who would "
+        "enjoy it, using only its genres and year above."
+    ),
+    "book": (
+        "In 1 or 2 sentences (at most {w} words in all), say what kind of book this is and who would "
+        "enjoy it, using only its genres and year above."
+    ),
 }
 _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
 # the opening bracket of what tokenizers spell control tokens in: <|...|> (ChatML, Llama 3), <name> and
@@ -111,8 +120,12 @@ def split_year(title: str) -> tuple[str, str | None]:
 def history_line(k: int, e: HistoryEntry) -> str:
     """``3. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4``: one rated item as fields."""
     title, year = split_year(e.title)
-    fields = [f"Title: {as_text(title)}"] + ([f"Year: {year}"] if year else []) + \
-             ([f"Genres: {', '.join(as_text(g) for g in e.genres)}"] if e.genres else []) + [f"Rating: {e.rating:g}"]
+    fields = (
+        [f"Title: {as_text(title)}"]
+        + ([f"Year: {year}"] if year else [])
+        + ([f"Genres: {', '.join(as_text(g) for g in e.genres)}"] if e.genres else [])
+        + [f"Rating: {e.rating:g}"]
+    )
     return f"{k}. " + " | ".join(fields)
 
 
@@ -133,9 +146,15 @@ def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
         return len(tokenizer.encode(text))
 
 
-def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str = "movie", *,
-                user_id: str | None = None, tokenizer: PreTrainedTokenizerBase | None = None, max_prompt_tokens: int | None = None,
-                max_words: int = MAX_WORDS) -> str:
+def user_prompt(
+    history: Sequence[HistoryEntry | tuple[str, float]],
+    domain: str = "movie",
+    *,
+    user_id: str | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    max_prompt_tokens: int | None = None,
+    max_words: int = MAX_WORDS,
+) -> str:
     """The preference-analysis message for a history ordered oldest first.
 
     With ``tokenizer`` and ``max_prompt_tokens`` the oldest entries are dropped until the prompt fits
@@ -153,8 +172,10 @@ def user_prompt(history: Sequence[HistoryEntry | tuple[str, float]], domain: str
         return count_prompt_tokens(tokenizer, _render_user(entries[-keep:], domain, max_words)) <= max_prompt_tokens
 
     if not fits(1):
-        raise PromptTooLongError(f"{who}: even the newest history entry {entries[-1].title!r} does not fit "
-                                 f"max_prompt_tokens={max_prompt_tokens}")
+        raise PromptTooLongError(
+            f"{who}: even the newest history entry {entries[-1].title!r} does not fit "
+            f"max_prompt_tokens={max_prompt_tokens}"
+        )
     lo, hi = 1, len(entries)  # invariant: fits(lo); token count grows with the number of entries kept
     while lo < hi:
         mid = (lo + hi + 1) // 2
@@ -185,8 +206,9 @@ def item_prompt(item: ItemRow, domain: str = "movie", max_words: int = MAX_WORDS
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
-    return "\n".join([_ITEM_INTRO[domain], f"Title: {as_text(title)}", *_attributes(item), "",
-                      _ITEM_ASK[domain].format(w=max_words)])
+    return "\n".join(
+        [_ITEM_INTRO[domain], f"Title: {as_text(title)}", *_attributes(item), "", _ITEM_ASK[domain].format(w=max_words)]
+    )
 
 
 def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:
@@ -197,17 +219,25 @@ def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str,
     entries are one shared object: a catalogue's histories cost a pointer an interaction.
     """
     extra = [c for c in ("year", "genres") if c in items.columns]
-    joined = (interactions.sort(["user_id", "timestamp", "item_id"])
-              .join(items.select(["item_id", "title", *extra]), on="item_id", how="left", maintain_order="left")
-              .select("user_id", "item_id", "title", "rating",
-                      *(pl.col(c) if c in extra else pl.lit(None).alias(c) for c in ("year", "genres"))))
+    joined = (
+        interactions.sort(["user_id", "timestamp", "item_id"])
+        .join(items.select(["item_id", "title", *extra]), on="item_id", how="left", maintain_order="left")
+        .select(
+            "user_id",
+            "item_id",
+            "title",
+            "rating",
+            *(pl.col(c) if c in extra else pl.lit(None).alias(c) for c in ("year", "genres")),
+        )
+    )
     entries: dict[tuple[str, float], HistoryEntry] = {}
     out: dict[str, list[HistoryEntry]] = {}
     for user, item, title, rating, year, genres in joined.iter_rows():
         entry = entries.get((item, rating))
         if entry is None:
-            entry = entries[(item, rating)] = HistoryEntry(display_title(title or item, year), rating,
-                                                           tuple((genres or [])[:HISTORY_GENRES]))
+            entry = entries[(item, rating)] = HistoryEntry(
+                display_title(title or item, year), rating, tuple((genres or [])[:HISTORY_GENRES])
+            )
         out.setdefault(user, []).append(entry)
     return out
 
@@ -223,8 +253,14 @@ def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTraine
     tokens)."""
     words = words_for_budget(task.max_new_tokens)
     if req.entity_type == "user":
-        return user_prompt(req.history or [], task.domain, user_id=req.entity_id,
-                           tokenizer=tokenizer, max_prompt_tokens=task.max_prompt_tokens, max_words=words)
+        return user_prompt(
+            req.history or [],
+            task.domain,
+            user_id=req.entity_id,
+            tokenizer=tokenizer,
+            max_prompt_tokens=task.max_prompt_tokens,
+            max_words=words,
+        )
     if req.entity_type == "item":
         return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
     raise ValueError(f"unknown entity_type {req.entity_type!r}")

@@ -6,6 +6,7 @@ parameter, generation rule, limit or prompt version never leaves rows of another
 silently (``--keep-existing`` keeps them and says how many). Where the actors run (engine, workers,
 threads) and where the output goes are not part of it.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -5,6 +5,7 @@ A :class:`DecodeTask` says how one generation pass decodes (it travels to every 
 (:mod:`pipelines.knowledge.engines`); a :class:`Decoded` is what the adapter hands back. The knowledge
 row the worker then writes is :class:`pipelines.knowledge_store.KnowledgeRow`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

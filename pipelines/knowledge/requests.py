@@ -1,5 +1,6 @@
 """The job's generation requests: one per user (history oldest first) and per item, each with its route
 (the pool its decoder drafts from) and the hash of what its prompt is made of."""
+
 from __future__ import annotations
 
 import logging
@@ -23,8 +24,9 @@ log = logging.getLogger(__name__)
 Routes = dict[tuple[str, str], dict[str, str | None]]  # (type, id) -> pool_kind, group_id
 
 
-def user_requests(interactions: pl.DataFrame, items: pl.DataFrame, users: list[str] | None = None,
-                  routes: Routes | None = None) -> list[GenerationRequest]:
+def user_requests(
+    interactions: pl.DataFrame, items: pl.DataFrame, users: list[str] | None = None, routes: Routes | None = None
+) -> list[GenerationRequest]:
     """One request per user with interactions (restricted to ``users`` when given), history oldest first."""
     histories = user_histories(interactions, items)
     wanted = sorted(histories) if users is None else sorted(users)
@@ -36,13 +38,20 @@ def item_requests(items: pl.DataFrame, routes: Routes | None = None) -> list[Gen
     return [_request("item", row["item_id"], routes, item=row) for row in items.sort("item_id").iter_rows(named=True)]
 
 
-def _request(entity_type: str, entity_id: str, routes: Routes | None, history: list[HistoryEntry] | None = None,
-             item: ItemRow | None = None, source_hash: str | None = None) -> GenerationRequest:
+def _request(
+    entity_type: str,
+    entity_id: str,
+    routes: Routes | None,
+    history: list[HistoryEntry] | None = None,
+    item: ItemRow | None = None,
+    source_hash: str | None = None,
+) -> GenerationRequest:
     """A request with its route (none: no pool) and the source hash of its payload unless given."""
     if source_hash is None:
         source_hash = payload_hash(entity_type, history if history is not None else item)
-    req = GenerationRequest(entity_type, entity_id, history=history, item=dict(item) if item is not None else None,
-                            source_hash=source_hash)
+    req = GenerationRequest(
+        entity_type, entity_id, history=history, item=dict(item) if item is not None else None, source_hash=source_hash
+    )
     route = (routes or {}).get((entity_type, entity_id))
     kind = route.get("pool_kind") if route else None
     if route is None or kind is None:
@@ -62,8 +71,9 @@ def old_requests(dataset: Dataset, split: Split) -> list[GenerationRequest]:
     return user_requests(split.old_interactions, dataset.items) + item_requests(split.existing_items)
 
 
-def new_requests(dataset: Dataset, split: Split, routes: Routes,
-                 only: pl.DataFrame | None = None) -> list[GenerationRequest]:
+def new_requests(
+    dataset: Dataset, split: Split, routes: Routes, only: pl.DataFrame | None = None
+) -> list[GenerationRequest]:
     """New knowledge: users with new history (their prompt history: ``Split.prompt_interactions``) and new
     items; ``only`` (entity_type, entity_id): those entities alone (the ones a run plans to generate)."""
     users, items = _new_users(split), split.new_items["item_id"].sort()
@@ -71,16 +81,18 @@ def new_requests(dataset: Dataset, split: Split, routes: Routes,
         users = users.filter(users.is_in(_ids(only, "user").implode()))
         items = items.filter(items.is_in(_ids(only, "item").implode()))
     histories, rows = _prompt_inputs(dataset, split, users, items)
-    return ([_request("user", u, routes, history=histories.get(u, [])) for u in users]
-            + [_request("item", i, routes, item=rows[i]) for i in items])
+    return [_request("user", u, routes, history=histories.get(u, [])) for u in users] + [
+        _request("item", i, routes, item=rows[i]) for i in items
+    ]
 
 
 def _ids(keys: pl.DataFrame, entity_type: str) -> pl.Series:
     return keys.filter(pl.col("entity_type") == entity_type)["entity_id"]
 
 
-def _prompt_inputs(dataset: Dataset, split: Split, users: pl.Series,
-                   items: pl.Series) -> tuple[dict[str, list[HistoryEntry]], dict[str, ItemRow]]:
+def _prompt_inputs(
+    dataset: Dataset, split: Split, users: pl.Series, items: pl.Series
+) -> tuple[dict[str, list[HistoryEntry]], dict[str, ItemRow]]:
     """What the prompts of ``users`` and ``items`` are made of: histories (``Split.prompt_interactions``, oldest
     first) by user id, item rows by item id."""
     interactions = split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
@@ -91,8 +103,10 @@ def _prompt_inputs(dataset: Dataset, split: Split, users: pl.Series,
 def planned_requests(keys: pl.DataFrame, routes: Routes) -> list[GenerationRequest]:
     """Requests of ``keys`` (entity_type, entity_id, source_hash) with their route and hash but no payload (a
     few hundred bytes each, the history left out): :func:`attach_payloads` fills them batch by batch."""
-    return [_request(t, i, routes, source_hash=h)
-            for t, i, h in keys.select("entity_type", "entity_id", "source_hash").iter_rows()]
+    return [
+        _request(t, i, routes, source_hash=h)
+        for t, i, h in keys.select("entity_type", "entity_id", "source_hash").iter_rows()
+    ]
 
 
 def attach_payloads(dataset: Dataset, split: Split, requests: list[GenerationRequest]) -> None:
@@ -129,15 +143,24 @@ def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
     and genres; an item's row). Equal within one polars version; a different fingerprint means "recompute"."""
     items, users = dataset.items, _new_users(split)
     extra = [c for c in ("title", "year", "genres") if c in items.columns]
-    rows = (split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
-            .sort(["user_id", "timestamp", "item_id"])
-            .join(items.select("item_id", *extra), on="item_id", how="left", maintain_order="left"))
-    per_user = rows.group_by("user_id", maintain_order=True).agg(
-        fingerprint=pl.struct("item_id", "rating", *extra).hash(0)).with_columns(pl.col("fingerprint").hash(1))
-    user_fp = pl.DataFrame({"user_id": users}).join(per_user, on="user_id", how="left").select(
-        entity_type=pl.lit("user"), entity_id="user_id", fingerprint=pl.col("fingerprint").fill_null(0))
-    item_fp = split.new_items.select(entity_type=pl.lit("item"), entity_id="item_id",
-                                     fingerprint=pl.struct(pl.all()).hash(0))
+    rows = (
+        split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
+        .sort(["user_id", "timestamp", "item_id"])
+        .join(items.select("item_id", *extra), on="item_id", how="left", maintain_order="left")
+    )
+    per_user = (
+        rows.group_by("user_id", maintain_order=True)
+        .agg(fingerprint=pl.struct("item_id", "rating", *extra).hash(0))
+        .with_columns(pl.col("fingerprint").hash(1))
+    )
+    user_fp = (
+        pl.DataFrame({"user_id": users})
+        .join(per_user, on="user_id", how="left")
+        .select(entity_type=pl.lit("user"), entity_id="user_id", fingerprint=pl.col("fingerprint").fill_null(0))
+    )
+    item_fp = split.new_items.select(
+        entity_type=pl.lit("item"), entity_id="item_id", fingerprint=pl.struct(pl.all()).hash(0)
+    )
     return pl.concat([user_fp, item_fp])
 
 
@@ -148,14 +171,20 @@ def request_keys(dataset: Dataset, split: Split, cache: Path | None = None, writ
     the cache is rewritten with ``write``."""
     fp = fingerprints(dataset, split)
     known = _read_cache(cache)
-    keys = fp.join(known, on=["entity_type", "entity_id", "fingerprint"], how="left") if known is not None else \
-        fp.with_columns(source_hash=pl.lit(None, pl.Utf8))
+    keys = (
+        fp.join(known, on=["entity_type", "entity_id", "fingerprint"], how="left")
+        if known is not None
+        else fp.with_columns(source_hash=pl.lit(None, pl.Utf8))
+    )
     missing = keys.filter(pl.col("source_hash").is_null())
     if missing.height:
         log.info("source hashes: %d of %d entities' inputs changed or are new", missing.height, keys.height)
         exact = _exact_hashes(dataset, split, missing)
-        keys = keys.join(exact, on=["entity_type", "entity_id"], how="left", suffix="_exact").with_columns(
-            source_hash=pl.coalesce("source_hash", "source_hash_exact")).drop("source_hash_exact")
+        keys = (
+            keys.join(exact, on=["entity_type", "entity_id"], how="left", suffix="_exact")
+            .with_columns(source_hash=pl.coalesce("source_hash", "source_hash_exact"))
+            .drop("source_hash_exact")
+        )
     if cache is not None and write:
         _write_cache(cache, keys)
     return keys.drop("fingerprint")
@@ -199,8 +228,10 @@ def pool_routes(pool_need: str, routing: pl.DataFrame) -> Routes:
     if pool_need == "none":
         return {}
     if pool_need == "global":
-        return {(r["entity_type"], r["entity_id"]): {"pool_kind": "global", "group_id": "all"}
-                for r in routing.select("entity_type", "entity_id").iter_rows(named=True)}
+        return {
+            (r["entity_type"], r["entity_id"]): {"pool_kind": "global", "group_id": "all"}
+            for r in routing.select("entity_type", "entity_id").iter_rows(named=True)
+        }
     return {(r["entity_type"], r["entity_id"]): r for r in routing.iter_rows(named=True)}
 
 

@@ -16,6 +16,7 @@ Under every policy that acts on a degenerate row (``retry``, ``retry_greedy``, `
 as soon as it is surely degenerate (:class:`LoopStop`): whatever it went on to say within its token limit
 would be retried or failed the same, so the tokens after that point are work thrown away.
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from laser.rules import NO_RULES, GenerationRules
 from pipelines.knowledge.records import DecodeTask, Params
 from pipelines.knowledge_store import KnowledgeRow
-from pipelines.quality import (GREEDY_RETRY_DECODER, entity_quality, genre_forms, surely_degenerate, text_quality,
-                               unsupported_genres)
+from pipelines.quality import (
+    GREEDY_RETRY_DECODER,
+    entity_quality,
+    genre_forms,
+    surely_degenerate,
+    text_quality,
+    unsupported_genres,
+)
 from pipelines.workers import GenerationRequest
 
 if TYPE_CHECKING:
@@ -60,8 +67,10 @@ def retry_reasons(first: KnowledgeRow) -> list[str]:
 def worse(retry: KnowledgeRow, first: KnowledgeRow) -> bool:
     """The retry reads worse than the first text: flawed where it was not, degenerate where it was not, or
     otherwise as flawed and less grounded."""
+
     def score(row: KnowledgeRow) -> tuple[bool, bool, float]:
         return flawed(row), bool(row.degenerate), -(row.grounding if row.grounding is not None else 1.0)
+
     return score(retry) > score(first)
 
 
@@ -175,8 +184,16 @@ def retry_plan(task: DecodeTask, req: GenerationRequest, row: KnowledgeRow, ban:
             genres = text.grounding.unsupported_genres if text.grounding is not None else []
         name, params = retry_decoder(task.decoder, task.decoder_params)
         rules = ban(dict(task.retry_rules or task.rules or {}), genres)
-        log.info("%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
-                 req.entity_type, req.entity_id, name, row.degenerate, row.cut, row.fragment, genres)
+        log.info(
+            "%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
+            req.entity_type,
+            req.entity_id,
+            name,
+            row.degenerate,
+            row.cut,
+            row.fragment,
+            genres,
+        )
         return RetryPlan(name, params, rules, keep_pool=name == task.decoder, compare=True)
     if not row.degenerate or task.degenerate == "keep":
         return None

@@ -1,5 +1,6 @@
 """Step 2 of the knowledge job: route every user and item to a pool group (collaborative or attribute); the
 pools of the groups are step 3 (pipelines/knowledge/pool_build.py)."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ USER_ATTRIBUTES = ("gender", "age", "occupation")
 ITEM_ATTRIBUTES = ("category", "sub_category", "genres", "year")
 
 
-def _attribute_frame(table: pl.DataFrame, id_column: str, candidates: tuple[str, ...]) -> tuple[pl.DataFrame, list[str]]:
+def _attribute_frame(
+    table: pl.DataFrame, id_column: str, candidates: tuple[str, ...]
+) -> tuple[pl.DataFrame, list[str]]:
     """The table and the attribute hierarchy it supports; a constant "all" group when it has none."""
     hierarchy = [c for c in candidates if c in table.columns]
     if not hierarchy:
@@ -36,11 +39,14 @@ def _attribute_groups(cfg: JobConfig, data: JobData) -> dict[str, pl.DataFrame]:
     import router
 
     rc, out = cfg.routing, {}
-    for etype, table, id_col, cands in (("user", data.dataset.users, "user_id", USER_ATTRIBUTES),
-                                        ("item", data.dataset.items, "item_id", ITEM_ATTRIBUTES)):
+    for etype, table, id_col, cands in (
+        ("user", data.dataset.users, "user_id", USER_ATTRIBUTES),
+        ("item", data.dataset.items, "item_id", ITEM_ATTRIBUTES),
+    ):
         frame, hierarchy = _attribute_frame(table, id_col, cands)
-        grouping = router.AttributeGrouping(hierarchy=hierarchy, max_group_size=rc.max_group_size,
-                                            bucket_widths={"age": 10, "year": 10}, seed=rc.seed)
+        grouping = router.AttributeGrouping(
+            hierarchy=hierarchy, max_group_size=rc.max_group_size, bucket_widths={"age": 10, "year": 10}, seed=rc.seed
+        )
         out[etype] = router.attribute_groups(frame, grouping, id_col)
     return out
 
@@ -51,8 +57,9 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
     import router
 
     split, rc = data.split, cfg.routing
-    lg = router.LightGCNConfig(positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False,
-                               **rc.lightgcn)
+    lg = router.LightGCNConfig(
+        positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False, **rc.lightgcn
+    )
     warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
     try:
         emb = router.train_lightgcn(split.routing_interactions, lg, init=router.WarmStart.load(warm))
@@ -90,8 +97,17 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
     tables, members = [], []
     for etype, (attr, collab) in groups.items():
         counts = router.interaction_counts(old, f"{etype}_id")
-        tables.append(router.route(etype, attr["entity_id"].to_list(), attr, collab, counts,
-                                   policy=policies[etype], warm_threshold=cfg.routing.warm_threshold))
+        tables.append(
+            router.route(
+                etype,
+                attr["entity_id"].to_list(),
+                attr,
+                collab,
+                counts,
+                policy=policies[etype],
+                warm_threshold=cfg.routing.warm_threshold,
+            )
+        )
         members.append(router.group_memberships(etype, attr, collab))
     table = pa.concat_tables(tables)
     if write:
@@ -100,7 +116,9 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
         _save_routed(paths, data.split.routing_interactions)
     frame = as_frame(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
-    counts = {f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()}
+    counts = {
+        f"{t}/{k}": n for t, k, n in frame.group_by("entity_type", "pool_kind").len().sort("entity_type").iter_rows()
+    }
     log.info("routing: %s%s", counts, f" -> {paths.routing}" if write else " (dry run: not saved)")
     return frame
 
@@ -125,18 +143,26 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
         return None
     info = json.loads((paths.work / ROUTED).read_text())
     interactions = data.split.routing_interactions
-    newer = interactions.filter(pl.col("timestamp") > info["watermark"]).height if info["watermark"] is not None \
+    newer = (
+        interactions.filter(pl.col("timestamp") > info["watermark"]).height
+        if info["watermark"] is not None
         else interactions.height
+    )
     share = newer / max(1, interactions.height)
     if share > cfg.routing.retrain_share:
-        log.info("routing: %.1f%% of the interactions are new since the last routing (> routing.retrain_share "
-                 "%.0f%%): routed afresh", 100 * share, 100 * cfg.routing.retrain_share)
+        log.info(
+            "routing: %.1f%% of the interactions are new since the last routing (> routing.retrain_share "
+            "%.0f%%): routed afresh",
+            100 * share,
+            100 * cfg.routing.retrain_share,
+        )
         return None
     routing, members = as_frame(router.read_routing(paths.routing)), router.read_routing(paths.memberships)
     added, added_members = [], []
     for etype, attr in _attribute_groups(cfg, data).items():
-        fresh = attr.join(routing.filter(pl.col("entity_type") == etype).select(entity_id="entity_id"),
-                          on="entity_id", how="anti")
+        fresh = attr.join(
+            routing.filter(pl.col("entity_type") == etype).select(entity_id="entity_id"), on="entity_id", how="anti"
+        )
         if fresh.height:
             added.append(router.route(etype, fresh["entity_id"].to_list(), fresh, None, {}, policy="attribute"))
             added_members.append(router.group_memberships(etype, fresh, None))
@@ -144,11 +170,16 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
         routing = pl.concat([routing, as_frame(pa.concat_tables(added))], how="vertical_relaxed")
         router.write_routing(routing.to_arrow(), paths.routing)
         router.write_routing(pa.concat_tables([members, *added_members]), paths.memberships)
-    log.info("routing: kept from the last run (%.1f%% of the interactions new, routing.retrain_share %.0f%%); "
-             "%d new entities routed to their attribute group", 100 * share, 100 * cfg.routing.retrain_share,
-             sum(t.num_rows for t in added))
-    data.dataset.notes.update(pool_kind_notes(routing, {"user": cfg.routing.user_policy,
-                                                        "item": cfg.routing.item_policy}))
+    log.info(
+        "routing: kept from the last run (%.1f%% of the interactions new, routing.retrain_share %.0f%%); "
+        "%d new entities routed to their attribute group",
+        100 * share,
+        100 * cfg.routing.retrain_share,
+        sum(t.num_rows for t in added),
+    )
+    data.dataset.notes.update(
+        pool_kind_notes(routing, {"user": cfg.routing.user_policy, "item": cfg.routing.item_policy})
+    )
     return routing
 
 

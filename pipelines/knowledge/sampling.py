@@ -3,6 +3,7 @@
 The seed is a stable hash of the job's sampling seed, the entity type and the entity id, so an entity
 draws the same tokens whatever batch it lands in, in a resumed run as in a fresh one.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,9 +23,12 @@ def entity_sampling(settings: Mapping[str, float] | None, entity_type: str, enti
     """The sampling settings of one entity (greedy when ``settings`` is None or its temperature is 0)."""
     if not settings or not settings.get("temperature"):
         return GREEDY
-    return SamplingParams(temperature=float(settings["temperature"]), top_p=float(settings.get("top_p", 1.0)),
-                          top_k=int(settings.get("top_k", 0)),
-                          seed=entity_seed(int(settings.get("seed", 0)), entity_type, entity_id))
+    return SamplingParams(
+        temperature=float(settings["temperature"]),
+        top_p=float(settings.get("top_p", 1.0)),
+        top_k=int(settings.get("top_k", 0)),
+        seed=entity_seed(int(settings.get("seed", 0)), entity_type, entity_id),
+    )
 
 
 def encode_sampling(sampling: SamplingParams) -> str:

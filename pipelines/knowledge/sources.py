@@ -1,8 +1,10 @@
 """What a knowledge row was generated from: a stable hash of the prompt's inputs (staleness check)."""
+
 from __future__ import annotations
 
 import hashlib
 import json
+
 
 def source_hash(entity_type: str, prompt_version: str, payload: object) -> str:
     """sha256 (first 16 hex digits) of the entity's prompt inputs: a user's history (title, rating, ...

@@ -1,4 +1,5 @@
 """The closing summary of a knowledge job run: per pass speed and text quality, as JSON and rich tables."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -30,11 +31,19 @@ class JobSummary:
     first_wave: int = 0  # entities decoded before the pools were rebuilt (groups with no earlier knowledge)
 
     @classmethod
-    def of(cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path | Location,
-           wall_s: float) -> "JobSummary":
+    def of(
+        cls, cfg: JobConfig, old: GenerationReport, new: GenerationReport, store: Path | Location, wall_s: float
+    ) -> "JobSummary":
         """The summary of a run whose knowledge went to ``store``."""
-        return cls(output=str(store), run_id=cfg.resolved_run_id(), old=old, new=new,
-                   total_rows=len(done_keys(store)), open_failures=read_failures(store).height, wall_s=wall_s)
+        return cls(
+            output=str(store),
+            run_id=cfg.resolved_run_id(),
+            old=old,
+            new=new,
+            total_rows=len(done_keys(store)),
+            open_failures=read_failures(store).height,
+            wall_s=wall_s,
+        )
 
     def to_json(self) -> dict[str, object]:
         return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
@@ -42,9 +51,15 @@ class JobSummary:
 
 def _report_json(rep: GenerationReport) -> dict[str, object]:
     """A pass's figures for summary.json, with the derived rates and the quality shares."""
-    return {**asdict(rep), "aal": rep.aal, "tokens_per_s_wall": rep.tokens_per_s, "own_share": own_share(rep),
-            "tokens_per_s_engine": rep.engine_tokens_per_s,
-            "tokens_per_s_decode": rep.decode_tokens_per_s, "quality": rep.quality.as_dict()}
+    return {
+        **asdict(rep),
+        "aal": rep.aal,
+        "tokens_per_s_wall": rep.tokens_per_s,
+        "own_share": own_share(rep),
+        "tokens_per_s_engine": rep.engine_tokens_per_s,
+        "tokens_per_s_decode": rep.decode_tokens_per_s,
+        "quality": rep.quality.as_dict(),
+    }
 
 
 def own_share(rep: GenerationReport) -> float | None:
@@ -71,8 +86,18 @@ def print_summary(summary: JobSummary) -> None:
     from rich.table import Table
 
     speed = Table(title=f"laser job {summary.run_id}")
-    for col in ("step", "done", "failed", "tokens (decoded)", "tok/s wall", "tok/s engine", "tok/s decode", "AAL",
-                "forwards saved", "prompt tokens (cached)"):
+    for col in (
+        "step",
+        "done",
+        "failed",
+        "tokens (decoded)",
+        "tok/s wall",
+        "tok/s engine",
+        "tok/s decode",
+        "AAL",
+        "forwards saved",
+        "prompt tokens (cached)",
+    ):
         speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     quality = Table(title="knowledge quality (pipelines/quality.py)")
     for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)"):
@@ -83,43 +108,69 @@ def print_summary(summary: JobSummary) -> None:
             continue
         # every accepted draft token is a target forward saved against one forward per token
         share = f" ({rep.decoded_accepted / rep.decoded_tokens:.0%})" if rep.decoded_tokens else ""
-        speed.add_row(name, str(rep.done), str(rep.failed), f"{rep.n_tokens} ({rep.decoded_tokens})",
-                      f"{rep.tokens_per_s:.1f}", _rate(rep.engine_tokens_per_s), _rate(rep.decode_tokens_per_s),
-                      f"{rep.aal:.2f}",
-                      f"{rep.decoded_accepted}{share}", _prompt_cell(rep))
+        speed.add_row(
+            name,
+            str(rep.done),
+            str(rep.failed),
+            f"{rep.n_tokens} ({rep.decoded_tokens})",
+            f"{rep.tokens_per_s:.1f}",
+            _rate(rep.engine_tokens_per_s),
+            _rate(rep.decode_tokens_per_s),
+            f"{rep.aal:.2f}",
+            f"{rep.decoded_accepted}{share}",
+            _prompt_cell(rep),
+        )
         q = rep.quality
-        quality.add_row(name, str(q.n), f"{q.finished_eos} ({q.eos_share:.0%})", f"{q.mean_repeat_4gram:.1%}",
-                        str(q.degenerate), f"{rep.retries} ({rep.greedy_retries})")
+        quality.add_row(
+            name,
+            str(q.n),
+            f"{q.finished_eos} ({q.eos_share:.0%})",
+            f"{q.mean_repeat_4gram:.1%}",
+            str(q.degenerate),
+            f"{rep.retries} ({rep.greedy_retries})",
+        )
     console = Console()
     if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
         console = Console(width=max(console.width, 160))
     console.print(speed)
-    console.print("tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
-                  "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
-                  "start-up, model load, pool loads, prefill, decoding and writing; tok/s engine = every attempt's "
-                  "tokens over the actors' engine seconds (every step, prefill included; a shared step once; "
-                  "actors run in parallel); tok/s decode = tokens over seconds of the engine steps in which no "
-                  "request prefilled (prefill excluded on both engines); AAL, forwards saved: of every attempt; "
-                  "prompt tokens (cached) = prompt tokens of every attempt "
-                  "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
-                  "(kept) = flawed texts decoded again (those whose retry was written).")
+    console.print(
+        "tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
+        "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
+        "start-up, model load, pool loads, prefill, decoding and writing; tok/s engine = every attempt's "
+        "tokens over the actors' engine seconds (every step, prefill included; a shared step once; "
+        "actors run in parallel); tok/s decode = tokens over seconds of the engine steps in which no "
+        "request prefilled (prefill excluded on both engines); AAL, forwards saved: of every attempt; "
+        "prompt tokens (cached) = prompt tokens of every attempt "
+        "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
+        "(kept) = flawed texts decoded again (those whose retry was written)."
+    )
     console.print(quality)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.retry_reasons:
-            console.print(f"{name}: retried because " + ", ".join(f"{why} {n}" for why, n in sorted(rep.retry_reasons.items())))
+            console.print(
+                f"{name}: retried because " + ", ".join(f"{why} {n}" for why, n in sorted(rep.retry_reasons.items()))
+            )
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
     if summary.input_notes:
         console.print("input: " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.input_notes.items()))
     if (rec := summary.record) is not None:
-        console.print(f"{summary.mode} run {rec.run_id}, {rec.status}: new knowledge for {rec.entities_new} new and "
-                      f"{rec.entities_changed} changed entities, {rec.entities_unchanged} unchanged")
+        console.print(
+            f"{summary.mode} run {rec.run_id}, {rec.status}: new knowledge for {rec.entities_new} new and "
+            f"{rec.entities_changed} changed entities, {rec.entities_unchanged} unchanged"
+        )
     if summary.other_config:
-        console.print(f"rows another config wrote (model, decoder, generation rules or prompt version differ): "
-                      f"{summary.other_config}")
+        console.print(
+            f"rows another config wrote (model, decoder, generation rules or prompt version differ): "
+            f"{summary.other_config}"
+        )
     if summary.new.own_accepted:
-        console.print(f"drafts from the entities' own earlier texts: {summary.new.own_accepted} accepted tokens, "
-                      f"{own_share(summary.new):.0%} of the accepted drafts"
-                      + (f"; first wave {summary.first_wave} entities" if summary.first_wave else ""))
-    console.print(f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
-                  f"wall {summary.wall_s:.1f}s\noutput: {summary.output}")
+        console.print(
+            f"drafts from the entities' own earlier texts: {summary.new.own_accepted} accepted tokens, "
+            f"{own_share(summary.new):.0%} of the accepted drafts"
+            + (f"; first wave {summary.first_wave} entities" if summary.first_wave else "")
+        )
+    console.print(
+        f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
+        f"wall {summary.wall_s:.1f}s\noutput: {summary.output}"
+    )

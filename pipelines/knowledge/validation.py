@@ -3,6 +3,7 @@
 Errors are :class:`JobInputError` with a one-line message naming the config key or the file; the CLI
 prints it and exits with code 2, as it does for config-schema errors.
 """
+
 from __future__ import annotations
 
 import logging

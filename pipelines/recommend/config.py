@@ -1,4 +1,5 @@
 """The recommendation job's configuration: the knowledge job's blocks plus ``recommend:``."""
+
 from __future__ import annotations
 
 from pydantic import Field
@@ -12,7 +13,8 @@ class RecommendSettings(_Strict):
     K: int = Field(default=10, ge=1, description="items per user = beam width")
     item_code_column: str | None = Field(
         default=None,
-        description="items-table column whose values identify items to the model; null: titles (with year)")
+        description="items-table column whose values identify items to the model; null: titles (with year)",
+    )
     max_history: int = Field(default=20, ge=1, description="most recent old-history entries shown in the prompt")
     path: str | None = Field(default=None, description="recommendation store; default <output.path>/recommendations")
 

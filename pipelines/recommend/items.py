@@ -1,4 +1,5 @@
 """Item identifiers (what the model writes to name an item) and the recommendation prompt."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -27,8 +28,9 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
     """
     column = code_column or "title"
     if column not in items.columns:
-        raise JobInputError(f"recommend.item_code_column: the items table has no column {column!r} "
-                            f"(columns: {items.columns})")
+        raise JobInputError(
+            f"recommend.item_code_column: the items table has no column {column!r} (columns: {items.columns})"
+        )
     has_year = code_column is None and "year" in items.columns
     columns = dict.fromkeys(["item_id", column, *(["year"] if has_year else [])])  # item_id may be the code
     rows = items.select(*columns).iter_rows(named=True)
@@ -36,8 +38,10 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
     for row in rows:
         value = row[column]
         if value is None or not str(value).strip():
-            raise JobInputError(f"items table, item {row['item_id']!r}: empty {column!r}; every item needs an "
-                                "identifier (fill it, or set recommend.item_code_column to a complete column)")
+            raise JobInputError(
+                f"items table, item {row['item_id']!r}: empty {column!r}; every item needs an "
+                "identifier (fill it, or set recommend.item_code_column to a complete column)"
+            )
         ident = display_title(str(value).strip(), row.get("year")) if has_year else str(value).strip()
         out[row["item_id"]] = as_text(ident)  # the model writes it: text, never a control token
     by_ident: dict[str, list[str]] = {}
@@ -47,14 +51,17 @@ def item_identifiers(items: pl.DataFrame, code_column: str | None = None) -> dic
     if dups:
         ident, ids = next(iter(sorted(dups.items())))
         told = "titles are told apart by their year" if has_year else f"{column!r} must be unique"
-        raise JobInputError(f"items table: {len(dups)} identifiers name several items, e.g. {ident!r} for items "
-                            f"{ids}; {told}, so set recommend.item_code_column to a column with one distinct "
-                            "value per item (an item code)")
+        raise JobInputError(
+            f"items table: {len(dups)} identifiers name several items, e.g. {ident!r} for items "
+            f"{ids}; {told}, so set recommend.item_code_column to a column with one distinct "
+            "value per item (an item code)"
+        )
     return out
 
 
-def recommend_prompt(history: Sequence[HistoryEntry | tuple], domain: str = "movie", user_id: str | None = None,
-                     max_history: int = 20) -> str:
+def recommend_prompt(
+    history: Sequence[HistoryEntry | tuple], domain: str = "movie", user_id: str | None = None, max_history: int = 20
+) -> str:
     """The chat message asking for the next item after the newest ``max_history`` entries."""
     check_domain(domain)
     entries = [HistoryEntry(*e) for e in history][-max_history:]

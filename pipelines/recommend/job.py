@@ -3,6 +3,7 @@ history by constrained beam search; recommendation Parquet in ``<output.path>/re
 ``recommend.path``), resumable; then recall@K and NDCG@K against the new history (the held-out items),
 written to ``recommend_eval.json`` beside it.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,8 +65,10 @@ def check_recommend_decoder(cfg: RecommendJobConfig) -> None:
 
 def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> None:
     if cfg.recommend.K > len(identifiers):
-        raise JobInputError(f"recommend.K={cfg.recommend.K} is larger than the number of valid items "
-                            f"({len(identifiers)} in the items table)")
+        raise JobInputError(
+            f"recommend.K={cfg.recommend.K} is larger than the number of valid items "
+            f"({len(identifiers)} in the items table)"
+        )
 
 
 def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup | None = None) -> RecommendSummary:
@@ -81,8 +84,13 @@ def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup |
         return _recommend(cfg, data, identifiers, run_id, group)
 
 
-def _recommend(cfg: RecommendJobConfig, data: JobData, identifiers: dict[str, str], run_id: str,
-               group: WorkerGroup | LocalGroup | None) -> RecommendSummary:
+def _recommend(
+    cfg: RecommendJobConfig,
+    data: JobData,
+    identifiers: dict[str, str],
+    run_id: str,
+    group: WorkerGroup | LocalGroup | None,
+) -> RecommendSummary:
     """Rank for the users not yet written, then evaluate this run's rows."""
     store = store_path(cfg)
     requests = recommend_requests(data.split.old_interactions, data.split.new_interactions, data.dataset.items)
@@ -90,13 +98,22 @@ def _recommend(cfg: RecommendJobConfig, data: JobData, identifiers: dict[str, st
     todo = [r for r in requests if r.entity_id not in done]
     if len(todo) < len(requests):
         log.info("%s: %d of %d users already written, skipped", store, len(requests) - len(todo), len(requests))
-    task = RecommendTask(decoder=cfg.decoder.name, decoder_params=dict(cfg.decoder.params), domain=data.dataset.domain,
-                         prompt_version=RECOMMEND_PROMPT_VERSION, run_id=run_id, identifiers=identifiers,
-                         K=cfg.recommend.K, max_history=cfg.recommend.max_history)
+    task = RecommendTask(
+        decoder=cfg.decoder.name,
+        decoder_params=dict(cfg.decoder.params),
+        domain=data.dataset.domain,
+        prompt_version=RECOMMEND_PROMPT_VERSION,
+        run_id=run_id,
+        identifiers=identifiers,
+        K=cfg.recommend.K,
+        max_history=cfg.recommend.max_history,
+    )
     spec, num_workers = job_actors(cfg)
     report, start = RecommendReport(), time.perf_counter()
-    with RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer, \
-            (nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, num_workers, cfg.execution.address)) as g:
+    with (
+        RecommendationWriter(store, shard_rows=cfg.output.shard_rows, run_id=run_id) as writer,
+        nullcontext(group) if group else WorkerGroup(RecommendWorker, spec, num_workers, cfg.execution.address) as g,
+    ):
         for result in g.stream(todo, task, slots=cfg.execution.batch_size, desc="recommend", unit="user"):
             record(result, writer, report)
         writer.flush()
@@ -104,9 +121,12 @@ def _recommend(cfg: RecommendJobConfig, data: JobData, identifiers: dict[str, st
     recs = read_recommendations(store).filter(pl.col("run_id") == run_id)
     metrics = evaluate(recs, held_out_items(data.split.new_interactions), sorted({1, 5, cfg.recommend.K}))
     summary = RecommendSummary(run_id, str(store), report, metrics)
-    Location.of(store.parent / "recommend_eval.json").write_text(json.dumps(  # atomic: temp file + rename
-        {"run_id": run_id, "decoder": cfg.decoder.name, "K": cfg.recommend.K, **metrics, "report": asdict(report)},
-        indent=1))
+    Location.of(store.parent / "recommend_eval.json").write_text(
+        json.dumps(  # atomic: temp file + rename
+            {"run_id": run_id, "decoder": cfg.decoder.name, "K": cfg.recommend.K, **metrics, "report": asdict(report)},
+            indent=1,
+        )
+    )
     return summary
 
 
@@ -119,7 +139,14 @@ def print_recommend_summary(s: RecommendSummary) -> None:
     for col in ("users", "failed", "target forwards", "beam steps", "steps/forward", "wall s", *s.metrics):
         t.add_column(col, justify="right")
     per = f"{r.beam_steps / r.target_forwards:.2f}" if r.target_forwards else "-"
-    t.add_row(str(r.done), str(r.failed), str(r.target_forwards), str(r.beam_steps), per, f"{r.wall_s:.1f}",
-              *[f"{v:.4g}" for v in s.metrics.values()])
+    t.add_row(
+        str(r.done),
+        str(r.failed),
+        str(r.target_forwards),
+        str(r.beam_steps),
+        per,
+        f"{r.wall_s:.1f}",
+        *[f"{v:.4g}" for v in s.metrics.values()],
+    )
     Console(width=160).print(t)
     Console(width=160).print(f"recommendations: {s.store}")

@@ -1,4 +1,5 @@
 """Top-K evaluation against held-out items: recall@K and NDCG@K (binary relevance), as in AtSpeed."""
+
 from __future__ import annotations
 
 import math

@@ -1,6 +1,7 @@
 """Recommendation Parquet: one row per (user, rank), a sharded store
 (atomic shards + manifest + failures.jsonl, see :mod:`pipelines.sharded_store`). A user's K rows are always
 written in one shard, so a resumed run skips exactly the users already written."""
+
 from __future__ import annotations
 
 import logging

@@ -1,6 +1,7 @@
 """Recommendation on the shared worker actors: :class:`RecommendWorker` ranks the catalogue for batches of
 users (the beam decoders), the one driver (:mod:`pipelines.workers.driver`) feeds it, and :func:`record`
 writes each user's K rows into a :class:`~pipelines.recommend.store.RecommendationWriter`."""
+
 from __future__ import annotations
 
 import logging
@@ -80,8 +81,9 @@ class RecommendWorker(ModelWorker):
             self._tries = {key: ItemTrie(ids, end_token=eos[0])}
         return self._tries[key]
 
-    def serve(self, task: RecommendTask, take: Callable[[int], list[GenerationRequest]],
-              slots: int) -> Iterator[RecommendResult]:
+    def serve(
+        self, task: RecommendTask, take: Callable[[int], list[GenerationRequest]], slots: int
+    ) -> Iterator[RecommendResult]:
         """Rank ``slots`` users at a time, a result per batch."""
         while batch := take(slots):
             yield self.recommend(task, batch)
@@ -118,11 +120,23 @@ class RecommendWorker(ModelWorker):
 
     def _rows(self, task: RecommendTask, req: GenerationRequest, rec: Any, params_json: str) -> list[dict[str, Any]]:
         now = utc_now()
-        return [{"user_id": req.entity_id, "rank": r, "item_id": item, "score": score, "decoder": task.decoder,
-                 "decoder_params": params_json, "run_id": task.run_id, "generated_at": now, "model": self.lm.name,
-                 "target_forwards": int(rec.stats.target_forwards), "beam_steps": int(rec.beam_steps),
-                 "decode_s": float(rec.stats.prefill_s + rec.stats.decode_s)}
-                for r, (item, score) in enumerate(rec.items, 1)]
+        return [
+            {
+                "user_id": req.entity_id,
+                "rank": r,
+                "item_id": item,
+                "score": score,
+                "decoder": task.decoder,
+                "decoder_params": params_json,
+                "run_id": task.run_id,
+                "generated_at": now,
+                "model": self.lm.name,
+                "target_forwards": int(rec.stats.target_forwards),
+                "beam_steps": int(rec.beam_steps),
+                "decode_s": float(rec.stats.prefill_s + rec.stats.decode_s),
+            }
+            for r, (item, score) in enumerate(rec.items, 1)
+        ]
 
 
 def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:

@@ -4,12 +4,45 @@
 results out, with a ``serve`` method per job kind); ``driver.py``: the driver that feeds a group of
 those actors with pool affinity, re-sends a dead actor's requests and yields results as they finish.
 """
-from pipelines.workers.actors import (DecoderCache, GenerationRequest, HistoryEntry, ModelSpec, ModelWorker,
-                                      StreamWorker, WorkerDead, WorkResult, actor_options,
-                                      encode_params)
-from pipelines.workers.driver import (ACTOR_RESTARTS, BatchScheduler, EngineUnusable, LocalGroup, WorkerGroup,
-                                      ensure_ray, make_batches)
 
-__all__ = ["ACTOR_RESTARTS", "BatchScheduler", "DecoderCache", "EngineUnusable", "GenerationRequest", "HistoryEntry",
-           "LocalGroup", "ModelSpec", "ModelWorker", "StreamWorker", "WorkResult", "WorkerDead", "WorkerGroup",
-           "actor_options", "encode_params", "ensure_ray", "make_batches"]
+from pipelines.workers.actors import (
+    DecoderCache,
+    GenerationRequest,
+    HistoryEntry,
+    ModelSpec,
+    ModelWorker,
+    StreamWorker,
+    WorkerDead,
+    WorkResult,
+    actor_options,
+    encode_params,
+)
+from pipelines.workers.driver import (
+    ACTOR_RESTARTS,
+    BatchScheduler,
+    EngineUnusable,
+    LocalGroup,
+    WorkerGroup,
+    ensure_ray,
+    make_batches,
+)
+
+__all__ = [
+    "ACTOR_RESTARTS",
+    "BatchScheduler",
+    "DecoderCache",
+    "EngineUnusable",
+    "GenerationRequest",
+    "HistoryEntry",
+    "LocalGroup",
+    "ModelSpec",
+    "ModelWorker",
+    "StreamWorker",
+    "WorkResult",
+    "WorkerDead",
+    "WorkerGroup",
+    "actor_options",
+    "encode_params",
+    "ensure_ray",
+    "make_batches",
+]

@@ -7,6 +7,7 @@ that into the two ways the actor is used: ``generate`` (in-process, a list of re
 out: tests and tools) and ``exchange`` (the driver's streaming call: a background thread decodes while
 the driver sends more requests and collects finished ones).
 """
+
 from __future__ import annotations
 
 import json
@@ -170,15 +171,17 @@ class StreamWorker:
         """Every request's result, worked on in this thread with ``slots`` in flight (default: all)."""
         waiting = deque(requests)
         out = self.result_cls()
-        for part in self.serve(task, lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))],
-                               slots or max(1, len(requests))):
+        for part in self.serve(
+            task, lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))], slots or max(1, len(requests))
+        ):
             out.merge(part)
         return out
 
     # ---- the driver's streaming call ------------------------------------------------------------
 
-    def exchange(self, task: Any, requests: list[GenerationRequest], slots: int,
-                 wait_s: float = 0.5) -> tuple[WorkResult, set[Key]]:
+    def exchange(
+        self, task: Any, requests: list[GenerationRequest], slots: int, wait_s: float = 0.5
+    ) -> tuple[WorkResult, set[Key]]:
         """Queue ``requests`` for the background thread, wait up to ``wait_s`` for finished ones, and return
         them with the keys of every request this actor still holds (queued or in work). The driver calls
         it once at a time per actor; a key it sent that is neither returned nor held was lost (restart).

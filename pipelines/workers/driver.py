@@ -11,6 +11,7 @@ A run that cannot work stops with :class:`EngineUnusable` (one line naming the e
 one failure per entity: no actor started its engine, every actor is dead, or the first batch's worth of
 every actor failed with one identical reason and nothing succeeded (:class:`FirstFailures`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,8 +22,15 @@ from typing import Any, Iterable, Iterator
 from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
-from pipelines.workers.actors import (GenerationRequest, Key, ModelSpec, StreamWorker, WorkerDead, WorkResult,
-                                      actor_options)
+from pipelines.workers.actors import (
+    GenerationRequest,
+    Key,
+    ModelSpec,
+    StreamWorker,
+    WorkerDead,
+    WorkResult,
+    actor_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +49,7 @@ class EngineUnusable(RuntimeError):
 def one_line(text: str, limit: int = 300) -> str:
     """``text`` on one line (whitespace collapsed), cut at ``limit`` characters."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 _RAISED = re.compile(r"^[A-Za-z_][\w.]*: ")  # a traceback's last line: "ValueError: ..."
@@ -135,7 +143,9 @@ def unpack_bundled(model: str) -> None:
             bar.update(1)
 
 
-def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict[str | None, deque[list[GenerationRequest]]]:
+def make_batches(
+    requests: Iterable[GenerationRequest], batch_size: int
+) -> dict[str | None, deque[list[GenerationRequest]]]:
     """Requests grouped by pool key (keys and entities in sorted order), cut into batches."""
     by_key: dict[str | None, list[GenerationRequest]] = defaultdict(list)
     for req in requests:
@@ -143,7 +153,7 @@ def make_batches(requests: Iterable[GenerationRequest], batch_size: int) -> dict
     out: dict[str | None, deque[list[GenerationRequest]]] = {}
     for key in sorted(by_key, key=lambda k: (k is None, k or "")):
         reqs = sorted(by_key[key], key=lambda r: r.key)
-        out[key] = deque(reqs[i:i + batch_size] for i in range(0, len(reqs), batch_size))
+        out[key] = deque(reqs[i : i + batch_size] for i in range(0, len(reqs), batch_size))
     return out
 
 
@@ -179,8 +189,9 @@ class BatchScheduler:
 class WorkerGroup:
     """``num_workers`` actors of ``worker_cls`` sharing one model spec; serves several passes, then ``close``."""
 
-    def __init__(self, worker_cls: type[StreamWorker], spec: ModelSpec, num_workers: int,
-                 address: str | None = None) -> None:
+    def __init__(
+        self, worker_cls: type[StreamWorker], spec: ModelSpec, num_workers: int, address: str | None = None
+    ) -> None:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.actors: list[Any] = []
         self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
@@ -197,11 +208,15 @@ class WorkerGroup:
             unpack_bundled(self.spec.model)
         ensure_ray(self.address, num_cpus=self.num_workers * self.spec.threads)
         if len(self.actors) < n:
-            log.info("starting %d worker(s) for %s: each loads the model and readies its engine once for the job",
-                     n - len(self.actors), self.spec.model)
+            log.info(
+                "starting %d worker(s) for %s: each loads the model and readies its engine once for the job",
+                n - len(self.actors),
+                self.spec.model,
+            )
         # a killed actor process is restarted (the model reloads) and the requests it lost are sent again
-        remote_cls = ray.remote(self.worker_cls).options(**actor_options(self.spec), max_restarts=ACTOR_RESTARTS,
-                                                         max_task_retries=ACTOR_RESTARTS)
+        remote_cls = ray.remote(self.worker_cls).options(
+            **actor_options(self.spec), max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS
+        )
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
             self.starting[self.actors[-1].ready.remote(slots)] = len(self.actors) - 1
@@ -228,8 +243,9 @@ class WorkerGroup:
         if self.actors and len(self.broken) == len(self.actors):
             raise EngineUnusable("no worker could start", next(iter(self.broken.values())))
 
-    def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str,
-               unit: str = "entity") -> Iterator[WorkResult]:
+    def stream(
+        self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str, unit: str = "entity"
+    ) -> Iterator[WorkResult]:
         """Work on ``requests`` with ``slots`` in flight per actor; yield results as they finish, under a
         progress bar. Every request ends in exactly one yielded row or failure, unless the workers cannot
         run at all: then :class:`EngineUnusable` (the failures held back are not yielded)."""
@@ -277,8 +293,12 @@ class WorkerGroup:
                     result, held = ray.get(ref)
                 except (RayActorError, WorkerDead) as exc:  # dead for good: the others take over its requests
                     self.broken[a] = error_line(exc)
-                    log.error("worker actor %d died (%s); %d requests go to the others", a, self.broken[a],
-                              len(outstanding[a]))
+                    log.error(
+                        "worker actor %d died (%s); %d requests go to the others",
+                        a,
+                        self.broken[a],
+                        len(outstanding[a]),
+                    )
                     result, held = WorkResult(), set()
                     alive.discard(a)
                     ray.kill(self.actors[a])  # a worker that declared itself dead still holds its resources
@@ -288,8 +308,13 @@ class WorkerGroup:
                     req = outstanding[a].pop(key)
                     losses[key] += 1
                     if losses[key] > ACTOR_RESTARTS:
-                        result.failures.append({"entity_type": key[0], "entity_id": key[1],
-                                                "reason": f"worker died {losses[key]} times working on it"})
+                        result.failures.append(
+                            {
+                                "entity_type": key[0],
+                                "entity_id": key[1],
+                                "reason": f"worker died {losses[key]} times working on it",
+                            }
+                        )
                     else:
                         retry.append(req)
                         self.resent += 1
@@ -299,8 +324,10 @@ class WorkerGroup:
                 for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
                     call(b)
                 if not calls and (scheduler or retry):
-                    raise EngineUnusable(f"every worker died, {len(retry) + scheduler.left()} requests left",
-                                         self.broken.get(a, "unknown"))
+                    raise EngineUnusable(
+                        f"every worker died, {len(retry) + scheduler.left()} requests left",
+                        self.broken.get(a, "unknown"),
+                    )
             for part in first.release():
                 yield part
                 bar.update(len(part.failures))
@@ -327,8 +354,9 @@ class LocalGroup:
     def __init__(self, worker: StreamWorker) -> None:
         self.worker = worker
 
-    def stream(self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "",
-               unit: str = "entity") -> Iterator[WorkResult]:
+    def stream(
+        self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "", unit: str = "entity"
+    ) -> Iterator[WorkResult]:
         if requests:
             yield self.worker.generate(task, requests, slots)
 

@@ -14,6 +14,7 @@ per node with all its cores beats engines that split them. So:
 A number given in the config is kept; ``auto`` fills the other from it (``num_workers: 4`` on an
 8-CPU machine gives 2 threads each).
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,7 +53,9 @@ class Machine:
         import ray
 
         nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-        return cls(tuple(int(n.get("CPU", 0)) for n in nodes) or (1,), tuple(float(n.get("GPU", 0)) for n in nodes) or (0.0,))
+        return cls(
+            tuple(int(n.get("CPU", 0)) for n in nodes) or (1,), tuple(float(n.get("GPU", 0)) for n in nodes) or (0.0,)
+        )
 
 
 def _cuda_devices() -> int:
@@ -99,16 +102,25 @@ def job_layout(execution: Any) -> Layout:
     else:
         machine = Machine.local()
     layout = plan_layout(machine, num_workers, threads, execution.gpus_per_worker)
-    log.info("actor layout: %d actor(s) x %d thread(s) (%s; execution.num_workers / threads_per_worker: auto)",
-             layout.num_workers, layout.threads, layout.why)
+    log.info(
+        "actor layout: %d actor(s) x %d thread(s) (%s; execution.num_workers / threads_per_worker: auto)",
+        layout.num_workers,
+        layout.threads,
+        layout.why,
+    )
     return layout
 
 
 def with_layout(cfg: Any) -> Any:
     """A copy of the job config ``cfg`` with its ``execution`` layout resolved to numbers."""
     layout = job_layout(cfg.execution)
-    return cfg.model_copy(update={"execution": cfg.execution.model_copy(
-        update={"num_workers": layout.num_workers, "threads_per_worker": layout.threads})})
+    return cfg.model_copy(
+        update={
+            "execution": cfg.execution.model_copy(
+                update={"num_workers": layout.num_workers, "threads_per_worker": layout.threads}
+            )
+        }
+    )
 
 
 # Compiling the model pays only in longer runs. Measured on the 2-core CPU (64 requests of 256-token
@@ -133,7 +145,14 @@ def job_actors(cfg: Any, entities: int | None = None, engine: str = "hf") -> tup
     from pipelines.workers.actors import ModelSpec
 
     ex, layout = cfg.execution, job_layout(cfg.execution)
-    spec = ModelSpec(model=cfg.model.name, dtype=cfg.model.dtype, threads=layout.threads, seed=cfg.dataset.seed,
-                     gpus=ex.gpus_per_worker, compile=compile_model(ex, entities),
-                     gpu_memory_utilization=ex.gpu_memory_utilization, engine=engine)
+    spec = ModelSpec(
+        model=cfg.model.name,
+        dtype=cfg.model.dtype,
+        threads=layout.threads,
+        seed=cfg.dataset.seed,
+        gpus=ex.gpus_per_worker,
+        compile=compile_model(ex, entities),
+        gpu_memory_utilization=ex.gpu_memory_utilization,
+        engine=engine,
+    )
     return spec, layout.num_workers

@@ -4,6 +4,7 @@ Tasks reserve no CPU (generation actors may hold them all while a job's other st
 run at once as the cluster has CPUs; ``SPREAD`` puts them on every node. A task that fails because its worker
 process died is retried by Ray; one that raises ends the map with its error.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -16,8 +17,14 @@ from pipelines.interrupts import ray_wait
 T = TypeVar("T")
 
 
-def map_tasks(fn: Callable[..., T], calls: Sequence[tuple[Any, ...]], shared: dict[str, Any] | None = None, *,
-              desc: str, unit: str = "task") -> list[T]:
+def map_tasks(
+    fn: Callable[..., T],
+    calls: Sequence[tuple[Any, ...]],
+    shared: dict[str, Any] | None = None,
+    *,
+    desc: str,
+    unit: str = "task",
+) -> list[T]:
     """``fn(*call, **shared)`` for every call as Ray tasks (``shared``: object refs every call gets), results
     in call order. Ray must be initialised."""
     import ray

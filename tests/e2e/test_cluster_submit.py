@@ -3,6 +3,7 @@
 The test starts a head and a second node with `ray start --block` in their own process groups (with a
 private temp dir and a random token), and stops exactly those processes afterwards.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,15 +46,33 @@ class Cluster:
         self.port, self.dash = _free_port(), _free_port()
         self.address = f"http://127.0.0.1:{self.dash}"
         bin_dir = str(Path(sys.executable).parent)  # the nodes' `python` is this venv's, as when it is activated
-        self.env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
-                    "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+        self.env = {
+            **os.environ,
+            "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": self.token,
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}",
+        }
         self.procs: list[subprocess.Popen] = []
 
     def _start(self, *args: str, log: str) -> None:
         out = open(Path(self.tmp) / log, "w")
-        self.procs.append(subprocess.Popen([RAY, "start", "--block", "--node-ip-address=127.0.0.1", "--num-cpus=1",
-                                            "--disable-usage-stats", *args], env=self.env, start_new_session=True,
-                                           stdout=out, stderr=subprocess.STDOUT))
+        self.procs.append(
+            subprocess.Popen(
+                [
+                    RAY,
+                    "start",
+                    "--block",
+                    "--node-ip-address=127.0.0.1",
+                    "--num-cpus=1",
+                    "--disable-usage-stats",
+                    *args,
+                ],
+                env=self.env,
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        )
 
     def get(self, path: str) -> object:
         req = urllib.request.Request(self.address + path, headers={"Authorization": f"Bearer {self.token}"})
@@ -76,8 +95,15 @@ class Cluster:
         return sum(n["state"] == "ALIVE" for n in nodes)
 
     def start(self) -> "Cluster":
-        self._start("--head", f"--port={self.port}", f"--dashboard-port={self.dash}", "--dashboard-host=127.0.0.1",
-                    "--include-dashboard=true", f"--temp-dir={self.tmp}", log="head.log")
+        self._start(
+            "--head",
+            f"--port={self.port}",
+            f"--dashboard-port={self.dash}",
+            "--dashboard-host=127.0.0.1",
+            "--include-dashboard=true",
+            f"--temp-dir={self.tmp}",
+            log="head.log",
+        )
         self._wait(lambda: self.alive_nodes() == 1, "head")
         self._start(f"--address=127.0.0.1:{self.port}", log="worker.log")
         self._wait(lambda: self.alive_nodes() == 2, "worker node")
@@ -148,22 +174,33 @@ def test_submit_wait_runs_on_both_nodes_with_token_auth(cluster, tiny_model, tmp
     refused = _laser("submit", str(config), "--address", cluster.address)  # no token
     assert refused.returncode == 77 and "token authentication" in refused.stderr
 
-    res = _laser("submit", str(config), "--address", cluster.address, "--wait", "--token-file",
-                 str(cluster.token_file))
+    res = _laser("submit", str(config), "--address", cluster.address, "--wait", "--token-file", str(cluster.token_file))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "knowledge rows in store" in res.stdout  # the job's own summary, streamed
     rows = read_knowledge(out / "knowledge")
     keys = list(zip(rows["entity_type"], rows["entity_id"]))
     assert len(keys) == len(set(keys)) and set(keys) == expected_new_entities(cfg)
-    actors = cluster.get("/api/v0/actors?filter_keys=class_name&filter_predicates=%3D&filter_values=GenerationWorker"
-                         "&limit=100")["data"]["result"]["result"]
+    actors = cluster.get(
+        "/api/v0/actors?filter_keys=class_name&filter_predicates=%3D&filter_values=GenerationWorker&limit=100"
+    )["data"]["result"]["result"]
     assert len({a["node_id"] for a in actors}) == 2  # one generation actor on each node
     tasks = cluster.get("/api/v0/tasks?limit=10000")["data"]["result"]["result"]
     parts = [t for t in tasks if t["name"].endswith("build_part")]
     assert len({t["node_id"] for t in parts}) == 2, parts  # the pools' build tasks ran on both nodes too
 
-    failing = _laser("submit", str(config), "--address", cluster.address, "--wait", "--token-file",
-                     str(cluster.token_file), "--set", "dataset.format=table", "--set", f"dataset.path={tmp_path}/none")
+    failing = _laser(
+        "submit",
+        str(config),
+        "--address",
+        cluster.address,
+        "--wait",
+        "--token-file",
+        str(cluster.token_file),
+        "--set",
+        "dataset.format=table",
+        "--set",
+        f"dataset.path={tmp_path}/none",
+    )
     assert failing.returncode != 0  # a failed job is not a success
 
 

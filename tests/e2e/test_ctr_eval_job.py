@@ -1,4 +1,5 @@
 """`laser ctr-eval`: config errors name the key; end to end on synthetic data with real MiniLM encoding."""
+
 from __future__ import annotations
 
 import json
@@ -22,13 +23,16 @@ def _write(path, tree) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("tree, key", [
-    ({"train": {"lrr": 0.1}}, "train.lrr: unknown key"),
-    ({"knowledge": {"none": "x.parquet"}}, "knowledge: Value error, 'none' is reserved"),
-    ({"seeds": "abc"}, "seeds:"),
-    ({"models": ["din", "xgboost"]}, "models.1:"),
-    ({"dataset": {"fromat": "synthetic"}}, "dataset.fromat: unknown key"),
-])
+@pytest.mark.parametrize(
+    "tree, key",
+    [
+        ({"train": {"lrr": 0.1}}, "train.lrr: unknown key"),
+        ({"knowledge": {"none": "x.parquet"}}, "knowledge: Value error, 'none' is reserved"),
+        ({"seeds": "abc"}, "seeds:"),
+        ({"models": ["din", "xgboost"]}, "models.1:"),
+        ({"dataset": {"fromat": "synthetic"}}, "dataset.fromat: unknown key"),
+    ],
+)
 def test_config_errors_name_the_key(tmp_path, tree, key):
     with pytest.raises(ConfigError) as err:
         load_ctr_config(_write(tmp_path / "bad.yaml", tree))
@@ -43,18 +47,29 @@ def test_bundled_demo_config_is_valid():
 @pytest.mark.slow
 def test_ctr_eval_end_to_end_identical_sources_are_lossless(tmp_path):
     ds, truth = generate(SyntheticParams(**SYNTH), seed=0)
-    rows = [("user", r["user_id"], f"This viewer enjoys {' and '.join(r['liked_genres'])} films.")
-            for r in truth.iter_rows(named=True)]
-    rows += [("item", r["item_id"], f"{r['title']} is a {', '.join(r['genres'])} movie.") for r in ds.items.iter_rows(named=True)]
+    rows = [
+        ("user", r["user_id"], f"This viewer enjoys {' and '.join(r['liked_genres'])} films.")
+        for r in truth.iter_rows(named=True)
+    ]
+    rows += [
+        ("item", r["item_id"], f"{r['title']} is a {', '.join(r['genres'])} movie.")
+        for r in ds.items.iter_rows(named=True)
+    ]
     knowledge = pl.DataFrame(rows, schema=["entity_type", "entity_id", "knowledge"], orient="row")
     knowledge.write_parquet(tmp_path / "greedy.parquet")
     knowledge.write_parquet(tmp_path / "relaxed.parquet")  # identical text: must train to identical models
-    config = _write(tmp_path / "ctr.yaml", {
-        "dataset": {"format": "synthetic", "seed": 0, "synthetic": SYNTH},
-        "split": {"max_hist": 8},
-        "knowledge": {"greedy": str(tmp_path / "greedy.parquet"), "relaxed": str(tmp_path / "relaxed.parquet")},
-        "seeds": [0, 1], "split_fractions": [0.6, 0.2, 0.2], "threads": 1,
-        "train": {"lr": 0.003, "batch_size": 64, "max_epochs": 3, "patience": 1}})
+    config = _write(
+        tmp_path / "ctr.yaml",
+        {
+            "dataset": {"format": "synthetic", "seed": 0, "synthetic": SYNTH},
+            "split": {"max_hist": 8},
+            "knowledge": {"greedy": str(tmp_path / "greedy.parquet"), "relaxed": str(tmp_path / "relaxed.parquet")},
+            "seeds": [0, 1],
+            "split_fractions": [0.6, 0.2, 0.2],
+            "threads": 1,
+            "train": {"lr": 0.003, "batch_size": 64, "max_epochs": 3, "patience": 1},
+        },
+    )
     out = tmp_path / "out" / "ctr.json"
     result = CliRunner().invoke(app, ["ctr-eval", config, "--json", str(out)], env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output

@@ -1,6 +1,7 @@
 """Failures end: a one-shot run with failed entities exits 3; scheduled runs give an entity up after
 ``generation.give_up_after`` identical failures and exit 0; new inputs or another config try it again;
 `laser failures` lists them. Tiny random Llama (its texts are degenerate: ``degenerate=fail`` fails them)."""
+
 from __future__ import annotations
 
 import json

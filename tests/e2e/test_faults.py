@@ -1,5 +1,6 @@
 """Faults, each for real: a Ray worker process killed mid-batch, a driver killed mid-run then resumed while a
 second run is refused by the lock, a write failing part-way (disk full, simulated)."""
+
 from __future__ import annotations
 
 import errno
@@ -45,19 +46,32 @@ def _lock_record(out: Path) -> str:
 def test_concurrent_run_refused_then_killed_driver_resumes(tiny_model, ray_session, tmp_path):
     data = write_table_data(tmp_path / "data")
     out = tmp_path / "job"
-    cfg = incremental_config(tiny_model, data, out, "generation.max_new_tokens=600",
-                             "old_knowledge.max_new_tokens=8", "output.shard_rows=1", "execution.batch_size=1", f"execution.address={ray_session}")
+    cfg = incremental_config(
+        tiny_model,
+        data,
+        out,
+        "generation.max_new_tokens=600",
+        "old_knowledge.max_new_tokens=8",
+        "output.shard_rows=1",
+        "execution.batch_size=1",
+        f"execution.address={ray_session}",
+    )
     config_file = tmp_path / "job.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    first = subprocess.Popen([*LASER, "run", str(config_file), "--incremental"], cwd=REPO,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first = subprocess.Popen(
+        [*LASER, "run", str(config_file), "--incremental"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     store = out / "knowledge"
     try:
         deadline = time.time() + 180
         while time.time() < deadline and f"{first.pid}" not in _lock_record(out):
             time.sleep(0.02)
-        second = subprocess.run([*LASER, "run", str(config_file), "--incremental"], cwd=REPO, capture_output=True,
-                                text=True, timeout=300)
+        second = subprocess.run(
+            [*LASER, "run", str(config_file), "--incremental"], cwd=REPO, capture_output=True, text=True, timeout=300
+        )
         assert second.returncode == exitcodes.LOCKED, second.stderr
         assert f"pid={first.pid}" in second.stderr
         while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 3:
@@ -117,7 +131,7 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
 def _corrupt(path: Path) -> None:
     data = bytearray(path.read_bytes())
     mid = len(data) // 2
-    data[mid:mid + 8] = bytes(b ^ 0xFF for b in data[mid:mid + 8])  # same size, different bytes
+    data[mid : mid + 8] = bytes(b ^ 0xFF for b in data[mid : mid + 8])  # same size, different bytes
     path.write_bytes(bytes(data))
 
 
@@ -203,8 +217,12 @@ from jobs.cli import app
 app(["run", config, "--incremental"], prog_name="laser")
 """
 
-PHASES = {"old knowledge": ("/old_knowledge/part-", 3), "new knowledge": ("/knowledge/part-", 3),
-          "ledger": ("runs.parquet", 2), "latest view": ("latest.parquet", 1)}
+PHASES = {
+    "old knowledge": ("/old_knowledge/part-", 3),
+    "new knowledge": ("/knowledge/part-", 3),
+    "ledger": ("runs.parquet", 2),
+    "latest view": ("latest.parquet", 1),
+}
 
 
 @pytest.mark.parametrize("phase", list(PHASES))
@@ -214,13 +232,25 @@ def test_kill_9_in_each_write_phase_then_rerun_loses_and_doubles_nothing(phase, 
     data = write_table_data(tmp_path / "data", n_users=8)
     out = tmp_path / "job"
     mode = "paper" if phase == "old knowledge" else "latest"  # only the paper's split writes old knowledge
-    cfg = incremental_config(tiny_model, data, out, "output.shard_rows=1", "execution.num_workers=1",
-                             f"execution.address={ray_session}", f"split.mode={mode}")
+    cfg = incremental_config(
+        tiny_model,
+        data,
+        out,
+        "output.shard_rows=1",
+        "execution.num_workers=1",
+        f"execution.address={ray_session}",
+        f"split.mode={mode}",
+    )
     config_file = tmp_path / "job.yaml"
     config_file.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     part, nth = PHASES[phase]
-    crashed = subprocess.run([sys.executable, "-c", CRASH, str(config_file), part, str(nth)], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
+    crashed = subprocess.run(
+        [sys.executable, "-c", CRASH, str(config_file), part, str(nth)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     assert list(out.rglob("*.crash.tmp"))  # it died mid-write
     rec = run_incremental(cfg)  # the rerun: the dead holder's lock taken over, its run resumed

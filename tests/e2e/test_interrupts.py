@@ -1,5 +1,6 @@
 """SIGINT/SIGTERM on a real `laser run` subprocess: the rows already generated are flushed as a shard,
 the command says what it kept and how to resume, and exits 128 + the signal."""
+
 from __future__ import annotations
 
 import os
@@ -20,15 +21,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path, model: str) -> Path:
-    cfg = {"dataset": {"format": "synthetic", "seed": 3, "synthetic": {"n_users": 16, "n_items": 24, "n_clusters": 2,
-                                                                      "max_history": 10}},
-           "split": {"max_hist": 6}, "model": {"name": model, "dtype": "float32"},
-           "decoder": {"name": "autoregressive"},
-           "generation": {"max_new_tokens": 64, "max_prompt_tokens": 2000},
-           "old_knowledge": {"max_new_tokens": 4},
-           "routing": {"n_clusters": 2, "max_group_size": 6, "lightgcn": {"max_epochs": 5}},
-           "execution": {"num_workers": 1, "batch_size": 1},
-           "output": {"path": str(tmp_path / "out"), "shard_rows": 1000}}  # nothing flushes before the end
+    cfg = {
+        "dataset": {
+            "format": "synthetic",
+            "seed": 3,
+            "synthetic": {"n_users": 16, "n_items": 24, "n_clusters": 2, "max_history": 10},
+        },
+        "split": {"max_hist": 6},
+        "model": {"name": model, "dtype": "float32"},
+        "decoder": {"name": "autoregressive"},
+        "generation": {"max_new_tokens": 64, "max_prompt_tokens": 2000},
+        "old_knowledge": {"max_new_tokens": 4},
+        "routing": {"n_clusters": 2, "max_group_size": 6, "lightgcn": {"max_epochs": 5}},
+        "execution": {"num_workers": 1, "batch_size": 1},
+        "output": {"path": str(tmp_path / "out"), "shard_rows": 1000},
+    }  # nothing flushes before the end
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -39,8 +46,13 @@ def test_signal_flushes_finished_rows_and_says_how_to_resume(tiny_model, tmp_pat
     config = write_config(tmp_path, tiny_model)
     # every progress update is printed (a pipe otherwise gets one every 30 s): the test waits on them
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TQDM_MININTERVAL": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "run", str(config)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jobs.cli", "run", str(config)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     os.set_blocking(proc.stderr.fileno(), False)
     seen, deadline = b"", time.time() + 240
     while time.time() < deadline and proc.poll() is None:  # wait for 3 finished new-knowledge entities

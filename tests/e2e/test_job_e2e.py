@@ -3,6 +3,7 @@
 One Ray session serves every test here (module fixture); the model is a tiny random Llama saved with a
 byte-level tokenizer so that the real loading path (`laser.load_model(path)`) is used.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,33 @@ pytestmark = pytest.mark.slow
 
 
 def job_config(model: str, out: Path, *extra: str):
-    return load_config(None, [
-        "dataset.format=synthetic", "dataset.seed=3", "dataset.synthetic.n_users=10",
-        "dataset.synthetic.n_items=16", "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=10",
-        "split.mode=paper", "split.max_hist=6", f"model.name={model}", "model.dtype=float32", "decoder.name=laser",
-        "decoder.params.verification=greedy", "generation.max_new_tokens=24", "generation.max_prompt_tokens=2000",
-        "routing.n_clusters=2", "routing.max_group_size=6", "execution.num_workers=2", "execution.batch_size=2",
-        f"output.path={out}", "output.shard_rows=3",
-        "generation.degenerate=keep",  # a random tiny model ends no sentence: retry would regenerate every row
-        *extra])
+    return load_config(
+        None,
+        [
+            "dataset.format=synthetic",
+            "dataset.seed=3",
+            "dataset.synthetic.n_users=10",
+            "dataset.synthetic.n_items=16",
+            "dataset.synthetic.n_clusters=2",
+            "dataset.synthetic.max_history=10",
+            "split.mode=paper",
+            "split.max_hist=6",
+            f"model.name={model}",
+            "model.dtype=float32",
+            "decoder.name=laser",
+            "decoder.params.verification=greedy",
+            "generation.max_new_tokens=24",
+            "generation.max_prompt_tokens=2000",
+            "routing.n_clusters=2",
+            "routing.max_group_size=6",
+            "execution.num_workers=2",
+            "execution.batch_size=2",
+            f"output.path={out}",
+            "output.shard_rows=3",
+            "generation.degenerate=keep",  # a random tiny model ends no sentence: retry would regenerate every row
+            *extra,
+        ],
+    )
 
 
 def expected_new_entities(cfg) -> set[tuple[str, str]]:
@@ -97,15 +116,20 @@ def test_job_end_to_end_one_row_per_entity_and_deterministic(tiny_model, ray_ses
 def test_bad_entity_is_a_failure_row_not_a_crash(tiny_model, tmp_path):
     worker = GenerationWorker(ModelSpec(tiny_model))  # in-process: the same class the actors run
     task = DecodeTask("autoregressive", max_new_tokens=4, max_prompt_tokens=2000, run_id="t")
-    result = worker.generate(task, [
-        GenerationRequest("user", "u1", history=[("Heat", 4.0)]),
-        GenerationRequest("user", "u2", history=[]),  # empty history: no prompt possible
-        GenerationRequest("item", "i1", item={"item_id": "i1", "title": None}),  # no title
-        GenerationRequest("item", "i2", item={"item_id": "i2", "title": "Alien", "genres": ["Sci-Fi"]}),
-    ])
+    result = worker.generate(
+        task,
+        [
+            GenerationRequest("user", "u1", history=[("Heat", 4.0)]),
+            GenerationRequest("user", "u2", history=[]),  # empty history: no prompt possible
+            GenerationRequest("item", "i1", item={"item_id": "i1", "title": None}),  # no title
+            GenerationRequest("item", "i2", item={"item_id": "i2", "title": "Alien", "genres": ["Sci-Fi"]}),
+        ],
+    )
     assert [r.entity_id for r in result.rows] == ["u1", "i2"]
-    assert [(f["entity_id"], f["reason"].split(":")[0]) for f in result.failures] == [("u2", "ValueError"),
-                                                                                    ("i1", "ValueError")]
+    assert [(f["entity_id"], f["reason"].split(":")[0]) for f in result.failures] == [
+        ("u2", "ValueError"),
+        ("i1", "ValueError"),
+    ]
     assert "empty history" in result.failures[0]["reason"]
 
 
@@ -117,14 +141,26 @@ def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, 
     import ray
 
     out = tmp_path / "killed"
-    cfg = job_config(tiny_model, out, "generation.max_new_tokens=96", "old_knowledge.max_new_tokens=8",
-                     "output.shard_rows=1", "execution.batch_size=1")
+    cfg = job_config(
+        tiny_model,
+        out,
+        "generation.max_new_tokens=96",
+        "old_knowledge.max_new_tokens=8",
+        "output.shard_rows=1",
+        "execution.batch_size=1",
+    )
     config_file = tmp_path / "job.yaml"
     address = ray.get_runtime_context().gcs_address  # the subprocess joins the running cluster
-    config_file.write_text(yaml.safe_dump(cfg.model_copy(update={"execution": cfg.execution.model_copy(
-        update={"address": address})}).model_dump(mode="json")))
-    proc = subprocess.Popen([sys.executable, "-c", KILL_SCRIPT, str(config_file)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    config_file.write_text(
+        yaml.safe_dump(
+            cfg.model_copy(update={"execution": cfg.execution.model_copy(update={"address": address})}).model_dump(
+                mode="json"
+            )
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILL_SCRIPT, str(config_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     store = out / "knowledge"
     deadline = time.time() + 120
     while time.time() < deadline and len(list(store.glob("part-*.parquet"))) < 3:
@@ -144,19 +180,26 @@ def test_killed_job_resumes_without_loss_or_duplicates(tiny_model, ray_session, 
     assert read_failures(store).height == 0
 
 
-
 def test_worker_pool_lru_and_missing_pool(tiny_model, tmp_path):
     from pools.store import TokenizerFingerprint, write_store
 
     worker = GenerationWorker(ModelSpec(tiny_model))
     ids = worker.tokenizer("a quiet drama about family", add_special_tokens=False)["input_ids"]
-    write_store(tmp_path / "pools", {"user/attribute/a": [ids], "user/attribute/b": [ids], "user/attribute/c": [ids]},
-                TokenizerFingerprint.of(worker.tokenizer))
-    task = DecodeTask("laser", {"verification": "greedy"}, max_new_tokens=3, pool_store=str(tmp_path / "pools"),
-                      pool_cache_size=2)
+    write_store(
+        tmp_path / "pools",
+        {"user/attribute/a": [ids], "user/attribute/b": [ids], "user/attribute/c": [ids]},
+        TokenizerFingerprint.of(worker.tokenizer),
+    )
+    task = DecodeTask(
+        "laser", {"verification": "greedy"}, max_new_tokens=3, pool_store=str(tmp_path / "pools"), pool_cache_size=2
+    )
     keys = ["a", "b", "a", "c", "a", "missing"]  # a stays hot, c evicts b, "missing" has no pool
-    reqs = [GenerationRequest("user", f"u{i}", pool_key=f"user/attribute/{k}", pool_kind="attribute", group_id=k,
-                              history=[("Heat", 4.0)]) for i, k in enumerate(keys)]
+    reqs = [
+        GenerationRequest(
+            "user", f"u{i}", pool_key=f"user/attribute/{k}", pool_kind="attribute", group_id=k, history=[("Heat", 4.0)]
+        )
+        for i, k in enumerate(keys)
+    ]
     result = worker.generate(task, reqs)
     assert not result.failures
     assert worker.pools.loads == 3  # a, b, c loaded once each; the second and third "a" hit the LRU
@@ -168,8 +211,11 @@ def test_batch_error_falls_back_to_one_by_one(tiny_model):
     worker = GenerationWorker(ModelSpec(tiny_model))
     task = DecodeTask("autoregressive", max_new_tokens=4, max_prompt_tokens=None)  # no truncation
     huge = [(f"Film number {i}", 3.0) for i in range(400)]  # longer than the model's 4096-token context
-    reqs = [GenerationRequest("user", "ok1", history=[("Heat", 4.0)]), GenerationRequest("user", "huge", history=huge),
-            GenerationRequest("user", "ok2", history=[("Alien", 5.0)])]
+    reqs = [
+        GenerationRequest("user", "ok1", history=[("Heat", 4.0)]),
+        GenerationRequest("user", "huge", history=huge),
+        GenerationRequest("user", "ok2", history=[("Alien", 5.0)]),
+    ]
     result = worker.generate(task, reqs)
     alone = worker.generate(task, [reqs[0]]).rows[0]
     assert [r.entity_id for r in result.rows] == ["ok1", "ok2"]

@@ -1,4 +1,5 @@
 """Ray Jobs submission (entrypoint and runtime env, no cluster) and the job CLI's config handling."""
+
 from __future__ import annotations
 
 import shlex
@@ -17,8 +18,17 @@ from pipelines.workers import BatchScheduler, GenerationRequest, make_batches
 def test_entrypoint_quotes_overrides():
     cmd = submit_mod.entrypoint("job.yaml", ["output.path=runs/a b", "decoder.params.k=3"])
     assert cmd == "python -m jobs run job.yaml --set 'output.path=runs/a b' --set decoder.params.k=3"
-    assert shlex.split(cmd) == ["python", "-m", "jobs", "run", "job.yaml", "--set", "output.path=runs/a b", "--set",
-                                "decoder.params.k=3"]
+    assert shlex.split(cmd) == [
+        "python",
+        "-m",
+        "jobs",
+        "run",
+        "job.yaml",
+        "--set",
+        "output.path=runs/a b",
+        "--set",
+        "decoder.params.k=3",
+    ]
 
 
 def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
@@ -76,11 +86,16 @@ def test_cli_names_the_bad_key(tmp_path):
 
 
 def test_batches_grouped_by_pool_and_scheduled_with_affinity():
-    reqs = [GenerationRequest("user", f"u{i}", pool_key=k) for i, k in
-            enumerate(["p/a", "p/b", "p/a", "p/a", "p/b", None, "p/a"])]
+    reqs = [
+        GenerationRequest("user", f"u{i}", pool_key=k)
+        for i, k in enumerate(["p/a", "p/b", "p/a", "p/a", "p/b", None, "p/a"])
+    ]
     batches = make_batches(reqs, batch_size=2)
     assert {k: [[r.entity_id for r in b] for b in q] for k, q in batches.items()} == {
-        "p/a": [["u0", "u2"], ["u3", "u6"]], "p/b": [["u1", "u4"]], None: [["u5"]]}
+        "p/a": [["u0", "u2"], ["u3", "u6"]],
+        "p/b": [["u1", "u4"]],
+        None: [["u5"]],
+    }
     sched = BatchScheduler(batches)
     first = [r.pool_key for r in sched.next_for(0)]
     second = [r.pool_key for r in sched.next_for(1)]
@@ -141,8 +156,9 @@ def test_submit_os_errors_are_one_line(tmp_path):
     assert len(res.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("status, driver_code, want", [("SUCCEEDED", 0, 0), ("FAILED", 3, 3), ("FAILED", 75, 75),
-                                                        ("STOPPED", None, 1)])
+@pytest.mark.parametrize(
+    "status, driver_code, want", [("SUCCEEDED", 0, 0), ("FAILED", 3, 3), ("FAILED", 75, 75), ("STOPPED", None, 1)]
+)
 def test_submit_wait_exits_with_the_jobs_exit_code(tmp_path, monkeypatch, status, driver_code, want):
     from ray.job_submission import JobStatus
 

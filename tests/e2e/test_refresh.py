@@ -2,6 +2,7 @@
 a heavy user's newest interaction reaches their knowledge, a first run pays one LLM pass, a config
 change regenerates (or, with --keep-existing, keeps and counts), a refresh drafts from each entity's
 own earlier text, and rows are stamped with the run sequence."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -20,9 +21,15 @@ def _add_interaction(data, user: str) -> None:
     inter = pl.read_parquet(data / "interactions.parquet")
     seen = inter.filter(pl.col("user_id") == user)["item_id"].implode()
     item = inter.filter(~pl.col("item_id").is_in(seen))["item_id"].min()
-    row = inter.filter(pl.col("user_id") == user).tail(1).with_columns(
-        item_id=pl.lit(item, dtype=inter.schema["item_id"]), rating=pl.lit(5.0),
-        timestamp=pl.lit(int(inter["timestamp"].max()) + 60, dtype=inter.schema["timestamp"]))
+    row = (
+        inter.filter(pl.col("user_id") == user)
+        .tail(1)
+        .with_columns(
+            item_id=pl.lit(item, dtype=inter.schema["item_id"]),
+            rating=pl.lit(5.0),
+            timestamp=pl.lit(int(inter["timestamp"].max()) + 60, dtype=inter.schema["timestamp"]),
+        )
+    )
     pl.concat([inter, row]).write_parquet(data / "interactions.parquet")
 
 

@@ -1,4 +1,5 @@
 """Scheduled incremental runs end to end: tiny random Llama, local Ray, table data edited between runs."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,8 +27,11 @@ pytestmark = pytest.mark.slow
 
 def write_table_data(root: Path, n_users: int = 20) -> Path:
     """The synthetic demo data saved as Parquet tables (format ``table``), so a test can edit it."""
-    ds = load_dataset(DatasetConfig(format="synthetic", seed=3, synthetic={"n_users": n_users, "n_items": 16,
-                                                                            "n_clusters": 2, "max_history": 8}))
+    ds = load_dataset(
+        DatasetConfig(
+            format="synthetic", seed=3, synthetic={"n_users": n_users, "n_items": 16, "n_clusters": 2, "max_history": 8}
+        )
+    )
     root.mkdir(parents=True, exist_ok=True)
     ds.interactions.write_parquet(root / "interactions.parquet")
     ds.items.write_parquet(root / "items.parquet")
@@ -36,13 +40,31 @@ def write_table_data(root: Path, n_users: int = 20) -> Path:
 
 
 def incremental_config(model: str, data: Path, out: Path, *extra: str):
-    return load_config(None, [
-        "dataset.format=table", f"dataset.path={data}", "dataset.interactions_file=interactions.parquet",
-        "dataset.items_file=items.parquet", "dataset.users_file=users.parquet", "dataset.name=edit",
-        "split.max_hist=4", f"model.name={model}", "model.dtype=float32", "decoder.name=laser",
-        "decoder.params.verification=greedy", "generation.max_new_tokens=8", "generation.max_prompt_tokens=2000",
-        "routing.n_clusters=2", "routing.max_group_size=6", "execution.num_workers=2", "execution.batch_size=4",
-        f"output.path={out}", "output.shard_rows=8", *extra])
+    return load_config(
+        None,
+        [
+            "dataset.format=table",
+            f"dataset.path={data}",
+            "dataset.interactions_file=interactions.parquet",
+            "dataset.items_file=items.parquet",
+            "dataset.users_file=users.parquet",
+            "dataset.name=edit",
+            "split.max_hist=4",
+            f"model.name={model}",
+            "model.dtype=float32",
+            "decoder.name=laser",
+            "decoder.params.verification=greedy",
+            "generation.max_new_tokens=8",
+            "generation.max_prompt_tokens=2000",
+            "routing.n_clusters=2",
+            "routing.max_group_size=6",
+            "execution.num_workers=2",
+            "execution.batch_size=4",
+            f"output.path={out}",
+            "output.shard_rows=8",
+            *extra,
+        ],
+    )
 
 
 def edit_users(data: Path, users: list[str]) -> None:
@@ -50,14 +72,28 @@ def edit_users(data: Path, users: list[str]) -> None:
     cannot see it) and, for the first user, one interaction arrives after the watermark."""
     inter = pl.read_parquet(data / "interactions.parquet")
     newest = inter.group_by("user_id").agg(pl.col("timestamp").max().alias("t_max"))
-    inter = inter.join(newest, on="user_id").with_columns(
-        rating=pl.when(pl.col("user_id").is_in(users) & (pl.col("timestamp") == pl.col("t_max")))
-        .then(6.0 - pl.col("rating")).otherwise(pl.col("rating"))).drop("t_max")
+    inter = (
+        inter.join(newest, on="user_id")
+        .with_columns(
+            rating=pl.when(pl.col("user_id").is_in(users) & (pl.col("timestamp") == pl.col("t_max")))
+            .then(6.0 - pl.col("rating"))
+            .otherwise(pl.col("rating"))
+        )
+        .drop("t_max")
+    )
     seen = inter.filter(pl.col("user_id") == users[0])["item_id"]
-    unseen = inter.filter(~pl.col("item_id").is_in(seen.implode()))["item_id"].min()  # a new interaction, not a re-rating
-    first = inter.filter(pl.col("user_id") == users[0]).tail(1).with_columns(
-        item_id=pl.lit(unseen, dtype=inter.schema["item_id"]),
-        timestamp=pl.lit(int(inter["timestamp"].max()) + 100, dtype=inter.schema["timestamp"]), rating=pl.lit(1.0))
+    unseen = inter.filter(~pl.col("item_id").is_in(seen.implode()))[
+        "item_id"
+    ].min()  # a new interaction, not a re-rating
+    first = (
+        inter.filter(pl.col("user_id") == users[0])
+        .tail(1)
+        .with_columns(
+            item_id=pl.lit(unseen, dtype=inter.schema["item_id"]),
+            timestamp=pl.lit(int(inter["timestamp"].max()) + 100, dtype=inter.schema["timestamp"]),
+            rating=pl.lit(1.0),
+        )
+    )
     pl.concat([inter, first]).write_parquet(data / "interactions.parquet")
 
 
@@ -72,7 +108,7 @@ def test_incremental_run_regenerates_exactly_the_changed_users(tiny_model, ray_s
     before = read_knowledge(out / "knowledge")
     assert before["source_hash"].null_count() == 0
     users = sorted(before.filter(pl.col("entity_type") == "user")["entity_id"].to_list())
-    changed = users[:: 10][:2]  # 10% of the 20 users
+    changed = users[::10][:2]  # 10% of the 20 users
     assert len(users) == 20 and len(changed) == 2
 
     nothing = run_incremental(cfg)  # unchanged data: nothing regenerated

@@ -1,5 +1,6 @@
 """Knowledge stores, run ledger, latest view and run lock on fsspec URIs: the in-process ``memory://``
 filesystem (an object store without rename), ``file://`` URIs, and S3 served locally by moto's server."""
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def test_store_round_trip_on_memory_uri(mem_uri):
     write(store, range(7))
     manifest = json.loads((Location.of(store) / "manifest.json").read_text())
     names = [s["file"] for s in manifest["shards"]]
-    assert len(names) == 3 and all(ss._SHARD_RE.match(n) and len(n) == len("part-00000-12345678.parquet")
-                                   for n in names)  # unique names off local disks
+    assert len(names) == 3 and all(
+        ss._SHARD_RE.match(n) and len(n) == len("part-00000-12345678.parquet") for n in names
+    )  # unique names off local disks
     assert sorted(kn.read_knowledge(store)["entity_id"]) == sorted(f"u{i}" for i in range(7))
     assert ss.done_keys(store) == {("user", f"u{i}") for i in range(7)}
 
@@ -105,8 +107,10 @@ def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
 def test_file_uri_is_a_local_path(tmp_path):
     store = f"file://{tmp_path}/knowledge"
     write(store, range(4))
-    assert sorted(p.name for p in (tmp_path / "knowledge").glob("*.parquet")) == ["part-00000.parquet",
-                                                                                    "part-00001.parquet"]
+    assert sorted(p.name for p in (tmp_path / "knowledge").glob("*.parquet")) == [
+        "part-00000.parquet",
+        "part-00001.parquet",
+    ]
     assert kn.read_knowledge(tmp_path / "knowledge").height == 4
 
 
@@ -139,7 +143,6 @@ def test_expired_lease_is_taken_over_and_a_live_one_renewed(mem_uri):
         assert json.loads(lock_obj.read_text())["expires"] > first
         with pytest.raises(LockHeld):
             RunLock(mem_uri, run_id="other").acquire()
-
 
 
 def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
@@ -183,8 +186,12 @@ def s3_uri(s3_endpoint, monkeypatch):
     import fsspec
     import s3fs
 
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": s3_endpoint,
+    }.items():
         monkeypatch.setenv(key, value)
     s3fs.S3FileSystem.clear_instance_cache()
     fs = fsspec.filesystem("s3")

@@ -2,6 +2,7 @@
 the same greedy knowledge for every entity (real routing and pools, LASER drafting from them), every new
 entity written once with the knowledge schema and the engine recorded, drafts accepted inside vLLM, and
 a second run over the same output finds nothing left to do. Skipped without vLLM."""
+
 from __future__ import annotations
 
 import pyarrow.parquet as pq
@@ -21,11 +22,17 @@ def test_job_on_vllm_writes_what_hf_writes_and_resumes(ray_session, tmp_path):
     model = str(save_tiny_model(tmp_path / "tiny", hidden_size=128))  # vLLM's CPU attention: heads >= 32 wide
     texts, summaries = {}, {}
     for engine in ("hf", "vllm"):
-        cfg = job_config(model, tmp_path / engine, f"execution.engine={engine}", "execution.num_workers=1",
-                         "decoder.params.K=4", f"execution.address={ray_session}",
-                         # the compiled model, as users' large runs get it (execution.compile: auto leaves a
-                         # run this small eager); the tiny random model's near-tied logits then match hf's
-                         "execution.compile=true")
+        cfg = job_config(
+            model,
+            tmp_path / engine,
+            f"execution.engine={engine}",
+            "execution.num_workers=1",
+            "decoder.params.K=4",
+            f"execution.address={ray_session}",
+            # the compiled model, as users' large runs get it (execution.compile: auto leaves a
+            # run this small eager); the tiny random model's near-tied logits then match hf's
+            "execution.compile=true",
+        )
         summaries[engine] = summary = jobmod.run_job(cfg)
         assert summary.new.failed == 0 and summary.old.failed == 0
         rows = read_knowledge(tmp_path / engine / "knowledge")

@@ -1,5 +1,6 @@
 """The beam-sampling study on a tiny model: every method's figures, speedups against beam_sample and
 the teacher-forced scoring of the returned sequences."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,8 +15,17 @@ from benchmarks.beam_sampling import METHODS, run_beam_sampling_study, target_lo
 def study():
     torch.set_num_threads(1)
     lm = laser.tiny_llama(seed=3)
-    return lm, run_beam_sampling_study(lm, lm, [[5, 6, 7], [9, 10, 11, 12]], W=3, gamma=3, W_S=3, seeds=(1, 2),
-                                       max_new_tokens=12, methods=(*METHODS, "dsbd_fixed"))
+    return lm, run_beam_sampling_study(
+        lm,
+        lm,
+        [[5, 6, 7], [9, 10, 11, 12]],
+        W=3,
+        gamma=3,
+        W_S=3,
+        seeds=(1, 2),
+        max_new_tokens=12,
+        methods=(*METHODS, "dsbd_fixed"),
+    )
 
 
 def test_every_method_is_measured_on_the_same_runs(study):

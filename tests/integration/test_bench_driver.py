@@ -1,4 +1,5 @@
 """laser bench driver: the job's driver and Ray Data map_batches decode the same requests, every one once."""
+
 from __future__ import annotations
 
 import json
@@ -8,8 +9,17 @@ from benchmarks.driver import DriverBenchSettings, run_driver_bench
 
 
 def test_driver_bench_on_a_tiny_model(tiny_model, ray_session, tmp_path):
-    cfg = load_config(None, ["dataset.format=synthetic", "dataset.synthetic.n_users=6", "dataset.synthetic.n_items=8",
-                             "dataset.synthetic.max_history=6", "split.max_hist=3", "model.dtype=float32"])
+    cfg = load_config(
+        None,
+        [
+            "dataset.format=synthetic",
+            "dataset.synthetic.n_users=6",
+            "dataset.synthetic.n_items=8",
+            "dataset.synthetic.max_history=6",
+            "split.max_hist=3",
+            "model.dtype=float32",
+        ],
+    )
     s = DriverBenchSettings(model=tiny_model, workers=1, threads=1, slots=2, max_new_tokens=4, repeats=1)
     report = run_driver_bench(tmp_path / "d.json", cfg, s)
     assert report["requests"] > 0

@@ -1,4 +1,5 @@
 """laser bench quality: intervals, the relaxed-minus-greedy bootstrap and the report files (fake rows)."""
+
 from __future__ import annotations
 
 import json
@@ -27,19 +28,33 @@ def test_paired_bootstrap_of_a_known_difference():
 def _row(eid: str, text: str, finish: str, retry: bool = False) -> dict:
     hist = [("Heat (1995)", 4.0, ("Action", "Crime"))]
     q = entity_quality(text, finish, "user", hist, None, 30)
-    return {"entity_type": "user", "entity_id": eid, "knowledge": text, "n_tokens": 10, "greedy_retry": retry,
-            **quality_columns(q)}
+    return {
+        "entity_type": "user",
+        "entity_id": eid,
+        "knowledge": text,
+        "n_tokens": 10,
+        "greedy_retry": retry,
+        **quality_columns(q),
+    }
 
 
 def test_report_markdown_and_png(tmp_path):
     greedy = [_row("u1", "This user enjoys crime films.", "eos"), _row("u2", "This user enjoys action and", "length")]
-    relaxed = [_row("u1", "This user enjoys crime films.", "eos"),
-               _row("u2", "This user enjoys westerns westerns westerns westerns westerns westerns.", "eos", True)]
+    relaxed = [
+        _row("u1", "This user enjoys crime films.", "eos"),
+        _row("u2", "This user enjoys westerns westerns westerns westerns westerns westerns.", "eos", True),
+    ]
     rows = {"autoregressive greedy": greedy, bq.GREEDY_REF: greedy, bq.RELAXED: relaxed}
     from pipelines.config import JobConfig
 
-    report = bq._report(rows, {k: 1.0 for k in rows}, bq.QualityBenchSettings(bootstrap=200), JobConfig(),
-                        [("user", "u1"), ("user", "u2")], "demo.yaml")
+    report = bq._report(
+        rows,
+        {k: 1.0 for k in rows},
+        bq.QualityBenchSettings(bootstrap=200),
+        JobConfig(),
+        [("user", "u1"), ("user", "u2")],
+        "demo.yaml",
+    )
     m = report["methods"][bq.RELAXED]
     assert (m["ended"], m["cut"], m["degenerate"], m["retried"], m["flag_contradictions"]) == (2, 0, 1, 1, 0)
     assert report["laser_greedy_identical_to_autoregressive"] == {"hf": "2/2"}
@@ -63,8 +78,11 @@ def test_two_engines_are_compared_method_by_method():
     chosen = [("user", f"u{i}") for i in range(8)]
 
     def report(vllm_rows):
-        rows = {bq.label(e, m, engines): (vllm_rows if e == "vllm" else ok) for e in engines
-                for m, _, _ in bq.methods(JobConfig())}
+        rows = {
+            bq.label(e, m, engines): (vllm_rows if e == "vllm" else ok)
+            for e in engines
+            for m, _, _ in bq.methods(JobConfig())
+        }
         return bq._report(rows, {k: 1.0 for k in rows}, settings, JobConfig(), chosen, "demo.yaml")
 
     same = report(ok)["differences"]["vllm: laser relaxed - hf: laser relaxed"]

@@ -1,6 +1,7 @@
 """The `ray-data-llm` row of `laser bench engines` on a tiny random model: its prompts are the token ids the
 job's workers would feed the model, and the row runs end to end through Ray Data LLM on vLLM's CPU build
 (a fresh process, as the bench runs it). Skipped without vLLM."""
+
 from __future__ import annotations
 
 import json
@@ -19,18 +20,29 @@ from tests.helpers import save_tiny_model  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return str(save_tiny_model(tmp_path_factory.mktemp("ray-data-llm") / "tiny", hidden_size=128))  # vLLM CPU: heads >= 32 wide
+    return str(
+        save_tiny_model(tmp_path_factory.mktemp("ray-data-llm") / "tiny", hidden_size=128)
+    )  # vLLM CPU: heads >= 32 wide
 
 
 def _config(tmp_path, model: str, **extra) -> str:
-    tree = {"dataset": {"format": "synthetic", "seed": 3, "limit_users": 2, "limit_items": 3,
-                        "synthetic": {"n_users": 10, "n_items": 16, "n_clusters": 2, "max_history": 10}},
-            "split": {"mode": "paper", "max_hist": 6, "new_item_fraction": 0.5}, "model": {"name": model, "dtype": "float32"},
-            "decoder": {"name": "laser", "params": {"verification": "greedy"}},
-            "generation": {"max_new_tokens": 6, "max_prompt_tokens": 2000, "degenerate": "keep"},
-            "routing": {"n_clusters": 2, "max_group_size": 6},
-            "execution": {"num_workers": 1, "threads_per_worker": 1, "batch_size": 2},
-            "output": {"path": str(tmp_path / "unused")}, **extra}
+    tree = {
+        "dataset": {
+            "format": "synthetic",
+            "seed": 3,
+            "limit_users": 2,
+            "limit_items": 3,
+            "synthetic": {"n_users": 10, "n_items": 16, "n_clusters": 2, "max_history": 10},
+        },
+        "split": {"mode": "paper", "max_hist": 6, "new_item_fraction": 0.5},
+        "model": {"name": model, "dtype": "float32"},
+        "decoder": {"name": "laser", "params": {"verification": "greedy"}},
+        "generation": {"max_new_tokens": 6, "max_prompt_tokens": 2000, "degenerate": "keep"},
+        "routing": {"n_clusters": 2, "max_group_size": 6},
+        "execution": {"num_workers": 1, "threads_per_worker": 1, "batch_size": 2},
+        "output": {"path": str(tmp_path / "unused")},
+        **extra,
+    }
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(tree))
     return str(path)
@@ -57,10 +69,17 @@ def test_prompts_are_the_token_ids_the_jobs_workers_feed_the_model(tiny, tmp_pat
     data = load_job_data(cfg)
     worker = SimpleNamespace(lm=lm, tokenizer=lm.tokenizer)  # what the worker's prompt and the decoders' encode read
     for name, reqs, task in (
-            ("old", old_requests(data.dataset, data.split),
-             knowledge_task(cfg, old_knowledge_decoder(cfg), "r", data.dataset.domain, None, greedy=True)),
-            ("new", new_requests(data.dataset, data.split, {}),
-             knowledge_task(cfg, new_knowledge_decoder(cfg), "r", data.dataset.domain, None))):
+        (
+            "old",
+            old_requests(data.dataset, data.split),
+            knowledge_task(cfg, old_knowledge_decoder(cfg), "r", data.dataset.domain, None, greedy=True),
+        ),
+        (
+            "new",
+            new_requests(data.dataset, data.split, {}),
+            knowledge_task(cfg, new_knowledge_decoder(cfg), "r", data.dataset.domain, None),
+        ),
+    ):
         assert [(r["entity_type"], r["entity_id"]) for r in rows[name]] == [(q.entity_type, q.entity_id) for q in reqs]
         for row, req in zip(rows[name], reqs):
             assert row["tokenized_prompt"] == Decoder.encode(worker, GenerationWorker.prompt(worker, task, req))
@@ -82,7 +101,9 @@ def test_ray_data_llm_row_runs_the_jobs_new_entities_end_to_end(tiny, tmp_path):
     assert run["old"]["entities"] == 0 and run["new"]["entities"] == len(expected) >= 2 and run["new"]["failed"] == 0
     assert run["new"]["tokens"] <= 6 * len(expected) and run["entities_per_min"] > 0
     rows = pl.read_parquet(tmp_path / "work" / "ray-data-llm-warm0" / "new_knowledge.parquet")
-    assert sorted(zip(rows["entity_type"], rows["entity_id"])) == sorted((r["entity_type"], r["entity_id"]) for r in expected)
+    assert sorted(zip(rows["entity_type"], rows["entity_id"])) == sorted(
+        (r["entity_type"], r["entity_id"]) for r in expected
+    )
     assert (rows["error"] == "").all() and (rows["n_tokens"] >= 1).all()
     saved = json.loads(out.read_text())
     assert saved["runs"][0]["phase"] == "warm" and out.with_suffix(".md").exists() and out.with_suffix(".png").exists()

@@ -1,6 +1,7 @@
 """`laser bench throughput` end to end on a tiny model: every method at every concurrency, the targets,
 the ceiling, and the JSON, Markdown and PNG outputs; `--engine vllm` on a tiny model (medians and spreads of
 interleaved repeats, the proposer's columns) and a SIGTERM to it stopping its level processes."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ def test_ceiling_is_the_best_per_token_time():
 
 @pytest.mark.slow
 def test_throughput_bench_on_a_tiny_model(tiny_model, tmp_path):
-    settings = ThroughputSettings(model=tiny_model, threads=1, concurrency=(1, 3), min_prompts=3, max_new_tokens=8,
-                                  old_users=8, fixed_K=(4,))
+    settings = ThroughputSettings(
+        model=tiny_model, threads=1, concurrency=(1, 3), min_prompts=3, max_new_tokens=8, old_users=8, fixed_K=(4,)
+    )
     out = tmp_path / "tp.json"
     report = run_throughput(out, settings, cache_root=tmp_path / "fixtures")
     assert set(report["levels"]) == {"1", "3"}
@@ -96,8 +98,26 @@ def _cmdline(pid: int) -> str:
 def _bench_command(model: str, out, *extra: str) -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "jobs.cli", "bench", "throughput", "--engine", "vllm", "--model", model,
-            "--json", str(out), "--threads", "1", "--old-users", "6", "--max-new-tokens", "8", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "jobs.cli",
+        "bench",
+        "throughput",
+        "--engine",
+        "vllm",
+        "--model",
+        model,
+        "--json",
+        str(out),
+        "--threads",
+        "1",
+        "--old-users",
+        "6",
+        "--max-new-tokens",
+        "8",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -108,17 +128,33 @@ def test_sigterm_to_the_vllm_bench_stops_its_level_processes(tmp_path_factory, t
     import time
 
     model = _vllm_tiny(tmp_path_factory)
-    bench = subprocess.Popen(_bench_command(model, tmp_path / "tp.json", "--methods", "vllm", "--concurrency", "2",
-                                            "--min-prompts", "2", "--repeats", "3"),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-                             env={**os.environ, "PYTHONPATH": os.getcwd()})
+    bench = subprocess.Popen(
+        _bench_command(
+            model,
+            tmp_path / "tp.json",
+            "--methods",
+            "vllm",
+            "--concurrency",
+            "2",
+            "--min-prompts",
+            "2",
+            "--repeats",
+            "3",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         levels: list[int] = []
         deadline = time.monotonic() + 600
         while not levels and time.monotonic() < deadline and bench.poll() is None:
             time.sleep(0.5)
             levels = [p for p in _descendants(bench.pid) if "spawn_main" in _cmdline(p)]
-        assert levels, f"no level process appeared: {bench.poll()=}, {bench.stderr.read().decode()[-2000:] if bench.poll() is not None else ''}"
+        assert levels, (
+            f"no level process appeared: {bench.poll()=}, {bench.stderr.read().decode()[-2000:] if bench.poll() is not None else ''}"
+        )
         time.sleep(3)  # inside vLLM's start-up by now
         below = _descendants(bench.pid)
         assert all(_alive(p) for p in levels)
@@ -144,8 +180,16 @@ def test_vllm_bench_on_a_tiny_model_reports_medians_spreads_and_drafting(tmp_pat
     from benchmarks.throughput_vllm import VllmThroughputSettings, run_throughput_vllm
 
     model = _vllm_tiny(tmp_path_factory)
-    s = VllmThroughputSettings(model=model, threads=1, concurrency=(2,), min_prompts=2, max_new_tokens=8, old_users=6,
-                               repeats=2, methods=("vllm", "laser-vllm greedy"))
+    s = VllmThroughputSettings(
+        model=model,
+        threads=1,
+        concurrency=(2,),
+        min_prompts=2,
+        max_new_tokens=8,
+        old_users=6,
+        repeats=2,
+        methods=("vllm", "laser-vllm greedy"),
+    )
     out = tmp_path / "tp.json"
     report = run_throughput_vllm(out, s, cache_root=tmp_path / "fixtures")
     cell, ref = report["levels"]["2"]["laser-vllm greedy"], report["levels"]["2"]["vllm"]

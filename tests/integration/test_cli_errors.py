@@ -1,4 +1,5 @@
 """Bad input on the command line: one message, exit code 2, no traceback, nothing created."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,10 +10,14 @@ from jobs.cli import app
 CASES = {
     "unknown decoder": (["--set", "decoder.name=nope"], "decoder.name: unknown decoder 'nope'"),
     "unknown parameter": (["--set", "decoder.params.kk=3"], "decoder.params.kk: decoder 'laser' takes no parameter"),
-    "bad parameter value": (["--set", "decoder.params.verification=bogus"],
-                            "decoder.params: verification must be 'relaxed' or 'greedy'"),
-    "missing dataset": (["--set", "dataset.format=movielens", "--set", "dataset.path=/nonexistent/ml"],
-                        "dataset.path '/nonexistent/ml' (format movielens) does not exist"),
+    "bad parameter value": (
+        ["--set", "decoder.params.verification=bogus"],
+        "decoder.params: verification must be 'relaxed' or 'greedy'",
+    ),
+    "missing dataset": (
+        ["--set", "dataset.format=movielens", "--set", "dataset.path=/nonexistent/ml"],
+        "dataset.path '/nonexistent/ml' (format movielens) does not exist",
+    ),
     "bad parameter type": (["--set", "decoder.params.k=0"], "decoder.params: verification k must be an integer >= 1"),
 }
 
@@ -30,8 +35,17 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(case, tmp_path):
 
 
 def test_route_without_dataset_is_clean(tmp_path):
-    result = CliRunner().invoke(app, ["route", "jobs/configs/movielens.yaml", "--set", "dataset.path=/nope",
-                                      "--set", f"output.path={tmp_path / 'x'}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "route",
+            "jobs/configs/movielens.yaml",
+            "--set",
+            "dataset.path=/nope",
+            "--set",
+            f"output.path={tmp_path / 'x'}",
+        ],
+    )
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
@@ -91,8 +105,19 @@ def test_disk_full_names_the_file(tmp_path, monkeypatch):
 
 
 def test_dataset_folder_without_interactions_file(tmp_path):
-    result = CliRunner().invoke(app, ["run", "jobs/configs/demo.yaml", "--set", f"output.path={tmp_path / 'o'}",
-                                      "--set", "dataset.format=table", "--set", f"dataset.path={tmp_path}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "run",
+            "jobs/configs/demo.yaml",
+            "--set",
+            f"output.path={tmp_path / 'o'}",
+            "--set",
+            "dataset.format=table",
+            "--set",
+            f"dataset.path={tmp_path}",
+        ],
+    )
     _one_line(result, 2, "is a directory: set dataset.interactions_file")
 
 
@@ -103,7 +128,8 @@ def test_config_not_utf8(tmp_path):
 
 
 def test_bench_throughput_names_the_hf_rows_it_knows(tmp_path):
-    result = CliRunner().invoke(app, ["bench", "throughput", "--methods", "laser relaxed (auto),nope",
-                                      "--json", str(tmp_path / "t.json")])
+    result = CliRunner().invoke(
+        app, ["bench", "throughput", "--methods", "laser relaxed (auto),nope", "--json", str(tmp_path / "t.json")]
+    )
     assert result.exit_code == 2 and "unknown method(s) ['nope']" in result.output
     assert "laser relaxed (auto)" in result.output and not (tmp_path / "t.json").exists()

@@ -1,5 +1,6 @@
 """How `laser` registers its commands: one `register(app)` per owning module, help panels, and research tools
 (`benchmarks`, `training`) loaded only when one of their commands runs."""
+
 from __future__ import annotations
 
 import importlib
@@ -16,8 +17,10 @@ TOOLS = "sorted(m for m in sys.modules if m.split('.')[0] in ('benchmarks', 'tra
 
 def _tools_loaded_after(args: list[str]) -> tuple[int, str]:
     """Exit code of `laser ARGS` in a fresh interpreter, and the tool modules it imported."""
-    code = ("import sys; from typer.testing import CliRunner; import jobs.cli; "
-            f"r = CliRunner().invoke(jobs.cli.app, {args!r}); print(r.exit_code); print({TOOLS})")
+    code = (
+        "import sys; from typer.testing import CliRunner; import jobs.cli; "
+        f"r = CliRunner().invoke(jobs.cli.app, {args!r}); print(r.exit_code); print({TOOLS})"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     return int(out[0]), out[1]
 
@@ -58,8 +61,14 @@ def test_help_lists_every_command_once_under_its_panel():
     assert list(panels) == ["Job", "Operations", "Research"]
     assert {"run", "demo", "generate", "submit", "recommend"} <= set(panels["Job"])
     assert {"latest", "encode", "ingest", "failures", "decoders"} <= set(panels["Operations"])
-    assert set(panels["Research"]) == {"ctr-eval", "bench", "train-draft", "train-recommender", "train-align",
-                                       "train-redrafter"}
+    assert set(panels["Research"]) == {
+        "ctr-eval",
+        "bench",
+        "train-draft",
+        "train-recommender",
+        "train-align",
+        "train-redrafter",
+    }
     listed = [name for names in panels.values() for name in names]
     assert len(listed) == len(set(listed))
 

@@ -1,4 +1,5 @@
 """Small things of the command line: fast --help, real flags, --version, quiet local Ray, no unused pools."""
+
 from __future__ import annotations
 
 import subprocess
@@ -45,9 +46,17 @@ def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built)
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.routing import groups_of
 
-    cfg = load_config(None, ["dataset.synthetic.n_users=12", "dataset.synthetic.n_items=16", "split.max_hist=4",
-                             f"routing.item_policy={policy}", "routing.n_clusters=2",
-                             "routing.lightgcn={max_epochs: 2}"])
+    cfg = load_config(
+        None,
+        [
+            "dataset.synthetic.n_users=12",
+            "dataset.synthetic.n_items=16",
+            "split.max_hist=4",
+            f"routing.item_policy={policy}",
+            "routing.n_clusters=2",
+            "routing.lightgcn={max_epochs: 2}",
+        ],
+    )
     groups = groups_of(cfg, load_job_data(cfg))
     assert (groups["item"][1] is not None) == built
     assert groups["user"][1] is not None  # users: warm_cold uses them
@@ -55,8 +64,10 @@ def test_item_collaborative_groups_only_when_the_policy_uses_them(policy, built)
 
 @pytest.mark.slow
 def test_local_ray_prints_no_token_notice(tmp_path):
-    code = ("from pipelines.workers import ensure_ray; import ray; ensure_ray(None, 1); "
-            "print(ray.cluster_resources()['CPU']); ray.shutdown()")
+    code = (
+        "from pipelines.workers import ensure_ray; import ray; ensure_ray(None, 1); "
+        "print(ray.cluster_resources()['CPU']); ray.shutdown()"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_AUTH_MODE"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180, env=env)
     assert out.returncode == 0, out.stderr[-2000:]

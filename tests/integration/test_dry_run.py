@@ -1,4 +1,5 @@
 """`laser run CONFIG --dry-run`: the plan and its estimate, nothing written (pipelines/knowledge/dry_run.py)."""
+
 from __future__ import annotations
 
 import json

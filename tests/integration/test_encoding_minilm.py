@@ -1,4 +1,5 @@
 """Knowledge encoding with the real packaged all-MiniLM-L6-v2 (no download), and the content-hash cache."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,9 +18,11 @@ def encoder():
 
 
 def test_minilm_similar_sentences_are_closer_and_vectors_are_unit_384(encoder):
-    texts = ["This user loves science fiction films about space travel.",
-             "The viewer enjoys sci-fi movies set among the stars and spaceships.",
-             "A recipe for baking sourdough bread at home."]
+    texts = [
+        "This user loves science fiction films about space travel.",
+        "The viewer enjoys sci-fi movies set among the stars and spaceships.",
+        "A recipe for baking sourdough bread at home.",
+    ]
     v = encoder.encode(texts, batch_size=2, progress=False)
     assert v.shape == (3, 384) and v.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
@@ -31,8 +34,9 @@ def test_minilm_similar_sentences_are_closer_and_vectors_are_unit_384(encoder):
 
 
 def _knowledge(path, texts: dict[tuple[str, str], str | None]) -> None:
-    pl.DataFrame([(t, i, k) for (t, i), k in texts.items()], schema=["entity_type", "entity_id", "knowledge"],
-                 orient="row").write_parquet(path)
+    pl.DataFrame(
+        [(t, i, k) for (t, i), k in texts.items()], schema=["entity_type", "entity_id", "knowledge"], orient="row"
+    ).write_parquet(path)
 
 
 def test_encode_knowledge_writes_beside_and_caches_by_content(tmp_path, encoder, monkeypatch):

@@ -3,6 +3,7 @@
 Knowledge rows are written straight into the stores (no LLM needed): a first run, then a later run that
 rewrites two entities, as an incremental run does. Nothing is mocked.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,10 +50,16 @@ def test_feast_ingest_reads_back_every_entity_then_incremental_changes(tmp_path)
     out = tmp_path / "job"
     users = [f"u{i}" for i in range(12)]
     items = [f"i{i}" for i in range(6)]
-    _write_run(out / "knowledge", [_row("user", u, f"User {u} likes {WORDS[k % 10]} films.", "r1")
-                                   for k, u in enumerate(users)], "r1")
-    _write_run(out / "old_knowledge", [_row("item", i, f"A {WORDS[k % 10]} film called {i}.", "r0", -60)
-                                       for k, i in enumerate(items)], "r0")
+    _write_run(
+        out / "knowledge",
+        [_row("user", u, f"User {u} likes {WORDS[k % 10]} films.", "r1") for k, u in enumerate(users)],
+        "r1",
+    )
+    _write_run(
+        out / "old_knowledge",
+        [_row("item", i, f"A {WORDS[k % 10]} film called {i}.", "r0", -60) for k, i in enumerate(items)],
+        "r0",
+    )
     _refresh_latest(out)
     repo, done = ingest(out)
     assert done == {"user_knowledge": "full", "item_knowledge": "full"}
@@ -65,8 +72,9 @@ def test_feast_ingest_reads_back_every_entity_then_incremental_changes(tmp_path)
 
     time.sleep(1.0)  # the next run's rows are generated after the last materialization
     changed = ["u3", "u7"]
-    _write_run(out / "knowledge", [_row("user", u, f"User {u} now dislikes {u} thrillers.", "r2") for u in changed],
-               "r2")
+    _write_run(
+        out / "knowledge", [_row("user", u, f"User {u} now dislikes {u} thrillers.", "r2") for u in changed], "r2"
+    )
     _refresh_latest(out)
     repo, done = ingest(out)
     assert done == {"user_knowledge": "incremental", "item_knowledge": "incremental"}

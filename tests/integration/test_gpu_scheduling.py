@@ -1,5 +1,6 @@
 """Generation actors reserve GPUs through Ray (a fake GPU resource on this CPU machine) and load the model
 on the device that follows from it."""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def fake_gpu_ray():
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.path.dirname(here), here])}}
     if ray.is_initialized():  # a job run in-process by an earlier test module left its local Ray up
         ray.shutdown()
-    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False,
-             runtime_env=env)
+    ray.init(
+        num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env=env
+    )
     yield ray
     ray.shutdown()
 

@@ -1,4 +1,5 @@
 """The job's steps alone through the CLI (`laser route`, `laser build-pools`) and request building; no Ray."""
+
 from __future__ import annotations
 
 import json
@@ -40,11 +41,27 @@ def fake_old_knowledge(cfg, data) -> dict[tuple[str, str], str]:
     texts |= {("item", i): f"item {i} is a film" for i in data.split.existing_items["item_id"]}
     with KnowledgeWriter(JobPaths.of(cfg).old_knowledge, shard_rows=4, run_id="old") as w:
         for (t, i), k in texts.items():
-            w.add({"entity_type": t, "entity_id": i, "knowledge": k, "model": "m", "decoder": "resd",
-                   "decoder_params": encode_params({}), "prompt_version": "v", "pool_kind": None, "group_id": None,
-                   "n_tokens": 5, "target_forwards": 5, "accepted_tokens": 0, "retrieval_s": 0.0,
-                   "generation_s": 0.1, "finish_reason": "eos", "run_id": "old",
-                   "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc)})
+            w.add(
+                {
+                    "entity_type": t,
+                    "entity_id": i,
+                    "knowledge": k,
+                    "model": "m",
+                    "decoder": "resd",
+                    "decoder_params": encode_params({}),
+                    "prompt_version": "v",
+                    "pool_kind": None,
+                    "group_id": None,
+                    "n_tokens": 5,
+                    "target_forwards": 5,
+                    "accepted_tokens": 0,
+                    "retrieval_s": 0.0,
+                    "generation_s": 0.1,
+                    "finish_reason": "eos",
+                    "run_id": "old",
+                    "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
+                }
+            )
     return texts
 
 
@@ -85,10 +102,19 @@ def test_route_then_build_pools_cli(tiny_model, tmp_path):
 def test_new_requests_follow_routing_and_decoder(tmp_path):
     cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4"])
     data = load_job_data(cfg)
-    routing = pl.DataFrame({"entity_type": ["user", "item"], "entity_id": ["u0001", "i0003"],
-                            "pool_kind": ["collaborative", "attribute"], "group_id": ["2", "Drama"],
-                            "reason": ["warm", "cold"]})
-    laser_reqs = {(r.entity_type, r.entity_id): r for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["laser"].pool, routing))}
+    routing = pl.DataFrame(
+        {
+            "entity_type": ["user", "item"],
+            "entity_id": ["u0001", "i0003"],
+            "pool_kind": ["collaborative", "attribute"],
+            "group_id": ["2", "Drama"],
+            "reason": ["warm", "cold"],
+        }
+    )
+    laser_reqs = {
+        (r.entity_type, r.entity_id): r
+        for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["laser"].pool, routing))
+    }
     expected_users = set(data.split.new_interactions["user_id"])
     assert {i for t, i in laser_reqs if t == "user"} == expected_users
     assert {i for t, i in laser_reqs if t == "item"} == set(data.split.new_items["item_id"])
@@ -97,9 +123,17 @@ def test_new_requests_follow_routing_and_decoder(tmp_path):
     assert laser_reqs[("item", "i0000")].pool_key is None  # not in the routing table: no pool
     full = pl.concat([data.split.old_interactions, data.split.new_interactions]).filter(pl.col("user_id") == "u0001")
     assert len(laser_reqs[("user", "u0001")].history) == full.height  # old + new history
-    resd = {(r.entity_type, r.entity_id): r.pool_key for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["resd"].pool, routing))}
+    resd = {
+        (r.entity_type, r.entity_id): r.pool_key
+        for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["resd"].pool, routing))
+    }
     assert all(k is None or k.endswith("/global/all") for k in resd.values())
-    assert all(r.pool_key is None for r in new_requests(data.dataset, data.split, pool_routes(available_decoders()["autoregressive"].pool, routing)))
+    assert all(
+        r.pool_key is None
+        for r in new_requests(
+            data.dataset, data.split, pool_routes(available_decoders()["autoregressive"].pool, routing)
+        )
+    )
 
 
 def test_decoder_checked_before_any_work():
@@ -117,25 +151,68 @@ def test_summary_numbers(capsys):
 
     from pipelines.quality import text_quality
 
-    new = GenerationReport(done=3, failed=1, n_tokens=40, target_forwards=10, accepted_tokens=20, wall_s=4.0,
-                           busy_s=3.0, decode_s=2.0, decode_tokens=60, prompt_tokens=400, cached_prompt_tokens=100, retries=2, greedy_retries=1,
-                           decoded_tokens=60, decoded_forwards=20, decoded_accepted=40,  # a discarded text of 20
-                           retry_reasons={"cut": 2, "ungrounded": 1})
-    for text, reason in (("A calm drama fan.", "eos"), ("a dark b a dark b a dark b a dark b", "length"),
-                         ("Likes westerns and old musicals.", "eos")):
+    new = GenerationReport(
+        done=3,
+        failed=1,
+        n_tokens=40,
+        target_forwards=10,
+        accepted_tokens=20,
+        wall_s=4.0,
+        busy_s=3.0,
+        decode_s=2.0,
+        decode_tokens=60,
+        prompt_tokens=400,
+        cached_prompt_tokens=100,
+        retries=2,
+        greedy_retries=1,
+        decoded_tokens=60,
+        decoded_forwards=20,
+        decoded_accepted=40,  # a discarded text of 20
+        retry_reasons={"cut": 2, "ungrounded": 1},
+    )
+    for text, reason in (
+        ("A calm drama fan.", "eos"),
+        ("a dark b a dark b a dark b a dark b", "length"),
+        ("Likes westerns and old musicals.", "eos"),
+    ):
         new.quality.add(text_quality(text, reason))
     assert new.aal == 3.0 and new.tokens_per_s == 10.0 and new.engine_tokens_per_s == 20.0
     assert new.decode_tokens_per_s == 30.0
-    summary = JobSummary(output="out/knowledge", run_id="r", old=GenerationReport(), new=new, total_rows=3,
-                                open_failures=1, wall_s=5.0, skipped={"users without interactions": 5},
-                                input_notes={"sample_dropped_interactions": 12})
+    summary = JobSummary(
+        output="out/knowledge",
+        run_id="r",
+        old=GenerationReport(),
+        new=new,
+        total_rows=3,
+        open_failures=1,
+        wall_s=5.0,
+        skipped={"users without interactions": 5},
+        input_notes={"sample_dropped_interactions": 12},
+    )
     print_summary(summary)
     text = capsys.readouterr().out
     row = next(line for line in text.splitlines() if "new knowledge" in line)
-    assert [c.strip() for c in row.strip("│ ").split("│")] == ["new knowledge", "3", "1", "40 (60)", "10.0", "20.0", "30.0",
-                                                               "3.00", "40 (67%)", "400 (25%)"]
+    assert [c.strip() for c in row.strip("│ ").split("│")] == [
+        "new knowledge",
+        "3",
+        "1",
+        "40 (60)",
+        "10.0",
+        "20.0",
+        "30.0",
+        "3.00",
+        "40 (67%)",
+        "400 (25%)",
+    ]
     quality_row = [line for line in text.splitlines() if "new knowledge" in line][1]
-    assert [c.strip() for c in quality_row.strip("│ ").split("│")] == ["new knowledge", "3", "2 (67%)", "22.2%", "1", "2 (1)"]
+    assert [c.strip() for c in quality_row.strip("│ ").split("│")] == [
+        "new knowledge",
+        "3",
+        "2 (67%)",
+        "22.2%",
+        "1",
+        "2 (1)",
+    ]
     flat = " ".join(text.split())
     assert "including actor start-up, model load" in flat and "prefill excluded on both engines" in flat
     assert "(every step, prefill included" in flat  # what each covers
@@ -147,13 +224,28 @@ def test_summary_numbers(capsys):
     js = summary.to_json()["new"]
     assert js["aal"] == 3.0 and js["tokens_per_s_decode"] == 30.0 and js["decoded_tokens"] == 60
     q = js["quality"]
-    assert {k: q[k] for k in ("n", "finished_eos", "eos_share", "degenerate", "mean_repeat_4gram", "ended", "cut")} == \
-        {"n": 3, "finished_eos": 2, "eos_share": 0.6667, "degenerate": 1, "mean_repeat_4gram": 0.2222, "ended": 2, "cut": 1}
+    assert {k: q[k] for k in ("n", "finished_eos", "eos_share", "degenerate", "mean_repeat_4gram", "ended", "cut")} == {
+        "n": 3,
+        "finished_eos": 2,
+        "eos_share": 0.6667,
+        "degenerate": 1,
+        "mean_repeat_4gram": 0.2222,
+        "ended": 2,
+        "cut": 1,
+    }
 
 
 def test_route_notes_when_every_user_goes_to_one_pool_kind(tmp_path):
-    cfg = load_config(None, ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "split.max_hist=4",
-                             "routing.warm_threshold=1000", f"output.path={tmp_path / 'out'}"])
+    cfg = load_config(
+        None,
+        [
+            "dataset.synthetic.n_users=8",
+            "dataset.synthetic.n_items=10",
+            "split.max_hist=4",
+            "routing.warm_threshold=1000",
+            f"output.path={tmp_path / 'out'}",
+        ],
+    )
     data = load_job_data(cfg)
     step_route(cfg, data)
     assert "every user went to the attribute pool" in data.dataset.notes["warning_user_pools"]

@@ -3,6 +3,7 @@ back at once, a worker that declares itself dead hands them to the others, and w
 cannot start or fails every request with one error stop the run with that error (EngineUnusable) after
 the first batch. Fake workers (no model) go through the real WorkerGroup on local Ray; the vLLM cases
 run the real engine (skipped without vLLM). Each test has a deadline: without the fix it hangs."""
+
 from __future__ import annotations
 
 import json
@@ -62,11 +63,25 @@ class FakeWorker(ModelWorker):
 def _row(req: GenerationRequest) -> dict:
     from datetime import datetime, timezone
 
-    return {"entity_type": req.entity_type, "entity_id": req.entity_id, "knowledge": "likes films", "model": "m",
-            "decoder": "autoregressive", "decoder_params": "{}", "prompt_version": "v", "pool_kind": None,
-            "group_id": None, "n_tokens": 2, "target_forwards": 2, "accepted_tokens": 0, "retrieval_s": 0.0,
-            "generation_s": 0.1, "finish_reason": "eos", "run_id": "r",
-            "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc)}
+    return {
+        "entity_type": req.entity_type,
+        "entity_id": req.entity_id,
+        "knowledge": "likes films",
+        "model": "m",
+        "decoder": "autoregressive",
+        "decoder_params": "{}",
+        "prompt_version": "v",
+        "pool_kind": None,
+        "group_id": None,
+        "n_tokens": 2,
+        "target_forwards": 2,
+        "accepted_tokens": 0,
+        "retrieval_s": 0.0,
+        "generation_s": 0.1,
+        "finish_reason": "eos",
+        "run_id": "r",
+        "generated_at": datetime(2024, 1, 1, tzinfo=timezone.utc),
+    }
 
 
 def _fail(req: GenerationRequest, reason: str) -> dict[str, str]:
@@ -143,6 +158,7 @@ def test_failures_of_their_own_are_per_entity(tmp_path, ray_session):
 
 # ---- vLLM -----------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def vllm_model(tmp_path_factory) -> str:
     pytest.importorskip("vllm")
@@ -152,8 +168,9 @@ def vllm_model(tmp_path_factory) -> str:
 def _vllm_group(model: str, ray_session: str, workers: int = 1) -> WorkerGroup:
     from pipelines.knowledge.generation import GenerationWorker
 
-    return WorkerGroup(GenerationWorker, ModelSpec(model, dtype="float32", compile=False, engine="vllm"), workers,
-                       ray_session)
+    return WorkerGroup(
+        GenerationWorker, ModelSpec(model, dtype="float32", compile=False, engine="vllm"), workers, ray_session
+    )
 
 
 def _task():
@@ -197,8 +214,9 @@ def test_a_killed_vllm_engine_core_is_restarted_once_then_the_worker_is_dead(vll
     def core_pid(w) -> int:
         return w.adapter.engine.llm.llm_engine.engine_core.resources.engine_manager.processes[0].pid
 
-    worker = GenerationWorker(ModelSpec(vllm_model, dtype="float32", compile=False, engine="vllm",
-                                        engine_options={"in_process": False}))
+    worker = GenerationWorker(
+        ModelSpec(vllm_model, dtype="float32", compile=False, engine="vllm", engine_options={"in_process": False})
+    )
     worker.ready(2)
     waiting, rows, first = deque(_users(8)), [], core_pid(worker)
     try:

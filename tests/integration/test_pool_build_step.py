@@ -1,5 +1,6 @@
 """The job's pools step: Arrow selection, parts written by Ray tasks (or in process), pools kept between builds
 when their texts changed little, the global pool only when asked for and capped."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -16,16 +17,27 @@ WORDS = "the film is a dark war drama funny comedy with great cast of heroes".sp
 
 
 def _config(tiny_model: str, out, **routing) -> JobConfig:
-    return JobConfig.model_validate({"model": {"name": tiny_model}, "output": {"path": str(out)},
-                                     "execution": {"num_workers": 1, "threads_per_worker": 1},
-                                     "routing": {"max_pool_size": 30, **routing}})
+    return JobConfig.model_validate(
+        {
+            "model": {"name": tiny_model},
+            "output": {"path": str(out)},
+            "execution": {"num_workers": 1, "threads_per_worker": 1},
+            "routing": {"max_pool_size": 30, **routing},
+        }
+    )
 
 
 def _memberships(cfg: JobConfig, groups: int, per_group: int) -> None:
     ids = [f"u{g}-{k}" for g in range(groups) for k in range(per_group)]
-    table = pa.table({"entity_type": ["user"] * len(ids), "entity_id": ids,
-                      "pool_kind": ["attribute"] * len(ids), "group_id": [i.split("-")[0] for i in ids],
-                      "reason": ["membership"] * len(ids)})
+    table = pa.table(
+        {
+            "entity_type": ["user"] * len(ids),
+            "entity_id": ids,
+            "pool_kind": ["attribute"] * len(ids),
+            "group_id": [i.split("-")[0] for i in ids],
+            "reason": ["membership"] * len(ids),
+        }
+    )
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     router.write_routing(table, paths.memberships)
@@ -33,8 +45,10 @@ def _memberships(cfg: JobConfig, groups: int, per_group: int) -> None:
 
 def _knowledge(groups: int, per_group: int, edit: set[str] = frozenset()) -> pa.Table:
     ids = [f"u{g}-{k}" for g in range(groups) for k in range(per_group)]
-    texts = [" ".join(WORDS[(n + j) % len(WORDS)] for j in range(8)) + (" again" if i in edit else "")
-             for n, i in enumerate(ids)]
+    texts = [
+        " ".join(WORDS[(n + j) % len(WORDS)] for j in range(8)) + (" again" if i in edit else "")
+        for n, i in enumerate(ids)
+    ]
     return pa.table({"entity_type": ["user"] * len(ids), "entity_id": ids, "knowledge": texts})
 
 
@@ -56,8 +70,10 @@ def test_pools_changed_beyond_the_refresh_share_are_written_again_the_rest_kept(
     assert second["user/attribute/u1"] != first["user/attribute/u1"]
     store = PoolStore.open(JobPaths.of(cfg).pools)
     texts = _knowledge(3, 20, edit={"u1-1", "u1-2", "u1-3"})["knowledge"].to_pylist()[20:40]
-    assert store.token_ids("user/attribute/u1") == laser.load_tokenizer(tiny_model)(
-        texts, add_special_tokens=False)["input_ids"]  # the new texts
+    assert (
+        store.token_ids("user/attribute/u1")
+        == laser.load_tokenizer(tiny_model)(texts, add_special_tokens=False)["input_ids"]
+    )  # the new texts
     left = {p.name for p in JobPaths.of(cfg).pools.iterdir()}
     assert left == {"manifest.json", *set(second.values()), store.manifest["members"]}  # nothing stale kept
 
@@ -98,8 +114,9 @@ def test_parts_hold_whole_pools_of_about_equal_size():
         assert not set(part["pool_key"]) & set(pl.concat([p for p in parts if p is not part])["pool_key"])
 
 
-def test_parts_are_written_by_ray_tasks_as_the_in_process_build_writes_them(tiny_model, ray_session, tmp_path,
-                                                                           monkeypatch):
+def test_parts_are_written_by_ray_tasks_as_the_in_process_build_writes_them(
+    tiny_model, ray_session, tmp_path, monkeypatch
+):
     import ray
 
     import pipelines.knowledge.pool_build as pool_build

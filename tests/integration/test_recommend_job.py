@@ -1,4 +1,5 @@
 """`laser recommend`: identifiers, store, metrics, resume and the job end to end (tiny model, synthetic data)."""
+
 from __future__ import annotations
 
 import json
@@ -45,20 +46,28 @@ class InProcessGroup(LocalGroup):
         for n, i in enumerate(range(0, len(requests), slots)):
             if self.fail_after is not None and n == self.fail_after:
                 raise KeyboardInterrupt("crash")
-            yield self.worker.generate(task, requests[i:i + slots], slots)
+            yield self.worker.generate(task, requests[i : i + slots], slots)
 
 
 def test_metrics_hand_computed():
-    assert user_metrics(["a", "b", "c"], {"b", "z"}, 3) == pytest.approx((0.5, (1 / math.log2(3)) / (1 + 1 / math.log2(3))))
+    assert user_metrics(["a", "b", "c"], {"b", "z"}, 3) == pytest.approx(
+        (0.5, (1 / math.log2(3)) / (1 + 1 / math.log2(3)))
+    )
     assert user_metrics(["a", "b"], {"a"}, 1) == (1.0, 1.0)
     assert user_metrics(["x"], {"a"}, 1) == (0.0, 0.0)
 
 
 def test_identifiers_bad_input():
     items = pl.DataFrame({"item_id": ["1", "2", "3"], "title": ["A", "A", "B"], "year": [1990, 1990, 1991]})
-    with pytest.raises(JobInputError, match=r"'A \(1990\)' for items \['1', '2'\].*told apart by their year.*item_code_column"):
+    with pytest.raises(
+        JobInputError, match=r"'A \(1990\)' for items \['1', '2'\].*told apart by their year.*item_code_column"
+    ):
         item_identifiers(items)
-    assert item_identifiers(items.with_columns(code=pl.Series(["x", "y", "z"])), "code") == {"1": "x", "2": "y", "3": "z"}
+    assert item_identifiers(items.with_columns(code=pl.Series(["x", "y", "z"])), "code") == {
+        "1": "x",
+        "2": "y",
+        "3": "z",
+    }
     with pytest.raises(JobInputError, match="item '2': empty 'title'"):
         item_identifiers(pl.DataFrame({"item_id": ["1", "2"], "title": ["A", None]}))
     with pytest.raises(JobInputError, match="no column 'code'"):
@@ -78,7 +87,10 @@ def test_job_writes_ranked_items_resumes_and_evaluates(tiny_model, tmp_path):
     users = set(data.split.new_interactions["user_id"])
     assert set(recs["user_id"]) | _failed(cfg) == users  # every user with a new history, once
     assert recs.group_by("user_id").len()["len"].to_list() == [3] * recs["user_id"].n_unique()
-    assert recs.filter(pl.col("user_id").is_in(first["user_id"].to_list()))["generated_at"].to_list() == first["generated_at"].to_list()
+    assert (
+        recs.filter(pl.col("user_id").is_in(first["user_id"].to_list()))["generated_at"].to_list()
+        == first["generated_at"].to_list()
+    )
     for _, g in recs.group_by("user_id"):
         assert g["rank"].to_list() == [1, 2, 3] and g["score"].is_sorted(descending=True)
     assert set(recs["item_id"]) <= set(data.dataset.items["item_id"])
@@ -110,9 +122,11 @@ def test_cli_runs_on_ray(tiny_model, tmp_path):
 def test_atspeed_strict_job_writes_beams_rows(tiny_model, tmp_path):
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     beam_cfg = load_config(write_config(tmp_path / "b", tiny_model), schema=RecommendJobConfig)
-    fast_cfg = load_config(write_config(tmp_path / "a", tiny_model),
-                           ["decoder.name=atspeed", "decoder.params={draft: 'truncate:1', gamma: 3, N: 6}"],
-                           schema=RecommendJobConfig)
+    fast_cfg = load_config(
+        write_config(tmp_path / "a", tiny_model),
+        ["decoder.name=atspeed", "decoder.params={draft: 'truncate:1', gamma: 3, N: 6}"],
+        schema=RecommendJobConfig,
+    )
     group = InProcessGroup(tiny_model)
     recjob.run_recommend_job(beam_cfg, group)
     recjob.run_recommend_job(fast_cfg, group)

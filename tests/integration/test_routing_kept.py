@@ -1,5 +1,6 @@
 """An incremental run keeps the last routing while few interactions are new: no LightGCN, no K-means; new
 entities go to their attribute group, in the routing and the membership tables."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -15,8 +16,17 @@ from pipelines.knowledge.routing import step_route
 
 @pytest.fixture
 def routed(tmp_path):
-    cfg = load_config(None, ["dataset.synthetic.n_users=40", "dataset.synthetic.n_items=30", "split.max_hist=5",
-                             f"output.path={tmp_path / 'out'}", "routing.n_clusters=2", "routing.warm_threshold=2"])
+    cfg = load_config(
+        None,
+        [
+            "dataset.synthetic.n_users=40",
+            "dataset.synthetic.n_items=30",
+            "split.max_hist=5",
+            f"output.path={tmp_path / 'out'}",
+            "routing.n_clusters=2",
+            "routing.warm_threshold=2",
+        ],
+    )
     JobPaths.of(cfg).work.mkdir(parents=True)
     data = load_job_data(cfg)
     first = step_route(cfg, data)
@@ -44,8 +54,11 @@ def test_few_new_interactions_keep_the_routing_and_new_users_get_attribute_group
     data = _with(data, [("u_new", data.dataset.items["item_id"][0], 5.0, newest + 1)], users=["u_new"])
     _no_training(monkeypatch)
     kept = step_route(cfg, data, incremental=True)
-    assert kept.filter(pl.col("entity_id") != "u_new").sort("entity_type", "entity_id").equals(
-        first.sort("entity_type", "entity_id"))
+    assert (
+        kept.filter(pl.col("entity_id") != "u_new")
+        .sort("entity_type", "entity_id")
+        .equals(first.sort("entity_type", "entity_id"))
+    )
     row = kept.filter(pl.col("entity_id") == "u_new").to_dicts()
     assert len(row) == 1 and row[0]["pool_kind"] == "attribute"
     paths = JobPaths.of(cfg)
@@ -65,7 +78,6 @@ def test_many_new_interactions_or_a_full_run_route_afresh(routed, monkeypatch):
     _no_training(monkeypatch)
     with pytest.raises(AssertionError, match="LightGCN trained"):
         step_route(cfg, data, incremental=True)
-
 
 
 def test_retrain_share_zero_routes_every_run_afresh(routed, monkeypatch):

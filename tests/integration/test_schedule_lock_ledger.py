@@ -1,4 +1,5 @@
 """Run lock, run ledger and the scheduler-facing exit codes (no model, no Ray)."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]  # this checkout's CLI
-HOLD = ("import sys, time; from pipelines.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
-        " print('held', flush=True); time.sleep(600)")
+HOLD = (
+    "import sys, time; from pipelines.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
+    " print('held', flush=True); time.sleep(600)"
+)
 
 
 def _hold_in_subprocess(root: Path) -> subprocess.Popen:
@@ -55,8 +58,13 @@ def test_cli_exits_with_lock_code_while_another_run_holds_the_output(tmp_path):
     out = tmp_path / "job"
     proc = _hold_in_subprocess(out)
     try:
-        res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental",
-                              "--set", f"output.path={out}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [*LASER, "run", "jobs/configs/demo.yaml", "--incremental", "--set", f"output.path={out}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -66,17 +74,59 @@ def test_cli_exits_with_lock_code_while_another_run_holds_the_output(tmp_path):
 
 
 def test_cli_config_error_exit_code(tmp_path):
-    res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental",
-                          "--set", "decoder.nope=1", "--set", f"output.path={tmp_path}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            *LASER,
+            "run",
+            "jobs/configs/demo.yaml",
+            "--incremental",
+            "--set",
+            "decoder.nope=1",
+            "--set",
+            f"output.path={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == exitcodes.CONFIG == 2
     assert "decoder.nope" in res.stderr
-    res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental", "--set", "decoder.params.zz=1",
-                          "--set", f"output.path={tmp_path}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            *LASER,
+            "run",
+            "jobs/configs/demo.yaml",
+            "--incremental",
+            "--set",
+            "decoder.params.zz=1",
+            "--set",
+            f"output.path={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == exitcodes.CONFIG and "decoder.params.zz" in res.stderr
-    res = subprocess.run([*LASER, "run", "jobs/configs/demo.yaml", "--incremental", "--set", "dataset.format=table",
-                          "--set", f"dataset.path={tmp_path}/missing.parquet", "--set", f"output.path={tmp_path}"],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            *LASER,
+            "run",
+            "jobs/configs/demo.yaml",
+            "--incremental",
+            "--set",
+            "dataset.format=table",
+            "--set",
+            f"dataset.path={tmp_path}/missing.parquet",
+            "--set",
+            f"output.path={tmp_path}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == exitcodes.CONFIG and "missing.parquet" in res.stderr
     assert RunLedger(tmp_path).records()[-1].status == "failed"  # the ledger says why the run stopped
 
@@ -102,6 +152,7 @@ def test_ledger_records_and_resume_detection(tmp_path):
 
 # ---- every writer takes the lock; the lock file is never followed or shown (issue 23, items 1 and 3) ----
 
+
 @pytest.mark.parametrize("command", [["run"], ["latest"], ["encode"], ["route"], ["build-pools"], ["generate"]])
 def test_every_writer_exits_75_while_another_run_holds_the_output(command, tmp_path):
     from typer.testing import CliRunner
@@ -111,8 +162,19 @@ def test_every_writer_exits_75_while_another_run_holds_the_output(command, tmp_p
     out = tmp_path / "job"
     proc = _hold_in_subprocess(out)
     try:
-        res = CliRunner().invoke(app, [*command, "jobs/configs/demo.yaml", "--set", f"output.path={out}",
-                                       "--set", "dataset.synthetic.n_users=20", "--set", "dataset.synthetic.n_items=20"])
+        res = CliRunner().invoke(
+            app,
+            [
+                *command,
+                "jobs/configs/demo.yaml",
+                "--set",
+                f"output.path={out}",
+                "--set",
+                "dataset.synthetic.n_users=20",
+                "--set",
+                "dataset.synthetic.n_items=20",
+            ],
+        )
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -169,12 +231,21 @@ def test_resumed_run_counts_its_whole_work():
     from pipelines.knowledge.plan import plan_changes
 
     t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
-    rows = pl.DataFrame({
-        "entity_type": ["user"] * 4, "entity_id": ["a", "b", "c", "b"], "source_hash": ["ha", "old", "hc", "hb"],
-        "config_hash": ["c"] * 4, "knowledge": ["t"] * 4, "run_id": ["r0", "r0", "r0", "r1"],
-        "run_seq": [0, 0, 0, 1], "generated_at": [t0, t0, t0, t0 + timedelta(hours=1)]})
-    requests = [GenerationRequest("user", i, source_hash=h) for i, h in (("a", "ha"), ("b", "hb"), ("c", "new"),
-                                                                        ("d", "hd"))]
+    rows = pl.DataFrame(
+        {
+            "entity_type": ["user"] * 4,
+            "entity_id": ["a", "b", "c", "b"],
+            "source_hash": ["ha", "old", "hc", "hb"],
+            "config_hash": ["c"] * 4,
+            "knowledge": ["t"] * 4,
+            "run_id": ["r0", "r0", "r0", "r1"],
+            "run_seq": [0, 0, 0, 1],
+            "generated_at": [t0, t0, t0, t0 + timedelta(hours=1)],
+        }
+    )
+    requests = [
+        GenerationRequest("user", i, source_hash=h) for i, h in (("a", "ha"), ("b", "hb"), ("c", "new"), ("d", "hd"))
+    ]
     plan = plan_changes(requests, rows, "c", resuming="r1")  # r1 wrote b before it was killed
     assert (plan.new, plan.changed, plan.unchanged, plan.resumed) == (1, 2, 1, 1)
     assert [r.entity_id for r in plan.todo] == ["c", "d"]

@@ -1,6 +1,7 @@
 """kill -9 of a knowledge-store writer between a shard and its log entry, and at each step of a compaction:
 readers see every row once, the next writer clears what the crash left, a resumed run loses and doubles
 nothing (issue 47; the job-level kill -9 per write phase is in tests/e2e/test_faults.py)."""
+
 from __future__ import annotations
 
 import os
@@ -64,17 +65,27 @@ else:
     ss.compact_store(store, kn.KNOWLEDGE_SCHEMA, target_rows=16)
 """
 
-WRITE = {"shard renamed, log entry not written": ("put_log", "/log/", 3),
-         "log line half written": ("cut_log", "/log/", 3)}
-COMPACT = {"merged shard half written": ("atomic_write_local", "-c-", 1),
-           "merged shard written, not committed": ("put_log", "/log/", 1),
-           "committed, no replaced shard deleted": ("remove", "part-", 1),
-           "committed, replaced shards half deleted": ("remove", "part-", 2)}
+WRITE = {
+    "shard renamed, log entry not written": ("put_log", "/log/", 3),
+    "log line half written": ("cut_log", "/log/", 3),
+}
+COMPACT = {
+    "merged shard half written": ("atomic_write_local", "-c-", 1),
+    "merged shard written, not committed": ("put_log", "/log/", 1),
+    "committed, no replaced shard deleted": ("remove", "part-", 1),
+    "committed, replaced shards half deleted": ("remove", "part-", 2),
+}
 
 
 def _kill(store: Path, action: str, hook: str, match: str, nth: int) -> None:
-    res = subprocess.run([sys.executable, "-c", CHILD, str(store), action, hook, match, str(nth)], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    res = subprocess.run(
+        [sys.executable, "-c", CHILD, str(store), action, hook, match, str(nth)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert res.returncode == -signal.SIGKILL, res.stderr[-2000:]
 
 

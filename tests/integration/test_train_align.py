@@ -1,6 +1,7 @@
 """`laser train-align` on a tiny random Llama with a byte-level tokenizer: AtSpeed-S data from the
 draft/target mixture, AtSpeed-R data from the target's beams, the loss going down, resume, the saved draft
 driving the `atspeed` decoder, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,7 @@ import laser
 from jobs.config import load_config
 from laser.models import LoadedModel
 from pipelines.recommend.config import RecommendJobConfig
-from training.align import (AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage,
-                                   train_align)
+from training.align import AlignSettings, align_examples, init_draft, mixture_beams, topk_coverage, train_align
 from training.rec_examples import rec_data
 from pipelines.knowledge.validation import JobInputError
 from tests.helpers import save_tiny_model
@@ -30,18 +30,40 @@ def job(tmp_path, monkeypatch, tiny_target):
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))
 
     def make(*extra: str) -> RecommendJobConfig:
-        overrides = ["dataset.synthetic.n_users=5", "dataset.synthetic.n_items=8", "dataset.synthetic.max_history=6",
-                     "dataset.synthetic.n_clusters=2", "split.max_hist=3", "split.new_count=2",
-                     f"model.name={tiny_target}", "recommend.K=3", "recommend.max_history=2",
-                     "recommend.item_code_column=item_id",  # short identifiers: i0000 ... i0007
-                     f"output.path={tmp_path / 'job'}", *extra]
+        overrides = [
+            "dataset.synthetic.n_users=5",
+            "dataset.synthetic.n_items=8",
+            "dataset.synthetic.max_history=6",
+            "dataset.synthetic.n_clusters=2",
+            "split.max_hist=3",
+            "split.new_count=2",
+            f"model.name={tiny_target}",
+            "recommend.K=3",
+            "recommend.max_history=2",
+            "recommend.item_code_column=item_id",  # short identifiers: i0000 ... i0007
+            f"output.path={tmp_path / 'job'}",
+            *extra,
+        ]
         return load_config(None, overrides, schema=RecommendJobConfig)
+
     return make
 
 
 def settings(**kw) -> AlignSettings:
-    return AlignSettings(**{"init": "truncate:1", "steps": 4, "batch_size": 2, "checkpoint_every": 2, "eval_every": 2,
-                            "eval_prompts": 2, "top_n": 4, "gamma": 2, "lr": 3e-3, **kw})
+    return AlignSettings(
+        **{
+            "init": "truncate:1",
+            "steps": 4,
+            "batch_size": 2,
+            "checkpoint_every": 2,
+            "eval_every": 2,
+            "eval_prompts": 2,
+            "top_n": 4,
+            "gamma": 2,
+            "lr": 3e-3,
+            **kw,
+        }
+    )
 
 
 def load(path: str):

@@ -1,5 +1,6 @@
 """`laser train-draft` on a tiny random Llama: checkpoints, resume after an interrupt or a kill (the resumed
 run trains exactly as an uninterrupted one), the saved draft usable by name, the loss plot, bad input."""
+
 from __future__ import annotations
 
 import os
@@ -21,15 +22,30 @@ from tests.helpers import save_tiny_model
 def job(tmp_path, monkeypatch):
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))  # fixtures and saved drafts stay in tmp
     model = save_tiny_model(tmp_path / "target")
-    overrides = ["dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10", "dataset.synthetic.max_history=8",
-                 f"model.name={model}", "generation.max_new_tokens=16", "generation.max_prompt_tokens=2000",
-                 f"output.path={tmp_path / 'job'}"]
+    overrides = [
+        "dataset.synthetic.n_users=8",
+        "dataset.synthetic.n_items=10",
+        "dataset.synthetic.max_history=8",
+        f"model.name={model}",
+        "generation.max_new_tokens=16",
+        "generation.max_prompt_tokens=2000",
+        f"output.path={tmp_path / 'job'}",
+    ]
     return load_config(None, overrides), overrides
 
 
 def settings(**kw) -> DraftTrainSettings:
-    base = dict(init="truncate:1", steps=6, batch_size=2, samples=6, max_new_tokens=16, max_prompt_tokens=32,
-                checkpoint_every=2, positions=8, lr=1e-3)
+    base = dict(
+        init="truncate:1",
+        steps=6,
+        batch_size=2,
+        samples=6,
+        max_new_tokens=16,
+        max_prompt_tokens=32,
+        checkpoint_every=2,
+        positions=8,
+        lr=1e-3,
+    )
     return DraftTrainSettings(**{**base, **kw})
 
 
@@ -66,8 +82,13 @@ train_draft(load_config(None, sys.argv[1:]), s, on_step=kill)
 @pytest.mark.slow
 def test_killed_run_resumes_from_the_last_periodic_checkpoint(job):
     cfg, overrides = job
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", KILL, *overrides], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL, *overrides], env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     resumed = train_draft(cfg, settings(name="killed"))
     assert resumed.resumed_from == 4 and resumed.steps == 6 and len(resumed.losses) == 6
@@ -80,8 +101,12 @@ def test_saved_draft_is_a_draft_by_name_and_stays_lossless(job):
     lm = laser.load_model(cfg.model.name, device="cpu", dtype="float32")
     dec = laser.get_decoder("spec_sampling", lm, draft="tiny-draft", gamma=3)
     prompt = [2, 40, 41, 42, 43]
-    want = lm.model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
-                             attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
+    want = lm.model.generate(
+        torch.tensor([prompt]),
+        max_new_tokens=12,
+        do_sample=False,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )[0, len(prompt) :].tolist()
     got = dec.generate(prompt, 12).token_ids
     assert got == want
 

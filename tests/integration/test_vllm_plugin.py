@@ -2,6 +2,7 @@
 process opens pools from the pool store path each request carries, and each request's draft length holds
 there; per-request stats come back through vLLM's spec-decoding metrics. Runs in a fresh interpreter (vLLM
 caches its environment once an in-process engine ran in the test process), built by this file's ``__main__``."""
+
 from __future__ import annotations
 
 import json
@@ -27,30 +28,49 @@ def _main(workdir: str) -> None:
 
     model = save_tiny_model(Path(workdir) / "tiny", hidden_size=128)
     g = torch.Generator().manual_seed(3)
-    prompts = [[0] + torch.randint(2, 250, (int(torch.randint(4, 24, (1,), generator=g)),), generator=g).tolist()
-               for _ in range(4)]
-    eng = VllmEngine(str(model), speculation="laser", max_draft=4, draft_len=4, threads=1, max_num_seqs=8,
-                     max_model_len=512, kv_cache_gib=1, enforce_eager=True, in_process=False,
-                     per_request_spec_decode_metrics="detailed")
+    prompts = [
+        [0] + torch.randint(2, 250, (int(torch.randint(4, 24, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(4)
+    ]
+    eng = VllmEngine(
+        str(model),
+        speculation="laser",
+        max_draft=4,
+        draft_len=4,
+        threads=1,
+        max_num_seqs=8,
+        max_model_len=512,
+        kv_cache_gib=1,
+        enforce_eager=True,
+        in_process=False,
+        per_request_spec_decode_metrics="detailed",
+    )
     try:
         report = {"proposer_in_caller": eng.proposer is not None}
         ref = [o.token_ids for o in eng.generate(prompts, NEW, draft=False)]
         store = Path(workdir) / "pools"
-        write_store(store, {"user/good": ref, "user/wrong": [[(t * 7 + 3) % 250 + 2 for t in r] for r in ref]},
-                    TokenizerFingerprint.of(AutoTokenizer.from_pretrained(str(model))))
+        write_store(
+            store,
+            {"user/good": ref, "user/wrong": [[(t * 7 + 3) % 250 + 2 for t in r] for r in ref]},
+            TokenizerFingerprint.of(AutoTokenizer.from_pretrained(str(model))),
+        )
         runs = {}
         for key in ("user/good", "user/wrong", "user/missing"):
             outs = eng.generate(prompts, NEW, pool_keys=[key] * 4, pool_store=store)
-            runs[key] = {"same": [o.token_ids for o in outs] == ref,
-                         "accepted": sum(o.accepted_tokens for o in outs),
-                         "drafted": sum(o.drafted_tokens or 0 for o in outs),
-                         "per_step": [o.accepted_per_step for o in outs],
-                         "forwards": [o.target_forwards for o in outs]}
+            runs[key] = {
+                "same": [o.token_ids for o in outs] == ref,
+                "accepted": sum(o.accepted_tokens for o in outs),
+                "drafted": sum(o.drafted_tokens or 0 for o in outs),
+                "per_step": [o.accepted_per_step for o in outs],
+                "forwards": [o.target_forwards for o in outs],
+            }
         eng.set_draft_len(1)  # carried by each request into the engine process
         outs = eng.generate(prompts, NEW, pool_keys=["user/good"] * 4, pool_store=store)
-        runs["len1"] = {"same": [o.token_ids for o in outs] == ref,
-                        "drafted": sum(o.drafted_tokens or 0 for o in outs),
-                        "per_step": [o.accepted_per_step for o in outs]}
+        runs["len1"] = {
+            "same": [o.token_ids for o in outs] == ref,
+            "drafted": sum(o.drafted_tokens or 0 for o in outs),
+            "per_step": [o.accepted_per_step for o in outs],
+        }
         eng.set_draft_len("auto")  # the budget there, on the step-cost table sent through the environment
         outs = eng.generate(prompts, NEW, pool_keys=["user/good"] * 4, pool_store=store)
         runs["auto"] = {"same": [o.token_ids for o in outs] == ref}
@@ -67,11 +87,16 @@ def _main(workdir: str) -> None:
 
 @pytest.mark.slow
 def test_multiprocess_engine_core_drafts_from_the_pool_store(tmp_path):
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path)], capture_output=True, text=True, timeout=800,
-                          cwd=Path(__file__).resolve().parents[2])
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    report = json.loads(lines[-1][len("REPORT "):])
+    report = json.loads(lines[-1][len("REPORT ") :])
     assert report["proposer_in_caller"] is False  # the proposer lives in vLLM's engine process
     assert report["register_refused"] is True
     good, wrong, missing = (report["runs"][k] for k in ("user/good", "user/wrong", "user/missing"))

@@ -2,6 +2,7 @@
 row; the actor holds no transformers copy of the model. (What both engines must do alike is in
 test_worker_engines.py; rows against an hf run of the whole job in tests/e2e/test_vllm_job.py.)
 Skipped without vLLM."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -34,8 +35,17 @@ def test_the_actor_holds_one_copy_of_the_model(worker):
 
 
 def _users(n: int, pool: bool = True) -> list[GenerationRequest]:
-    return [GenerationRequest("user", f"u{i}", pool_key="user/collab/0" if pool else None, pool_kind="collab",
-                              group_id="0", history=[(f"Film {i}", 4.0), ("Heat", 3.0)]) for i in range(n)]
+    return [
+        GenerationRequest(
+            "user",
+            f"u{i}",
+            pool_key="user/collab/0" if pool else None,
+            pool_kind="collab",
+            group_id="0",
+            history=[(f"Film {i}", 4.0), ("Heat", 3.0)],
+        )
+        for i in range(n)
+    ]
 
 
 def test_requests_join_while_others_are_in_flight(worker):

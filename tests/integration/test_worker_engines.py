@@ -1,6 +1,7 @@
 """The knowledge worker on both engines: what users get by default (vLLM) is tested like the reference
 (hf). Each test runs once per engine on the same tiny model (one worker per engine for the module); the
 vLLM runs skip without vLLM."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,10 +28,17 @@ def worker(request, model_path):
 
 
 def _users(n: int, pool_key: str | None = None, start: int = 0) -> list[GenerationRequest]:
-    return [GenerationRequest("user", f"u{i}", pool_key=pool_key, pool_kind="global" if pool_key else None,
-                              group_id="all" if pool_key else None,
-                              history=[(f"Film {i}", 4.0), ("Heat", 3.0), (f"Alien {i % 3}", 5.0)])
-            for i in range(start, start + n)]
+    return [
+        GenerationRequest(
+            "user",
+            f"u{i}",
+            pool_key=pool_key,
+            pool_kind="global" if pool_key else None,
+            group_id="all" if pool_key else None,
+            history=[(f"Film {i}", 4.0), ("Heat", 3.0), (f"Alien {i % 3}", 5.0)],
+        )
+        for i in range(start, start + n)
+    ]
 
 
 def _texts(result) -> dict[str, str]:
@@ -55,8 +63,12 @@ def test_sampled_rows_follow_their_entity_seed_whatever_the_batch(worker):
     assert together == apart  # each entity draws from its own seeded generator
     greedy = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=12, max_prompt_tokens=2000), _users(4)))
     assert together != greedy
-    other = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=12, max_prompt_tokens=2000,
-                                              sampling={**sampling, "seed": 8}), _users(4)))
+    other = _texts(
+        worker.generate(
+            DecodeTask("autoregressive", max_new_tokens=12, max_prompt_tokens=2000, sampling={**sampling, "seed": 8}),
+            _users(4),
+        )
+    )
     assert other != together  # the job's seed reaches every entity's
 
 
@@ -65,16 +77,20 @@ def test_stop_strings_and_bad_words_hold(worker):
     free = worker.generate(plain, _users(3)).rows
     text = free[0].knowledge
     stop = next(c for c in text[3:] if c.isascii() and c.isprintable())  # reached: decoding must end right after it
-    stopped = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000,
-                                         rules={"stop_strings": (stop,)}), _users(1)).rows[0]
+    stopped = worker.generate(
+        DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, rules={"stop_strings": (stop,)}),
+        _users(1),
+    ).rows[0]
     assert stopped.finish_reason == "stop" and stop in stopped.knowledge
     assert len(stopped.knowledge) < len(text)
     tok = worker.tokenizer  # byte level: a printable ASCII character is one token
     chars = sorted({c for r in free for c in r.knowledge if c.isascii() and c.isprintable() and c != " "})
     assert chars, [r.knowledge for r in free]
     banned = tuple(tuple(tok(c, add_special_tokens=False)["input_ids"]) for c in chars)
-    ruled = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000,
-                                       rules={"bad_words_ids": banned}), _users(3)).rows
+    ruled = worker.generate(
+        DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, rules={"bad_words_ids": banned}),
+        _users(3),
+    ).rows
     assert [r.knowledge for r in ruled] != [r.knowledge for r in free]
     for row in ruled:
         assert not set(row.knowledge) & set(chars), row.knowledge
@@ -90,8 +106,11 @@ def own_pool(worker, model_path, tmp_path_factory):
     rows = worker.generate(plain, _users(8)).rows
     tok = worker.tokenizer
     store = tmp_path_factory.mktemp(f"pools-{worker.adapter.name}") / "pools"
-    write_store(store, {"user/global/all": [tok(r.knowledge, add_special_tokens=False)["input_ids"] for r in rows]},
-                TokenizerFingerprint.of(tok))
+    write_store(
+        store,
+        {"user/global/all": [tok(r.knowledge, add_special_tokens=False)["input_ids"] for r in rows]},
+        TokenizerFingerprint.of(tok),
+    )
     return str(store), {r.entity_id: r.knowledge for r in rows}
 
 
@@ -109,8 +128,9 @@ def test_resd_drafts_from_its_pool_and_stays_lossless(worker, own_pool, K):
 
 def test_a_request_without_a_pool_drafts_nothing(worker, own_pool):
     store, greedy = own_pool
-    task = DecodeTask("laser", {"verification": "greedy", "K": 4}, max_new_tokens=24, max_prompt_tokens=2000,
-                      pool_store=store)
+    task = DecodeTask(
+        "laser", {"verification": "greedy", "K": 4}, max_new_tokens=24, max_prompt_tokens=2000, pool_store=store
+    )
     rows = worker.generate(task, _users(2, pool_key="user/global/none")).rows  # a group the store lacks
     assert [r.pool_kind for r in rows] == [None, None]
     assert all(r.accepted_tokens == 0 and r.target_forwards == r.n_tokens for r in rows)
@@ -135,11 +155,19 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, ow
 
     monkeypatch.setattr(worker.adapter, "make", spy)
     monkeypatch.setattr(worker.adapter, "alone", lambda attempt: pytest.fail("a retry was decoded alone"))
-    task = DecodeTask(decoder, params, max_new_tokens=8, max_prompt_tokens=2000, pool_store=store,
-                      degenerate="retry", retry_rules=rules)
+    task = DecodeTask(
+        decoder,
+        params,
+        max_new_tokens=8,
+        max_prompt_tokens=2000,
+        pool_store=store,
+        degenerate="retry",
+        retry_rules=rules,
+    )
     rows = worker.generate(task, _users(4, pool_key="user/global/all" if decoder == "laser" else None), slots=4).rows
-    expected = _texts(worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000,
-                                                 rules=rules), _users(4)))
+    expected = _texts(
+        worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000, rules=rules), _users(4))
+    )
     assert {r.entity_id: r.knowledge for r in rows} == expected
     assert all(r.greedy_retry for r in rows)
     assert max(n for retry, n in in_flight if retry) == 4  # the retries decode together, as ordinary requests
@@ -185,6 +213,7 @@ def test_a_first_text_stops_once_surely_degenerate_and_its_retry_runs_whole(work
     assert len(firsts) == len(retries) == 2
     assert [(r.finish_reason, r.n_tokens) for r in firsts] == [("loop", retry.LoopStop.every)] * 2
     assert all(r.finish_reason != "loop" and r.n_tokens > retry.LoopStop.every for r in retries)
-    kept = worker.generate(DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, degenerate="keep"),
-                           _users(2)).rows
+    kept = worker.generate(
+        DecodeTask("autoregressive", max_new_tokens=16, max_prompt_tokens=2000, degenerate="keep"), _users(2)
+    ).rows
     assert all(r.finish_reason != "loop" and r.n_tokens > retry.LoopStop.every for r in kept)

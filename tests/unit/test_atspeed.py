@@ -1,4 +1,5 @@
 """`atspeed` strict top-K verification: exactly `beam`'s ranked items and scores, for any draft, gamma, N."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """AtSpeed-S / AtSpeed-R draft alignment losses on hand-computed cases."""
+
 from __future__ import annotations
 
 import math
@@ -58,8 +59,14 @@ def test_bad_input():
     with pytest.raises(ValueError, match="at least one valid token"):
         align_strict_loss(torch.zeros(1, 3), torch.zeros(1, 3), torch.zeros(1, 3, dtype=torch.bool), 2)
     with pytest.raises(ValueError, match="mode"):
-        alignment_objective(torch.zeros(1, 3), torch.zeros(1, 3), torch.ones(1, 3, dtype=torch.bool),
-                            torch.zeros(1, dtype=torch.long), 2, mode="x")
+        alignment_objective(
+            torch.zeros(1, 3),
+            torch.zeros(1, 3),
+            torch.ones(1, 3, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.long),
+            2,
+            mode="x",
+        )
 
 
 def test_cross_entropy_on_separate_positions():

@@ -1,5 +1,6 @@
 """AtSpeed-R relaxed sampling verification: the notes' invariants, by chi-square where the rule is exact,
 each shown to fail when the residual rule is broken."""
+
 from __future__ import annotations
 
 import itertools

@@ -1,4 +1,5 @@
 """Constrained beam search (`beam`) over an item trie, through the engine's beam hook."""
+
 from __future__ import annotations
 
 import random

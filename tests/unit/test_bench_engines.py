@@ -1,6 +1,7 @@
 """`laser bench engines`: cold then warm runs interleaved per row, the median warm run per row, JSON, Markdown
 and PNG; the command of each row; Ray Data LLM's per-pass figures (the runs themselves are replaced by
 recorded figures here: tests/integration/test_bench_ray_data_llm.py runs the Ray Data LLM row)."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,24 @@ def _fake_run(walls):
     def timed_job(config, engine, out, log_path, overrides=(), env=None):
         calls.append((engine, env is not None, tuple(overrides)))
         wall = walls[engine][sum(1 for c in calls if c[0] == engine) - 1]
-        new = {"entities": 20, "failed": 0, "wall_s": wall / 2, "tokens": 900, "entities_per_min": 2400 / wall,
-               "tokens_per_s": 1800 / wall, "aal": 2.0, "running_entities_per_min": 4800 / wall}
-        return {"engine": engine, "wall_s": wall, "entities": 40, "entities_per_min": 2400 / wall, "old": new, "new": new}
+        new = {
+            "entities": 20,
+            "failed": 0,
+            "wall_s": wall / 2,
+            "tokens": 900,
+            "entities_per_min": 2400 / wall,
+            "tokens_per_s": 1800 / wall,
+            "aal": 2.0,
+            "running_entities_per_min": 4800 / wall,
+        }
+        return {
+            "engine": engine,
+            "wall_s": wall,
+            "entities": 40,
+            "entities_per_min": 2400 / wall,
+            "old": new,
+            "new": new,
+        }
 
     return timed_job, calls
 
@@ -31,8 +47,14 @@ def test_cold_runs_first_then_warm_runs_interleave_and_the_median_warm_run_is_re
     monkeypatch.setattr(engines, "check_engines", lambda rows: None)
     monkeypatch.setenv("LASER_CACHE_DIR", str(tmp_path / "laser-cache"))
     out = tmp_path / "engines.json"
-    engines.run_engines_bench(out, tmp_path / "demo.yaml", tmp_path / "work", ("hf", "ray-data-llm"), repeats=3,
-                              overrides=["dataset.path=/data/ml-1m"])
+    engines.run_engines_bench(
+        out,
+        tmp_path / "demo.yaml",
+        tmp_path / "work",
+        ("hf", "ray-data-llm"),
+        repeats=3,
+        overrides=["dataset.path=/data/ml-1m"],
+    )
     assert [c[0] for c in calls] == ["hf", "ray-data-llm"] * 4
     assert all(c[1] and c[2] == ("dataset.path=/data/ml-1m",) for c in calls)  # own caches, the overrides
     # each row's compile caches live under work/caches/<row>; the LASER cache links the machine's models
@@ -62,8 +84,14 @@ def test_each_row_runs_its_own_fresh_process(tmp_path):
     job = engines.command(tmp_path / "c.yaml", "vllm", tmp_path / "out", ["dataset.limit_users=5"])
     assert job[:4] == [sys.executable, "-m", "jobs", "run"]
     # the row's engine and output come after the caller's overrides, so they win
-    assert job[-6:] == ["--set", "dataset.limit_users=5", "--set", "execution.engine=vllm", "--set",
-                        f"output.path={tmp_path / 'out'}"]
+    assert job[-6:] == [
+        "--set",
+        "dataset.limit_users=5",
+        "--set",
+        "execution.engine=vllm",
+        "--set",
+        f"output.path={tmp_path / 'out'}",
+    ]
     rd = engines.command(tmp_path / "c.yaml", "ray-data-llm-ngram", tmp_path / "out", ["dataset.limit_users=5"])
     assert rd[1:4] == ["-m", "benchmarks.rows", "ray-data-llm"]
     assert rd[rd.index("--speculation") + 1] == "ngram" and rd[-2:] == ["--set", "dataset.limit_users=5"]
@@ -73,8 +101,12 @@ def test_each_row_runs_its_own_fresh_process(tmp_path):
 
 def test_speculative_configs_of_the_extra_rows():
     assert speculative_config("none") is None
-    assert speculative_config("ngram") == {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_min": 2,
-                                           "prompt_lookup_max": 4}
+    assert speculative_config("ngram") == {
+        "method": "ngram",
+        "num_speculative_tokens": 8,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4,
+    }
     assert speculative_config("suffix")["method"] == "suffix"
     with pytest.raises(ValueError, match="speculation"):
         speculative_config("eagle")
@@ -95,8 +127,17 @@ def test_ray_data_pass_figures_take_each_engines_first_batch_out_of_the_running_
 
 def test_the_decode_rates_of_the_job_passes_side_by_side():
     def summary_pass(decode):
-        return {"done": 20, "failed": 0, "wall_s": 30.0, "n_tokens": 900, "tokens_per_s_wall": 30.0, "aal": 1.3,
-                "decoded_tokens": 1000, "retries": 2, "tokens_per_s_decode": decode}
+        return {
+            "done": 20,
+            "failed": 0,
+            "wall_s": 30.0,
+            "n_tokens": 900,
+            "tokens_per_s_wall": 30.0,
+            "aal": 1.3,
+            "decoded_tokens": 1000,
+            "retries": 2,
+            "tokens_per_s_decode": decode,
+        }
 
     old, new = engines._pass(summary_pass(80.0)), engines._pass(summary_pass(100.0))
     assert engines._decode_cell(old, new) == "80.0 / 100.0 (1.25x)"

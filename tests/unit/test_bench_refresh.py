@@ -1,4 +1,5 @@
 """`laser bench refresh`'s day 2 edit and its quality figures (benchmarks/refresh.py)."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -12,7 +13,8 @@ def test_day_two_adds_one_unseen_interaction_per_heavy_user_and_one_item(tmp_pat
     rows = [(f"u{u}", f"i{i}", 4.0, 100 * u + i) for u in range(4) for i in range(3 + 3 * u)]
     pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row").write_parquet(tmp_path / "interactions.parquet")
     pl.DataFrame({"item_id": [f"i{i}" for i in range(14)], "title": [f"T{i}" for i in range(14)]}).write_parquet(
-        tmp_path / "items.parquet")
+        tmp_path / "items.parquet"
+    )
     users, item = day_two(tmp_path, users=2, min_history=9, seed=0)
     assert users == ["u2", "u3"]  # the only users with 9+ interactions
     inter = pl.read_parquet(tmp_path / "interactions.parquet")

@@ -1,4 +1,5 @@
 """`laser bench scale`: the linear synthetic catalogue and the bench's stages, failures, projection and JSON."""
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,9 @@ def test_prerequisites_follow_needs_only():
 
 
 def test_flip_newest_changes_only_the_listed_users_newest_rating():
-    inter = pl.DataFrame({"user_id": ["a", "a", "b"], "item_id": ["x", "y", "x"], "rating": [5.0, 4.0, 2.0],
-                          "timestamp": [1, 2, 1]})
+    inter = pl.DataFrame(
+        {"user_id": ["a", "a", "b"], "item_id": ["x", "y", "x"], "rating": [5.0, 4.0, 2.0], "timestamp": [1, 2, 1]}
+    )
     out = scale.flip_newest(inter, ["a"])
     assert out["rating"].to_list() == [5.0, 1.0, 2.0]
 
@@ -99,6 +101,7 @@ def _fake_spawn(results: dict[str, dict], calls: list[str]):
             result = dict(results.get(stage, {"s": 1.0, "peak_gb": 0.5}))
         (root / "results" / f"{stage}.json").write_text(json.dumps(result))
         return StageRun(result)
+
     return spawn
 
 
@@ -119,8 +122,13 @@ def test_merge_resumes_the_work_folder_reusing_what_the_selected_stages_need(tmp
 
 def test_failed_stage_is_recorded_dependents_skipped_rest_run(tmp_path, monkeypatch):
     calls: list[str] = []
-    monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({"lightgcn": {"error": "out of memory: 13 GB"},
-                                                           "store_write": {"error": "ValueError: bad row"}}, calls))
+    monkeypatch.setattr(
+        scale,
+        "spawn_stage",
+        _fake_spawn(
+            {"lightgcn": {"error": "out of memory: 13 GB"}, "store_write": {"error": "ValueError: bad row"}}, calls
+        ),
+    )
     result = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(100,)), work=tmp_path / "w")
     stages = result["sizes"]["100"]["stages"]
     assert stages["lightgcn"]["error"].startswith("out of memory")
@@ -149,21 +157,23 @@ def test_merge_keeps_earlier_sizes_replaces_rerun_stages_and_projects_from_them(
     monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({}, calls))
     out = tmp_path / "scale.json"
     scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("load_split", "plan")), work=tmp_path / "w")
-    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100_000,), stages=("plan",), budget_s=500),
-                                   work=tmp_path / "w", merge=True)
+    result = scale.run_scale_bench(
+        out, ScaleSettings(sizes=(100_000,), stages=("plan",), budget_s=500), work=tmp_path / "w", merge=True
+    )
     assert result["skipped_sizes"]["100000"].startswith("projected 1000 s")  # from the file's 100
     assert result["sizes"]["100"]["total_s"] == 2.0
     monkeypatch.setattr(scale, "spawn_stage", _fake_spawn({"plan": {"s": 3.0, "peak_gb": 0.5}}, calls))
-    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("plan",)), work=tmp_path / "w",
-                                   merge=True)
+    result = scale.run_scale_bench(out, ScaleSettings(sizes=(100,), stages=("plan",)), work=tmp_path / "w", merge=True)
     entry = result["sizes"]["100"]
     assert entry["stages"]["load_split"]["s"] == 1.0 and entry["stages"]["plan"]["s"] == 3.0
     assert entry["total_s"] == 4.0
 
 
 def test_slopes_between_consecutive_sizes():
-    sizes = {str(n): {"total_s": s, "peak_gb": 1.0, "stages": {"plan": {"s": s, "peak_gb": 1.0}}}
-             for n, s in ((10, 1.0), (100, 10.0), (1000, 1000.0))}
+    sizes = {
+        str(n): {"total_s": s, "peak_gb": 1.0, "stages": {"plan": {"s": s, "peak_gb": 1.0}}}
+        for n, s in ((10, 1.0), (100, 10.0), (1000, 1000.0))
+    }
     assert scale.slopes(sizes)["plan"] == {"10-100": 1.0, "100-1000": 2.0}
     assert scale.slopes(sizes, "peak_gb")["plan"] == {"10-100": 0.0, "100-1000": 0.0}
     assert scale.project(sizes, "plan", 10_000) == pytest.approx(1000.0 * 100)  # slope 2 carried on
@@ -206,16 +216,21 @@ def test_bench_json_shape_at_tiny_sizes(tmp_path):
 
 @pytest.mark.slow
 def test_every_stage_runs_at_a_tiny_size(tmp_path):
-    result = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(200,), budget_s=300),
-                                   work=tmp_path / "w")
+    result = scale.run_scale_bench(
+        tmp_path / "scale.json", ScaleSettings(sizes=(200,), budget_s=300), work=tmp_path / "w"
+    )
     stages = result["sizes"]["200"]["stages"]
     assert [s for s in scale.STAGES if "s" not in stages[s]] == [], stages
     assert stages["store_write"]["rows"] == 200 and stages["latest_view"]["rows"] == 200
     inc = stages["incremental"]
     assert inc["changed"] == inc["changed_users"] == inc["planned"] == 2  # 1% of 180 users
     assert stages["route"]["collaborative"] and "collaborative" in stages["route"]["pool_kinds"]
-    again = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(200,), stages=("plan", "store_write")),
-                                  work=tmp_path / "w", merge=True)  # the store of the first run exists
+    again = scale.run_scale_bench(
+        tmp_path / "scale.json",
+        ScaleSettings(sizes=(200,), stages=("plan", "store_write")),
+        work=tmp_path / "w",
+        merge=True,
+    )  # the store of the first run exists
     assert again["sizes"]["200"]["stages"]["plan"]["planned"] == 200
     assert again["sizes"]["200"]["stages"]["store_write"]["rows"] == 200
 
@@ -226,14 +241,20 @@ def test_stages_under_a_minute_report_the_median_of_their_repeats(tmp_path, monk
 
     def spawn(stage, root, timeout_s, max_gb):
         calls.append(stage)
-        result = {"s": 0.1, "users": 90, "items": 10, "interactions": 900} if stage in ("generate", "load_split") \
+        result = (
+            {"s": 0.1, "users": 90, "items": 10, "interactions": 900}
+            if stage in ("generate", "load_split")
             else {"s": next(times), "peak_gb": 1.0 + len(calls) / 10}
+        )
         (root / "results" / f"{stage}.json").write_text(json.dumps(result))
         return StageRun(result)
 
     monkeypatch.setattr(scale, "spawn_stage", spawn)
-    result = scale.run_scale_bench(tmp_path / "scale.json", ScaleSettings(sizes=(100,), stages=("plan", "store_write"),
-                                                                          repeats=3), work=tmp_path / "w")
+    result = scale.run_scale_bench(
+        tmp_path / "scale.json",
+        ScaleSettings(sizes=(100,), stages=("plan", "store_write"), repeats=3),
+        work=tmp_path / "w",
+    )
     stages = result["sizes"]["100"]["stages"]
     assert calls == ["generate", "load_split", "plan", "plan", "plan", "store_write"]  # load_split: setup, once
     assert stages["plan"]["s"] == 5.0 and stages["plan"]["runs_s"] == [5.0, 3.0, 9.0]

@@ -1,4 +1,5 @@
 """`laser bench store` (benchmarks/store.py): runs on a small store and reports what it measured."""
+
 from __future__ import annotations
 
 import json

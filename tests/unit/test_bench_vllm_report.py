@@ -1,15 +1,24 @@
 """`laser bench throughput --engine vllm` without vLLM: the chain-only pool of the tree-vs-chain row, the
 targets computed from a report, the cells made of interleaved repeats (median, spread, ties), the methods
 filter, the proposer timer and the KV cache size."""
+
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from benchmarks.throughput_vllm import (ALL_METHODS, HF_RELAXED, ChainSource, aggregate_level,
-                                                   check_vllm_targets, engines_to_keep, markdown_vllm_throughput,
-                                                   select_methods, verdict)
+from benchmarks.throughput_vllm import (
+    ALL_METHODS,
+    HF_RELAXED,
+    ChainSource,
+    aggregate_level,
+    check_vllm_targets,
+    engines_to_keep,
+    markdown_vllm_throughput,
+    select_methods,
+    verdict,
+)
 from benchmarks.vllm_level import ProposeTimer, kv_cache_gib
 from pools.retrieval import RetrievalPool
 
@@ -39,8 +48,12 @@ def _level(**tps):
 
 def test_targets_use_the_worst_concurrency():
     names = ["vllm", "vllm ngram", "vllm suffix", "laser-vllm greedy", "laser-vllm relaxed", HF_RELAXED]
-    report = {"levels": {"1": _level(**dict(zip(names, [10, 12, 15, 14, 20, 9]))),
-                         "4": _level(**dict(zip(names, [30, 33, 36, 31, 35, 40])))}}
+    report = {
+        "levels": {
+            "1": _level(**dict(zip(names, [10, 12, 15, 14, 20, 9]))),
+            "4": _level(**dict(zip(names, [30, 33, 36, 31, 35, 40]))),
+        }
+    }
     got = {t["target"]: t for t in check_vllm_targets(report)}
     assert got["laser-vllm relaxed never below vllm (worst concurrency)"]["value"] == 35 / 30
     assert not got["laser-vllm relaxed vs vllm at concurrency 1 and 4 (worse of the two)"]["met"]  # 35/30 < 1.3
@@ -55,11 +68,15 @@ def _run(tokens, wall, outputs=((1, 2),), **extra):
 
 
 def test_a_cell_reports_the_median_and_spread_of_its_repeats_and_ties_only_with_overlap_and_ratio():
-    runs = {"vllm": [_run(100, 1.0, prefill_s=0.5), _run(100, 1.25), _run(100, 0.8)],  # 100, 80, 125 tok/s
-            "laser-vllm relaxed": [_run(99, 1.0, proposer_ms_per_step=2.0, mean_draft_len=1.5, aal=2.0),
-                                   _run(99, 1.1, proposer_ms_per_step=4.0, mean_draft_len=0.5, aal=2.2),
-                                   _run(99, 0.9, proposer_ms_per_step=3.0, mean_draft_len=1.0, aal=2.1)],
-            "vllm ngram": [_run(50, 1.0, outputs=((9,),)), _run(50, 1.0, outputs=((9,),))]}
+    runs = {
+        "vllm": [_run(100, 1.0, prefill_s=0.5), _run(100, 1.25), _run(100, 0.8)],  # 100, 80, 125 tok/s
+        "laser-vllm relaxed": [
+            _run(99, 1.0, proposer_ms_per_step=2.0, mean_draft_len=1.5, aal=2.0),
+            _run(99, 1.1, proposer_ms_per_step=4.0, mean_draft_len=0.5, aal=2.2),
+            _run(99, 0.9, proposer_ms_per_step=3.0, mean_draft_len=1.0, aal=2.1),
+        ],
+        "vllm ngram": [_run(50, 1.0, outputs=((9,),)), _run(50, 1.0, outputs=((9,),))],
+    }
     level = aggregate_level(runs, prefill_by="vllm")
     ref, rel, ng = level["vllm"], level["laser-vllm relaxed"], level["vllm ngram"]
     assert ref["tokens_per_s"] == 100 and ref["tokens_per_s_min"] == 80 and ref["tokens_per_s_max"] == 125
@@ -78,16 +95,25 @@ def test_verdict_needs_overlapping_spreads_and_a_ratio_of_0_98():
     assert verdict(a, b) == "slower"  # overlap, but 0.97 < 0.98
     assert verdict({**a, "tokens_per_s": 99}, b) == "tie"
     assert verdict({"tokens_per_s": 110, "tokens_per_s_min": 108, "tokens_per_s_max": 112}, b) == "faster"
-    assert verdict({"tokens_per_s": 99, "tokens_per_s_min": 98.5, "tokens_per_s_max": 99.5},
-                   {"tokens_per_s": 100, "tokens_per_s_min": 99.8, "tokens_per_s_max": 100.2}) == "slower"
+    assert (
+        verdict(
+            {"tokens_per_s": 99, "tokens_per_s_min": 98.5, "tokens_per_s_max": 99.5},
+            {"tokens_per_s": 100, "tokens_per_s_min": 99.8, "tokens_per_s_max": 100.2},
+        )
+        == "slower"
+    )
 
 
 def test_a_never_below_target_is_met_when_every_cell_below_is_a_tie():
     def cell(v, lo, hi):
         return {"tokens_per_s": v, "tokens_per_s_min": lo, "tokens_per_s_max": hi, "identical_to_vllm": 4, "prompts": 4}
 
-    report = {"levels": {"1": {"vllm": cell(10, 9, 11), "laser-vllm relaxed": cell(20, 19, 21)},
-                         "64": {"vllm": cell(100, 95, 104), "laser-vllm relaxed": cell(99, 96, 101)}}}
+    report = {
+        "levels": {
+            "1": {"vllm": cell(10, 9, 11), "laser-vllm relaxed": cell(20, 19, 21)},
+            "64": {"vllm": cell(100, 95, 104), "laser-vllm relaxed": cell(99, 96, 101)},
+        }
+    }
     got = {t["target"]: t for t in check_vllm_targets(report)}
     t = got["laser-vllm relaxed never below vllm (worst concurrency)"]
     assert t["value"] == pytest.approx(0.99) and t["ties"] == [64] and t["met"]
@@ -104,12 +130,25 @@ def test_methods_filter_keeps_the_report_order_and_names_unknown_rows():
 
 
 def test_markdown_has_spread_and_drafting_columns():
-    level = aggregate_level({"vllm": [_run(100, 1.0, prefill_s=0.2), _run(100, 0.5)],
-                             "laser-vllm greedy": [_run(120, 1.0, proposer_ms_per_step=1.25, mean_draft_len=2.5),
-                                                   _run(120, 1.0, proposer_ms_per_step=1.25, mean_draft_len=2.5)]})
-    report = {"levels": {"4": level}, "machine": {}, "settings": {"repeats": 2}, "absent": {}, "targets": [],
-              "engine_reuse": {"4": {"kv_cache_gib": 2, "one_engine_for_all_repeats": ["vllm"],
-                                     "fresh_engine_per_repeat": []}}}
+    level = aggregate_level(
+        {
+            "vllm": [_run(100, 1.0, prefill_s=0.2), _run(100, 0.5)],
+            "laser-vllm greedy": [
+                _run(120, 1.0, proposer_ms_per_step=1.25, mean_draft_len=2.5),
+                _run(120, 1.0, proposer_ms_per_step=1.25, mean_draft_len=2.5),
+            ],
+        }
+    )
+    report = {
+        "levels": {"4": level},
+        "machine": {},
+        "settings": {"repeats": 2},
+        "absent": {},
+        "targets": [],
+        "engine_reuse": {
+            "4": {"kv_cache_gib": 2, "one_engine_for_all_repeats": ["vllm"], "fresh_engine_per_repeat": []}
+        },
+    }
     md = markdown_vllm_throughput(report)
     assert "150.0 [100.0-200.0]" in md and "120.0 [120.0-120.0] (0.80x slower)" in md
     assert "1.2 ms/step, draft 2.50/row" in md and "one engine for all repeats: vllm" in md
@@ -133,11 +172,12 @@ def test_propose_timer_counts_decoding_rows_and_their_drafts():
 
 
 def test_kv_cache_holds_every_request_in_flight(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 576, "num_attention_heads": 9,
-                                                      "num_key_value_heads": 3, "num_hidden_layers": 30}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30})
+    )
     per_token = 2 * 30 * 3 * 64 * 4
     assert kv_cache_gib(str(tmp_path), [100]) == 1
-    assert kv_cache_gib(str(tmp_path), [624] * 128) == -(-(624 * 128 * per_token * 1.25) // 1024 ** 3)  # 5 GiB
+    assert kv_cache_gib(str(tmp_path), [624] * 128) == -(-(624 * 128 * per_token * 1.25) // 1024**3)  # 5 GiB
 
 
 def test_the_report_counts_looping_and_ended_texts_per_row():
@@ -145,13 +185,20 @@ def test_the_report_counts_looping_and_ended_texts_per_row():
     from benchmarks.throughput_vllm import texts_quality
 
     words = {1: "the", 2: "cat", 3: "sat", 4: "on", 5: "a", 6: "mat", 7: "today", 8: "."}
-    tok = type("Tok", (), {"batch_decode": lambda self, outs, skip_special_tokens=True:
-                           [" ".join(words[t] for t in o) for o in outs]})()
+    tok = type(
+        "Tok",
+        (),
+        {"batch_decode": lambda self, outs, skip_special_tokens=True: [" ".join(words[t] for t in o) for o in outs]},
+    )()
     loop = (1, 2, 3, 4) * 3  # "the cat sat on" three times, up to the limit
     plain = (1, 2, 3, 4, 5, 6, 7, 8)
-    level = aggregate_level({"vllm": [_run(100, 1.0, outputs=(plain, plain))],
-                             "laser-vllm relaxed": [_run(100, 1.0, outputs=(plain, loop))]},
-                            quality=texts_quality(tok, max_new_tokens=12))
+    level = aggregate_level(
+        {
+            "vllm": [_run(100, 1.0, outputs=(plain, plain))],
+            "laser-vllm relaxed": [_run(100, 1.0, outputs=(plain, loop))],
+        },
+        quality=texts_quality(tok, max_new_tokens=12),
+    )
     assert level["vllm"]["texts"] == {"n": 2, "degenerate": 0, "finished_eos": 2, "mean_repeat_4gram": 0.0}
     rel = level["laser-vllm relaxed"]["texts"]
     assert rel["degenerate"] == 1 and rel["finished_eos"] == 1

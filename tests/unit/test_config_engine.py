@@ -2,6 +2,7 @@
 vLLM form, else hf; ``LASER_ENGINE`` overrides auto); under vllm only decoders with a vLLM form pass,
 others are a configuration error naming both keys; an actor's GPUs set its engine's tensor parallelism and
 memory share. No vLLM needed (nothing here imports it)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -56,17 +57,18 @@ def test_decoders_with_a_vllm_form_pass(name):
 
 
 def test_a_decoder_without_a_vllm_form_is_refused_naming_both_keys():
-    cfg = load_config(None, ["execution.engine=vllm", "decoder.name=spec_sampling",
-                             "decoder.params.draft=truncate:1"])
+    cfg = load_config(None, ["execution.engine=vllm", "decoder.name=spec_sampling", "decoder.params.draft=truncate:1"])
     with pytest.raises(JobInputError, match=r"execution\.engine=vllm: decoder\.name='spec_sampling' has no vllm form"):
         check_job_decoders(cfg)
 
 
 def test_checking_a_vllm_config_does_not_import_vllm():
     """CI's environment has no vLLM: checking (and refusing) engine configs must not need it."""
-    code = ("import sys; from jobs.config import load_config; from pipelines.knowledge.decoders import check_job_decoders; "
-            "check_job_decoders(load_config(None, ['execution.engine=vllm'])); "
-            "assert not any(m == 'vllm' or m.startswith(('vllm.', 'laser.vllm')) for m in sys.modules), 'imported'")
+    code = (
+        "import sys; from jobs.config import load_config; from pipelines.knowledge.decoders import check_job_decoders; "
+        "check_job_decoders(load_config(None, ['execution.engine=vllm'])); "
+        "assert not any(m == 'vllm' or m.startswith(('vllm.', 'laser.vllm')) for m in sys.modules), 'imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
@@ -84,8 +86,16 @@ def test_an_actors_gpus_set_the_engines_tensor_parallel_size_and_memory_share():
     assert gpu_engine_args(ModelSpec("m")) == {}  # CPU: no GPU settings
     assert gpu_engine_args(ModelSpec("m", gpus=0.5)) == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.45}
     assert gpu_engine_args(ModelSpec("m", gpus=2)) == {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}
-    cfg = JobConfig.model_validate({"execution": {"gpus_per_worker": 0.5, "gpu_memory_utilization": 0.4,
-                                                  "num_workers": 2, "threads_per_worker": 1}})
+    cfg = JobConfig.model_validate(
+        {
+            "execution": {
+                "gpus_per_worker": 0.5,
+                "gpu_memory_utilization": 0.4,
+                "num_workers": 2,
+                "threads_per_worker": 1,
+            }
+        }
+    )
     spec, _ = job_actors(cfg)
     assert gpu_engine_args(spec)["gpu_memory_utilization"] == 0.4  # the job config's, carried to the actor
     with pytest.raises(ValidationError, match="more than an actor's share"):

@@ -1,4 +1,5 @@
 """Job config: shipped YAMLs validate, bad keys are named, `--set` overrides are typed."""
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,11 @@ def test_demo_values():
 def test_defaults_without_file():
     cfg = load_config(None)
     assert (cfg.model.name, cfg.decoder.name, cfg.execution.num_workers, cfg.execution.address) == (
-        "smollm2-135m", "laser", "auto", None)
+        "smollm2-135m",
+        "laser",
+        "auto",
+        None,
+    )
 
 
 def test_unknown_key_is_named(tmp_path):
@@ -48,9 +53,19 @@ def test_bad_value_is_named(tmp_path):
 
 
 def test_set_overrides_are_yaml_typed():
-    cfg = load_config(CONFIG_DIR / "demo.yaml", [
-        "dataset.limit_users=7", "decoder.params.k=3", "decoder.params.p=0.25", "decoder.params.verification=greedy",
-        "execution.address=null", "output.path=/tmp/x", "old_knowledge.generate_missing=false", "dataset.seed=11"])
+    cfg = load_config(
+        CONFIG_DIR / "demo.yaml",
+        [
+            "dataset.limit_users=7",
+            "decoder.params.k=3",
+            "decoder.params.p=0.25",
+            "decoder.params.verification=greedy",
+            "execution.address=null",
+            "output.path=/tmp/x",
+            "old_knowledge.generate_missing=false",
+            "dataset.seed=11",
+        ],
+    )
     assert cfg.dataset.limit_users == 7
     assert cfg.decoder.params == {"verification": "greedy", "k": 3, "p": 0.25}
     assert isinstance(cfg.decoder.params["k"], int) and isinstance(cfg.decoder.params["p"], float)
@@ -98,15 +113,27 @@ def test_work_dir_does_not_change_the_config_hash():
 
 
 def test_set_values_are_strings_unless_number_boolean_or_bracketed():
-    cfg = load_config(CONFIG_DIR / "demo.yaml", ["output.path=/x/fe #1", "dataset.name=a: b", "model.name=yes",
-                                                 "decoder.params.k=3", "decoder.params.p=1e-1",
-                                                 "old_knowledge.generate_missing=False", "execution.address=~"])
+    cfg = load_config(
+        CONFIG_DIR / "demo.yaml",
+        [
+            "output.path=/x/fe #1",
+            "dataset.name=a: b",
+            "model.name=yes",
+            "decoder.params.k=3",
+            "decoder.params.p=1e-1",
+            "old_knowledge.generate_missing=False",
+            "execution.address=~",
+        ],
+    )
     assert cfg.output.path == "/x/fe #1"  # never cut at '#'
     assert cfg.dataset.name == "a: b" and cfg.model.name == "yes"
     assert cfg.decoder.params["k"] == 3 and cfg.decoder.params["p"] == 0.1
     assert cfg.old_knowledge.generate_missing is False and cfg.execution.address is None
     assert apply_overrides({}, ["a={x: 1}", "b=[a, 'b #c']", "c=2020-01-01"]) == {
-        "a": {"x": 1}, "b": ["a", "b #c"], "c": "2020-01-01"}
+        "a": {"x": 1},
+        "b": ["a", "b #c"],
+        "c": "2020-01-01",
+    }
     with pytest.raises(ConfigError, match="not a valid list or mapping"):
         apply_overrides({}, ["a=[1, 2"])
 

@@ -1,5 +1,6 @@
 """The adaptive draft budget: it follows the cost model and the measured acceptance, and turns
 speculation off when the forward is compute-bound."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,7 @@ ROWS, NODES = [1, 4, 16, 64], [1, 2, 4, 8, 16, 32, 64]
 
 def cost(per_token: float, floor: float, additive: bool = False) -> ForwardCost:
     """A forward that costs ``floor`` seconds until its tokens cost more (max), or both (``additive``)."""
-    table = [[(floor + b * n * per_token) if additive else max(floor, b * n * per_token) for n in NODES]
-             for b in ROWS]
+    table = [[(floor + b * n * per_token) if additive else max(floor, b * n * per_token) for n in NODES] for b in ROWS]
     return ForwardCost(key="toy", rows=ROWS, nodes=NODES, seconds=table)
 
 
@@ -82,8 +82,13 @@ def test_rows_without_drafts_expect_nothing():
     for _ in range(20):
         for r in reqs:
             r.budget = 8
-        policy.observe(reqs, [DraftTree.chain(1, [2, 2, 2]), DraftTree.chain(1)],
-                       [Outcome([0, 1, 2, 3], [2] * 4, False), Outcome([0], [2], False)], 0.01, 0.01)
+        policy.observe(
+            reqs,
+            [DraftTree.chain(1, [2, 2, 2]), DraftTree.chain(1)],
+            [Outcome([0, 1, 2, 3], [2] * 4, False), Outcome([0], [2], False)],
+            0.01,
+            0.01,
+        )
     assert policy.expected(reqs[0], 8) > 2.0
     assert policy.expected(reqs[1], 8) < 0.3
 
@@ -104,5 +109,5 @@ def test_speculation_off_still_probes_now_and_then():
     learn(policy, reqs, accept_rate=0.2)
     for _ in range(2 * PROBE_EVERY):
         policy.assign(reqs)
-    assert policy.chosen[-2 * PROBE_EVERY:].count(PROBE_BUDGET) == 2  # one probe per PROBE_EVERY steps
-    assert policy.chosen[-2 * PROBE_EVERY:].count(0) == 2 * PROBE_EVERY - 2
+    assert policy.chosen[-2 * PROBE_EVERY :].count(PROBE_BUDGET) == 2  # one probe per PROBE_EVERY steps
+    assert policy.chosen[-2 * PROBE_EVERY :].count(0) == 2 * PROBE_EVERY - 2

@@ -1,4 +1,5 @@
 """Decoder registry, plug-ins and bad-input errors."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,11 +13,18 @@ def test_unknown_decoder_lists_known(tiny_lm):
         laser.get_decoder("nope", tiny_lm)
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"k": 0}, "k must be"), ({"p": 1.0}, "p must lie"), ({"p": -0.2}, "p must lie"),
-    ({"verification": "fuzzy"}, "verification"), ({"K": -1}, "K must be"), ({"bogus": 1}, "bad parameters"),
-    ({"min_prob": 1.0}, "min_prob"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"k": 0}, "k must be"),
+        ({"p": 1.0}, "p must lie"),
+        ({"p": -0.2}, "p must lie"),
+        ({"verification": "fuzzy"}, "verification"),
+        ({"K": -1}, "K must be"),
+        ({"bogus": 1}, "bad parameters"),
+        ({"min_prob": 1.0}, "min_prob"),
+    ],
+)
 def test_bad_decoder_params(tiny_lm, params, message):
     with pytest.raises(ValueError, match=message):
         laser.get_decoder("laser", tiny_lm, **params)
@@ -88,5 +96,15 @@ def test_cli_lists_decoders():
     result = CliRunner().invoke(app, ["decoders"])
     assert result.exit_code == 0
     names = [line.split()[0] for line in result.output.strip().splitlines()]
-    assert names == sorted(names) and {"autoregressive", "laser", "resd", "spec_sampling", "topk_imp", "beam",
-                                       "atspeed", "beam_sample", "dsbd", "redrafter"} <= set(names)
+    assert names == sorted(names) and {
+        "autoregressive",
+        "laser",
+        "resd",
+        "spec_sampling",
+        "topk_imp",
+        "beam",
+        "atspeed",
+        "beam_sample",
+        "dsbd",
+        "redrafter",
+    } <= set(names)

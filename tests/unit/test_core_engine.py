@@ -1,5 +1,6 @@
 """The engine's contract with drafters and models: identity of requests, where generation stops, the
 attention-backend guard, hidden states for drafters that ask, batched proposals and draft budgets."""
+
 from __future__ import annotations
 
 import copy
@@ -39,8 +40,10 @@ def test_a_request_halted_by_its_check_ends_with_the_checks_reason(tiny_lm):
         seen.append(len(new))
         return ("halted", 2) if len(new) >= 3 else None
 
-    reqs = [Request(tokens=[5, 6, 7], prompt_len=3, drafter=laser.NoDrafter(), max_new_tokens=8, halt=h)
-            for h in (halt, None)]
+    reqs = [
+        Request(tokens=[5, 6, 7], prompt_len=3, drafter=laser.NoDrafter(), max_new_tokens=8, halt=h)
+        for h in (halt, None)
+    ]
     TreeDecodingEngine(tiny_lm.model, TopKVerifier(1), set()).run(reqs)
     ref = greedy_reference(tiny_lm, [5, 6, 7], 8)
     assert [r.new_tokens for r in reqs] == [ref[:2], ref]  # kept as the check said; the other row untouched
@@ -95,7 +98,9 @@ def test_hidden_state_reaches_drafters_that_ask_and_proposals_are_batched(tiny_l
     for prompt, d in zip(prompts, drafters):
         context = d.contexts[-1]  # prompt + 3 generated tokens; the last one is the next root
         with torch.no_grad():
-            want = tiny_lm.model(torch.tensor([context], device=tiny_lm.model.device), output_hidden_states=True).hidden_states[-1][0]
+            want = tiny_lm.model(
+                torch.tensor([context], device=tiny_lm.model.device), output_hidden_states=True
+            ).hidden_states[-1][0]
         # after prefill: the last cached prompt token's state (it predicts the first root), no new tokens
         (first_new, first_hidden), steps = d.seen[0], d.seen[1:]
         assert first_new == [] and torch.allclose(first_hidden, want[len(prompt) - 2], atol=1e-4)
@@ -109,7 +114,9 @@ def test_hidden_state_reaches_drafters_that_ask_and_proposals_are_batched(tiny_l
 def test_no_hidden_states_for_drafters_that_do_not_ask(tiny_lm, monkeypatch):
     calls = []
     forward = tiny_lm.model.forward
-    monkeypatch.setattr(tiny_lm.model, "forward", lambda *a, **k: calls.append(k.get("output_hidden_states")) or forward(*a, **k))
+    monkeypatch.setattr(
+        tiny_lm.model, "forward", lambda *a, **k: calls.append(k.get("output_hidden_states")) or forward(*a, **k)
+    )
     laser.get_decoder("autoregressive", tiny_lm).generate([5, 6, 7], 3)
     assert calls[1:] == [False, False, False]  # decoding forwards; the first one is the prefill
 
@@ -151,7 +158,7 @@ class BeamState(laser.Drafter):
             for d in range(1, len(seq) + 1):
                 if seq[:d] not in nodes:
                     nodes[seq[:d]] = len(tokens)
-                    tokens.append(seq[d - 1]), parents.append(nodes[seq[:d - 1]]), scores.append(0.0)
+                    tokens.append(seq[d - 1]), parents.append(nodes[seq[: d - 1]]), scores.append(0.0)
             scores[nodes[seq]] = score
         self.state["nodes"] = nodes
         import numpy as np
@@ -182,11 +189,18 @@ def test_beam_hook_runs_plain_beam_search_like_generate(tiny_lm):
     prompt, width, length = [5, 6, 7, 8], 3, 4
     model = copy.deepcopy(tiny_lm.model)
     model.generation_config.eos_token_id = None  # fixed length: beam scores compare as plain sums
-    ref = model.generate(torch.tensor([prompt]), num_beams=width, max_new_tokens=length, do_sample=False,
-                         length_penalty=0.0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    ref = model.generate(
+        torch.tensor([prompt]),
+        num_beams=width,
+        max_new_tokens=length,
+        do_sample=False,
+        length_penalty=0.0,
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+    )
     state: dict = {}
-    req = Request(tokens=list(prompt), prompt_len=len(prompt), drafter=BeamState(state), max_new_tokens=length,
-                  state=state)
+    req = Request(
+        tokens=list(prompt), prompt_len=len(prompt), drafter=BeamState(state), max_new_tokens=length, state=state
+    )
     TreeDecodingEngine(model, PlainBeamSearch(width, length), set()).run([req])
-    assert req.new_tokens == ref[0, len(prompt):].tolist()
+    assert req.new_tokens == ref[0, len(prompt) :].tolist()
     assert req.stats.target_forwards == length and req.cache_len == len(prompt) - 1  # nothing kept past the prompt

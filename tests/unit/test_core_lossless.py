@@ -5,6 +5,7 @@ Pools never hold a prompt's own answer: each half of the prompts drafts from the
 texts (plus noise), so acceptance is partial and a wrong verification rule shows. A failure message
 names the first diverging token and the target's fp32 argmax margin there (a near-tie or a real bug).
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,8 +54,10 @@ def _check(lm, prompts, refs, outs, drafted_somewhere=True):
     assert accepted < drafted, "every draft was accepted: the pools or drafts must differ from the answers"
 
 
-@pytest.mark.parametrize("name, params", [("resd", {}), ("laser", {"verification": "greedy"}),
-                                          ("laser", {"verification": "greedy", "K": 8, "n_max": 2})])
+@pytest.mark.parametrize(
+    "name, params",
+    [("resd", {}), ("laser", {"verification": "greedy"}), ("laser", {"verification": "greedy", "K": 8, "n_max": 2})],
+)
 def test_trie_decoders_equal_generate_at_batch_1(tiny_lm, tiny_case, name, params):
     prompts, refs, pools = tiny_case
     decoder = laser.get_decoder(name, tiny_lm, **params)
@@ -67,7 +70,7 @@ def test_trie_decoders_equal_generate_in_batches(tiny_lm, tiny_case, batch):
     decoder = laser.get_decoder("laser", tiny_lm, verification="greedy")
     outs = []
     for i in range(0, len(prompts), batch):
-        outs += decoder.generate_batch(prompts[i:i + batch], MAX_NEW, pools[i:i + batch])
+        outs += decoder.generate_batch(prompts[i : i + batch], MAX_NEW, pools[i : i + batch])
     _check(tiny_lm, prompts, refs, outs)
 
 
@@ -85,13 +88,16 @@ def test_exact_rows_beside_relaxed_rows_equal_generate(tiny_lm, tiny_case):
     assert any(a.token_ids != ref for a, ref in zip(alone, refs[1::2])), "relaxed never left greedy: test is blind"
 
 
-def _run_engine(lm, prompts: list[list[int]], drafter: Callable[[list[int]], laser.Drafter], max_new: int,
-                batch: int) -> list[Request]:
+def _run_engine(
+    lm, prompts: list[list[int]], drafter: Callable[[list[int]], laser.Drafter], max_new: int, batch: int
+) -> list[Request]:
     engine = TreeDecodingEngine(lm.model, RejectionSampler(), lm.eos_ids)
     out: list[Request] = []
     for i in range(0, len(prompts), batch):
-        reqs = [Request(tokens=list(p), prompt_len=len(p), drafter=drafter(p), max_new_tokens=max_new)
-                for p in prompts[i:i + batch]]
+        reqs = [
+            Request(tokens=list(p), prompt_len=len(p), drafter=drafter(p), max_new_tokens=max_new)
+            for p in prompts[i : i + batch]
+        ]
         out += engine.run(reqs)
     return out
 
@@ -139,7 +145,7 @@ def bundled_case(smollm):
 @pytest.mark.slow
 def test_greedy_laser_equals_generate_on_bundled_model(smollm, bundled_case):
     decoder, ids, refs = bundled_case
-    pools = [RetrievalPool.from_token_ids(refs[:i] + refs[i + 1:]) for i in range(len(ids))]  # other answers
+    pools = [RetrievalPool.from_token_ids(refs[:i] + refs[i + 1 :]) for i in range(len(ids))]  # other answers
     _check(smollm, ids, refs, [decoder.generate(p, 40, pool=pool) for p, pool in zip(ids, pools)])
     _check(smollm, ids, refs, decoder.generate_batch(ids, 40, pools))  # batch 8
 
@@ -164,21 +170,31 @@ RULES = [
 
 
 def _generate_kwargs(rules: laser.GenerationRules) -> dict:
-    kw = {"repetition_penalty": rules.repetition_penalty, "no_repeat_ngram_size": rules.no_repeat_ngram_size,
-          "min_new_tokens": rules.min_new_tokens}
+    kw = {
+        "repetition_penalty": rules.repetition_penalty,
+        "no_repeat_ngram_size": rules.no_repeat_ngram_size,
+        "min_new_tokens": rules.min_new_tokens,
+    }
     if rules.bad_words_ids:
         kw["bad_words_ids"] = [list(w) for w in rules.bad_words_ids]
     return kw
 
 
-@pytest.mark.parametrize("rules", RULES, ids=lambda r: ",".join(f"{k}={v}" for k, v in vars(r).items() if v not in (1.0, 0, ())))
+@pytest.mark.parametrize(
+    "rules", RULES, ids=lambda r: ",".join(f"{k}={v}" for k, v in vars(r).items() if v not in (1.0, 0, ()))
+)
 def test_generation_rules_inside_verification_equal_generate(tiny_lm, tiny_case, rules):
     prompts, _, pools = tiny_case
     refs = []
     for p in prompts:
-        out = tiny_lm.model.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False,
-                                     attention_mask=torch.ones(1, len(p), dtype=torch.long), **_generate_kwargs(rules))
-        refs.append(out[0, len(p):].tolist())
+        out = tiny_lm.model.generate(
+            torch.tensor([p]),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            **_generate_kwargs(rules),
+        )
+        refs.append(out[0, len(p) :].tolist())
     decoder = laser.get_decoder("laser", tiny_lm, verification="greedy")
     outs = decoder.generate_batch(prompts[:8], MAX_NEW, pools[:8], rules=rules)  # batch 8
     outs += [decoder.generate(p, MAX_NEW, pool=pool, rules=rules) for p, pool in zip(prompts[8:], pools[8:])]

@@ -5,6 +5,7 @@ How we know the statistical tests can fail: each runs twice, once with the corre
 ``RejectionSampler(broken_residual=True)`` (after a rejection it resamples from p instead of the
 residual max(0, p - q)), and asserts that the broken run is rejected at p < 1e-3.
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,8 +60,9 @@ def test_rejection_hand_computed_cases():
     assert out.path == [0, 2] and out.tokens == [2, 2]
     # a draft distribution q with q(x) <= p(x) is always accepted (min(1, p/q) = 1)
     tree = DraftTree.chain(0, [1], draft_dists=_probs([0.5, 0.25, 0.25]))
-    accepted = sum(sampler.verify_tree(tree, _probs([0.2, 0.5, 0.3], [1.0, 0, 0]), gen).path == [0, 1]
-                   for _ in range(50))
+    accepted = sum(
+        sampler.verify_tree(tree, _probs([0.2, 0.5, 0.3], [1.0, 0, 0]), gen).path == [0, 1] for _ in range(50)
+    )
     assert accepted == 50
 
 
@@ -84,10 +86,14 @@ def _sampled_chain(gen):  # the draft token is drawn from q, as speculative samp
     return DraftTree.chain(0, [int(torch.multinomial(q[0], 1, generator=gen))], draft_dists=q)
 
 
-@pytest.mark.parametrize("make_tree", [
-    _sampled_chain,  # chain, sampled draft with its distribution
-    lambda gen: DraftTree([0, 3, 2], [-1, 0, 0]),  # two one-hot drafts at the root (trie drafts)
-], ids=["chain-with-q", "tree-one-hot"])
+@pytest.mark.parametrize(
+    "make_tree",
+    [
+        _sampled_chain,  # chain, sampled draft with its distribution
+        lambda gen: DraftTree([0, 3, 2], [-1, 0, 0]),  # two one-hot drafts at the root (trie drafts)
+    ],
+    ids=["chain-with-q", "tree-one-hot"],
+)
 def test_rejection_first_token_matches_target(make_tree):
     n_nodes = len(make_tree(torch.Generator()))
     probs = torch.stack([torch.tensor(P_ROOT)] + [torch.tensor(P_CHILD)] * (n_nodes - 1))
@@ -124,10 +130,16 @@ def _exact_joint(lm, prompt: list[int], sampling: SamplingParams) -> np.ndarray:
 
 def _sampled_joint(lm, draft, prompt, sampling, broken: bool) -> np.ndarray:
     engine = TreeDecodingEngine(lm.model, RejectionSampler(broken_residual=broken), set())
-    reqs = [Request(tokens=list(prompt), prompt_len=len(prompt), max_new_tokens=2,
-                    sampling=SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, seed=s),
-                    drafter=ModelDrafter(draft, prompt, gamma=2, sampling=SamplingParams(sampling.temperature, seed=s)))
-            for s in range(SAMPLES)]
+    reqs = [
+        Request(
+            tokens=list(prompt),
+            prompt_len=len(prompt),
+            max_new_tokens=2,
+            sampling=SamplingParams(sampling.temperature, sampling.top_p, sampling.top_k, seed=s),
+            drafter=ModelDrafter(draft, prompt, gamma=2, sampling=SamplingParams(sampling.temperature, seed=s)),
+        )
+        for s in range(SAMPLES)
+    ]
     engine.run(reqs)
     counts = np.zeros(VOCAB * VOCAB)
     for r in reqs:
@@ -142,8 +154,10 @@ def test_speculative_sampling_on_a_toy_model_matches_the_target(toy):
     exact = _exact_joint(lm, prompt, sampling)
     exact = exact.astype(np.float64) / exact.astype(np.float64).sum() * SAMPLES
     keep = exact >= 5  # chi-square needs expected counts of 5 or more; the rest is pooled into one cell
+
     def pooled(c):  # noqa: E306
         return np.append(c[keep], c[~keep].sum()) if (~keep).any() else c
+
     good = chisquare(pooled(_sampled_joint(lm, draft, prompt, sampling, False)), pooled(exact)).pvalue
     bad = chisquare(pooled(_sampled_joint(lm, draft, prompt, sampling, True)), pooled(exact)).pvalue
     assert good > 1e-3, f"correct rule rejected: p={good:.2g}"
@@ -168,8 +182,9 @@ def test_expand_beams_hand_computed():
     lp = torch.log(torch.tensor([[0.9, 0.1, 0.0], [0.3, 0.7, 0.0]]).clamp(min=1e-9))
     best = expand_beams(tree, lp, [0, 1], width=3)
     assert [(n, t) for n, t, _ in best] == [(0, 0), (1, 1), (1, 0)]
-    assert [round(s, 4) for *_, s in best] == [round(float(x), 4) for x in
-                                                (np.log(0.9), -0.5 + np.log(0.7), -0.5 + np.log(0.3))]
+    assert [round(s, 4) for *_, s in best] == [
+        round(float(x), 4) for x in (np.log(0.9), -0.5 + np.log(0.7), -0.5 + np.log(0.3))
+    ]
 
 
 def test_chain_tree_carries_draft_probabilities():

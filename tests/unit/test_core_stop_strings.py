@@ -1,5 +1,6 @@
 """Stop strings: the overlap rule of transformers' StopStringCriteria, and greedy LASER with stop strings
 equal to ``generate(stop_strings=...)`` token for token; generation rules honoured by relaxed verification."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,10 +22,21 @@ class FakeText:
         return self.pieces[token]
 
 
-@pytest.mark.parametrize("pieces, hit", [(["st", "op"], True), (["stop"], True), (["st", "opera"], True),
-                                         (["sto", "pper"], True), (["las", "topper"], True), (["s", "to", "pped"], True),
-                                         (["stop", "at"], False), (["st", "op", "at"], False), (["st", "opera", "tion"], False),
-                                         (["x", "s", "t", "o"], False)])
+@pytest.mark.parametrize(
+    "pieces, hit",
+    [
+        (["st", "op"], True),
+        (["stop"], True),
+        (["st", "opera"], True),
+        (["sto", "pper"], True),
+        (["las", "topper"], True),
+        (["s", "to", "pped"], True),
+        (["stop", "at"], False),
+        (["st", "op", "at"], False),
+        (["st", "opera", "tion"], False),
+        (["x", "s", "t", "o"], False),
+    ],
+)
 def test_stop_string_must_overlap_the_last_token(pieces, hit):
     assert stop_string_hit(list(range(len(pieces))), ["stop"], FakeText(pieces)) is hit
 
@@ -45,9 +57,15 @@ def _ascii_pair(lm, ids: list[int]) -> str | None:
 
 
 def _generate(lm, prompt: list[int], **kw) -> list[int]:
-    out = lm.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                            max_new_tokens=MAX_NEW, do_sample=False, tokenizer=lm.tokenizer, **kw)
-    ids = out[0, len(prompt):].tolist()
+    out = lm.model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=MAX_NEW,
+        do_sample=False,
+        tokenizer=lm.tokenizer,
+        **kw,
+    )
+    ids = out[0, len(prompt) :].tolist()
     return ids[: ids.index(1) + 1] if 1 in ids else ids  # up to EOS (id 1), as our decoders report
 
 
@@ -82,8 +100,9 @@ def test_rules_apply_under_every_trie_verification(byte_lm, verification):
     prompts = random_prompts(6, len(byte_lm.tokenizer), seed=3, length=(8, 20))
     pool = RetrievalPool.from_token_ids([_generate(byte_lm, p) for p in prompts])
     decoder = laser.get_decoder("laser", byte_lm, verification=verification)
-    outs = decoder.generate_batch(prompts, MAX_NEW, [pool] * 6, rules=GenerationRules(no_repeat_ngram_size=1,
-                                                                                       min_new_tokens=30))
+    outs = decoder.generate_batch(
+        prompts, MAX_NEW, [pool] * 6, rules=GenerationRules(no_repeat_ngram_size=1, min_new_tokens=30)
+    )
     for out in outs:
         body = [t for t in out.token_ids if t != 1]
         assert len(body) == len(set(body)), "a token repeated under no_repeat_ngram_size=1"

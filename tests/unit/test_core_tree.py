@@ -1,5 +1,6 @@
 """Tree attention: every node's logits equal a sequential forward of prefix + its path; KV compaction
 leaves exactly the cache of the accepted sequence."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -46,8 +47,13 @@ def test_tree_logits_equal_sequential_forwards_in_a_padded_batch(tiny_lm, seed):
     trees = [DraftTree(np.r_[p[-1], t.tokens[1:]], t.parents) for p, t in zip(prompts, trees)]  # root = last token
     cache, seqs = prefill(model, prompts)
     batch = pack_trees(trees, [s.cache_len for s in seqs], cache.used, torch.float32, model.device)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
     for b, (prompt, tree) in enumerate(zip(prompts, trees)):
         for node in range(len(tree)):
             path = tree.tokens[tree.path_to(node)].tolist()
@@ -59,22 +65,29 @@ def test_tree_logits_equal_sequential_forwards_in_a_padded_batch(tiny_lm, seed):
 def test_kv_cache_after_compaction_equals_recomputed_cache(tiny_lm):
     model = tiny_lm.model
     prompts = [[5, 9, 14, 22, 7], [40, 41, 42]]
-    trees = [DraftTree([7, 30, 31, 50, 51, 52], [-1, 0, 1, 0, 3, 4]),  # accept the second branch: a gather
-             DraftTree([42, 60, 61], [-1, 0, 1])]  # accept the DFS prefix: truncation only
+    trees = [
+        DraftTree([7, 30, 31, 50, 51, 52], [-1, 0, 1, 0, 3, 4]),  # accept the second branch: a gather
+        DraftTree([42, 60, 61], [-1, 0, 1]),
+    ]  # accept the DFS prefix: truncation only
     paths = [[0, 3, 4], [0, 1]]
     cache, seqs = prefill(model, prompts)
     offset = cache.used
     batch = pack_trees(trees, [s.cache_len for s in seqs], offset, torch.float32, model.device)
-    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-          past_key_values=cache, use_cache=True)
+    model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    )
     cache.keep_slots([s.cache_len for s in seqs], [[offset + n for n in path] for path in paths])
     for b, (prompt, tree, path) in enumerate(zip(prompts, trees, paths)):
         accepted = prompt[:-1] + tree.tokens[path].tolist()
         ref = DynamicCache()
         model(torch.tensor([accepted], device=model.device), past_key_values=ref, use_cache=True)
         for layer, ref_layer in zip(cache.layers, ref.layers):
-            torch.testing.assert_close(layer.keys[b, :, :len(accepted)], ref_layer.keys[0], atol=1e-5, rtol=1e-5)
-            torch.testing.assert_close(layer.values[b, :, :len(accepted)], ref_layer.values[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(layer.keys[b, :, : len(accepted)], ref_layer.keys[0], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(layer.values[b, :, : len(accepted)], ref_layer.values[0], atol=1e-5, rtol=1e-5)
     assert cache.used == max(len(p) - 1 + len(path) for p, path in zip(prompts, paths))
 
 
@@ -110,10 +123,17 @@ def test_kept_subtree_stays_cached_and_later_nodes_see_it(tiny_lm, seed):
     cache, seqs = prefill(model, prompts)
     offset = cache.used
     batch = pack_trees(first, [s.cache_len for s in seqs], offset, torch.float32, model.device)
-    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-          past_key_values=cache, use_cache=True)
+    model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    )
     outcomes = [Outcome([], [], keep=k) for k in keeps]
-    cache.keep_slots([s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, first, outcomes)])
+    cache.keep_slots(
+        [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, first, outcomes)]
+    )
     for s, t, k in zip(seqs, first, keeps):
         s.kept = subtree(t, k)
     # step 2: the kept nodes, then two new children under different kept nodes
@@ -124,8 +144,13 @@ def test_kept_subtree_stays_cached_and_later_nodes_see_it(tiny_lm, seed):
     cache.resize(len(seqs), max(s.kv_len for s in seqs))
     batch = pack_trees(second, [s.cache_len for s in seqs], cache.used, torch.float32, model.device)
     assert batch.input_ids.shape[1] == 2  # only the new nodes are fed
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, past_key_values=cache, use_cache=True).logits
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        past_key_values=cache,
+        use_cache=True,
+    ).logits
     for b, (prompt, tree) in enumerate(zip(prompts, second)):
         for i, node in enumerate(range(tree.cached, len(tree))):
             ref = sequential_logits(model, prompt[:-1] + tree.tokens[tree.path_to(node)].tolist())

@@ -1,4 +1,5 @@
 """Verification rules on hand-built logits."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """DIN / DCNv2 learn a planted signal, knowledge vectors help, and selection never sees the test set."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +7,22 @@ import polars as pl
 import pytest
 import torch
 
-from pipelines.ctr import (ItemCatalog, KnowledgeVectors, MoEConverter, RunResult, TrainConfig, build_model,
-                           build_samples, compare_sources, fit, selection_loss, split_by_user, summarise,
-                           to_tensors, train_and_test)
+from pipelines.ctr import (
+    ItemCatalog,
+    KnowledgeVectors,
+    MoEConverter,
+    RunResult,
+    TrainConfig,
+    build_model,
+    build_samples,
+    compare_sources,
+    fit,
+    selection_loss,
+    split_by_user,
+    summarise,
+    to_tensors,
+    train_and_test,
+)
 from pipelines.ctr import train as train_module
 
 FAST = TrainConfig(lr=3e-3, batch_size=128, max_epochs=20, patience=3)
@@ -27,19 +41,33 @@ def planted(n_users: int = 300, n_items: int = 100, k: int = 4, n_hist: int = 30
         for t, i in enumerate(rng.choice(n_items, size=n_hist, replace=False)):
             like = rng.random() < (0.85 if cluster[i] == taste[u] else 0.15)
             rows.append((f"u{u}", f"i{i}", float(rng.choice([4, 5]) if like else rng.choice([1, 2, 3])), t))
-    inter = pl.DataFrame(rows, schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64,
-                                       "timestamp": pl.Int64}, orient="row")
-    items = pl.DataFrame({"item_id": [f"i{i}" for i in range(n_items)], "category": [f"c{i % 3}" for i in range(n_items)],
-                          "genres": [[f"g{i % 5}"] for i in range(n_items)]})
+    inter = pl.DataFrame(
+        rows, schema={"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64}, orient="row"
+    )
+    items = pl.DataFrame(
+        {
+            "item_id": [f"i{i}" for i in range(n_items)],
+            "category": [f"c{i % 3}" for i in range(n_items)],
+            "genres": [[f"g{i % 5}"] for i in range(n_items)],
+        }
+    )
     basis = rng.normal(size=(k, dim))
     vectors = [basis[taste[u]] for u in range(n_users)] + [basis[cluster[i]] for i in range(n_items)]
-    kv = pl.DataFrame({"entity_type": ["user"] * n_users + ["item"] * n_items,
-                       "entity_id": [f"u{u}" for u in range(n_users)] + [f"i{i}" for i in range(n_items)],
-                       "vector": [(v + 0.2 * rng.normal(size=dim)).astype(np.float32) for v in vectors]},
-                      schema_overrides={"vector": pl.Array(pl.Float32, dim)})
+    kv = pl.DataFrame(
+        {
+            "entity_type": ["user"] * n_users + ["item"] * n_items,
+            "entity_id": [f"u{u}" for u in range(n_users)] + [f"i{i}" for i in range(n_items)],
+            "vector": [(v + 0.2 * rng.normal(size=dim)).astype(np.float32) for v in vectors],
+        },
+        schema_overrides={"vector": pl.Array(pl.Float32, dim)},
+    )
     half = n_hist // 2
-    return (inter.filter(pl.col("timestamp") < half), inter.filter(pl.col("timestamp") >= half), items,
-            KnowledgeVectors.from_frame(kv))
+    return (
+        inter.filter(pl.col("timestamp") < half),
+        inter.filter(pl.col("timestamp") >= half),
+        items,
+        KnowledgeVectors.from_frame(kv),
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -89,8 +117,9 @@ def test_selection_and_fit_only_ever_see_validation_users(task, monkeypatch):
     monkeypatch.setattr(train_module, "selection_loss", spy_selection)
     monkeypatch.setattr("pipelines.ctr.compare.fit", spy_fit)
     cfg = TrainConfig(lr=3e-3, batch_size=256, max_epochs=2, patience=1)
-    runs = compare_sources(samples, catalog, {"none": None, "k": kv}, models=("din",), seeds=(3,), train_cfg=cfg,
-                           progress=False)
+    runs = compare_sources(
+        samples, catalog, {"none": None, "k": kv}, models=("din",), seeds=(3,), train_cfg=cfg, progress=False
+    )
     assert len(runs) == 2 and len(seen_by_fit) == 2 and len(seen_by_selection) >= 2
     assert all(users == val_users for users in seen_by_selection)
     assert all(not (users & test_users) for users in seen_by_fit)
@@ -122,11 +151,17 @@ def test_moe_converter_mixes_experts_with_softmax_gate():
 
 def test_lossless_verdict_uses_mean_paired_delta_for_every_model():
     def runs(source, aucs):
-        return [RunResult(source, m, s, auc, 0.4, 1, 0.4) for (m, s), auc in zip(
-            [("din", 0), ("din", 1), ("dcnv2", 0), ("dcnv2", 1)], aucs)]
-    all_runs = (runs("none", [0.70, 0.70, 0.70, 0.70]) + runs("greedy", [0.800, 0.810, 0.790, 0.800])
-                + runs("relaxed", [0.803, 0.809, 0.789, 0.800])    # DIN mean delta +0.001, DCNv2 -0.0005
-                + runs("sampled", [0.800, 0.810, 0.797, 0.800]))   # DCNv2 mean delta +0.0035
+        return [
+            RunResult(source, m, s, auc, 0.4, 1, 0.4)
+            for (m, s), auc in zip([("din", 0), ("din", 1), ("dcnv2", 0), ("dcnv2", 1)], aucs)
+        ]
+
+    all_runs = (
+        runs("none", [0.70, 0.70, 0.70, 0.70])
+        + runs("greedy", [0.800, 0.810, 0.790, 0.800])
+        + runs("relaxed", [0.803, 0.809, 0.789, 0.800])  # DIN mean delta +0.001, DCNv2 -0.0005
+        + runs("sampled", [0.800, 0.810, 0.797, 0.800])
+    )  # DCNv2 mean delta +0.0035
     out = summarise(all_runs, reference="greedy", tolerance=0.002)
     assert set(out["verdicts"]) == {"relaxed", "sampled"}
     assert out["verdicts"]["relaxed"]["lossless"] is True

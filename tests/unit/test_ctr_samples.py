@@ -1,4 +1,5 @@
 """CTR samples, the by-user split and tensorisation, on hand-computable histories."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +22,7 @@ def test_samples_take_new_part_label_and_last_history_before_target():
     s = build_samples(old, new, rating_threshold=4.0, history_len=3)
     assert s["user_id"].to_list() == ["a", "a", "b"]
     assert s["item_id"].to_list() == ["i5", "i6", "i1"]  # time order, only new interactions
-    assert s["label"].to_list() == [0, 1, 1]               # 3.5 < 4 <= 5, 4
+    assert s["label"].to_list() == [0, 1, 1]  # 3.5 < 4 <= 5, 4
     assert s["hist_items"].to_list() == [["i2", "i3", "i4"], ["i3", "i4", "i5"], []]
     assert s["hist_ratings"].to_list() == [[2.0, 3.0, 4.0], [3.0, 4.0, 3.5], []]
 
@@ -31,7 +32,11 @@ def test_split_by_user_is_disjoint_complete_and_seeded():
     parts = split_by_user(s, seed=0)
     users = {k: set(v["user_id"].to_list()) for k, v in parts.items()}
     assert [len(users[k]) for k in ("train", "val", "test")] == [16, 2, 2]
-    assert not (users["train"] & users["val"]) and not (users["train"] & users["test"]) and not (users["val"] & users["test"])
+    assert (
+        not (users["train"] & users["val"])
+        and not (users["train"] & users["test"])
+        and not (users["val"] & users["test"])
+    )
     assert sum(v.height for v in parts.values()) == 60
     assert split_by_user(s, seed=0)["test"].equals(parts["test"])
     assert set(split_by_user(s, seed=1)["test"]["user_id"].to_list()) != users["test"]
@@ -45,11 +50,19 @@ def test_tensors_right_align_history_and_flag_missing_knowledge():
     assert catalog.index == {"i1": 1, "i2": 2, "i9": 3}
     assert catalog.category.tolist() == [0, 1, 0, 0]
     assert catalog.genres.tolist() == [[0, 0, 0], [1, 2, 0], [0, 0, 0], [0, 0, 0]]
-    samples = pl.DataFrame({"user_id": ["a", "b"], "item_id": ["i2", "zz"], "label": [1, 0],
-                            "hist_items": [["i9", "i1"], []], "hist_ratings": [[2.0, 4.5], []]},
-                           schema_overrides={"label": pl.Int8})
-    kv = KnowledgeVectors.from_frame(pl.DataFrame({"entity_type": ["user", "item"], "entity_id": ["a", "i2"],
-                                                   "vector": [[1.0, 2.0], [3.0, 4.0]]}))
+    samples = pl.DataFrame(
+        {
+            "user_id": ["a", "b"],
+            "item_id": ["i2", "zz"],
+            "label": [1, 0],
+            "hist_items": [["i9", "i1"], []],
+            "hist_ratings": [[2.0, 4.5], []],
+        },
+        schema_overrides={"label": pl.Int8},
+    )
+    kv = KnowledgeVectors.from_frame(
+        pl.DataFrame({"entity_type": ["user", "item"], "entity_id": ["a", "i2"], "vector": [[1.0, 2.0], [3.0, 4.0]]})
+    )
     t = to_tensors(samples, catalog, kv, history_len=3)
     assert t.target.tolist() == [2, 0]  # unknown item -> 0
     assert t.hist.tolist() == [[0, 3, 1], [0, 0, 0]]

@@ -1,4 +1,5 @@
 """Loaders on small files written here: every format, encodings, gzip, malformed lines, missing files."""
+
 from __future__ import annotations
 
 import gzip
@@ -31,11 +32,17 @@ def _flags(*on: int) -> str:
 
 @pytest.fixture
 def ml100k(tmp_path):
-    _write(tmp_path / "u.data", "1\t10\t4\t881250949\n1\t20\t3\t881250950\nthis line is broken\n"
-                                "2\t10\t5\t881250960\n2\tx\t5\tnot-a-time\n")
+    _write(
+        tmp_path / "u.data",
+        "1\t10\t4\t881250949\n1\t20\t3\t881250950\nthis line is broken\n2\t10\t5\t881250960\n2\tx\t5\tnot-a-time\n",
+    )
     # Latin-1 byte for "é", trailing article, a year only in the release date, the "unknown" genre
-    _write(tmp_path / "u.item", f"10|Café Society, The (1995)|01-Jan-1995||http://x|{_flags(1, 5)}\n"
-                                f"20|Heat|01-Jan-1996||http://y|{_flags(0)}\n", "latin-1")
+    _write(
+        tmp_path / "u.item",
+        f"10|Café Society, The (1995)|01-Jan-1995||http://x|{_flags(1, 5)}\n"
+        f"20|Heat|01-Jan-1996||http://y|{_flags(0)}\n",
+        "latin-1",
+    )
     _write(tmp_path / "u.user", "1|24|M|technician|85711\n2|53|F|other|94043\n")
     return tmp_path
 
@@ -59,22 +66,29 @@ def test_movielens_100k(ml100k, caplog):
     second = ds.items.row(1, named=True)
     assert second["year"] == 1996 and second["genres"] == ["unknown"]
     assert ds.users.select("user_id", "age", "gender", "occupation").rows() == [
-        ("1", 24, "M", "technician"), ("2", 53, "F", "other")]
+        ("1", 24, "M", "technician"),
+        ("2", 53, "F", "other"),
+    ]
 
 
 def test_movielens_1m_and_10m(tmp_path):
     for d, with_users in ((tmp_path / "one", True), (tmp_path / "ten", False)):
         d.mkdir()
         _write(d / "ratings.dat", "1::10::5::978300760\n1::20::3.5::978302109\n2::20::4::978300000\n")
-        _write(d / "movies.dat", "10::Toy Story (1995)::Animation|Children's|Comedy\n"
-                                 "20::Señor Jumanji (1995)::(no genres listed)\n", "latin-1")
+        _write(
+            d / "movies.dat",
+            "10::Toy Story (1995)::Animation|Children's|Comedy\n20::Señor Jumanji (1995)::(no genres listed)\n",
+            "latin-1",
+        )
         if with_users:
             _write(d / "users.dat", "1::F::1::10::48067\n2::M::56::16::70072\n")
     assert detect_variant(tmp_path / "one") == "1m" and detect_variant(tmp_path / "ten") == "10m"
     one = load_dataset(DatasetConfig(format="movielens", path=str(tmp_path / "one")))
     _check_schema(one)
     assert one.users.select("user_id", "gender", "age", "occupation").rows() == [
-        ("1", "F", 1, "K-12 student"), ("2", "M", 56, "self-employed")]
+        ("1", "F", 1, "K-12 student"),
+        ("2", "M", 56, "self-employed"),
+    ]
     ten = load_dataset(DatasetConfig(format="movielens", path=str(tmp_path / "ten")))
     assert ten.name == "ml-10m" and ten.users["user_id"].to_list() == ["1", "2"]
     assert ten.interactions["rating"].to_list() == [5.0, 3.5, 4.0]
@@ -85,15 +99,22 @@ def test_movielens_1m_and_10m(tmp_path):
 
 
 def test_movielens_latest_csv(tmp_path):
-    _write(tmp_path / "ratings.csv", "userId,movieId,rating,timestamp\n1,10,4.0,964982703\n1,20,4.5,964981247\n"
-                                     "2,20,,964981000\n3,10,2.0,964981111\n")
-    _write(tmp_path / "movies.csv", 'movieId,title,genres\n10,"American President, The (1995)",Comedy|Drama\n'
-                                    "20,Heat (1995),Action\n")
+    _write(
+        tmp_path / "ratings.csv",
+        "userId,movieId,rating,timestamp\n1,10,4.0,964982703\n1,20,4.5,964981247\n"
+        "2,20,,964981000\n3,10,2.0,964981111\n",
+    )
+    _write(
+        tmp_path / "movies.csv",
+        'movieId,title,genres\n10,"American President, The (1995)",Comedy|Drama\n20,Heat (1995),Action\n',
+    )
     ds = load_dataset(DatasetConfig(format="movielens", path=str(tmp_path)))
     assert ds.name == "ml-latest"
     assert ds.interactions.select("user_id", "item_id").rows() == [("1", "20"), ("1", "10"), ("3", "10")]
-    assert ds.items.select("title", "year", "category").rows() == [("The American President", 1995, "Comedy"),
-                                                                   ("Heat", 1995, "Action")]
+    assert ds.items.select("title", "year", "category").rows() == [
+        ("The American President", 1995, "Comedy"),
+        ("Heat", 1995, "Action"),
+    ]
 
 
 def test_movielens_missing_and_unreadable(tmp_path):
@@ -142,7 +163,10 @@ def test_amazon_old_naming(tmp_path, compress, caplog):
     assert "skipped 1 malformed line(s) of 5 (first at line 5)" in caplog.text
     assert "dropped 1 reviews of 1 items without metadata" in caplog.text
     assert ds.interactions.select("user_id", "item_id", "timestamp").rows() == [
-        ("A1", "B1", 1400000000), ("A1", "B2", 1400000100), ("A2", "B1", 1300000000)]
+        ("A1", "B1", 1400000000),
+        ("A1", "B2", 1400000100),
+        ("A2", "B1", 1300000000),
+    ]
     items = {r["item_id"]: r for r in ds.items.iter_rows(named=True)}
     assert (items["B1"]["category"], items["B1"]["sub_category"]) == ("Literature & Fiction", "Mystery")
     assert items["B1"]["genres"] == ["Literature & Fiction", "Mystery"]
@@ -153,15 +177,20 @@ def test_amazon_old_naming(tmp_path, compress, caplog):
 
 
 def test_amazon_2023_naming_single_file(tmp_path):
-    reviews = [{"user_id": "U1", "asin": "X1", "parent_asin": "P1", "rating": 4, "timestamp": 1600000000123},
-               {"user_id": "U1", "parent_asin": "P2", "rating": "5.0", "timestamp": 1600000100000},
-               {"user_id": "U2", "parent_asin": "P1", "rating": None, "timestamp": 1600000100000}]
-    meta = [{"parent_asin": "P1", "title": " Deep Space ", "categories": ["Books", "Science Fiction", "Space Opera"]},
-            {"parent_asin": "P2", "title": "Gardens", "categories": []}]
+    reviews = [
+        {"user_id": "U1", "asin": "X1", "parent_asin": "P1", "rating": 4, "timestamp": 1600000000123},
+        {"user_id": "U1", "parent_asin": "P2", "rating": "5.0", "timestamp": 1600000100000},
+        {"user_id": "U2", "parent_asin": "P1", "rating": None, "timestamp": 1600000100000},
+    ]
+    meta = [
+        {"parent_asin": "P1", "title": " Deep Space ", "categories": ["Books", "Science Fiction", "Space Opera"]},
+        {"parent_asin": "P2", "title": "Gardens", "categories": []},
+    ]
     _jsonl(tmp_path / "Books.jsonl", reviews)
     _jsonl(tmp_path / "meta_Books.jsonl", meta)
-    ds = load_dataset(DatasetConfig(format="amazon", path=str(tmp_path / "Books.jsonl"),
-                                    metadata_file="meta_Books.jsonl"))
+    ds = load_dataset(
+        DatasetConfig(format="amazon", path=str(tmp_path / "Books.jsonl"), metadata_file="meta_Books.jsonl")
+    )
     assert ds.interactions.rows() == [("U1", "P1", 4.0, 1600000000), ("U1", "P2", 5.0, 1600000100)]
     items = {r["item_id"]: r for r in ds.items.iter_rows(named=True)}
     assert items["P1"]["title"] == "Deep Space" and items["P1"]["sub_category"] == "Space Opera"
@@ -180,22 +209,47 @@ def test_amazon_errors(tmp_path):
 
 
 def test_table_parquet_and_csv(tmp_path):
-    pl.DataFrame({"uid": [7, 7, 8], "iid": ["a", "b", "a"], "stars": [5, 2, 4],
-                  "when": ["2020-01-01T00:00:00", "1577836900", "2020-01-02"]}).write_csv(tmp_path / "events.csv")
-    pl.DataFrame({"iid": ["a", "b"], "name": ["Alpha", None], "tags": ["x| y", ""], "year": [1999, None],
-                  "price": [1.5, 2.0]}).write_parquet(tmp_path / "items.parquet")
+    pl.DataFrame(
+        {
+            "uid": [7, 7, 8],
+            "iid": ["a", "b", "a"],
+            "stars": [5, 2, 4],
+            "when": ["2020-01-01T00:00:00", "1577836900", "2020-01-02"],
+        }
+    ).write_csv(tmp_path / "events.csv")
+    pl.DataFrame(
+        {"iid": ["a", "b"], "name": ["Alpha", None], "tags": ["x| y", ""], "year": [1999, None], "price": [1.5, 2.0]}
+    ).write_parquet(tmp_path / "items.parquet")
     pl.DataFrame({"uid": [7, 8], "age": [30, 40]}).write_parquet(tmp_path / "users.parquet")
-    cfg = DatasetConfig(format="table", path=str(tmp_path), interactions_file="events.csv",
-                        items_file="items.parquet", users_file="users.parquet", domain="book", timestamp_format="iso",
-                        columns={"user_id": "uid", "item_id": "iid", "rating": "stars", "timestamp": "when",
-                                 "title": "name", "genres": "tags"})
+    cfg = DatasetConfig(
+        format="table",
+        path=str(tmp_path),
+        interactions_file="events.csv",
+        items_file="items.parquet",
+        users_file="users.parquet",
+        domain="book",
+        timestamp_format="iso",
+        columns={
+            "user_id": "uid",
+            "item_id": "iid",
+            "rating": "stars",
+            "timestamp": "when",
+            "title": "name",
+            "genres": "tags",
+        },
+    )
     ds = load_dataset(cfg)
     _check_schema(ds)
     assert ds.domain == "book" and ds.name == "events"
-    assert ds.interactions.rows() == [("7", "a", 5.0, 1577836800), ("7", "b", 2.0, 1577836900),
-                                      ("8", "a", 4.0, 1577923200)]
+    assert ds.interactions.rows() == [
+        ("7", "a", 5.0, 1577836800),
+        ("7", "b", 2.0, 1577836900),
+        ("8", "a", 4.0, 1577923200),
+    ]
     assert ds.items.select("item_id", "title", "genres", "category", "year", "price").rows() == [
-        ("a", "Alpha", ["x", "y"], "x", 1999, 1.5), ("b", "b", [], None, None, 2.0)]
+        ("a", "Alpha", ["x", "y"], "x", 1999, 1.5),
+        ("b", "b", [], None, None, 2.0),
+    ]
     assert ds.users.rows() == [("7", 30), ("8", 40)]
 
 
@@ -203,9 +257,14 @@ def test_table_errors_name_the_column_and_rows(tmp_path, caplog):
     pl.DataFrame({"user_id": ["1"], "item_id": ["2"], "timestamp": [1]}).write_parquet(tmp_path / "i.parquet")
     with pytest.raises(DataFileError, match=r"i\.parquet: missing rating \(column 'rating'\)"):
         load_dataset(DatasetConfig(format="table", path=str(tmp_path / "i.parquet")))
-    pl.DataFrame({"user_id": ["1", "1", None, "2", "2"], "item_id": ["2", "3", "4", "2", "5"],
-                  "rating": ["4", "five", "3", "1", "2"], "timestamp": [1, 2, 3, 4, 5]},
-                 ).write_parquet(tmp_path / "j.parquet")
+    pl.DataFrame(
+        {
+            "user_id": ["1", "1", None, "2", "2"],
+            "item_id": ["2", "3", "4", "2", "5"],
+            "rating": ["4", "five", "3", "1", "2"],
+            "timestamp": [1, 2, 3, 4, 5],
+        },
+    ).write_parquet(tmp_path / "j.parquet")
     with caplog.at_level(logging.WARNING):
         ds = load_dataset(DatasetConfig(format="table", path=str(tmp_path / "j.parquet")))
     assert ds.interactions.select("user_id", "item_id").rows() == [("1", "2"), ("2", "2"), ("2", "5")]

@@ -1,4 +1,5 @@
 """Synthetic demo data, seeded trial limits and the paper's old/new split."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -45,25 +46,42 @@ def test_synthetic_cold_users_and_items():
 
 def test_synthetic_planted_clusters_rate_their_genres_higher():
     ds, truth = generate(SMALL, seed=3)
-    rated = (ds.interactions.join(truth, on="user_id").join(ds.items.select("item_id", "category"), on="item_id")
-             .with_columns(liked=pl.col("liked_genres").list.contains(pl.col("category"))))
+    rated = (
+        ds.interactions.join(truth, on="user_id")
+        .join(ds.items.select("item_id", "category"), on="item_id")
+        .with_columns(liked=pl.col("liked_genres").list.contains(pl.col("category")))
+    )
     means = dict(rated.group_by("liked").agg(pl.col("rating").mean()).rows())
     assert means[True] > 4.0 and means[False] < 3.3
-    share = rated.filter(pl.col("user_id").is_in(
-        ds.interactions.group_by("user_id").len().filter(pl.col("len") > 3)["user_id"].implode()))["liked"].mean()
+    share = rated.filter(
+        pl.col("user_id").is_in(
+            ds.interactions.group_by("user_id").len().filter(pl.col("len") > 3)["user_id"].implode()
+        )
+    )["liked"].mean()
     assert share > 0.45  # by chance (2-3 liked of 16 genres) about 0.16; below 0.75 as picks exhaust small clusters
 
 
 def _tiny() -> Dataset:
     """u1: 5 interactions, u2: 2, u3: 1, u4: 8 (two share a timestamp: item_id breaks the tie)."""
-    rows = ([("u1", f"a{k}", 4.0, 100 - k) for k in range(5)]  # reverse time order on input
-            + [("u2", "b0", 3.0, 10), ("u2", "b1", 5.0, 5)] + [("u3", "c0", 2.0, 1)]
-            + [("u4", f"d{k}", 1.0, 50 + k // 2 * 2) for k in range(8)])
+    rows = (
+        [("u1", f"a{k}", 4.0, 100 - k) for k in range(5)]  # reverse time order on input
+        + [("u2", "b0", 3.0, 10), ("u2", "b1", 5.0, 5)]
+        + [("u3", "c0", 2.0, 1)]
+        + [("u4", f"d{k}", 1.0, 50 + k // 2 * 2) for k in range(8)]
+    )
     inter = pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
     ids = sorted(inter["item_id"].unique().to_list())
-    items = pl.DataFrame({"item_id": ids, "title": ids, "genres": [[i[0]] for i in ids],
-                          "category": [i[0] for i in ids], "sub_category": [None] * len(ids),
-                          "year": [None] * len(ids)}, schema=ITEM_COLUMNS)
+    items = pl.DataFrame(
+        {
+            "item_id": ids,
+            "title": ids,
+            "genres": [[i[0]] for i in ids],
+            "category": [i[0] for i in ids],
+            "sub_category": [None] * len(ids),
+            "year": [None] * len(ids),
+        },
+        schema=ITEM_COLUMNS,
+    )
     return Dataset("tiny", "movie", inter, items, inter.select("user_id").unique().sort("user_id"))
 
 
@@ -140,7 +158,9 @@ def test_routing_warnings_reach_the_notes(caplog):
         assert "not trained" in lightgcn_notes(None)["warning_lightgcn"]
         routing = pl.DataFrame({"entity_type": ["user", "user", "item"], "pool_kind": ["attribute"] * 3})
         notes = pool_kind_notes(routing, {"user": "warm_cold", "item": "attribute"})
-    assert list(notes) == ["warning_user_pools"] and "every user went to the attribute pool" in notes["warning_user_pools"]
+    assert (
+        list(notes) == ["warning_user_pools"] and "every user went to the attribute pool" in notes["warning_user_pools"]
+    )
     mixed = pl.DataFrame({"entity_type": ["user", "user"], "pool_kind": ["attribute", "collaborative"]})
     assert pool_kind_notes(mixed, {"user": "warm_cold"}) == {}
     assert "learned nothing" in caplog.text

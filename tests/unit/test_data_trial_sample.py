@@ -1,5 +1,6 @@
 """Trial samples (`dataset.limit_users` / `limit_items`, pipelines/data/load.py `limit_dataset`): both limits
 honoured, the users asked for kept, and one logged line that says what was kept and why."""
+
 from __future__ import annotations
 
 import logging
@@ -61,8 +62,12 @@ def test_default_sample_keeps_the_users_asked_and_caps_the_items(caplog):
 
 def test_default_sample_on_movielens_1m_files(tmp_path):
     """MovieLens-1M files through load_dataset with the config's defaults: both limits honoured."""
-    ratings = [f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + u * 100 + m}" for u in range(1, 31)
-               for m in range(1, 61) if (u + m) % 3 == 0 or m <= 4]
+    ratings = [
+        f"{u}::{m}::{1 + (u * m) % 5}::{978300000 + u * 100 + m}"
+        for u in range(1, 31)
+        for m in range(1, 61)
+        if (u + m) % 3 == 0 or m <= 4
+    ]
     (tmp_path / "ratings.dat").write_text("\n".join(ratings) + "\n")
     (tmp_path / "movies.dat").write_text("".join(f"{m}::Movie {m} (1990)::Drama|Comedy\n" for m in range(1, 61)))
     (tmp_path / "users.dat").write_text("".join(f"{u}::F::25::1::00000\n" for u in range(1, 31)))
@@ -84,8 +89,10 @@ def test_users_are_dropped_only_when_the_item_limit_cannot_cover_them():
     small = limit_dataset(_niche(), limit_users=6, limit_items=1, seed=0)
     assert small.users.height == 5 and set(small.items["item_id"]) == {"pop0"}
     assert small.notes["sample_users_without_interactions"] == 1
-    assert ("1 drawn users dropped: none of their ratings is among the kept items (limit_items=1 is too few to "
-            "give each of the 6 users one)") in small.notes["sample"]
+    assert (
+        "1 drawn users dropped: none of their ratings is among the kept items (limit_items=1 is too few to "
+        "give each of the 6 users one)"
+    ) in small.notes["sample"]
 
 
 def test_limit_users_alone_keeps_whole_histories_and_limit_items_alone_keeps_every_user():
@@ -95,7 +102,10 @@ def test_limit_users_alone_keeps_whole_histories_and_limit_items_alone_keeps_eve
     full = ds.interactions.filter(pl.col("user_id").is_in(users_only.users["user_id"].implode()))
     assert users_only.interactions.height == full.height
     assert set(users_only.items["item_id"]) == set(users_only.interactions["item_id"])
-    assert "no limit_items" in users_only.notes["sample"] and "every item the kept users rated" in users_only.notes["sample"]
+    assert (
+        "no limit_items" in users_only.notes["sample"]
+        and "every item the kept users rated" in users_only.notes["sample"]
+    )
     items_only = limit_dataset(ds, None, 40, seed=0)
     assert items_only.items.height == 40
     n = ds.interactions["user_id"].n_unique()
@@ -113,8 +123,10 @@ def test_whole_histories_never_cuts_and_never_passes_the_item_limit(caplog):
     two = limit_dataset(ds, limit_users=8, limit_items=50, seed=0, sample_items="whole_histories")
     assert two.users.height == 2 and two.items.height == 45  # a third user would take the items to 65
     assert two.notes["sample_users_passed_over_for_limit_items"] == 8
-    assert ("users 2 kept of 8 asked (10 with ratings); 8 passed over: their whole history would take the items "
-            "past limit_items=50") in two.notes["sample"]
+    assert (
+        "users 2 kept of 8 asked (10 with ratings); 8 passed over: their whole history would take the items "
+        "past limit_items=50"
+    ) in two.notes["sample"]
     with pytest.raises(ValueError, match="smallest history has 25 items, more than limit_items=8"):
         limit_dataset(ds, limit_users=8, limit_items=8, seed=0, sample_items="whole_histories")
     with pytest.raises(ValueError, match="sample_items"):

@@ -4,6 +4,7 @@ does: the registry, the lossless invariant, and ``laser run`` on local Ray, with
 The plug-in is the README's example file (examples/decoders/prompt_lookup.py), installed for real: a
 folder on the path with the module and a ``.dist-info`` that declares the entry point.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,15 +62,36 @@ def test_plugin_runs_in_a_job(plugin_dir, tmp_path):
 
     model = save_tiny_model(tmp_path / "model")
     out = tmp_path / "job"
-    sets = ["dataset.format=synthetic", "dataset.seed=3", "dataset.synthetic.n_users=8", "dataset.synthetic.n_items=10",
-            "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=8", "split.mode=paper", "split.max_hist=4",
-            f"model.name={model}", "model.dtype=float32", "decoder.name=prompt_lookup", "decoder.params.num_tokens=4",
-            "old_knowledge.decoder=prompt_lookup", "generation.max_new_tokens=16", "generation.max_prompt_tokens=2000",
-            "routing.n_clusters=2", "execution.num_workers=1", f"output.path={out}"]
+    sets = [
+        "dataset.format=synthetic",
+        "dataset.seed=3",
+        "dataset.synthetic.n_users=8",
+        "dataset.synthetic.n_items=10",
+        "dataset.synthetic.n_clusters=2",
+        "dataset.synthetic.max_history=8",
+        "split.mode=paper",
+        "split.max_hist=4",
+        f"model.name={model}",
+        "model.dtype=float32",
+        "decoder.name=prompt_lookup",
+        "decoder.params.num_tokens=4",
+        "old_knowledge.decoder=prompt_lookup",
+        "generation.max_new_tokens=16",
+        "generation.max_prompt_tokens=2000",
+        "routing.n_clusters=2",
+        "execution.num_workers=1",
+        f"output.path={out}",
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin_dir), str(REPO)]), "OMP_NUM_THREADS": "1"}
     (tmp_path / "job.yaml").write_text("{}\n")  # everything is set below
-    cmd = [sys.executable, "-c", "from jobs.cli import app; app()", "run", str(tmp_path / "job.yaml"),
-           *[a for s in sets for a in ("--set", s)]]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from jobs.cli import app; app()",
+        "run",
+        str(tmp_path / "job.yaml"),
+        *[a for s in sets for a in ("--set", s)],
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     from pipelines.knowledge_store import read_knowledge

@@ -1,4 +1,5 @@
 """Draft distillation loss: zero for a draft equal to the target, lowered by one optimisation step."""
+
 from __future__ import annotations
 
 import copy

@@ -3,6 +3,7 @@ are greedy-lossless at temperature 0 (batch 1 and 8, partial acceptance), spec_s
 topk_imp sample exactly from the target (chi-square; the broken residual is caught), and their inputs
 are checked by name.
 """
+
 from __future__ import annotations
 
 import copy
@@ -46,6 +47,7 @@ def case(tiny_lm):
 
 # ---- batched drafting ---------------------------------------------------------------------------------
 
+
 def test_batched_proposals_equal_one_by_one(tiny_lm, noisy):
     """Uneven contexts, a budget of 0 and a smaller budget: the same chains, distributions and caches."""
     prompts = random_prompts(5, 96, seed=4, length=(3, 17))
@@ -84,6 +86,7 @@ def test_one_draft_forward_per_position_for_the_whole_batch(tiny_lm, noisy):
 
 # ---- spec_sampling ------------------------------------------------------------------------------------
 
+
 def _check_greedy(lm, prompts, refs, outs):
     for prompt, ref, out in zip(prompts, refs, outs):
         assert out.token_ids == ref, laser.testing.first_divergence(lm, prompt, out.token_ids, ref)
@@ -92,8 +95,9 @@ def _check_greedy(lm, prompts, refs, outs):
     assert 0 < accepted < drafted, "acceptance must be partial for the test to exercise verification"
 
 
-@pytest.mark.parametrize("name, params", [("spec_sampling", {}), ("topk_imp", {"mode": "paper"}),
-                                          ("topk_imp", {"mode": "lossless", "K": 3})])
+@pytest.mark.parametrize(
+    "name, params", [("spec_sampling", {}), ("topk_imp", {"mode": "paper"}), ("topk_imp", {"mode": "lossless", "K": 3})]
+)
 def test_greedy_equals_generate_at_batch_1_and_8(tiny_lm, noisy, case, name, params):
     prompts, refs = case
     dec = laser.get_decoder(name, tiny_lm, draft=noisy, gamma=3, **params)
@@ -131,6 +135,7 @@ def test_bad_inputs_are_named(tiny_lm):
 
 
 # ---- exact sampling on a toy model, through the decoders ------------------------------------------
+
 
 class _BrokenSpecSampling(SpecSampling):
     def verifier(self):

@@ -1,4 +1,5 @@
 """DSBD: the dynamic program, one layer's verification and the decoder against target beam sampling."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -161,7 +162,7 @@ def test_one_cache_output_is_a_continuation_with_its_target_score(one_cache_runs
         assert r.new_tokens == list(seq) and 1 <= len(seq) <= 16
         assert all(t not in lm.eos_ids for t in seq[:-1])  # nothing continues past an end token
         with torch.no_grad():
-            logits = lm.model(torch.tensor([r.tokens])).logits[0, r.prompt_len - 1:-1]
+            logits = lm.model(torch.tensor([r.tokens])).logits[0, r.prompt_len - 1 : -1]
         want = torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(seq)[:, None]).sum()
         assert score == pytest.approx(float(want), abs=1e-3)
 
@@ -225,7 +226,7 @@ def test_one_beam_one_draft_decoder_is_exact_ancestral_sampling():
 
     good, bad = pvalue(False), pvalue(True)
     torch.set_num_threads(threads)
-    print(f'p-values: exact {good:.3g}, broken residual {bad:.3g}')
+    print(f"p-values: exact {good:.3g}, broken residual {bad:.3g}")
     assert good > 1e-3 and bad < 1e-3
 
 

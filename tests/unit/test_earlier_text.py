@@ -1,5 +1,6 @@
 """An entity's own earlier text drafted first (laser/earlier.py): greedy stays lossless, and drafts from a
 close earlier text are counted as its own."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,7 +53,7 @@ def test_greedy_with_earlier_text_equals_generate(tiny_lm, refresh_case, batch):
     dec = laser.get_decoder("laser", tiny_lm, verification="greedy", K=8)
     outs = []
     for i in range(0, len(prompts), batch):
-        outs += dec.generate_batch(prompts[i:i + batch], MAX_NEW, sources[i:i + batch])
+        outs += dec.generate_batch(prompts[i : i + batch], MAX_NEW, sources[i : i + batch])
     for prompt, ref, out in zip(prompts, refs, outs):
         assert out.token_ids == ref, prompt
     own = sum(o.stats.own_accepted or 0 for o in outs)

@@ -1,4 +1,5 @@
 """Output files honour the umask like a normal write (mkstemp alone would leave them 0600)."""
+
 from __future__ import annotations
 
 import os

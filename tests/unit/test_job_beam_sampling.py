@@ -1,5 +1,6 @@
 """generation.strategy beam_sample: config keys and errors, the decoder it selects, and the knowledge
 it writes through the new-knowledge step (in-process workers, no Ray)."""
+
 from __future__ import annotations
 
 import json
@@ -41,10 +42,13 @@ def test_beam_sample_selects_the_decoder_and_width():
     check_job_decoder(dsbd)
 
 
-@pytest.mark.parametrize("overrides,pattern", [
-    (["decoder.name=laser"], r"generation\.strategy=beam_sample: decoder\.name='laser' cannot beam-sample"),
-    (["decoder.name=dsbd", "decoder.params.W=2"], r"decoder\.params\.W=2 conflicts with generation\.beam_width=4"),
-])
+@pytest.mark.parametrize(
+    "overrides,pattern",
+    [
+        (["decoder.name=laser"], r"generation\.strategy=beam_sample: decoder\.name='laser' cannot beam-sample"),
+        (["decoder.name=dsbd", "decoder.params.W=2"], r"decoder\.params\.W=2 conflicts with generation\.beam_width=4"),
+    ],
+)
 def test_decoders_that_cannot_beam_sample_are_input_errors(overrides, pattern):
     with pytest.raises(JobInputError, match=pattern):
         check_job_decoder(load_config(None, BEAM + overrides))
@@ -67,11 +71,24 @@ def workers(tiny_model) -> LocalGroup:
 
 
 def knowledge(workers, tiny_model, out, *extra: str) -> pl.DataFrame:
-    cfg = load_config(None, BEAM + [
-        f"model.name={tiny_model}", "model.dtype=float32", f"output.path={out}", "generation.max_new_tokens=10",
-        "generation.beam_width=2", "dataset.synthetic.n_users=4", "dataset.synthetic.n_items=6",
-        "dataset.synthetic.n_clusters=2", "dataset.synthetic.max_history=6", "split.max_hist=3",
-        "generation.degenerate=keep", *extra])  # a random model never ends a sentence: no retry hiding the sampling
+    cfg = load_config(
+        None,
+        BEAM
+        + [
+            f"model.name={tiny_model}",
+            "model.dtype=float32",
+            f"output.path={out}",
+            "generation.max_new_tokens=10",
+            "generation.beam_width=2",
+            "dataset.synthetic.n_users=4",
+            "dataset.synthetic.n_items=6",
+            "dataset.synthetic.n_clusters=2",
+            "dataset.synthetic.max_history=6",
+            "split.max_hist=3",
+            "generation.degenerate=keep",
+            *extra,
+        ],
+    )  # a random model never ends a sentence: no retry hiding the sampling
     data = load_job_data(cfg)
     report = jobmod.step_generate(cfg, data, pl.DataFrame(), workers)
     assert report.done > 0 and report.failed == 0
@@ -87,14 +104,26 @@ def test_beam_sample_writes_knowledge_deterministically(workers, tiny_model, tmp
     assert set(a["decoder"]) == {"beam_sample"}
     assert {json.loads(p)["W"] for p in a["decoder_params"]} == {2}
     row = a.row(0, named=True)
-    assert json.loads(row["sampling"]) == {"temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                                           "seed": entity_seed(7, row["entity_type"], row["entity_id"])}
+    assert json.loads(row["sampling"]) == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "seed": entity_seed(7, row["entity_type"], row["entity_id"]),
+    }
     assert (a["n_tokens"] >= 1).all() and (a["target_forwards"] >= a["n_tokens"]).all()
 
 
 def test_dsbd_strategy_records_what_ran(workers, tiny_model, tmp_path):
-    rows = knowledge(workers, tiny_model, tmp_path / "d", "decoder.name=dsbd", "decoder.params.draft=truncate:1",
-                     "decoder.params.gamma=2", "decoder.params.W_S=3", "decoder.params.one_cache=true")
+    rows = knowledge(
+        workers,
+        tiny_model,
+        tmp_path / "d",
+        "decoder.name=dsbd",
+        "decoder.params.draft=truncate:1",
+        "decoder.params.gamma=2",
+        "decoder.params.W_S=3",
+        "decoder.params.one_cache=true",
+    )
     assert set(rows["decoder"]) == {"dsbd"}
     params = json.loads(rows["decoder_params"][0])
     assert params["W"] == 2 and params["W_S"] == 3 and params["one_cache"] is True

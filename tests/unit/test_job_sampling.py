@@ -1,5 +1,6 @@
 """Sampling in the job: config keys, per-entity seeds (same text whatever the batch), the `sampling`
 column, old stores without it, and decoder/draft checks before any work."""
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,15 @@ def _user(uid: str) -> GenerationRequest:
     return GenerationRequest("user", uid, history=[(f"Film {uid}", 4.0), ("Heat", 3.0)])
 
 
-@pytest.mark.parametrize("key,value,words", [("temperature", -0.5, "greater than or equal to 0"),
-                                             ("top_p", 0, "greater than 0"), ("top_p", 1.5, "less than or equal to 1"),
-                                             ("top_k", -1, "greater than or equal to 0")])
+@pytest.mark.parametrize(
+    "key,value,words",
+    [
+        ("temperature", -0.5, "greater than or equal to 0"),
+        ("top_p", 0, "greater than 0"),
+        ("top_p", 1.5, "less than or equal to 1"),
+        ("top_k", -1, "greater than or equal to 0"),
+    ],
+)
 def test_bad_sampling_values_are_named(key, value, words):
     with pytest.raises(ConfigError, match=rf"generation\.{key}: .*{words}"):
         load_config(None, [f"generation.{key}={value}"])
@@ -47,13 +54,19 @@ def test_greedy_is_the_default_and_settings_reach_the_task():
 
 def test_entity_seeds_are_stable_and_distinct():
     assert entity_seed(0, "user", "7") == entity_seed(0, "user", "7")
-    seeds = {entity_seed(0, "user", "7"), entity_seed(1, "user", "7"), entity_seed(0, "item", "7"),
-             entity_seed(0, "user", "8")}
+    seeds = {
+        entity_seed(0, "user", "7"),
+        entity_seed(1, "user", "7"),
+        entity_seed(0, "item", "7"),
+        entity_seed(0, "user", "8"),
+    }
     assert len(seeds) == 4 and all(0 <= s < 2**63 for s in seeds)
     assert entity_sampling(None, "user", "7").greedy and entity_sampling({**HOT, "temperature": 0}, "user", "7").greedy
 
 
-@pytest.mark.parametrize("decoder,params", [("autoregressive", {}), ("spec_sampling", {"draft": "truncate:1", "gamma": 3})])
+@pytest.mark.parametrize(
+    "decoder,params", [("autoregressive", {}), ("spec_sampling", {"draft": "truncate:1", "gamma": 3})]
+)
 def test_an_entity_writes_the_same_text_whatever_its_batch(worker, decoder, params):
     task = DecodeTask(decoder, params, max_new_tokens=24, max_prompt_tokens=2000, sampling=HOT)
     alone = worker.generate(task, [_user("u1")]).rows[0]

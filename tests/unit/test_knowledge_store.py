@@ -1,4 +1,5 @@
 """Knowledge Parquet store: schema, atomic shards, manifest, resume after a crash, failures."""
+
 from __future__ import annotations
 
 import hashlib
@@ -105,7 +106,9 @@ def test_failures_recorded_and_resolved_by_a_later_success(tmp_path):
         fh.write('{"entity_type": "us')  # torn last line
     failures = ss.read_failures(tmp_path)
     assert failures.select("entity_type", "entity_id", "reason", "run_id").rows() == [
-        ("user", "u1", "prompt: no history", "r1"), ("item", "i9", "ValueError: bad title", "r1")]
+        ("user", "u1", "prompt: no history", "r1"),
+        ("item", "i9", "ValueError: bad title", "r1"),
+    ]
     write_run(tmp_path, [1])  # retried successfully
     assert ss.read_failures(tmp_path)["entity_id"].to_list() == ["i9"]
     assert ss.read_failures(tmp_path, unresolved=False).height == 2
@@ -137,6 +140,7 @@ def test_unreadable_unlisted_shard_is_named_moved_aside_and_the_run_goes_on(tmp_
 
 
 # ---- a torn manifest: rebuilt from the shards by the next writer, read from them by readers ----
+
 
 @pytest.mark.parametrize("torn", ['{"shards": [', "", '{"shards": [{"file": "part-00000.parquet"}]}', "[1, 2]"])
 def test_torn_manifest_is_rebuilt_from_the_shards_by_a_writer(tmp_path, caplog, torn):
@@ -174,6 +178,7 @@ def test_writer_killed_while_rebuilding_leaves_the_manifest_torn_for_the_next(tm
 
 # ---- one writer per store: a writer holds the lock of the store's folder (a shared old_knowledge.path) ----
 
+
 def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
     from pipelines.lock import LockHeld, RunLock
 
@@ -194,13 +199,15 @@ def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
 
 # ---- the commit log: O(1) commits, checkpoints, compaction, lazy checksums, the index (issue 47) ----
 
+
 def test_a_commit_appends_one_small_log_line_whatever_the_number_of_shards(tmp_path, monkeypatch):
     store = tmp_path / "k"
     monkeypatch.setattr(ss, "CHECKPOINT_MIN", 10_000)  # no checkpoint in between: every line stays to be measured
     rewritten, lines = [], []
     real_write, real_put = ss.Location.write_bytes, ss._put_log_entry
-    monkeypatch.setattr(ss.Location, "write_bytes", lambda self, data: (rewritten.append(self.name),
-                                                                       real_write(self, data)))
+    monkeypatch.setattr(
+        ss.Location, "write_bytes", lambda self, data: (rewritten.append(self.name), real_write(self, data))
+    )
     monkeypatch.setattr(ss, "_put_log_entry", lambda path, data: (lines.append(len(data)), real_put(path, data)))
     w = kn.KnowledgeWriter(store, shard_rows=1, run_id="r1", compact_after=None)
     rewritten.clear()
@@ -276,8 +283,12 @@ def test_plan_from_the_index_fetches_only_the_planned_entities_texts(tmp_path):
             w.add({**row(i), "source_hash": f"h{i}", "config_hash": "c"})
     asked = []
     reqs = [GenerationRequest("user", f"u{i}", source_hash=f"h{i}" if i != 2 else "new") for i in range(7)]
-    plan = plan_changes(reqs, kn.read_index(tmp_path), "c",
-                        texts=lambda rows: (asked.append(rows.height), kn.knowledge_at(tmp_path, rows))[1])
+    plan = plan_changes(
+        reqs,
+        kn.read_index(tmp_path),
+        "c",
+        texts=lambda rows: (asked.append(rows.height), kn.knowledge_at(tmp_path, rows))[1],
+    )
     assert [r.entity_id for r in plan.todo] == ["u2", "u6"] and (plan.new, plan.changed) == (1, 1)
     assert plan.earlier == {("user", "u2"): "likes film 2"} and asked == [1]
     full = plan_changes(reqs, kn.read_knowledge(tmp_path), "c")  # the texts in the rows: as before
@@ -391,8 +402,12 @@ def test_latest_view_from_the_index_is_the_view_of_every_row(tmp_path):
     with kn.KnowledgeWriter(tmp_path / "o", shard_rows=3, run_id="old") as w:
         for i in range(4, 12):
             w.add(run_row("user" if i < 9 else "item", f"u{i}", f"old {i}", "old"))
-    every = pl.concat([kn.read_knowledge(tmp_path / s).with_columns(store=pl.lit(n))
-                       for s, n in (("k", "knowledge"), ("o", "old_knowledge"))])
+    every = pl.concat(
+        [
+            kn.read_knowledge(tmp_path / s).with_columns(store=pl.lit(n))
+            for s, n in (("k", "knowledge"), ("o", "old_knowledge"))
+        ]
+    )
     view = latest_view(tmp_path / "k", tmp_path / "o")
     assert view.equals(newest_per_entity(every)) and view.height == 12
     assert view.filter(pl.col("entity_id") == "u3")["knowledge"].item() == "text 3 of run 2"
@@ -415,6 +430,7 @@ def test_a_torn_checkpoint_after_a_compaction_is_rebuilt_with_every_row_once(tmp
 
 # ---- the write path's cost per row (issue 47) -------------------------------------------------------------
 
+
 def test_a_row_without_quality_is_scored_once_with_the_scores_of_text_quality(tmp_path, monkeypatch):
     from pipelines import quality
 
@@ -425,12 +441,29 @@ def test_a_row_without_quality_is_scored_once_with_the_scores_of_text_quality(tm
     out = kn.with_quality(row(1) | {"knowledge": text, "finish_reason": "length"})
     assert len(calls) == 1
     q = real(text, "length")
-    assert {k: out[k] for k in ("finished_eos", "repeat_4gram", "degenerate", "ended", "cut", "fragment",
-                                "n_words")} == {"finished_eos": False, "repeat_4gram": q.repeat_4gram,
-                                                "degenerate": True, "ended": False, "cut": True,
-                                                "fragment": True, "n_words": q.n_words}
-    given = kn.with_quality(row(2) | {"finished_eos": True, "repeat_4gram": 0.5, "degenerate": False,
-                                      "ended": True, "cut": False, "fragment": False, "n_words": 9})
+    assert {
+        k: out[k] for k in ("finished_eos", "repeat_4gram", "degenerate", "ended", "cut", "fragment", "n_words")
+    } == {
+        "finished_eos": False,
+        "repeat_4gram": q.repeat_4gram,
+        "degenerate": True,
+        "ended": False,
+        "cut": True,
+        "fragment": True,
+        "n_words": q.n_words,
+    }
+    given = kn.with_quality(
+        row(2)
+        | {
+            "finished_eos": True,
+            "repeat_4gram": 0.5,
+            "degenerate": False,
+            "ended": True,
+            "cut": False,
+            "fragment": False,
+            "n_words": 9,
+        }
+    )
     assert len(calls) == 1 and (given["repeat_4gram"], given["n_words"]) == (0.5, 9)  # given: not scored
 
 
@@ -441,7 +474,9 @@ def test_a_writer_compacts_the_shards_it_wrote_without_reading_them_back(tmp_pat
             w.add(row(i, run_id="r0"))
     reads = []
     real = ss.read_shard
-    monkeypatch.setattr(ss, "read_shard", lambda root, shard, *a, **k: reads.append(shard["file"]) or real(root, shard, *a, **k))
+    monkeypatch.setattr(
+        ss, "read_shard", lambda root, shard, *a, **k: reads.append(shard["file"]) or real(root, shard, *a, **k)
+    )
     with kn.KnowledgeWriter(store, shard_rows=2, compact_after=5, compact_rows=12) as w:
         for i in range(3, 60):
             w.add(row(i))

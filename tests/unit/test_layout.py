@@ -1,4 +1,5 @@
 """The actor layout when ``execution.num_workers`` / ``threads_per_worker`` are ``auto``."""
+
 from types import SimpleNamespace
 
 from pipelines.workers.layout import COMPILE_FROM_ENTITIES, Machine, compile_model, job_layout, plan_layout

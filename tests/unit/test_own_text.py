@@ -1,4 +1,5 @@
 """A request's own text as an n-gram index answers exactly what a token trie of it answers."""
+
 import random
 
 import pytest
@@ -42,8 +43,8 @@ def _scan(tokens, n_max, limit):
     occurrence."""
     for n in range(min(n_max, len(tokens) - 1), 0, -1):
         for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == tokens[-n:]:
-                return n, tokens[start + n:start + n + limit]
+            if tokens[start : start + n] == tokens[-n:]:
+                return n, tokens[start + n : start + n + limit]
     return 0, []
 
 

@@ -1,6 +1,7 @@
 """What a run regenerates (pipelines/knowledge/plan.py): new entities, changed inputs, another config;
 --keep-existing; a resumed run; the first wave of groups with no earlier knowledge; the latest view's
 order by the driver's run sequence, not by clocks."""
+
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
@@ -16,9 +17,21 @@ NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def _rows(*rows: tuple[str, str, str, str, int, int]) -> pl.DataFrame:
     """(entity_id, source_hash, config_hash, run_id, run_seq, seconds after NOW) user rows."""
-    return pl.DataFrame([{"entity_type": "user", "entity_id": e, "knowledge": f"text of {e} by {r}",
-                          "source_hash": h, "config_hash": c, "run_id": r, "run_seq": q,
-                          "generated_at": NOW + timedelta(seconds=s)} for e, h, c, r, q, s in rows])
+    return pl.DataFrame(
+        [
+            {
+                "entity_type": "user",
+                "entity_id": e,
+                "knowledge": f"text of {e} by {r}",
+                "source_hash": h,
+                "config_hash": c,
+                "run_id": r,
+                "run_seq": q,
+                "generated_at": NOW + timedelta(seconds=s),
+            }
+            for e, h, c, r, q, s in rows
+        ]
+    )
 
 
 def _req(eid: str, source: str, pool: str | None = None) -> GenerationRequest:

@@ -1,4 +1,5 @@
 """Pool building from old knowledge + memberships, and the pool store: caps, keys, baselines, round trips."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,8 @@ WORDS = "the film is a dark war drama funny comedy with great cast".split()
 
 def _members(rows: list[tuple[str, str, str, str]]) -> pa.Table:
     return pa.table({n: [r[i] for r in rows] for i, n in enumerate(ROUTING_SCHEMA.names[:4])}).append_column(
-        "reason", pa.array(["membership"] * len(rows)))
+        "reason", pa.array(["membership"] * len(rows))
+    )
 
 
 def _knowledge() -> pa.Table:
@@ -42,10 +44,17 @@ def _knowledge() -> pa.Table:
     return pa.table({"entity_type": types, "entity_id": ids, "knowledge": texts})
 
 
-MEMBERS = _members([("user", "u1", "collaborative", "0"), ("user", "u2", "collaborative", "1"),
-                    ("user", "u3", "collaborative", "1"), ("user", "u4", "collaborative", "1"),
-                    ("user", "u1", "attribute", "Drama"), ("user", "u5", "attribute", "Horror"),
-                    ("item", "i1", "attribute", "Drama")])
+MEMBERS = _members(
+    [
+        ("user", "u1", "collaborative", "0"),
+        ("user", "u2", "collaborative", "1"),
+        ("user", "u3", "collaborative", "1"),
+        ("user", "u4", "collaborative", "1"),
+        ("user", "u1", "attribute", "Drama"),
+        ("user", "u5", "attribute", "Horror"),
+        ("item", "i1", "attribute", "Drama"),
+    ]
+)
 
 
 def test_groups_get_their_members_texts_and_baselines():
@@ -97,7 +106,12 @@ def test_knowledge_read_from_a_parquet_directory(tmp_path):
     pq.write_table(_knowledge().slice(3), tmp_path / "part-1.parquet")
     (tmp_path / "manifest.json").write_text("{}")
     pools = build_pools(tmp_path, MEMBERS, WordTokenizer(WORDS), PoolBuildConfig(with_global=False))
-    assert set(pools) == {"user/collaborative/0", "user/collaborative/1", "user/attribute/Drama", "item/attribute/Drama"}
+    assert set(pools) == {
+        "user/collaborative/0",
+        "user/collaborative/1",
+        "user/attribute/Drama",
+        "item/attribute/Drama",
+    }
     assert pools["user/collaborative/0"].texts == 2
 
 

@@ -1,4 +1,5 @@
 """Token trie counts, temporary branches, and retrieval limits."""
+
 from __future__ import annotations
 
 import pickle
@@ -99,8 +100,11 @@ def test_match_length_is_the_longest_suffix_retrieval_can_continue():
         drafter.commit(generated)
         context = prompt + generated
         match = drafter.match_length(context)
-        continued = [n for n in range(1, min(3, len(context)) + 1)
-                     if pool.trie.top_subtree(context[-n:], 1, 1) or drafter.temporary.top_subtree(context[-n:], 1, 1)]
+        continued = [
+            n
+            for n in range(1, min(3, len(context)) + 1)
+            if pool.trie.top_subtree(context[-n:], 1, 1) or drafter.temporary.top_subtree(context[-n:], 1, 1)
+        ]
         assert match == max(continued, default=0)
         assert (match == 0) == (len(drafter.propose(context)) == 1)
 

@@ -1,12 +1,21 @@
 """Prompt templates and the history truncation rule (whitespace tokenizer fakes)."""
+
 from __future__ import annotations
 
 import polars as pl
 import pytest
 
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
-from pipelines.knowledge.prompts import (PROMPT_VERSION, HistoryEntry, PromptTooLongError, count_prompt_tokens,
-                               format_rating, item_prompt, user_histories, user_prompt)
+from pipelines.knowledge.prompts import (
+    PROMPT_VERSION,
+    HistoryEntry,
+    PromptTooLongError,
+    count_prompt_tokens,
+    format_rating,
+    item_prompt,
+    user_histories,
+    user_prompt,
+)
 
 
 class WhitespaceTokenizer:
@@ -41,8 +50,10 @@ def _kept_titles(text: str) -> list[str]:
 
 def test_user_prompt_lists_history_oldest_first():
     text = user_prompt([("Heat (1995)", 4.0, ("Action", "Crime")), ("Up (2009)", 4.5), ("Cats (2019)", 1.0)])
-    assert ("1. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4\n"
-            "2. Title: Up | Year: 2009 | Rating: 4.5\n3. Title: Cats | Year: 2019 | Rating: 1\n") in text
+    assert (
+        "1. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4\n"
+        "2. Title: Up | Year: 2009 | Rating: 4.5\n3. Title: Cats | Year: 2019 | Rating: 1\n"
+    ) in text
     assert "movie" in text and "at most 120 words" in text
     book = user_prompt([("Dune", 5.0)], domain="book")
     assert "book ratings" in book and "1. Title: Dune | Rating: 5" in book and "reading taste" in book
@@ -62,8 +73,9 @@ def test_truncation_keeps_newest_entries_and_fits():
     assert _kept_titles(text) == [e.title for e in HISTORY[3:]]
     assert count_prompt_tokens(tok, text) <= budget
     # one token less than needed for 7 entries: 6 newest remain
-    assert _kept_titles(user_prompt(HISTORY, tokenizer=tok, max_prompt_tokens=budget - 1)) == \
-        [e.title for e in HISTORY[4:]]
+    assert _kept_titles(user_prompt(HISTORY, tokenizer=tok, max_prompt_tokens=budget - 1)) == [
+        e.title for e in HISTORY[4:]
+    ]
     # a generous budget keeps everything
     assert user_prompt(HISTORY, tokenizer=tok, max_prompt_tokens=10_000) == full
 
@@ -86,26 +98,49 @@ def test_history_that_cannot_fit_names_the_user():
 
 
 def test_item_prompt_uses_attributes():
-    row = {"item_id": "i1", "title": "Heat", "year": 1995, "genres": ["Action", "Crime"], "category": "Action",
-           "sub_category": "Crime"}
+    row = {
+        "item_id": "i1",
+        "title": "Heat",
+        "year": 1995,
+        "genres": ["Action", "Crime"],
+        "category": "Action",
+        "sub_category": "Crime",
+    }
     text = item_prompt(row, max_words=30)
-    assert text.startswith("A movie:\nTitle: Heat\nYear: 1995\nGenres: Action, Crime\n\nIn 1 or 2 sentences (at most 30 words")
-    book = item_prompt({"item_id": "b", "title": "Dune", "genres": [], "category": "Science Fiction",
-                        "sub_category": "Space Opera"}, domain="book")
+    assert text.startswith(
+        "A movie:\nTitle: Heat\nYear: 1995\nGenres: Action, Crime\n\nIn 1 or 2 sentences (at most 30 words"
+    )
+    book = item_prompt(
+        {"item_id": "b", "title": "Dune", "genres": [], "category": "Science Fiction", "sub_category": "Space Opera"},
+        domain="book",
+    )
     assert "Title: Dune\nCategory: Science Fiction\nSub-category: Space Opera\n" in book and "kind of book" in book
     with pytest.raises(ValueError, match="item 'x' has no title"):
         item_prompt({"item_id": "x", "title": None})
 
 
 def test_user_histories_orders_by_time_and_joins_titles():
-    inter = pl.DataFrame([("u1", "b", 5.0, 20), ("u1", "a", 3.0, 10), ("u1", "zz", 4.0, 30), ("u2", "a", 1.0, 5)],
-                         schema=INTERACTIONS_SCHEMA, orient="row")
-    items = pl.DataFrame({"item_id": ["a", "b"], "title": ["Alpha", "Beta"], "genres": [["Drama", "War", "Epic"], []],
-                          "category": [None, None], "sub_category": [None, None], "year": [1999, None]},
-                         schema=ITEM_COLUMNS)
+    inter = pl.DataFrame(
+        [("u1", "b", 5.0, 20), ("u1", "a", 3.0, 10), ("u1", "zz", 4.0, 30), ("u2", "a", 1.0, 5)],
+        schema=INTERACTIONS_SCHEMA,
+        orient="row",
+    )
+    items = pl.DataFrame(
+        {
+            "item_id": ["a", "b"],
+            "title": ["Alpha", "Beta"],
+            "genres": [["Drama", "War", "Epic"], []],
+            "category": [None, None],
+            "sub_category": [None, None],
+            "year": [1999, None],
+        },
+        schema=ITEM_COLUMNS,
+    )
     hist = user_histories(inter, items)
-    assert hist == {"u1": [("Alpha (1999)", 3.0, ("Drama", "War")), ("Beta", 5.0, ()), ("zz", 4.0, ())],
-                    "u2": [("Alpha (1999)", 1.0, ("Drama", "War"))]}
+    assert hist == {
+        "u1": [("Alpha (1999)", 3.0, ("Drama", "War")), ("Beta", 5.0, ()), ("zz", 4.0, ())],
+        "u2": [("Alpha (1999)", 1.0, ("Drama", "War"))],
+    }
 
 
 def test_asked_length_leaves_headroom_in_the_budget():

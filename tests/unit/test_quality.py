@@ -1,5 +1,6 @@
 """Knowledge quality: the repetition score, the degenerate rule, quality columns in the store and the
 configured policy for degenerate rows (keep, greedy retry, failure)."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,14 +12,22 @@ from pipelines import knowledge_store as kn
 from pipelines.knowledge.generation import GenerationReport, GenerationWorker
 from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
-from pipelines.quality import (MAX_REPEAT_4GRAM, repeated_ngram_share, summarise_quality, surely_degenerate,
-                               text_quality, words)
+from pipelines.quality import (
+    MAX_REPEAT_4GRAM,
+    repeated_ngram_share,
+    summarise_quality,
+    surely_degenerate,
+    text_quality,
+    words,
+)
 from tests.helpers import save_tiny_model
 from tests.helpers import knowledge_row as row
 
 LOOP = "This user enjoys a dark underbelly with a dark underbelly with a dark underbelly with a dark underbelly"
-PROSE = ("This user enjoys slow, character-driven dramas from the seventies and eighties, with a soft spot for "
-         "quiet westerns; loud action films and broad comedies leave them cold.")
+PROSE = (
+    "This user enjoys slow, character-driven dramas from the seventies and eighties, with a soft spot for "
+    "quiet westerns; loud action films and broad comedies leave them cold."
+)
 
 
 def test_repeat_share_counts_repeated_word_4grams():
@@ -139,8 +148,10 @@ def looper(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY) | {"looper": Looper})
 
 
-REQS = [GenerationRequest("user", "u1", history=[("Heat", 4.0)]), GenerationRequest("item", "i1", item={
-    "item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]})]
+REQS = [
+    GenerationRequest("user", "u1", history=[("Heat", 4.0)]),
+    GenerationRequest("item", "i1", item={"item_id": "i1", "title": "Alien", "genres": ["Sci-Fi"]}),
+]
 
 
 def test_policy_keep_flags_the_row(worker, looper):
@@ -201,8 +212,9 @@ def test_shipped_configs_ask_for_what_their_token_budget_holds(name, worker):
 
 
 def test_policy_retry_keeps_a_still_flawed_retry_marked(worker, looper):
-    result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="retry",
-                                        retry_rules={"no_repeat_ngram_size": 3}), REQS)
+    result = worker.generate(
+        DecodeTask("looper", max_new_tokens=8, degenerate="retry", retry_rules={"no_repeat_ngram_size": 3}), REQS
+    )
     assert not result.failures
     assert [(r.decoder, r.greedy_retry, r.degenerate) for r in result.rows] == [("looper", True, True)] * 2
 
@@ -226,7 +238,12 @@ def test_job_default_policy_is_retry_with_stronger_rules():
 
     g = GenerationConfig()
     assert g.degenerate == "retry"
-    assert g.retry_rules() == {"repetition_penalty": 1.1, "no_repeat_ngram_size": 3, "min_new_tokens": 0, "stop_strings": ()}
+    assert g.retry_rules() == {
+        "repetition_penalty": 1.1,
+        "no_repeat_ngram_size": 3,
+        "min_new_tokens": 0,
+        "stop_strings": (),
+    }
     strong = GenerationConfig(repetition_penalty=1.5, no_repeat_ngram_size=2, stop_strings=["\n\n"])
     assert strong.retry_rules()["repetition_penalty"] == 1.5 and strong.retry_rules()["no_repeat_ngram_size"] == 2
     assert strong.rules()["stop_strings"] == ("\n\n",)
@@ -240,7 +257,8 @@ def test_task_rules_reach_the_decoder(worker):
     rows = worker.generate(task, REQS).rows
     decoder = worker.adapter.decoders.get(task.decoder, task.decoder_params)[0]
     assert [r.knowledge for r in rows] == [
-        decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS]
+        decoder.generate(worker.prompt(task, req), 12, rules=GenerationRules(**rules)).text for req in REQS
+    ]
 
 
 LIE = "A gripping horror movie for fans of slow suspense."  # the item below is Sci-Fi: the genre is invented
@@ -362,10 +380,23 @@ def test_worse_orders_flawed_then_grounding():
     from pipelines.knowledge_store import KnowledgeRow
 
     def row(**flags) -> KnowledgeRow:
-        return KnowledgeRow(entity_type="item", entity_id="i1", knowledge="", model="m", decoder="d",
-                            decoder_params="{}", prompt_version="", n_tokens=0, target_forwards=0, accepted_tokens=0,
-                            retrieval_s=0.0, generation_s=0.0, finish_reason="eos", run_id="r",
-                            **{"degenerate": False, "cut": False, "fragment": False, **flags})
+        return KnowledgeRow(
+            entity_type="item",
+            entity_id="i1",
+            knowledge="",
+            model="m",
+            decoder="d",
+            decoder_params="{}",
+            prompt_version="",
+            n_tokens=0,
+            target_forwards=0,
+            accepted_tokens=0,
+            retrieval_s=0.0,
+            generation_s=0.0,
+            finish_reason="eos",
+            run_id="r",
+            **{"degenerate": False, "cut": False, "fragment": False, **flags},
+        )
 
     assert worse(row(cut=True, grounding=1.0), row(grounding=0.5))
     assert worse(row(grounding=0.5), row(grounding=1.0))
@@ -378,6 +409,7 @@ def test_worse_orders_flawed_then_grounding():
 
 # ---- the fast text checks equal their plain definitions (the store scores every row it writes) -------------
 
+
 def _plain_quality(text: str, finish_reason: str) -> tuple:
     """The quality rules written out the slow, obvious way: per-character counts, a regex sentence end,
     tuples of 4 words, Fraction comparison."""
@@ -385,24 +417,53 @@ def _plain_quality(text: str, finish_reason: str) -> tuple:
     from fractions import Fraction
 
     ws = re.findall(r"\w+(?:'\w+)*", text.lower())
-    grams = [tuple(ws[i:i + 4]) for i in range(len(ws) - 3)]
+    grams = [tuple(ws[i : i + 4]) for i in range(len(ws) - 3)]
     rep, total = len(grams) - len(set(grams)), len(grams)
     body = text.strip()
     at_end = bool(re.search(r"[.!?][\"'”’)\]]*$", body))
     chars = [c for c in body if not c.isspace()]
     few_letters = bool(chars) and sum(c.isalpha() for c in chars) / len(chars) < 0.6
     unbalanced = body.count("(") != body.count(")") or body.count("[") != body.count("]") or body.count('"') % 2
-    return (finish_reason == "eos", rep / total if total else 0.0,
-            len(ws) < 3 or (total > 0 and Fraction(rep, total) >= Fraction(1, 5)),
-            finish_reason in ("eos", "stop") or at_end, finish_reason == "length" and not at_end,
-            not at_end or bool(unbalanced) or few_letters, len(ws))
+    return (
+        finish_reason == "eos",
+        rep / total if total else 0.0,
+        len(ws) < 3 or (total > 0 and Fraction(rep, total) >= Fraction(1, 5)),
+        finish_reason in ("eos", "stop") or at_end,
+        finish_reason == "length" and not at_end,
+        not at_end or bool(unbalanced) or few_letters,
+        len(ws),
+    )
 
 
-TRICKY = ["", "   ", ".", "a.", "Hi!)", "Hi!)\n", "Hi!) x", "Done.”", "Done’.", "“Quoted.”  ", "(a [b] c).",
-          "x\x1cy\x1d.", "\x1f\x1e a.", "na\u00efve caf\u00e9 r\u00e9sum\u00e9.", "cafe\u0301 cafe\u0301 ok.",
-          "x\u00a0y\u2003z\u3000w.", "2\u00b2 \u00bd \u2162 \u0663 12 34.", "\U0001F600\U0001F600 ok?",
-          "ab12 cd34 ef56 gh78.", "it's it's it's it's it's it's.", "1995, 1996, 1997, 1998, 2000 ... 12 34.",
-          LOOP, PROSE, PROSE[:-1], 'He said "stop.', "Tab\tand\nnewline\r\n.", "\u0130stanbul \u03a3\u0391\u03a3."]
+TRICKY = [
+    "",
+    "   ",
+    ".",
+    "a.",
+    "Hi!)",
+    "Hi!)\n",
+    "Hi!) x",
+    "Done.”",
+    "Done’.",
+    "“Quoted.”  ",
+    "(a [b] c).",
+    "x\x1cy\x1d.",
+    "\x1f\x1e a.",
+    "na\u00efve caf\u00e9 r\u00e9sum\u00e9.",
+    "cafe\u0301 cafe\u0301 ok.",
+    "x\u00a0y\u2003z\u3000w.",
+    "2\u00b2 \u00bd \u2162 \u0663 12 34.",
+    "\U0001f600\U0001f600 ok?",
+    "ab12 cd34 ef56 gh78.",
+    "it's it's it's it's it's it's.",
+    "1995, 1996, 1997, 1998, 2000 ... 12 34.",
+    LOOP,
+    PROSE,
+    PROSE[:-1],
+    'He said "stop.',
+    "Tab\tand\nnewline\r\n.",
+    "\u0130stanbul \u03a3\u0391\u03a3.",
+]
 
 
 @pytest.mark.parametrize("reason", ["eos", "length", "stop"])

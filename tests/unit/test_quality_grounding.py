@@ -1,13 +1,23 @@
 """Quality measures on hand-made texts: exact thresholds, how a text ended, fragments, grounding."""
+
 from __future__ import annotations
 
 import pytest
 
-from pipelines.quality import (MAX_REPEAT_4GRAM, QualitySummary, item_grounding, repeated_ngram_share,
-                                         text_quality, user_grounding)
+from pipelines.quality import (
+    MAX_REPEAT_4GRAM,
+    QualitySummary,
+    item_grounding,
+    repeated_ngram_share,
+    text_quality,
+    user_grounding,
+)
 
-HISTORY = [("Heat (1995)", 4.0, ("Action", "Crime")), ("The Silence of the Lambs (1991)", 4.5, ("Crime", "Horror")),
-           ("Toy Story (1995)", 2.0, ("Animation", "Children"))]
+HISTORY = [
+    ("Heat (1995)", 4.0, ("Action", "Crime")),
+    ("The Silence of the Lambs (1991)", 4.5, ("Crime", "Horror")),
+    ("Toy Story (1995)", 2.0, ("Animation", "Children")),
+]
 
 
 def test_threshold_compares_exactly():
@@ -23,14 +33,17 @@ def test_threshold_compares_exactly():
 
 
 def test_stored_flags_agree_with_the_stored_share():
-    for text in ("a b c d a b c d.", "one two three four five six seven eight nine ten one two three four.",
-                 "w x y z w x y z w x y z w x y z w x y z."):
+    for text in (
+        "a b c d a b c d.",
+        "one two three four five six seven eight nine ten one two three four.",
+        "w x y z w x y z w x y z w x y z w x y z.",
+    ):
         q = text_quality(text, "eos")
         assert q.degenerate == (q.repeat_4gram >= MAX_REPEAT_4GRAM)
 
 
 def test_ended_cut_and_fragment():
-    prose = "This user enjoys tense crime films such as \"Heat\" and thrillers."
+    prose = 'This user enjoys tense crime films such as "Heat" and thrillers.'
     assert text_quality(prose, "eos").ended and not text_quality(prose, "eos").cut
     at_limit = text_quality(prose, "length")  # hit the limit exactly at a sentence end: ended, not cut
     assert at_limit.ended and not at_limit.cut and not at_limit.fragment
@@ -45,15 +58,17 @@ def test_ended_cut_and_fragment():
 
 
 def test_user_grounding_counts_titles_genres_and_ratings():
-    text = ('This user enjoys crime and action films like "Heat" and The Silence of the Lambs (4.5 stars), '
-            "but not animation.")
+    text = (
+        'This user enjoys crime and action films like "Heat" and The Silence of the Lambs (4.5 stars), '
+        "but not animation."
+    )
     g = user_grounding(text, HISTORY)
     assert g.mentioned == {"titles": 2, "genres": 3, "ratings": 1} and g.share == 1.0
 
 
 def test_user_grounding_catches_invented_facts():
     # the issue's rating confusion: 1.5 stars next to a 4.5-star title; an invented title; a genre not in the history
-    text = ('This user enjoys The Silence of the Lambs (1.5 stars), "The Tower in the Border" and westerns.')
+    text = 'This user enjoys The Silence of the Lambs (1.5 stars), "The Tower in the Border" and westerns.'
     g = user_grounding(text, HISTORY)
     assert g.matched == {"titles": 1, "ratings": 0, "genres": 0}
     assert g.mentioned == {"titles": 2, "ratings": 1, "genres": 1}

@@ -1,5 +1,6 @@
 """ReDrafter: prefix deduplication, packing, beam search, the drafter in the engine, greedy losslessness,
 sampling rules and head files (tiny random Llama models; no download)."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,15 @@ import torch
 from transformers import DynamicCache
 
 import laser
-from laser.decoders.redrafter.head import (PaperSamplingVerifier, ReDrafter, RecurrentDraftHead, beam_search, beams_to_trees,
-                             pack_beams, prefix_tree)
+from laser.decoders.redrafter.head import (
+    PaperSamplingVerifier,
+    ReDrafter,
+    RecurrentDraftHead,
+    beam_search,
+    beams_to_trees,
+    pack_beams,
+    prefix_tree,
+)
 from laser.testing import first_divergence
 from laser.tree import DraftTree, pack_trees
 from tests.helpers import greedy_reference, random_prompts
@@ -102,14 +110,18 @@ def test_packed_tree_masked_logits_equal_per_beam_logits(tiny_lm, head):
     model(torch.tensor([context[:-1]], device=model.device), past_key_values=cache, use_cache=True)
     n = len(context) - 1
     batch = pack_trees([tree], [n], n, torch.float32, model.device)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                   past_key_values=cache).logits[0]
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        past_key_values=cache,
+    ).logits[0]
     packed = pack_beams(beams.tokens)
     order = laser.decoders.redrafter.head.dfs_order(prefix_tree(beams.tokens))[0]
     ordered = beams.tokens[0, order]
     unpacker = pack_beams(ordered[None]).unpacker[0]
     for i, beam in enumerate(ordered.tolist()):
-        want = model(torch.tensor([context[:-1] + beam], device=model.device)).logits[0, -len(beam):]
+        want = model(torch.tensor([context[:-1] + beam], device=model.device)).logits[0, -len(beam) :]
         torch.testing.assert_close(logits[unpacker[i]], want, atol=1e-4, rtol=1e-4)
     assert packed.sizes[0] == len(tree)
 
@@ -207,9 +219,16 @@ def greedy_case(tiny_lm):
     return prompts, [greedy_reference(tiny_lm, p, MAX_NEW) for p in prompts]
 
 
-@pytest.mark.parametrize("width, length, dedup", [
-    (2, 4, True), *[pytest.param(*case, marks=pytest.mark.slow)
-                    for case in [(1, 3, True), (4, 5, True), (8, 3, True), (4, 4, False)]]])
+@pytest.mark.parametrize(
+    "width, length, dedup",
+    [
+        (2, 4, True),
+        *[
+            pytest.param(*case, marks=pytest.mark.slow)
+            for case in [(1, 3, True), (4, 5, True), (8, 3, True), (4, 4, False)]
+        ],
+    ],
+)
 def test_greedy_equals_generate_at_batch_1_and_8(tiny_lm, head, greedy_case, width, length, dedup):
     prompts, refs = greedy_case
     dec = laser.get_decoder("redrafter", tiny_lm, head=head, beam_width=width, beam_length=length, dedup=dedup)

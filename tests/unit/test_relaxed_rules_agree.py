@@ -1,6 +1,7 @@
 """The relaxed rule is written twice: for tree batches (``laser.verify.TopKVerifier``, this package's engine)
 and for vLLM's chains (``laser.vllm.relaxed.relaxed_accept``). On the same logits (many ties: small integer
 logits) and the same drafts, for greedy and relaxed settings, both must accept exactly the same tokens."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -18,16 +19,20 @@ def _chain(n: int, vocab: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     logits = torch.randint(0, 4, (n, vocab), generator=g).float()
     ranked = logits.argsort(dim=-1, descending=True, stable=True)
     pick = torch.randint(0, 4, (n,), generator=g)  # mostly a top-4 token, sometimes any
-    drafts = torch.where(torch.rand(n, generator=g) < 0.8, ranked[torch.arange(n), pick],
-                         torch.randint(0, vocab, (n,), generator=g))
+    drafts = torch.where(
+        torch.rand(n, generator=g) < 0.8, ranked[torch.arange(n), pick], torch.randint(0, vocab, (n,), generator=g)
+    )
     return logits, drafts
 
 
 def _tree_rule(verifier: TopKVerifier, logits: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
     """The tree verifier on a chain: node j+1 (draft j) is judged at row j, its parent's."""
     n = drafts.shape[0]
-    batch = SimpleNamespace(tokens=torch.cat([torch.tensor([0]), drafts])[None],
-                            parents=torch.arange(-1, n)[None], node_valid=torch.ones(1, n + 1, dtype=torch.bool))
+    batch = SimpleNamespace(
+        tokens=torch.cat([torch.tensor([0]), drafts])[None],
+        parents=torch.arange(-1, n)[None],
+        node_valid=torch.ones(1, n + 1, dtype=torch.bool),
+    )
     tree_logits = torch.cat([logits, logits[-1:]])[None]  # the last node's row predicts nothing judged here
     return verifier.accept_nodes(tree_logits, batch)[0, 1:]
 

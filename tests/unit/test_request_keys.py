@@ -1,5 +1,6 @@
 """Every entity's source hash from frames: equal to the requests' own, recomputed only where the prompt's inputs
 changed since the cache was written, and the whole cache ignored when another polars or prompt version wrote it."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -54,10 +55,12 @@ def test_only_entities_whose_inputs_changed_are_hashed_again(data, tmp_path, exa
     ds = data.dataset
     newest = pl.col("timestamp") == pl.col("timestamp").filter(pl.col("user_id") == user).max()
     ds.interactions = ds.interactions.with_columns(
-        rating=pl.when((pl.col("user_id") == user) & newest).then(6.0 - pl.col("rating")).otherwise(pl.col("rating")))
+        rating=pl.when((pl.col("user_id") == user) & newest).then(6.0 - pl.col("rating")).otherwise(pl.col("rating"))
+    )
     item = data.split.new_items["item_id"][0]  # one item retitled
     ds.items = ds.items.with_columns(
-        title=pl.when(pl.col("item_id") == item).then(pl.lit("Another Title")).otherwise(pl.col("title")))
+        title=pl.when(pl.col("item_id") == item).then(pl.lit("Another Title")).otherwise(pl.col("title"))
+    )
     data.split = split_old_new(ds, max_hist=5, mode="latest")
     edited = request_keys(data.dataset, data.split, cache)
     changed = {k for k, h in _hashes(edited).items() if _hashes(first)[k] != h}
@@ -78,18 +81,28 @@ def test_a_cache_from_another_polars_is_ignored(data, tmp_path, exact_calls):
 
 
 def test_a_run_plan_builds_requests_for_the_planned_entities_alone(data, tmp_path):
-    index = pl.DataFrame(schema={"entity_type": pl.Utf8, "entity_id": pl.Utf8, "source_hash": pl.Utf8,
-                                 "config_hash": pl.Utf8, "run_id": pl.Utf8, "run_seq": pl.Int64,
-                                 "generated_at": pl.Datetime("us", "UTC")})
+    index = pl.DataFrame(
+        schema={
+            "entity_type": pl.Utf8,
+            "entity_id": pl.Utf8,
+            "source_hash": pl.Utf8,
+            "config_hash": pl.Utf8,
+            "run_id": pl.Utf8,
+            "run_seq": pl.Int64,
+            "generated_at": pl.Datetime("us", "UTC"),
+        }
+    )
     first = plan_run(data.dataset, data.split, None, "routed", index, "c", tmp_path / "h.parquet")
     assert first.new == len(first.todo) == 30 + data.split.new_items.height
     items = [r for r in first.todo if r.entity_type == "item"]
     attach_payloads(data.dataset, data.split, items)
-    assert all(r.item == full for r in items for full in [data.split.new_items.filter(
-        pl.col("item_id") == r.entity_id).to_dicts()[0]])
+    assert all(
+        r.item == full
+        for r in items
+        for full in [data.split.new_items.filter(pl.col("item_id") == r.entity_id).to_dicts()[0]]
+    )
     keep = [r for r in first.todo if r.entity_id not in ("u0001", "u0002")]  # rows written for all but two
-    index = pl.DataFrame([(*r.key, r.source_hash, "c", "r1", 1, None) for r in keep], schema=index.schema,
-                         orient="row")
+    index = pl.DataFrame([(*r.key, r.source_hash, "c", "r1", 1, None) for r in keep], schema=index.schema, orient="row")
     second = plan_run(data.dataset, data.split, None, "routed", index, "c", tmp_path / "h.parquet")
     assert sorted(r.key for r in second.todo) == [("user", "u0001"), ("user", "u0002")]
     assert (second.new, second.unchanged) == (2, len(keep))

@@ -1,4 +1,5 @@
 """Collaborative (K-means) and attribute groups: sizes, coverage, rules, determinism, bad input."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,12 +15,14 @@ from router.groups import AttributeGrouping, attribute_groups, collaborative_gro
 def _items(n: int = 300, seed: int = 0) -> pl.DataFrame:
     rng = np.random.default_rng(seed)
     genres = [["Drama", "War"], ["Comedy"], ["Action", "Drama"], [], None]
-    return pl.DataFrame({
-        "item_id": [f"i{k}" for k in range(n)],
-        "genres": [genres[g] for g in rng.choice(5, n, p=[0.5, 0.2, 0.2, 0.05, 0.05])],
-        "year": [None if k % 17 == 0 else int(y) for k, y in enumerate(rng.integers(1950, 2010, n))],
-        "category": rng.choice(["a", "b"], n).tolist(),
-    })
+    return pl.DataFrame(
+        {
+            "item_id": [f"i{k}" for k in range(n)],
+            "genres": [genres[g] for g in rng.choice(5, n, p=[0.5, 0.2, 0.2, 0.05, 0.05])],
+            "year": [None if k % 17 == 0 else int(y) for k, y in enumerate(rng.integers(1950, 2010, n))],
+            "category": rng.choice(["a", "b"], n).tolist(),
+        }
+    )
 
 
 def test_attribute_groups_cover_every_entity_once_and_respect_max_size():
@@ -32,14 +35,24 @@ def test_attribute_groups_cover_every_entity_once_and_respect_max_size():
 
 
 def test_attribute_rules_first_genre_buckets_and_fallback():
-    items = pl.DataFrame({"item_id": ["a", "b", "c", "d", "e"],
-                          "genres": [["Drama", "War"], ["War"], [], None, ["Drama"]],
-                          "year": [1994, 1999, 2001, 1980, None]})
-    groups = attribute_groups(items, AttributeGrouping(["genres", "year"], max_group_size=1,
-                                                       bucket_widths={"year": 10}), "item_id")
+    items = pl.DataFrame(
+        {
+            "item_id": ["a", "b", "c", "d", "e"],
+            "genres": [["Drama", "War"], ["War"], [], None, ["Drama"]],
+            "year": [1994, 1999, 2001, 1980, None],
+        }
+    )
+    groups = attribute_groups(
+        items, AttributeGrouping(["genres", "year"], max_group_size=1, bucket_widths={"year": 10}), "item_id"
+    )
     got = dict(groups.iter_rows())
-    assert got == {"a": "Drama|1990-1999", "e": "Drama|unknown", "b": "War",
-                   "c": "unknown|2000-2009", "d": "unknown|1980-1989"}
+    assert got == {
+        "a": "Drama|1990-1999",
+        "e": "Drama|unknown",
+        "b": "War",
+        "c": "unknown|2000-2009",
+        "d": "unknown|1980-1989",
+    }
 
 
 def test_oversized_group_without_attributes_left_is_cut_into_seeded_parts():
@@ -54,14 +67,21 @@ def test_decision_tree_picks_the_predictive_attribute():
     n = 200
     rng = np.random.default_rng(0)
     label = rng.integers(0, 2, n)
-    items = pl.DataFrame({"item_id": [str(k) for k in range(n)], "category": ["c"] * n,
-                          "noise": rng.choice(["p", "q", "r"], n).tolist(),
-                          "decade": np.where(label == 1, "1990s", "1970s").tolist(),
-                          "cluster": label.tolist()})
+    items = pl.DataFrame(
+        {
+            "item_id": [str(k) for k in range(n)],
+            "category": ["c"] * n,
+            "noise": rng.choice(["p", "q", "r"], n).tolist(),
+            "decade": np.where(label == 1, "1990s", "1970s").tolist(),
+            "cluster": label.tolist(),
+        }
+    )
     by_tree = AttributeGrouping(["category", "noise", "decade"], max_group_size=150, split_target="cluster")
     groups = attribute_groups(items, by_tree, "item_id")
     assert set(groups["group_id"]) == {"c|1970s", "c|1990s"}
-    by_order = attribute_groups(items, AttributeGrouping(["category", "noise", "decade"], max_group_size=150), "item_id")
+    by_order = attribute_groups(
+        items, AttributeGrouping(["category", "noise", "decade"], max_group_size=150), "item_id"
+    )
     assert {g.split("|")[1] for g in by_order["group_id"]} == {"p", "q", "r"}
 
 
@@ -99,7 +119,9 @@ def test_embeddings_validation_names_ids():
 
 def test_load_embeddings_from_parquet(tmp_path):
     path = tmp_path / "emb.parquet"
-    pq.write_table(pa.table({"id": [1, 2], "embedding": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))}), path)
+    pq.write_table(
+        pa.table({"id": [1, 2], "embedding": pa.array([[1.0, 2.0], [3.0, 4.0]], pa.list_(pa.float32(), 2))}), path
+    )
     emb = load_embeddings(path)
     assert emb.ids == ["1", "2"] and emb.vectors.tolist() == [[1.0, 2.0], [3.0, 4.0]]
     pq.write_table(pa.table({"id": ["a", "b", "c"], "embedding": [[1.0, 2.0], [3.0], [1.0, 1.0]]}), path)

@@ -1,5 +1,6 @@
 """LightGCN: recovers planted taste clusters (with K-means), beats popularity, its pieces compute right, an
 epoch propagates once, evaluation is chunked and sampled, and a warm start begins from the earlier vectors."""
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,19 @@ from sklearn.metrics import adjusted_rand_score
 import router.lightgcn as lgcn
 from router.embeddings import Embeddings
 from router.groups import collaborative_groups
-from router.lightgcn import (LightGCN, LightGCNConfig, WarmStart, bpr_loss, build_graph, chunked_recall, eval_sample,
-                             normalized_adjacency, popularity_scores, recall_at_k, train_lightgcn)
+from router.lightgcn import (
+    LightGCN,
+    LightGCNConfig,
+    WarmStart,
+    bpr_loss,
+    build_graph,
+    chunked_recall,
+    eval_sample,
+    normalized_adjacency,
+    popularity_scores,
+    recall_at_k,
+    train_lightgcn,
+)
 from router.synthetic import planted_interactions
 
 CONFIG = LightGCNConfig(embedding_dim=16, max_epochs=60, eval_every=5, patience=3, progress=False, seed=3)
@@ -49,7 +61,7 @@ def test_training_is_deterministic_for_a_seed(planted):
 
 def test_recall_at_k_hand_computed():
     scores = np.array([[0.9, 0.8, 0.1, 0.0], [0.1, 0.2, 0.3, 0.4]])
-    train = np.array([[0, 0]])             # user 0's item 0 is excluded from ranking
+    train = np.array([[0, 0]])  # user 0's item 0 is excluded from ranking
     test = np.array([[0, 2], [0, 1], [1, 0]])
     # user 0 top-2 among items 1..3 = {1, 2}: both held-out hit -> 1.0; user 1 top-2 = {3, 2}: miss -> 0.0
     assert recall_at_k(scores, train, test, k=2) == pytest.approx(0.5)
@@ -59,23 +71,31 @@ def test_adjacency_is_symmetric_normalised():
     train = np.array([[0, 0], [0, 1], [1, 1]])  # user 0 (deg 2) - items 0, 1; user 1 (deg 1) - item 1 (deg 2)
     adj = normalized_adjacency(train, 2, 2).to_dense()
     assert torch.allclose(adj, adj.T)
-    assert adj[0, 2].item() == pytest.approx(1 / np.sqrt(2 * 1))   # user0-item0
-    assert adj[0, 3].item() == pytest.approx(1 / np.sqrt(2 * 2))   # user0-item1
+    assert adj[0, 2].item() == pytest.approx(1 / np.sqrt(2 * 1))  # user0-item0
+    assert adj[0, 3].item() == pytest.approx(1 / np.sqrt(2 * 2))  # user0-item1
     assert adj[1, 3].item() == pytest.approx(1 / np.sqrt(1 * 2))
 
 
 def test_bpr_loss_value():
     u = torch.tensor([[1.0, 0.0]])
-    assert bpr_loss(u, torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 0.0]])).item() == pytest.approx(np.log1p(np.exp(-2)))
+    assert bpr_loss(u, torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 0.0]])).item() == pytest.approx(
+        np.log1p(np.exp(-2))
+    )
 
 
 def test_graph_uses_threshold_and_holds_out_per_user():
-    frame = pl.DataFrame({"user_id": ["a"] * 5 + ["b"], "item_id": ["1", "2", "3", "4", "5", "1"],
-                          "rating": [5.0, 4.0, 4.0, 4.0, 2.0, 5.0], "timestamp": [0] * 6})
+    frame = pl.DataFrame(
+        {
+            "user_id": ["a"] * 5 + ["b"],
+            "item_id": ["1", "2", "3", "4", "5", "1"],
+            "rating": [5.0, 4.0, 4.0, 4.0, 2.0, 5.0],
+            "timestamp": [0] * 6,
+        }
+    )
     graph = build_graph(frame, positive_threshold=4.0, holdout_fraction=0.5, seed=0)
-    assert graph.item_ids == ["1", "2", "3", "4"]                # item 5 (rating 2) is no positive
+    assert graph.item_ids == ["1", "2", "3", "4"]  # item 5 (rating 2) is no positive
     assert len(graph.train) + len(graph.test) == 5
-    assert sorted(graph.test[:, 0].tolist()) == [0, 0]           # a: 2 of 4 held out; b keeps its only one
+    assert sorted(graph.test[:, 0].tolist()) == [0, 0]  # a: 2 of 4 held out; b keeps its only one
 
 
 def test_unknown_ids_are_named():
@@ -114,7 +134,7 @@ def test_an_epoch_propagates_once_per_step_whatever_the_batch_size(monkeypatch, 
     model = LightGCN(split.num_users, split.num_items, 8, 3)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     train = torch.as_tensor(split.train)
-    assert len(train) > 10 * config.batch_size            # a propagation per mini-batch would be 10+ calls
+    assert len(train) > 10 * config.batch_size  # a propagation per mini-batch would be 10+ calls
     spy = _Spy(monkeypatch)
     before = model.embedding.weight.detach().clone()
     lgcn._train_epoch(model, adjacency, train, optimizer, config, torch.Generator().manual_seed(0))
@@ -150,11 +170,11 @@ def test_chunked_loss_gives_the_whole_steps_gradient():
         lgcn._train_step(model, adjacency, triples, LightGCNConfig(batch_size=chunk, weight_decay=0.1))
         grads.append(model.embedding.weight.grad.clone())
     torch.manual_seed(0)
-    model = LightGCN(split.num_users, split.num_items, 8, 3)           # the loss written out, unchunked
+    model = LightGCN(split.num_users, split.num_items, 8, 3)  # the loss written out, unchunked
     users, items = model(adjacency)
     u, p, q = triples.T
     layer0 = model.embedding.weight
-    reg = (layer0[u].pow(2).sum() + layer0[p + split.num_users].pow(2).sum() + layer0[q + split.num_users].pow(2).sum())
+    reg = layer0[u].pow(2).sum() + layer0[p + split.num_users].pow(2).sum() + layer0[q + split.num_users].pow(2).sum()
     (bpr_loss(users[u], items[p], items[q]) + 0.1 * reg / (2 * len(u))).backward()
     torch.testing.assert_close(grads[0], grads[1])
     torch.testing.assert_close(grads[1], model.embedding.weight.grad)
@@ -173,7 +193,7 @@ def test_chunked_evaluation_matches_dense_recall_in_bounded_chunks(monkeypatch):
     assert chunked_recall(users, items, sample, k=5, chunk=8) == pytest.approx(dense)
     assert max(rows for rows, _ in shapes) <= 8 and sum(rows for rows, _ in shapes) == len(sample.users)
     shapes.clear()
-    monkeypatch.setattr(lgcn, "_EVAL_SCORES", 3 * split.num_items)   # a large catalogue: fewer users a chunk
+    monkeypatch.setattr(lgcn, "_EVAL_SCORES", 3 * split.num_items)  # a large catalogue: fewer users a chunk
     assert chunked_recall(users, items, sample, k=5, chunk=8) == pytest.approx(dense)
     assert max(rows for rows, _ in shapes) <= 3
 
@@ -185,7 +205,7 @@ def test_evaluation_samples_a_seeded_bounded_set_of_users():
     assert len(sample.users) == 10 and set(sample.users) <= set(testers)
     np.testing.assert_array_equal(sample.users, eval_sample(split, 10, seed=4).users)
     assert set(sample.test[:, 0]) == set(range(10)) and sample.train[:, 0].max() < 10
-    for row, user in enumerate(sample.users):               # a sampled user's pairs are all of that user's
+    for row, user in enumerate(sample.users):  # a sampled user's pairs are all of that user's
         assert sorted(sample.test[sample.test[:, 0] == row, 1]) == sorted(split.test[split.test[:, 0] == user, 1])
 
 
@@ -223,8 +243,9 @@ def test_warm_start_keeps_known_vectors_and_initialises_new_ids(monkeypatch):
     known_users, known_items = earlier.layer0.users, earlier.layer0.items
     for ids, known, offset in ((warm.users.ids, known_users, 0), (warm.items.ids, known_items, n_users)):
         for row, entity in enumerate(ids):
-            expected = (torch.as_tensor(known.subset([entity]).vectors[0]) if entity in known.ids
-                        else cold_start[row + offset])   # a new id: what a cold start gives it
+            expected = (
+                torch.as_tensor(known.subset([entity]).vectors[0]) if entity in known.ids else cold_start[row + offset]
+            )  # a new id: what a cold start gives it
             torch.testing.assert_close(warm_start[row + offset], expected)
 
 
@@ -248,7 +269,7 @@ def test_warm_start_of_another_width_few_ids_or_disabled_trains_from_scratch():
     earlier = train_lightgcn(frame, WARM)
     known = earlier.layer0
     few = WarmStart(known.users.subset(known.users.ids[:5]), known.items.subset(known.items.ids[:20]))
-    assert not train_lightgcn(frame, WARM, init=few).warm_started     # 25 of 110 users and items
+    assert not train_lightgcn(frame, WARM, init=few).warm_started  # 25 of 110 users and items
     off = LightGCNConfig(**{**WARM.__dict__, "warm_epochs": 0})
     assert not train_lightgcn(frame, off, init=earlier).warm_started
 
@@ -262,9 +283,17 @@ def test_the_job_saves_its_parameters_and_warm_starts_the_next_run(tmp_path, mon
     runs = []
     real = router.train_lightgcn
     monkeypatch.setattr(router, "train_lightgcn", lambda *a, **kw: runs.append(kw.get("init")) or real(*a, **kw))
-    cfg = load_config(None, ["dataset.synthetic.n_users=12", "dataset.synthetic.n_items=16", "split.max_hist=4",
-                             "routing.n_clusters=2", f"output.path={tmp_path / 'out'}",
-                             "routing.lightgcn={max_epochs: 3, warm_epochs: 1}"])
+    cfg = load_config(
+        None,
+        [
+            "dataset.synthetic.n_users=12",
+            "dataset.synthetic.n_items=16",
+            "split.max_hist=4",
+            "routing.n_clusters=2",
+            f"output.path={tmp_path / 'out'}",
+            "routing.lightgcn={max_epochs: 3, warm_epochs: 1}",
+        ],
+    )
     groups_of(cfg, load_job_data(cfg))
     saved = WarmStart.load(tmp_path / "out" / "lightgcn")
     groups_of(cfg, load_job_data(cfg))

@@ -1,4 +1,5 @@
 """The binary router: policies, fallbacks with reasons, memberships, Parquet round trip, bad input."""
+
 from __future__ import annotations
 
 import polars as pl
@@ -18,19 +19,31 @@ def _rows(table):
 def test_warm_cold_default_and_fallback_without_embedding():
     counts = {**COUNTS, "d": 50}
     table = route("user", ["a", "b", "c", "d"], ATTR, COLLAB, counts, warm_threshold=5)
-    assert _rows(table) == {"a": ("collaborative", "0"), "b": ("attribute", "Drama"),
-                            "c": ("collaborative", "1"), "d": ("attribute", "unknown")}
+    assert _rows(table) == {
+        "a": ("collaborative", "0"),
+        "b": ("attribute", "Drama"),
+        "c": ("collaborative", "1"),
+        "d": ("attribute", "unknown"),
+    }
     reasons = dict(zip(table["entity_id"].to_pylist(), table["reason"].to_pylist()))
     assert "no embedding" in reasons["d"] and reasons["b"].startswith("cold")
     assert set(table["entity_type"].to_pylist()) == {"user"}
 
 
 def test_always_policies_and_custom_callable():
-    assert {k for k, _ in _rows(route("item", list("abcd"), ATTR, COLLAB, COUNTS, policy="attribute")).values()} == {"attribute"}
+    assert {k for k, _ in _rows(route("item", list("abcd"), ATTR, COLLAB, COUNTS, policy="attribute")).values()} == {
+        "attribute"
+    }
     always = _rows(route("item", list("abcd"), ATTR, COLLAB, COUNTS, policy="collaborative"))
     assert always["a"] == ("collaborative", "0") and always["d"] == ("attribute", "unknown")
-    custom = route("item", list("abcd"), ATTR, COLLAB, COUNTS,
-                   policy=lambda e: ("collaborative", "war fans") if e.attribute_group == "War" else "attribute")
+    custom = route(
+        "item",
+        list("abcd"),
+        ATTR,
+        COLLAB,
+        COUNTS,
+        policy=lambda e: ("collaborative", "war fans") if e.attribute_group == "War" else "attribute",
+    )
     assert _rows(custom)["c"] == ("collaborative", "1") and _rows(custom)["a"] == ("attribute", "Drama")
     assert custom["reason"].to_pylist()[2] == "war fans"
     with pytest.raises(ValueError, match="'global'"):

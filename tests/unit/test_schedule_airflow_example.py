@@ -1,4 +1,5 @@
 """The Airflow DAG example parses, names the real commands and exit codes, and imports when Airflow is installed."""
+
 from __future__ import annotations
 
 import ast
@@ -20,8 +21,11 @@ DAG_FILE = Path(__file__).resolve().parents[2] / "jobs" / "examples" / "airflow_
 def test_dag_example_parses_and_uses_the_documented_codes():
     source = DAG_FILE.read_text()
     tree = ast.parse(source)
-    consts = {n.targets[0].id: n.value.value for n in tree.body
-              if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.targets[0], ast.Name)}
+    consts = {
+        n.targets[0].id: n.value.value
+        for n in tree.body
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant) and isinstance(n.targets[0], ast.Name)
+    }
     assert consts["LOCKED"] == exitcodes.LOCKED and consts["PARTIAL"] == exitcodes.PARTIAL
     assert "run {CONFIG} --incremental" in source and "ingest feast {CONFIG}" in source
 
@@ -69,23 +73,28 @@ def _simulate(module, env) -> dict[str, str]:
         out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
         lines = out.stdout.strip().splitlines()
         xcom[task.task_id] = lines[-1] if lines else ""
-        states[task.task_id] = ("success" if out.returncode == 0 else
-                                "skipped" if out.returncode == task.skip else "failed")
+        states[task.task_id] = (
+            "success" if out.returncode == 0 else "skipped" if out.returncode == task.skip else "failed"
+        )
         task = task.downstream[0] if states[task.task_id] == "success" and task.downstream else None
     return states
 
 
-@pytest.mark.parametrize("code, want", [
-    (exitcodes.OK, {"incremental_run": "success", "ingest_feast": "success", "partial_check": "success"}),
-    (exitcodes.PARTIAL, {"incremental_run": "success", "ingest_feast": "success", "partial_check": "failed"}),
-    (exitcodes.LOCKED, {"incremental_run": "skipped"}),
-    (exitcodes.CONFIG, {"incremental_run": "failed"}),
-])
+@pytest.mark.parametrize(
+    "code, want",
+    [
+        (exitcodes.OK, {"incremental_run": "success", "ingest_feast": "success", "partial_check": "success"}),
+        (exitcodes.PARTIAL, {"incremental_run": "success", "ingest_feast": "success", "partial_check": "failed"}),
+        (exitcodes.LOCKED, {"incremental_run": "skipped"}),
+        (exitcodes.CONFIG, {"incremental_run": "failed"}),
+    ],
+)
 def test_dag_ingests_after_done_and_partial_runs(tmp_path, monkeypatch, code, want):
     laser = tmp_path / "laser"
     calls = tmp_path / "calls"
-    laser.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n'
-                     '[ "$1" = run ] && { echo "run r1 summary"; exit $RUN_CODE; }\nexit 0\n')
+    laser.write_text(
+        f'#!/bin/sh\necho "$@" >> {calls}\n[ "$1" = run ] && {{ echo "run r1 summary"; exit $RUN_CODE; }}\nexit 0\n'
+    )
     laser.chmod(0o755)
     module = _load_with_fake_airflow(monkeypatch, laser)
     assert module.PARTIAL == exitcodes.PARTIAL

@@ -2,6 +2,7 @@
 V = 3 example (p = (0.2, 0.3, 0.5), q = (0.5, 0.3, 0.2), K = 2): paper mode outputs (0.114, 0.714, 0.171),
 the lossless mode outputs p.
 """
+
 from __future__ import annotations
 
 import numpy as np

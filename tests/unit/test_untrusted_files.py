@@ -1,4 +1,5 @@
 """Nothing read from a work or output directory is unpickled: a planted file never runs code (issue 23, item 2)."""
+
 from __future__ import annotations
 
 import pickle
@@ -41,8 +42,9 @@ def _loaders(work: Path):
     }
 
 
-@pytest.mark.parametrize("name", ["examples.pt", "align_data.pt", "checkpoint.pt", "generated.pt",
-                                  "head-checkpoint.pt"])
+@pytest.mark.parametrize(
+    "name", ["examples.pt", "align_data.pt", "checkpoint.pt", "generated.pt", "head-checkpoint.pt"]
+)
 def test_planted_training_cache_is_refused_without_running_it(name, tmp_path):
     marker = tmp_path / "payload-ran"
     path = plant(tmp_path / "work" / name, marker)
@@ -60,8 +62,9 @@ def test_plain_caches_round_trip(tmp_path):
     torch.save([(made.ids, made.start, made.target_hidden)], work / "examples.pt")
     (back,) = draft._examples(None, None, None, work)
     assert back.ids == [1, 2, 3] and back.start == 1 and torch.equal(back.target_hidden, made.target_hidden)
-    first = align._cached_data(work / "align_data.pt", {"K": 2}, lambda: {
-        "train": [align.AlignExample([1], [[2, 3]], [4])], "held": []})
+    first = align._cached_data(
+        work / "align_data.pt", {"K": 2}, lambda: {"train": [align.AlignExample([1], [[2, 3]], [4])], "held": []}
+    )
     again = align._cached_data(work / "align_data.pt", {"K": 2}, lambda: pytest.fail("made twice"))
     assert again == first and isinstance(again["train"][0], align.AlignExample)
 
@@ -77,8 +80,9 @@ def _store_with_tampered_snapshot(tmp_path: Path, snapshot_name: str, marker: Pa
     planted = pickle.dumps(Payload(marker))
     (tmp_path / "p" / snapshot_name).write_bytes(planted)
     manifest = json.loads((tmp_path / "p" / MANIFEST).read_text())  # the tamperer rewrites the checksum too
-    manifest["pools"]["user/attribute/a"].update(snapshot=snapshot_name,
-                                                 snapshot_sha256=hashlib.sha256(planted).hexdigest())
+    manifest["pools"]["user/attribute/a"].update(
+        snapshot=snapshot_name, snapshot_sha256=hashlib.sha256(planted).hexdigest()
+    )
     (tmp_path / "p" / MANIFEST).write_text(json.dumps(manifest))
     return texts
 

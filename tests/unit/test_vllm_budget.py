@@ -1,5 +1,6 @@
 """The draft-length policy of LASER inside vLLM (laser.vllm.chain_budget) and the relaxed rule's arithmetic:
 plain numpy/torch, no vLLM needed."""
+
 from __future__ import annotations
 
 import torch
@@ -107,12 +108,11 @@ def test_rows_that_keep_rejecting_get_shorter_drafts():
 
 
 def test_relaxed_rule_toy_distribution():
-    probs = torch.tensor([[.6, .3, .05, .05], [.5, .45, .03, .02]])
-    acc, _ = relaxed_accept(probs.log(), torch.tensor([1, 2]), torch.tensor([2, 2]), torch.tensor([.1, .1]))
+    probs = torch.tensor([[0.6, 0.3, 0.05, 0.05], [0.5, 0.45, 0.03, 0.02]])
+    acc, _ = relaxed_accept(probs.log(), torch.tensor([1, 2]), torch.tensor([2, 2]), torch.tensor([0.1, 0.1]))
     assert acc.tolist() == [True, False]  # 1: top-2 and .3 > .1; 2: not in the top-2
     out = chain_output(acc, torch.tensor([1, 2]), probs.argmax(-1), torch.tensor([3]), [2], 4)
     assert out[0].tolist() == [1, 0, -1, -1]  # accepted draft, then the argmax where the chain broke
-
 
 
 def test_no_row_drafts_while_prompts_are_prefilled_in_chunks():

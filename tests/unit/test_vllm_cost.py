@@ -1,5 +1,6 @@
 """The vLLM step-cost model: the shipped prior, its scaling, and what the budget learns from steps that ran
 (laser.vllm.step_cost, laser.vllm.chain_budget; plain numpy, no vLLM needed)."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ def _cost(extra_token_share: float) -> ForwardCost:
 
 
 def test_vectorised_times_match_the_scalar_model():
-    c = ForwardCost("t", ROWS, NODES, [[0.01 * r ** 0.5 * n ** 0.7 for n in NODES] for r in ROWS])
+    c = ForwardCost("t", ROWS, NODES, [[0.01 * r**0.5 * n**0.7 for n in NODES] for r in ROWS])
     rows = np.array([1, 3, 16, 40, 2, 7])
     nodes = np.array([1.0, 2.5, 9, 20, 1.3, 4])
     assert np.allclose(c.times(rows, nodes), [c.time(r, n) for r, n in zip(rows, nodes)])
@@ -121,7 +122,7 @@ def test_drafts_go_where_the_drafter_matched_more():
     b = ChainBudget(cost=_cost(0.05), max_len=4)
     rows = [f"r{i}" for i in range(8)]
     for step in range(40):  # rows alternate between long and short matches, as text goes along
-        long_rows = rows[step % 2::2]
+        long_rows = rows[step % 2 :: 2]
         b.lengths(rows, [4] * 8, [4 if r in long_rows else 1 for r in rows])
         for r in rows:
             b.observe(r, 4, 4 if r in long_rows else 0)

@@ -1,6 +1,7 @@
 """What a vLLM request's result reports (laser.vllm.engine): timings from vLLM's own per-request
 timestamps and per-step counts from LASER's proposer, never filled in. No vLLM needed: the request
 output and the proposer are stand-ins with the fields vLLM 0.32 and the proposer give."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace

@@ -1,6 +1,7 @@
 """The generation rules' vLLM forms (laser/vllm/forms.py) as vLLM takes them: a first text's whole genre
 ban is more bad words than vLLM accepts by default, and the engines' environment makes room. Skipped
 without vLLM."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """LASER's vLLM plug-in without an engine: the relaxed rule's batched chain output, the version/attribute
 check, the proposer's refusal to run unattached, stats from vLLM's per-request metrics, pool-store pools."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,7 +22,7 @@ def _loop_chain_output(accept, draft, argmax, bonus, num_draft, width):
         a = 0
         while a < n and bool(accept[start + a]):
             a += 1
-        out[i, :a] = draft[start:start + a].to(torch.int32)
+        out[i, :a] = draft[start : start + a].to(torch.int32)
         out[i, a] = int(argmax[start + a]) if a < n else int(bonus[i])
         start += n
     return out
@@ -139,8 +140,9 @@ def test_store_pools_open_each_store_once_and_keep_an_lru(tmp_path):
     from laser.vllm.sources import StorePools
     from pools.store import TokenizerFingerprint, write_store
 
-    write_store(tmp_path / "s", {"a": [[1, 2, 3, 4]], "b": [[5, 6, 7]], "c": [[8, 9]]},
-                TokenizerFingerprint("t", "0" * 64))
+    write_store(
+        tmp_path / "s", {"a": [[1, 2, 3, 4]], "b": [[5, 6, 7]], "c": [[8, 9]]}, TokenizerFingerprint("t", "0" * 64)
+    )
     calls = []
 
     def tokenizer():
@@ -247,13 +249,18 @@ def test_each_request_drafts_its_own_length_on_the_cost_table_from_the_environme
     prompt = (list(range(1, 9)) * 4)[:-1]  # ends ... 6, 7; the next token 8 repeats the pattern
 
     def state(draft_len):
-        args = LaserArgs(draft_len=draft_len).to_extra_args() if draft_len != "many" else \
-            {"laser": {"v": VERSION, "draft_len": draft_len}}  # as a foreign writer would send it
-        return SimpleNamespace(sampling_params=SimpleNamespace(extra_args=args, temperature=0.0),
-                               prompt_token_ids=prompt)
+        args = (
+            LaserArgs(draft_len=draft_len).to_extra_args()
+            if draft_len != "many"
+            else {"laser": {"v": VERSION, "draft_len": draft_len}}
+        )  # as a foreign writer would send it
+        return SimpleNamespace(
+            sampling_params=SimpleNamespace(extra_args=args, temperature=0.0), prompt_token_ids=prompt
+        )
 
-    prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["fixed", "auto"]),
-                                  requests={"fixed": state(3), "auto": state("auto")})
+    prop.runner = SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=["fixed", "auto"]), requests={"fixed": state(3), "auto": state("auto")}
+    )
     ids = torch.tensor([prompt + [8] + [0] * 8] * 2, dtype=torch.int32)
     out = prop.propose([[8], [8]], [32, 32], ids)
     assert out == [[1, 2, 3], []]
@@ -281,8 +288,10 @@ def test_the_proposer_owns_its_chain_budget():
     assert prop.budget is running
     prompt = list(range(1, 9)) * 2
     params = SimpleNamespace(extra_args=None, temperature=0.0)
-    prop.runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["c"]),
-                                  requests={"c": SimpleNamespace(sampling_params=params, prompt_token_ids=prompt)})
+    prop.runner = SimpleNamespace(
+        input_batch=SimpleNamespace(req_ids=["c"]),
+        requests={"c": SimpleNamespace(sampling_params=params, prompt_token_ids=prompt)},
+    )
     ids = torch.tensor([prompt + [1] + [0] * 8], dtype=torch.int32)
     with prop.calibrating([2, 3]) as log:
         assert prop.budget is not running and prop.budget.fixed == 4

@@ -1,6 +1,7 @@
 """A request's LASER arguments (laser.vllm.request_args): one typed record written by the engine and read by
 the proposer in vLLM's process; a bad argument fails where it is written, or with the request's id where
 it is read. No vLLM needed."""
+
 from __future__ import annotations
 
 import pickle
@@ -12,8 +13,17 @@ from laser.vllm.request_args import VERSION, LaserArgs, LaserArgsError
 
 
 def test_round_trip_through_extra_args_and_the_wire():
-    args = LaserArgs(tag="r7", pool="user/collab/3", pool_store="/data/pools", k=2, p=0.1, draft_len=3,
-                     earlier=(5, 6, 7), n_max=4, min_prob=0.05)
+    args = LaserArgs(
+        tag="r7",
+        pool="user/collab/3",
+        pool_store="/data/pools",
+        k=2,
+        p=0.1,
+        draft_len=3,
+        earlier=(5, 6, 7),
+        n_max=4,
+        min_prob=0.05,
+    )
     extra = args.to_extra_args()
     assert extra["laser"]["v"] == VERSION and extra["laser"]["earlier"] == [5, 6, 7]  # a list on the wire
     assert LaserArgs.from_extra_args(extra, "r7") == args
@@ -47,21 +57,24 @@ def test_a_renamed_key_fails_where_it_is_written():
         LaserArgs.from_extra_args(extra, "r3")
 
 
-@pytest.mark.parametrize("kwargs, problem", [
-    ({"draft_len": -1}, "draft_len must be 'auto' or an integer >= 0"),
-    ({"draft_len": "long"}, "draft_len must be 'auto'"),
-    ({"draft_len": True}, "draft_len must be 'auto'"),
-    ({"k": 2}, "k and p go together"),
-    ({"k": 0, "p": 0.1}, "k must be an integer >= 1"),
-    ({"k": 2, "p": 1.5}, "p must be a probability"),
-    ({"pool_store": "/s"}, "pool_store must be a directory"),
-    ({"pool": ["a", 1]}, "pool must be a hashable key"),
-    ({"earlier": (1, "x")}, "earlier must be token ids"),
-    ({"n_max": 0}, "n_max must be an integer >= 1"),
-    ({"min_prob": float("nan")}, "min_prob must be a probability"),
-    ({"draft": "no"}, "draft must be true or false"),
-    ({"tag": 3}, "tag must be a string"),
-])
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({"draft_len": -1}, "draft_len must be 'auto' or an integer >= 0"),
+        ({"draft_len": "long"}, "draft_len must be 'auto'"),
+        ({"draft_len": True}, "draft_len must be 'auto'"),
+        ({"k": 2}, "k and p go together"),
+        ({"k": 0, "p": 0.1}, "k must be an integer >= 1"),
+        ({"k": 2, "p": 1.5}, "p must be a probability"),
+        ({"pool_store": "/s"}, "pool_store must be a directory"),
+        ({"pool": ["a", 1]}, "pool must be a hashable key"),
+        ({"earlier": (1, "x")}, "earlier must be token ids"),
+        ({"n_max": 0}, "n_max must be an integer >= 1"),
+        ({"min_prob": float("nan")}, "min_prob must be a probability"),
+        ({"draft": "no"}, "draft must be true or false"),
+        ({"tag": 3}, "tag must be a string"),
+    ],
+)
 def test_a_malformed_value_is_refused_in_one_line(kwargs, problem):
     with pytest.raises(LaserArgsError, match=problem) as err:
         LaserArgs(**kwargs)

@@ -12,18 +12,22 @@ valid tokens at each position; p and q are renormalised over it (as the authors'
 - :func:`alignment_objective`: alpha * L_align + (1 - alpha) * L_rec, L_rec the draft's next-token
   cross-entropy on the ground-truth identifier.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
 
-def _on_candidates(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor,
-                   K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _on_candidates(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log q, log p) renormalised over each position's draft top-K valid tokens, and that set's mask."""
     if draft_logits.shape != target_logits.shape or valid.shape != draft_logits.shape:
-        raise ValueError(f"shapes differ: draft {tuple(draft_logits.shape)}, target {tuple(target_logits.shape)}, "
-                         f"valid {tuple(valid.shape)}")
+        raise ValueError(
+            f"shapes differ: draft {tuple(draft_logits.shape)}, target {tuple(target_logits.shape)}, "
+            f"valid {tuple(valid.shape)}"
+        )
     if not valid.any(-1).all():
         raise ValueError("every position needs at least one valid token")
     neg = torch.finfo(draft_logits.dtype).min
@@ -36,21 +40,32 @@ def _on_candidates(draft_logits: torch.Tensor, target_logits: torch.Tensor, vali
     return log_q, log_p, cand
 
 
-def align_strict_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int) -> torch.Tensor:
+def align_strict_loss(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int
+) -> torch.Tensor:
     log_q, log_p, cand = _on_candidates(draft_logits, target_logits, valid, K)
     log_pk = log_p.masked_fill(~cand, float("inf")).min(-1, keepdim=True).values  # K-th best on V_c
     q = log_q.exp() * cand
     return (q * (log_pk - log_p).masked_fill(~cand, 0.0)).sum(-1).mean()
 
 
-def align_relaxed_loss(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int) -> torch.Tensor:
+def align_relaxed_loss(
+    draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor, K: int
+) -> torch.Tensor:
     log_q, log_p, cand = _on_candidates(draft_logits, target_logits, valid, K)
     return 0.5 * ((log_q.exp() - log_p.exp()) * cand).abs().sum(-1).mean()
 
 
-def alignment_objective(draft_logits: torch.Tensor, target_logits: torch.Tensor, valid: torch.Tensor,
-                        labels: torch.Tensor, K: int, alpha: float = 0.5, mode: str = "strict",
-                        rec_logits: torch.Tensor | None = None) -> torch.Tensor:
+def alignment_objective(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    valid: torch.Tensor,
+    labels: torch.Tensor,
+    K: int,
+    alpha: float = 0.5,
+    mode: str = "strict",
+    rec_logits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """alpha * alignment (``mode`` strict: AtSpeed-S, relaxed: AtSpeed-R) + (1 - alpha) * cross-entropy.
 
     The cross-entropy is on ``rec_logits`` (the draft's logits at other positions, e.g. the ground-truth

@@ -9,6 +9,7 @@ Both run on the engine (``laser.engine``) through its beam hook: the request's b
 ``request.state`` (a :class:`BeamState`); their shared prefixes stay in the target's KV cache between steps
 (``laser.decoders.beam.search.PrefixTree``), so a step feeds only the live beams' ends and the drafted nodes.
 """
+
 from __future__ import annotations
 
 import time
@@ -56,8 +57,9 @@ class BeamDecoder(Decoder):
     def verifier(self) -> Verifier:
         return BeamSearchVerifier()
 
-    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
-                state: BeamState | None = None) -> Drafter:
+    def drafter(
+        self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY, state: BeamState | None = None
+    ) -> Drafter:
         """Lays the request's live beams (``state``) out as each step's tree."""
         return BeamDrafter(beam_state(state))
 
@@ -65,8 +67,9 @@ class BeamDecoder(Decoder):
         """The request's sampling settings (its seeded generator drives sampling verifiers)."""
         return GREEDY
 
-    def recommend_batch(self, prompts: Sequence[Prompt], trie: ItemTrie, K: int,
-                        seeds: Sequence[int] | None = None) -> list[Recommendation]:
+    def recommend_batch(
+        self, prompts: Sequence[Prompt], trie: ItemTrie, K: int, seeds: Sequence[int] | None = None
+    ) -> list[Recommendation]:
         """The top-``K`` items of ``trie`` after each prompt, decoded together in one padded batch.
         ``seeds`` (sampling verifiers only): one per prompt, default the decoder's own seed."""
         t0 = time.perf_counter()
@@ -76,8 +79,16 @@ class BeamDecoder(Decoder):
             raise ValueError(f"{len(prompts)} prompts but {len(chosen)} seeds")
         for p, seed in zip(prompts, chosen):
             ids, state, sampling = self.encode(p), BeamState(trie, K), self.sampling(seed)
-            seqs.append(Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(ids, None, sampling, state),
-                                max_new_tokens=trie.max_len + 1, sampling=sampling, state=state))
+            seqs.append(
+                Request(
+                    tokens=list(ids),
+                    prompt_len=len(ids),
+                    drafter=self.drafter(ids, None, sampling, state),
+                    max_new_tokens=trie.max_len + 1,
+                    sampling=sampling,
+                    state=state,
+                )
+            )
         self.engine.run(seqs)
         dt = time.perf_counter() - t0
         out = []
@@ -110,8 +121,15 @@ class AtSpeed(UsesDraftModel, BeamDecoder):
     name = "atspeed"
     summary = "AtSpeed speculative beam search: a draft model's beams verified in one forward; strict top-K is lossless"
 
-    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, N: int = 20, verification: str = "strict",
-                 seed: int = 0):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        draft: Any = None,
+        gamma: int = 4,
+        N: int = 20,
+        verification: str = "strict",
+        seed: int = 0,
+    ):
         from laser.decoders.draft_model.decoders import load_draft
 
         if gamma < 1 or N < 1:
@@ -135,13 +153,20 @@ class AtSpeed(UsesDraftModel, BeamDecoder):
         seed = self.seed if seed is None else seed
         return SamplingParams(temperature=1.0, seed=seed) if self.verification == "relaxed" else GREEDY
 
-    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
-                state: BeamState | None = None) -> Drafter:
+    def drafter(
+        self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY, state: BeamState | None = None
+    ) -> Drafter:
         from laser.decoders.beam.draft import BeamTreeDrafter, TreeDraftModel
 
         state = beam_state(state)
         if self.N < state.width:
             raise ValueError(f"atspeed: N={self.N} draft beams cannot cover K={state.width} target beams; use N >= K")
         seed = self.seed if sampling.greedy else int(sampling.seed)
-        return BeamTreeDrafter(state, TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab), self.gamma, self.N,
-                               self.verification == "relaxed", seed)
+        return BeamTreeDrafter(
+            state,
+            TreeDraftModel(self.draft_model, prompt_ids, state.trie.vocab),
+            self.gamma,
+            self.N,
+            self.verification == "relaxed",
+            seed,
+        )

@@ -6,6 +6,7 @@ tree nodes fed so far: each forward feeds only new nodes, which attend to the pr
 and themselves (additive 4D mask, positions = prompt length + depth). Between proposals it keeps the
 nodes the target keeps (the live beams' prefixes) and drops the rest.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -47,8 +48,11 @@ class TreeDraftModel:
         self.prefix = len(prompt_ids) - 1  # the last prompt token is the tree's root
         if self.prefix:
             with torch.inference_mode():
-                self._body(input_ids=torch.tensor([list(prompt_ids[:-1])], device=self.device), past_key_values=self.cache,
-                           use_cache=True)
+                self._body(
+                    input_ids=torch.tensor([list(prompt_ids[:-1])], device=self.device),
+                    past_key_values=self.cache,
+                    use_cache=True,
+                )
         self.ancestors: list[np.ndarray] = []  # per node: indices of its ancestors and itself
         self.depth: list[int] = []
 
@@ -63,8 +67,12 @@ class TreeDraftModel:
         self.depth = [self.depth[old] for old in nodes]
         index = torch.tensor([self.prefix + n for n in nodes], dtype=torch.long, device=self.device)
         for layer in self.cache.layers:
-            if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None \
-                    or layer.keys.numel() == 0:
+            if (
+                not isinstance(layer, CacheLayerMixin)
+                or layer.keys is None
+                or layer.values is None
+                or layer.keys.numel() == 0
+            ):
                 continue
             layer.keys = torch.cat([layer.keys[:, :, : self.prefix], layer.keys[:, :, index]], 2)
             layer.values = torch.cat([layer.values[:, :, : self.prefix], layer.values[:, :, index]], 2)
@@ -73,8 +81,9 @@ class TreeDraftModel:
         """Drop the tree nodes (keep the prompt)."""
         self.keep([])
 
-    def sync(self, kept_from: list[int], tokens: list[int], parents: list[int], nodes: dict[Seq, int]
-             ) -> dict[Seq, torch.Tensor]:
+    def sync(
+        self, kept_from: list[int], tokens: list[int], parents: list[int], nodes: dict[Seq, int]
+    ) -> dict[Seq, torch.Tensor]:
         """Match the draft's cache to a new tree whose first nodes are the previous tree's ``kept_from``
         (sorted): keep those it has fed (a prefix of them), feed the rest of the tree; the draft's rows of
         the fed sequences (``nodes``: sequence -> node)."""
@@ -98,8 +107,13 @@ class TreeDraftModel:
             seen[i, self.prefix + self.ancestors[start + i]] = True
         mask = additive_mask(torch.from_numpy(seen).to(self.device)[None, None], self.dtype)
         pos = torch.tensor([[self.prefix + d for d in self.depth[start:]]], device=self.device)
-        hidden = self._body(input_ids=torch.tensor([list(tokens)], device=self.device), attention_mask=mask,
-                            position_ids=pos, past_key_values=self.cache, use_cache=True)[0]
+        hidden = self._body(
+            input_ids=torch.tensor([list(tokens)], device=self.device),
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=self.cache,
+            use_cache=True,
+        )[0]
         if self.head is None:
             return torch.log_softmax(self.model.get_output_embeddings()(hidden).float(), dim=-1)
         vocab, weight = self.head
@@ -121,8 +135,9 @@ class BeamTreeDrafter(Drafter):
     keeps its cache of the tree nodes the target keeps, so each proposal feeds it only new nodes.
     """
 
-    def __init__(self, state: BeamState, draft: TreeDraftModel, gamma: int, width: int,
-                 sampled: bool = False, seed: int = 0):
+    def __init__(
+        self, state: BeamState, draft: TreeDraftModel, gamma: int, width: int, sampled: bool = False, seed: int = 0
+    ):
         if gamma < 0 or width < 1:
             raise ValueError(f"gamma must be >= 0 and N >= 1, got gamma={gamma}, N={width}")
         self.state, self.draft, self.gamma, self.width = state, draft, gamma, width
@@ -171,8 +186,9 @@ class BeamTreeDrafter(Drafter):
                 return
             self._add_nodes(new, tokens, parents, rows, feed=j + 1 < self.gamma)
 
-    def _add_nodes(self, new: list[Seq], tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor],
-                   feed: bool) -> None:
+    def _add_nodes(
+        self, new: list[Seq], tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor], feed: bool
+    ) -> None:
         """Append the new beam ends as tree nodes; with ``feed``, run the draft on them for their next rows
         (the last step's beams need none: the next proposal feeds the ones the target keeps)."""
         first = len(tokens)

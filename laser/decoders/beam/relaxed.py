@@ -14,6 +14,7 @@ applied: the output resets each step, the test is ``>= K``, a rejected step ends
 After all drafted steps are accepted a bonus step draws K from p. A drafted candidate y ~ q is accepted
 with probability 1 - TVD(p, q); with K = N = 1 one step is exactly speculative sampling.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -39,8 +40,9 @@ def sample_distinct(probs: np.ndarray, n: int, generator: torch.Generator) -> li
     return out
 
 
-def relaxed_accept(p: np.ndarray, q: np.ndarray, drafted: list[int], K: int, generator: torch.Generator,
-                   broken_residual: bool = False) -> tuple[list[int], bool]:
+def relaxed_accept(
+    p: np.ndarray, q: np.ndarray, drafted: list[int], K: int, generator: torch.Generator, broken_residual: bool = False
+) -> tuple[list[int], bool]:
     """One step's K chosen candidate indices and whether the step was accepted (see module docstring).
 
     ``broken_residual`` (tests only) refills from p instead of the residual, biasing towards the drafts.
@@ -86,12 +88,15 @@ class RelaxedBeamVerifier(BeamVerifier):
                 dseqs, qmap = drafted[j]
                 index = {s: i for i, s in enumerate(seqs)}
                 q = np.array([qmap.get(s, 0.0) for s in seqs])
-                chosen, ok = relaxed_accept(p, q, [index[s] for s in dseqs if s in index], st.width,
-                                            request.generator, self.broken_residual)
+                chosen, ok = relaxed_accept(
+                    p, q, [index[s] for s in dseqs if s in index], st.width, request.generator, self.broken_residual
+                )
             else:  # every drafted step accepted (or none drafted): sample the next step from p
                 chosen, ok = sample_distinct(p, st.width, request.generator), False
-            st.hyps = sorted((Hyp(seqs[i], float(scores[i]), st.trie.item(seqs[i]) is not None) for i in chosen),
-                             key=lambda h: (-h.score, h.seq))
+            st.hyps = sorted(
+                (Hyp(seqs[i], float(scores[i]), st.trie.item(seqs[i]) is not None) for i in chosen),
+                key=lambda h: (-h.score, h.seq),
+            )
             steps += 1
             if not ok:
                 break

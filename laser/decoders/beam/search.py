@@ -20,6 +20,7 @@ step feeds only the live beams' ends and the drafted nodes.
 Scores are the model's own log-probabilities (the constraint masks, it does not renormalise), as
 ``generate`` with ``prefix_allowed_tokens_fn`` scores them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,7 +55,9 @@ class ItemTrie:
                 raise ValueError(f"item {item_id!r}: its identifier contains the end token {self.end_token}")
             key = seq + (self.end_token,)
             if key in self.trie:
-                raise ValueError(f"items {self.trie[key]!r} and {item_id!r} have the same identifier tokens {list(seq)}")
+                raise ValueError(
+                    f"items {self.trie[key]!r} and {item_id!r} have the same identifier tokens {list(seq)}"
+                )
             self.trie[key] = str(item_id)
             for i in range(len(key)):
                 self._children.setdefault(key[:i], []).append(key[i])
@@ -122,8 +125,11 @@ def beam_step(hyps: Sequence[Hyp], rows: Mapping[Seq, torch.Tensor], trie: ItemT
     """One constrained beam step: the ``width`` best candidates (ties: lower token sequence first)."""
     seqs, flat = candidates(hyps, rows, trie)
     # best first; equal scores: lower token sequence first (deterministic)
-    order = sorted(range(len(seqs)), key=lambda i: (-flat[i], seqs[i]))[:width] if len(seqs) <= 4 * width else \
-        _top_order(flat, seqs, width)
+    order = (
+        sorted(range(len(seqs)), key=lambda i: (-flat[i], seqs[i]))[:width]
+        if len(seqs) <= 4 * width
+        else _top_order(flat, seqs, width)
+    )
     return [Hyp(seqs[i], float(flat[i]), trie.item(seqs[i]) is not None) for i in order]
 
 
@@ -268,5 +274,6 @@ class BeamSearchVerifier(BeamVerifier):
 
 def beam_outcome(st: BeamState) -> Outcome:
     """Nothing committed; the live beams' prefixes stay cached; the request ends with its last live beam."""
-    return Outcome(path=[], tokens=[], finished=st.finished,
-                   keep=None if st.finished else st.tree.keep([h.seq for h in st.live]))
+    return Outcome(
+        path=[], tokens=[], finished=st.finished, keep=None if st.finished else st.tree.keep([h.seq for h in st.live])
+    )

@@ -9,6 +9,7 @@ tokens per step (all requests of a step in one draft forward per position).
 ``truncate:N``: the target's first N layers (``truncated_copy``), a draft that needs no training. None
 means ``truncate:`` a quarter of the target's layers. In code a ``LoadedModel`` may be passed too.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,10 @@ def load_draft(target: LoadedModel, draft: str | LoadedModel | None) -> tuple[Pr
     try:
         loaded = load_model(os.path.expanduser(draft), device=str(param.device), dtype=param.dtype)
     except ValueError as err:
-        raise ValueError(f"draft model {draft!r} not found: not a local model directory, a bundled name "
-                         f"({', '.join(sorted(BUNDLED))}) or a cached hub id ({err})") from err
+        raise ValueError(
+            f"draft model {draft!r} not found: not a local model directory, a bundled name "
+            f"({', '.join(sorted(BUNDLED))}) or a cached hub id ({err})"
+        ) from err
     check_vocab(target, loaded)
     return loaded.model, draft
 
@@ -56,13 +59,18 @@ def load_draft(target: LoadedModel, draft: str | LoadedModel | None) -> tuple[Pr
 def check_vocab(target: LoadedModel, draft: LoadedModel) -> None:
     """Refuse a draft whose next-token distributions are not over the target's vocabulary."""
     sizes = [m.model.get_output_embeddings().weight.shape[0] for m in (target, draft)]
-    same_tokens = (target.tokenizer is None or draft.tokenizer is None
-                   or target.tokenizer.get_vocab() == draft.tokenizer.get_vocab())
+    same_tokens = (
+        target.tokenizer is None
+        or draft.tokenizer is None
+        or target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    )
     if sizes[0] != sizes[1] or not same_tokens:
         names = [getattr(m.tokenizer, "name_or_path", None) or m.name for m in (target, draft)]
-        raise ValueError(f"draft {draft.name!r} does not share the target's vocabulary: target {names[0]!r} has "
-                         f"{sizes[0]} logits, draft {names[1]!r} has {sizes[1]}"
-                         + ("" if same_tokens else " and their tokenizers map tokens differently"))
+        raise ValueError(
+            f"draft {draft.name!r} does not share the target's vocabulary: target {names[0]!r} has "
+            f"{sizes[0]} logits, draft {names[1]!r} has {sizes[1]}"
+            + ("" if same_tokens else " and their tokenizers map tokens differently")
+        )
 
 
 class UsesDraftModel(Decoder):
@@ -94,15 +102,19 @@ def check_draft_name(draft: str, model: str | None) -> None:
     try:
         draft_vocab = load_tokenizer(os.path.expanduser(draft)).get_vocab()
     except ValueError as exc:
-        raise ValueError(f"params.draft: draft model {draft!r} not found: not a local model directory, a bundled "
-                         f"name, a name saved by `laser train-draft` or a cached hub id ({exc})") from None
+        raise ValueError(
+            f"params.draft: draft model {draft!r} not found: not a local model directory, a bundled "
+            f"name, a name saved by `laser train-draft` or a cached hub id ({exc})"
+        ) from None
     if model is None:
         return
     target_vocab = load_tokenizer(model).get_vocab()
     if draft_vocab != target_vocab:
-        raise ValueError(f"params.draft: draft {draft!r} does not share the target's vocabulary: target {model!r} "
-                         f"has {len(target_vocab)} tokens, draft {draft!r} has {len(draft_vocab)}"
-                         + (" mapped differently" if len(draft_vocab) == len(target_vocab) else ""))
+        raise ValueError(
+            f"params.draft: draft {draft!r} does not share the target's vocabulary: target {model!r} "
+            f"has {len(target_vocab)} tokens, draft {draft!r} has {len(draft_vocab)}"
+            + (" mapped differently" if len(draft_vocab) == len(target_vocab) else "")
+        )
 
 
 class DraftModelDecoder(UsesDraftModel, Decoder):
@@ -121,26 +133,41 @@ class DraftModelDecoder(UsesDraftModel, Decoder):
     def params(self) -> dict[str, Any]:
         return {"draft": self.draft, "gamma": self.gamma}
 
-    def drafter(self, prompt_ids: list[int], pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
-                state: Any = None) -> Drafter:
+    def drafter(
+        self,
+        prompt_ids: list[int],
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        state: Any = None,
+    ) -> Drafter:
         return ModelDrafter(self.draft_model, prompt_ids, self.gamma, sampling)
 
 
 @register_decoder
 class SpecSampling(DraftModelDecoder):
     name = "spec_sampling"
-    summary = ("speculative sampling with a draft model: greedy (lossless) at temperature 0, exact sampling "
-               "from the target above it")
+    summary = (
+        "speculative sampling with a draft model: greedy (lossless) at temperature 0, exact sampling "
+        "from the target above it"
+    )
 
 
 @register_decoder
 class TopKImp(DraftModelDecoder):
     name = "topk_imp"
-    summary = ("TopK-ImpSpecDec: the draft's top-K candidates weighted by p/q; 'paper' rule (not lossless) or "
-               "'lossless' (tested against the proposal used); greedy at temperature 0")
+    summary = (
+        "TopK-ImpSpecDec: the draft's top-K candidates weighted by p/q; 'paper' rule (not lossless) or "
+        "'lossless' (tested against the proposal used); greedy at temperature 0"
+    )
 
-    def __init__(self, lm: LoadedModel, draft: str | LoadedModel | None = None, gamma: int = 4, K: int = 50,
-                 mode: Literal["paper", "lossless"] = "lossless"):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        draft: str | LoadedModel | None = None,
+        gamma: int = 4,
+        K: int = 50,
+        mode: Literal["paper", "lossless"] = "lossless",
+    ):
         TopKImportanceVerifier(K, mode)  # validate before loading the draft
         super().__init__(lm, draft=draft, gamma=gamma)
         self.topk, self.mode = K, mode

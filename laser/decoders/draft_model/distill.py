@@ -6,6 +6,7 @@
 
 The target is frozen (no gradient); the draft and the projection are trained.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,14 +19,22 @@ def hidden_projection(draft: PreTrainedModel, target: PreTrainedModel) -> torch.
     return torch.nn.Linear(draft.config.hidden_size, target.config.hidden_size).to(next(draft.parameters()).device)
 
 
-def distill_loss_terms(draft_hidden: torch.Tensor, target_hidden: torch.Tensor, draft_logits: torch.Tensor,
-                       target_logits: torch.Tensor, proj: torch.nn.Module, mask: torch.Tensor | None = None,
-                       kl_weight: float = 0.1) -> torch.Tensor:
+def distill_loss_terms(
+    draft_hidden: torch.Tensor,
+    target_hidden: torch.Tensor,
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    proj: torch.nn.Module,
+    mask: torch.Tensor | None = None,
+    kl_weight: float = 0.1,
+) -> torch.Tensor:
     """The loss from both models' outputs: hidden ``[B, T, H_d]`` / ``[B, T, H_t]``, logits ``[B, T, V]``,
     ``mask`` ``[B, T]`` (1 = a real position; None = all)."""
     if draft_logits.shape != target_logits.shape:
-        raise ValueError(f"draft logits {tuple(draft_logits.shape)} and target logits "
-                         f"{tuple(target_logits.shape)} differ: the models must share a vocabulary")
+        raise ValueError(
+            f"draft logits {tuple(draft_logits.shape)} and target logits "
+            f"{tuple(target_logits.shape)} differ: the models must share a vocabulary"
+        )
     mask = torch.ones(draft_logits.shape[:2], device=draft_logits.device) if mask is None else mask.float()
     reg = F.smooth_l1_loss(proj(draft_hidden).float(), target_hidden.float(), reduction="none").mean(-1)
     log_q = torch.log_softmax(draft_logits.float(), -1)
@@ -35,11 +44,18 @@ def distill_loss_terms(draft_hidden: torch.Tensor, target_hidden: torch.Tensor, 
     return (per_position * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def distill_loss(draft: torch.nn.Module, target: torch.nn.Module, proj: torch.nn.Module, input_ids: torch.Tensor,
-                 attention_mask: torch.Tensor | None = None, kl_weight: float = 0.1) -> torch.Tensor:
+def distill_loss(
+    draft: torch.nn.Module,
+    target: torch.nn.Module,
+    proj: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    kl_weight: float = 0.1,
+) -> torch.Tensor:
     """Run both models on ``input_ids`` ``[B, T]`` and return the distillation loss (target frozen)."""
     with torch.no_grad():
         t = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     d = draft(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    return distill_loss_terms(d.hidden_states[-1], t.hidden_states[-1], d.logits, t.logits, proj,
-                              attention_mask, kl_weight)
+    return distill_loss_terms(
+        d.hidden_states[-1], t.hidden_states[-1], d.logits, t.logits, proj, attention_mask, kl_weight
+    )

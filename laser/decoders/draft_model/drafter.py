@@ -13,6 +13,7 @@ padding, position ids count each row's own tokens) and each row's entries are ga
 own cache afterwards: a copy of the draft caches per step, simpler than one long-lived batch cache
 whose rows would have to follow the engine's batch as requests finish. A single request skips it.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -31,8 +32,9 @@ from laser.tree import DraftTree, additive_mask
 class ModelDrafter(Drafter):
     """Per-request draft-model state: its cache, the context it covers, the drafts of the last proposal."""
 
-    def __init__(self, model: torch.nn.Module, prompt_ids: Sequence[int], gamma: int,
-                 sampling: SamplingParams = GREEDY):
+    def __init__(
+        self, model: torch.nn.Module, prompt_ids: Sequence[int], gamma: int, sampling: SamplingParams = GREEDY
+    ):
         if gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {gamma}")
         self.model, self.gamma, self.sampling = model, gamma, sampling
@@ -48,8 +50,9 @@ class ModelDrafter(Drafter):
 
     @classmethod
     @torch.inference_mode()
-    def propose_batch(cls, drafters: Sequence["ModelDrafter"], contexts: Sequence[Sequence[int]],
-                      budgets: Sequence[int | None]) -> list[DraftTree]:
+    def propose_batch(
+        cls, drafters: Sequence["ModelDrafter"], contexts: Sequence[Sequence[int]], budgets: Sequence[int | None]
+    ) -> list[DraftTree]:
         """Chains for several requests: drafters sharing a draft model advance together, one draft
         forward per draft position for all of them."""
         trees: dict[int, DraftTree] = {}
@@ -106,8 +109,9 @@ def truncated_copy(model: PreTrainedModel, layers: int) -> PreTrainedModel:
     return draft
 
 
-def _draft_together(drafters: Sequence[ModelDrafter], contexts: Sequence[Sequence[int]],
-                    gammas: Sequence[int]) -> list[DraftTree]:
+def _draft_together(
+    drafters: Sequence[ModelDrafter], contexts: Sequence[Sequence[int]], gammas: Sequence[int]
+) -> list[DraftTree]:
     """Draft ``gammas[i]`` tokens for each drafter (all sharing one draft model), position by position.
 
     The first forward feeds what each draft cache lacks (at least the root); each later one feeds the
@@ -115,7 +119,7 @@ def _draft_together(drafters: Sequence[ModelDrafter], contexts: Sequence[Sequenc
     holding context + drafts[:-1], as :meth:`ModelDrafter.commit` expects.
     """
     batch = _RowCache(drafters[0]) if len(drafters) == 1 else _StackedCache(drafters)
-    logits = batch.forward([list(c[d.cached:]) for d, c in zip(drafters, contexts)], [True] * len(drafters))
+    logits = batch.forward([list(c[d.cached :]) for d, c in zip(drafters, contexts)], [True] * len(drafters))
     drafts: list[list[int]] = [[] for _ in drafters]
     dists: list[list[torch.Tensor]] = [[] for _ in drafters]
     for t in range(max(gammas)):
@@ -190,9 +194,13 @@ class _StackedCache:
         causal = cols[None, :, None] >= cols[None, None, :]  # [1, F, F]
         own = (causal & ok[:, None, :] & ok[:, :, None]) | torch.eye(width, dtype=torch.bool, device=self.device)
         seen = torch.cat([self.valid[:, None, :] & ok[:, :, None], own], dim=2)  # [B, F, S + F]
-        out = self.model(input_ids=ids, attention_mask=additive_mask(seen[:, None], self.dtype),
-                         position_ids=self.next_pos[:, None] + cols[None, :], past_key_values=self.cache,
-                         use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=additive_mask(seen[:, None], self.dtype),
+            position_ids=self.next_pos[:, None] + cols[None, :],
+            past_key_values=self.cache,
+            use_cache=True,
+        )
         self.valid = torch.cat([self.valid, ok], dim=1)
         self.next_pos = self.next_pos + ok.sum(1)
         logits: torch.Tensor = out.logits[torch.arange(len(feeds), device=self.device), lens - 1]
@@ -204,4 +212,4 @@ class _StackedCache:
             d.cache = DynamicCache()
             for layer, stacked in enumerate(self.cache.layers):
                 keys, values = layer_kv(stacked)
-                d.cache.update(keys[b:b + 1, :, slots], values[b:b + 1, :, slots], layer)
+                d.cache.update(keys[b : b + 1, :, slots], values[b : b + 1, :, slots], layer)

@@ -16,6 +16,7 @@ Each step emits accepted + 1 tokens. Degenerate cases: when p puts no mass on T_
 rejected; an empty residual falls back to p. Greedy requests (temperature 0) take the greedy rule
 (lossless), as :class:`laser.verify.RejectionSampler` does.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, Sequence
@@ -83,8 +84,7 @@ class TopKImportanceVerifier(Verifier):
             path.append(j + 1)
         return Outcome(path, [int(t) for t in tree.tokens[path[1:]]] + [sample(probs[len(tree) - 1], generator)])
 
-    def _position(self, p: torch.Tensor, q: torch.Tensor, drafted: int, generator: torch.Generator
-                  ) -> tuple[int, bool]:
+    def _position(self, p: torch.Tensor, q: torch.Tensor, drafted: int, generator: torch.Generator) -> tuple[int, bool]:
         """One position: ``(token, continue)``; continue only when the accepted token is the drafted one."""
         idx, w = importance_proposal(p, q, self.k)
         r = torch.zeros_like(p).index_copy_(0, idx, w)  # the proposal actually used, over the vocabulary

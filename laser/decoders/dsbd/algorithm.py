@@ -20,6 +20,7 @@ the memory is that of plain speculative decoding. It is not distribution-equival
 :func:`acceptance_distribution` is the dynamic program for the number of accepted drafts and
 :func:`dynamic_width` the layer width it gives (``W_L = max(W_min, max{K : P(accepted >= K) >= t})``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -88,12 +89,19 @@ def draw(probs: np.ndarray, n: int, generator: torch.Generator) -> list[int]:
     """``n`` i.i.d. draws from a flat distribution."""
     if n <= 0:
         return []
-    return torch.multinomial(torch.from_numpy(np.ascontiguousarray(probs, dtype=np.float64)), n, replacement=True,
-                             generator=generator).tolist()
+    return torch.multinomial(
+        torch.from_numpy(np.ascontiguousarray(probs, dtype=np.float64)), n, replacement=True, generator=generator
+    ).tolist()
 
 
-def verify_layer(p: np.ndarray, q: np.ndarray, drafted: Sequence[int], width: int, generator: torch.Generator,
-                 broken_residual: bool = False) -> tuple[list[int], int]:
+def verify_layer(
+    p: np.ndarray,
+    q: np.ndarray,
+    drafted: Sequence[int],
+    width: int,
+    generator: torch.Generator,
+    broken_residual: bool = False,
+) -> tuple[list[int], int]:
     """(``width`` chosen candidate indices, how many were accepted drafts) for flat p_beam and q_beam;
     the layer passed when all ``width`` were.
 
@@ -146,8 +154,9 @@ class Beams:
         return Beams([self.seqs[i]], [1], [self.scores[i]])
 
 
-def beam_matrix(beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int],
-                temperature: float = 1.0) -> npt.NDArray[np.float64]:
+def beam_matrix(
+    beams: Beams, rows: dict[Seq, torch.Tensor], ends: set[int], temperature: float = 1.0
+) -> npt.NDArray[np.float64]:
     """``[B, V + 1]`` beam-level probabilities (column V: a finished beam stays as it is)."""
     V = next(iter(rows.values())).shape[-1] if rows else 1
     mass = np.zeros((len(beams.seqs), V + 1))
@@ -237,8 +246,9 @@ class BeamSampleState:
 class ForestDrafter(Drafter):
     """Input beams + (with a draft model) ``gamma`` layers of ``width`` beams sampled by the draft."""
 
-    def __init__(self, state: BeamSampleState, draft: TreeDraftModel | None = None, gamma: int = 0, width: int = 1,
-                 seed: int = 0) -> None:
+    def __init__(
+        self, state: BeamSampleState, draft: TreeDraftModel | None = None, gamma: int = 0, width: int = 1, seed: int = 0
+    ) -> None:
         self.state, self.draft, self.gamma, self.width = state, draft, gamma, width
         self.generator = torch.Generator().manual_seed(seed + 1)
 
@@ -253,8 +263,9 @@ class ForestDrafter(Drafter):
         st.forest_nodes.append(len(tokens))
         return DraftTree(np.array(tokens), np.array(parents), cached=st.tree.cached)
 
-    def _draft(self, draft: TreeDraftModel, tokens: list[int], parents: list[int],
-               rows: dict[Seq, torch.Tensor]) -> None:
+    def _draft(
+        self, draft: TreeDraftModel, tokens: list[int], parents: list[int], rows: dict[Seq, torch.Tensor]
+    ) -> None:
         st = self.state
         beams = st.beams
         for j in range(min(self.gamma, st.length - st.depth - 1)):
@@ -279,8 +290,14 @@ class BeamSampleVerifier(BeamVerifier):
     """Beam sampling (no drafts: one layer per forward) and DSBD's layer-by-layer verification;
     ``one_cache`` keeps only the lowest-perplexity beam as the next iteration's input."""
 
-    def __init__(self, dynamic: bool = False, t: float = 0.7, w_min: int = 1, broken_residual: bool = False,
-                 one_cache: bool = False):
+    def __init__(
+        self,
+        dynamic: bool = False,
+        t: float = 0.7,
+        w_min: int = 1,
+        broken_residual: bool = False,
+        one_cache: bool = False,
+    ):
         self.dynamic, self.t, self.w_min, self.broken_residual = dynamic, t, w_min, broken_residual
         self.one_cache = one_cache
 
@@ -309,8 +326,9 @@ class BeamSampleVerifier(BeamVerifier):
             return Outcome(path=[], tokens=list(st.best()[0]), finished=True)
         return Outcome(path=[], tokens=[], keep=st.tree.keep(st.open_beams))
 
-    def _layer(self, st: BeamSampleState, p: npt.NDArray[np.float64], vocab: int, layer: int,
-               gen: torch.Generator) -> tuple[list[int], bool]:
+    def _layer(
+        self, st: BeamSampleState, p: npt.NDArray[np.float64], vocab: int, layer: int, gen: torch.Generator
+    ) -> tuple[list[int], bool]:
         dseqs, qrows = st.drafted[layer]
         zero = np.zeros(vocab + 1)
         q = np.stack([qrows.get(s, zero) for s in st.beams.seqs]).ravel()

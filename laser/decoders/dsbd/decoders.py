@@ -6,6 +6,7 @@ in the KV cache, each iteration feeds the open beams' ends and the drafted fores
 Both draw at temperature 1 from the beam-level distribution; a request's generator is seeded by its
 sampling seed (the decoder's ``seed`` when the request's sampling is unset, i.e. greedy). ``beam_sampling = True`` marks the
 decoders that write knowledge under ``generation.strategy: beam_sample`` with width ``W``."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -56,11 +57,21 @@ class BeamSample(Decoder):
     def refuse_sampling(cls, sampling: SamplingParams, params: dict[str, Any]) -> None:
         """Beam sampling draws at temperature 1 without filters (temperature 0 = unset, also temperature 1)."""
         if sampling.temperature not in (0.0, 1.0) or sampling.top_p < 1.0 or sampling.top_k > 0:
-            raise ValueError(f"{cls.name} samples beams at temperature 1 without top-p/top-k filters; got "
-                             f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}")
+            raise ValueError(
+                f"{cls.name} samples beams at temperature 1 without top-p/top-k filters; got "
+                f"temperature={sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}"
+            )
 
-    def request(self, ids: list[int], max_new_tokens: int, pool: DraftSource | None = None, sampling: SamplingParams = GREEDY,
-                rules: GenerationRules = NO_RULES, halt: Halt | None = None, exact: bool = False) -> Request:
+    def request(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        pool: DraftSource | None = None,
+        sampling: SamplingParams = GREEDY,
+        rules: GenerationRules = NO_RULES,
+        halt: Halt | None = None,
+        exact: bool = False,
+    ) -> Request:
         """One engine request; its beams draw from a generator seeded by ``sampling.seed`` (the decoder's
         seed when ``sampling`` is greedy, i.e. unset). ``pool``, ``rules`` and ``halt`` are not used (the
         text is chosen among the beams at the end, so there is no one text to stop early); beams have no
@@ -71,11 +82,22 @@ class BeamSample(Decoder):
         seed = self.seed if sampling.greedy else int(sampling.seed)
         sampling = SamplingParams(temperature=1.0, seed=seed)
         st = BeamSampleState(self.W, max_new_tokens, self.lm.eos_ids)
-        return Request(tokens=list(ids), prompt_len=len(ids), drafter=self.drafter(list(ids), None, sampling, st),
-                       max_new_tokens=max_new_tokens, sampling=sampling, state=st)
+        return Request(
+            tokens=list(ids),
+            prompt_len=len(ids),
+            drafter=self.drafter(list(ids), None, sampling, st),
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            state=st,
+        )
 
-    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
-                state: BeamSampleState | None = None) -> ForestDrafter:
+    def drafter(
+        self,
+        prompt_ids: list[int],
+        pool: Any = None,
+        sampling: SamplingParams = GREEDY,
+        state: BeamSampleState | None = None,
+    ) -> ForestDrafter:
         return ForestDrafter(sample_state(state))
 
 
@@ -91,8 +113,19 @@ class Dsbd(UsesDraftModel, BeamSample):
     name = "dsbd"
     summary = "DSBD: dynamic-width speculative beam sampling with a draft model (forest verified in one forward)"
 
-    def __init__(self, lm: LoadedModel, draft: Any = None, gamma: int = 4, W: int = 4, W_S: int = 8,
-                 dynamic: bool = True, t: float = 0.7, W_min: int = 1, one_cache: bool = False, seed: int = 0):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        draft: Any = None,
+        gamma: int = 4,
+        W: int = 4,
+        W_S: int = 8,
+        dynamic: bool = True,
+        t: float = 0.7,
+        W_min: int = 1,
+        one_cache: bool = False,
+        seed: int = 0,
+    ):
         from laser.decoders.draft_model.decoders import load_draft
 
         if gamma < 1 or W_S < 1 or not 1 <= W_min:
@@ -105,14 +138,30 @@ class Dsbd(UsesDraftModel, BeamSample):
         self.draft_model, self.draft_name = load_draft(lm, draft)
 
     def params(self) -> dict[str, Any]:
-        return {"draft": self.draft_name, "gamma": self.gamma, "W": self.W, "W_S": self.W_S,
-                "dynamic": self.dynamic, "t": self.t, "W_min": self.W_min, "one_cache": self.one_cache, "seed": self.seed}
+        return {
+            "draft": self.draft_name,
+            "gamma": self.gamma,
+            "W": self.W,
+            "W_S": self.W_S,
+            "dynamic": self.dynamic,
+            "t": self.t,
+            "W_min": self.W_min,
+            "one_cache": self.one_cache,
+            "seed": self.seed,
+        }
 
     def verifier(self) -> Verifier:
         return BeamSampleVerifier(dynamic=self.dynamic, t=self.t, w_min=self.W_min, one_cache=self.one_cache)
 
-    def drafter(self, prompt_ids: list[int], pool: Any = None, sampling: SamplingParams = GREEDY,
-                state: BeamSampleState | None = None) -> ForestDrafter:
+    def drafter(
+        self,
+        prompt_ids: list[int],
+        pool: Any = None,
+        sampling: SamplingParams = GREEDY,
+        state: BeamSampleState | None = None,
+    ) -> ForestDrafter:
         from laser.decoders.beam.draft import TreeDraftModel
 
-        return ForestDrafter(sample_state(state), TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, int(sampling.seed))
+        return ForestDrafter(
+            sample_state(state), TreeDraftModel(self.draft_model, prompt_ids), self.gamma, self.W_S, int(sampling.seed)
+        )

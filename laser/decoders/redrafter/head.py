@@ -16,6 +16,7 @@ drafts, and dynamic tree attention (the beams' shared prefixes packed into one d
 
 The engine's tree, mask and KV compaction do the rest: no second tree implementation here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,8 +87,13 @@ class RecurrentDraftHead(nn.Module):
     token_ids: torch.Tensor  # a buffer (saved with the weights)
     meta: dict[str, Any]  # what the trainer recorded (set by ``load``)
 
-    def __init__(self, target: PreTrainedModel, kind: str = "shortlist", blocks: int = 2,
-                 shortlist: Sequence[int] | torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        kind: str = "shortlist",
+        blocks: int = 2,
+        shortlist: Sequence[int] | torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         if kind not in HEAD_KINDS:
             raise ValueError(f"head kind must be one of {HEAD_KINDS}, got {kind!r}")
@@ -153,8 +159,11 @@ class RecurrentDraftHead(nn.Module):
         if self.kind != "shortlist":
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.token_ids, logits) if logits.dim() == 1 else \
-            full.scatter_(-1, self.token_ids.expand_as(logits), logits)
+        return (
+            full.index_copy_(-1, self.token_ids, logits)
+            if logits.dim() == 1
+            else full.scatter_(-1, self.token_ids.expand_as(logits), logits)
+        )
 
     # ---- files --------------------------------------------------------------------------------
 
@@ -162,9 +171,16 @@ class RecurrentDraftHead(nn.Module):
         """Trainable weights + what identifies the target (written atomically)."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        blob = {"format": FORMAT, "kind": self.kind, "blocks": self.n_blocks, "hidden_size": self.hidden_size,
-                "vocab_size": self.vocab_size, "fingerprint": self.fingerprint, "meta": meta or {},
-                "state": {k: v.detach().cpu() for k, v in self.state_dict().items()}}
+        blob = {
+            "format": FORMAT,
+            "kind": self.kind,
+            "blocks": self.n_blocks,
+            "hidden_size": self.hidden_size,
+            "vocab_size": self.vocab_size,
+            "fingerprint": self.fingerprint,
+            "meta": meta or {},
+            "state": {k: v.detach().cpu() for k, v in self.state_dict().items()},
+        }
         tmp = path.with_suffix(path.suffix + ".tmp")
         torch.save(blob, tmp)
         tmp.replace(path)
@@ -191,14 +207,19 @@ def check_head_matches(blob: dict[str, Any], target: PreTrainedModel, target_nam
     d = input_embeddings(target).shape[1]
     trained_for = blob.get("meta", {}).get("model", "another model")
     if blob["vocab_size"] != vocab or blob["hidden_size"] != d:
-        raise ValueError(f"ReDrafter head {path} was trained for {trained_for!r} (vocabulary {blob['vocab_size']}, "
-                         f"hidden size {blob['hidden_size']}); {target_name} has vocabulary {vocab}, hidden size {d}")
+        raise ValueError(
+            f"ReDrafter head {path} was trained for {trained_for!r} (vocabulary {blob['vocab_size']}, "
+            f"hidden size {blob['hidden_size']}); {target_name} has vocabulary {vocab}, hidden size {d}"
+        )
     if blob["fingerprint"] != model_fingerprint(target):
-        raise ValueError(f"ReDrafter head {path} was trained for {trained_for!r}, whose token embeddings differ "
-                         f"from {target_name}'s: train a head for this model (`laser train-redrafter`)")
+        raise ValueError(
+            f"ReDrafter head {path} was trained for {trained_for!r}, whose token embeddings differ "
+            f"from {target_name}'s: train a head for this model (`laser train-redrafter`)"
+        )
 
 
 # ---- beam search and dynamic tree attention ------------------------------------------------------
+
 
 @dataclass
 class Beams:
@@ -210,8 +231,14 @@ class Beams:
 
 
 @torch.no_grad()
-def beam_search(head: RecurrentDraftHead, hidden: torch.Tensor, roots: torch.Tensor, width: int, length: int,
-                keep_logits: bool = False) -> Beams:
+def beam_search(
+    head: RecurrentDraftHead,
+    hidden: torch.Tensor,
+    roots: torch.Tensor,
+    width: int,
+    length: int,
+    keep_logits: bool = False,
+) -> Beams:
     """Beam search with the head alone, one head forward per position for all ``R`` requests.
 
     ``hidden`` ``[R, d]`` is the target's last hidden state, ``roots`` ``[R]`` the guaranteed tokens.
@@ -282,8 +309,12 @@ def pack_beams(beams: torch.Tensor) -> Packed:
     return Packed(own, unpacker, parents, own.reshape(r, -1).sum(-1))
 
 
-def beams_to_trees(beams: Beams, dedup: bool = True, budgets: Sequence[int | None] | None = None,
-                   dists: Sequence[torch.Tensor | None] | None = None) -> list[DraftTree]:
+def beams_to_trees(
+    beams: Beams,
+    dedup: bool = True,
+    budgets: Sequence[int | None] | None = None,
+    dists: Sequence[torch.Tensor | None] | None = None,
+) -> list[DraftTree]:
     """One :class:`DraftTree` per request: the packed beams (``dedup``) or root + one chain per beam.
 
     ``budgets[r]`` caps request r's draft nodes: the best beams that fit are kept (the best beam always
@@ -344,14 +375,22 @@ def _chains_tree(beams: torch.Tensor, dists: torch.Tensor | None) -> DraftTree:
 
 # ---- the drafter ----------------------------------------------------------------------------------
 
+
 class ReDrafter(Drafter):
     """Per-request state: the target's last hidden state (after prefill: at the last cached prompt token).
     Without one the step drafts nothing."""
 
     needs_hidden = True
 
-    def __init__(self, head: RecurrentDraftHead, beam_width: int, beam_length: int, dedup: bool = True,
-                 sampling: SamplingParams = GREEDY, paper_sampling: bool = False):
+    def __init__(
+        self,
+        head: RecurrentDraftHead,
+        beam_width: int,
+        beam_length: int,
+        dedup: bool = True,
+        sampling: SamplingParams = GREEDY,
+        paper_sampling: bool = False,
+    ):
         if beam_width < 1 or beam_length < 2:
             raise ValueError(f"beam_width must be >= 1 and beam_length >= 2, got {beam_width}, {beam_length}")
         self.head, self.width, self.length, self.dedup = head, beam_width, beam_length, dedup
@@ -364,8 +403,9 @@ class ReDrafter(Drafter):
 
     @classmethod
     @torch.no_grad()
-    def propose_batch(cls, drafters: Sequence["ReDrafter"], contexts: Sequence[Sequence[int]],
-                      budgets: Sequence[int | None]) -> list[DraftTree]:
+    def propose_batch(
+        cls, drafters: Sequence["ReDrafter"], contexts: Sequence[Sequence[int]], budgets: Sequence[int | None]
+    ) -> list[DraftTree]:
         """Trees for all requests; requests sharing a head and beam shape search in one head forward per
         position (the engine groups drafters by class; heads and shapes are grouped here)."""
         trees: dict[int, DraftTree] = {}
@@ -384,8 +424,9 @@ class ReDrafter(Drafter):
             beams = beam_search(head, hidden, roots, width, length, keep_logits=with_dists)
             dists: list[torch.Tensor | None] | None = None
             if with_dists and beams.logits is not None:  # kept whenever with_dists
-                dists = [target_probs(head.full_vocab(beams.logits[j]), drafters[i].sampling)
-                         for j, i in enumerate(rows)]
+                dists = [
+                    target_probs(head.full_vocab(beams.logits[j]), drafters[i].sampling) for j, i in enumerate(rows)
+                ]
             for i, tree in zip(rows, beams_to_trees(beams, dedup, [budgets[i] for i in rows], dists)):
                 trees[i] = tree
         return [trees[i] for i in range(len(drafters))]
@@ -398,6 +439,7 @@ class ReDrafter(Drafter):
 
 
 # ---- the paper's sampling rule --------------------------------------------------------------------
+
 
 class PaperSamplingVerifier(Verifier):
     """ReDrafter's sampling rule: along every beam (root-to-leaf path) accept draft x at node j iff

@@ -5,6 +5,7 @@
 :class:`~pipelines.workers.ModelSpec` (``spec.engine``) and holds it. Nothing else picks an engine.
 An adapter's module is imported only when a worker builds it (vLLM's only where it runs).
 """
+
 from __future__ import annotations
 
 from importlib import import_module

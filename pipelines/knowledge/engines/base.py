@@ -1,4 +1,5 @@
 """What the knowledge worker asks of an engine: the :class:`EngineAdapter` protocol and its clock."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,12 +24,14 @@ class EngineClock:
     decode_tokens: int = 0
 
     def __add__(self, other: EngineClock) -> EngineClock:
-        return EngineClock(self.busy_s + other.busy_s, self.decode_s + other.decode_s,
-                           self.decode_tokens + other.decode_tokens)
+        return EngineClock(
+            self.busy_s + other.busy_s, self.decode_s + other.decode_s, self.decode_tokens + other.decode_tokens
+        )
 
     def __sub__(self, since: EngineClock) -> EngineClock:
-        return EngineClock(self.busy_s - since.busy_s, self.decode_s - since.decode_s,
-                           self.decode_tokens - since.decode_tokens)
+        return EngineClock(
+            self.busy_s - since.busy_s, self.decode_s - since.decode_s, self.decode_tokens - since.decode_tokens
+        )
 
 
 Admit = Callable[[int], int]

@@ -4,6 +4,7 @@ The adapter loads the model once and builds decoders on it (one engine per decod
 another decoder than the pass's (a greedy retry of a relaxed pass) joins the pass's engine as an exact
 request when that engine can verify it greedily, else it is decoded alone.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
@@ -49,8 +50,11 @@ class HfAdapter:
 
     def clock(self) -> EngineClock:
         logs = [dec.engine.log for dec in self.used.values()]
-        return EngineClock(sum(g.prefill_s + g.decode_s for g in logs), sum(g.decode_s for g in logs),
-                           sum(g.decode_tokens for g in logs))
+        return EngineClock(
+            sum(g.prefill_s + g.decode_s for g in logs),
+            sum(g.decode_s for g in logs),
+            sum(g.decode_tokens for g in logs),
+        )
 
     def joins(self, attempt: Attempt) -> bool:
         # the pass's own decoder, or its greedy form as exact rows (a relaxed LASER pass's greedy retries)
@@ -94,5 +98,12 @@ class HfAdapter:
     def _request(self, dec: Decoder, attempt: Attempt, exact: bool = False) -> Request:
         self.used[id(dec)] = dec
         pool = with_earlier(self.pools.get(self.task, attempt.pool_key), attempt.earlier)
-        return dec.request(dec.encode(attempt.prompt), self.task.max_new_tokens, pool, sampling=attempt.sampling,
-                           rules=task_rules(attempt.rules), halt=attempt.halt(), exact=exact)
+        return dec.request(
+            dec.encode(attempt.prompt),
+            self.task.max_new_tokens,
+            pool,
+            sampling=attempt.sampling,
+            rules=task_rules(attempt.rules),
+            halt=attempt.halt(),
+            exact=exact,
+        )

@@ -16,6 +16,7 @@ An engine whose engine-core process died (:attr:`laser.vllm.VllmEngine.dead`) is
 the requests it held are handed to the new one; if it dies again, or cannot start again, the worker is
 dead (:class:`~pipelines.workers.WorkerDead`): the driver hands its requests to the other actors.
 """
+
 from __future__ import annotations
 
 import logging
@@ -50,11 +51,18 @@ class VllmGeneration:
     def __init__(self, res: VllmResult, tokenizer: PreTrainedTokenizerBase) -> None:
         self.token_ids = list(res.token_ids)
         self.text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
-        self.stats = DecodeStats(target_forwards=int(res.target_forwards), new_tokens=len(res.token_ids),
-                                 accepted_per_step=list(res.accepted_per_step or []), finish_reason=res.finish_reason,
-                                 prefill_s=_measured(res.prefill_s), decode_s=_measured(res.decode_s),
-                                 retrieval_s=_measured(res.draft_s), prompt_tokens=res.prompt_tokens,
-                                 cached_prompt_tokens=res.cached_prompt_tokens, own_accepted=res.own_accepted)
+        self.stats = DecodeStats(
+            target_forwards=int(res.target_forwards),
+            new_tokens=len(res.token_ids),
+            accepted_per_step=list(res.accepted_per_step or []),
+            finish_reason=res.finish_reason,
+            prefill_s=_measured(res.prefill_s),
+            decode_s=_measured(res.decode_s),
+            retrieval_s=_measured(res.draft_s),
+            prompt_tokens=res.prompt_tokens,
+            cached_prompt_tokens=res.cached_prompt_tokens,
+            own_accepted=res.own_accepted,
+        )
 
 
 def gpu_engine_args(spec: ModelSpec) -> dict[str, float]:
@@ -105,11 +113,19 @@ class VllmAdapter:
             spec = self.spec
             dtype = spec.dtype if spec.dtype != "auto" or spec.device == "cuda" else "float32"
             more: dict[str, Any] = {**gpu_engine_args(spec), **spec.engine_options}  # vLLM's own keywords
-            self.engine = VllmEngine(spec.model, speculation="laser", max_draft=MAX_DRAFT, draft_len=MAX_DRAFT,
-                                     threads=spec.threads if spec.device == "cpu" else None,
-                                     bind_threads=False,  # the node's other actors share its cores
-                                     max_num_seqs=max(slots, 1), dtype=dtype, seed=spec.seed,
-                                     enforce_eager=not spec.compile, **more)
+            self.engine = VllmEngine(
+                spec.model,
+                speculation="laser",
+                max_draft=MAX_DRAFT,
+                draft_len=MAX_DRAFT,
+                threads=spec.threads if spec.device == "cpu" else None,
+                bind_threads=False,  # the node's other actors share its cores
+                max_num_seqs=max(slots, 1),
+                dtype=dtype,
+                seed=spec.seed,
+                enforce_eager=not spec.compile,
+                **more,
+            )
         return self.engine
 
     def start(self, task: DecodeTask, slots: int, pools: PoolCache) -> None:
@@ -151,10 +167,16 @@ class VllmAdapter:
             rules = with_vllm_form(rules)
         engine: VllmEngine = self._engine(self.slots)
         tag = engine.submit(
-            attempt.prompt, self.task.max_new_tokens, sampling=_sampling(attempt.sampling),
+            attempt.prompt,
+            self.task.max_new_tokens,
+            sampling=_sampling(attempt.sampling),
             pool_key=attempt.pool_key if opts["draft"] else None,
-            pool_store=self.task.pool_store if opts["draft"] else None, rules=rules,
-            halt=attempt.halt(), earlier=attempt.earlier, **opts)
+            pool_store=self.task.pool_store if opts["draft"] else None,
+            rules=rules,
+            halt=attempt.halt(),
+            earlier=attempt.earlier,
+            **opts,
+        )
         self.live[tag] = attempt
 
     def _step(self) -> list[tuple[str, VllmResult]]:
@@ -236,5 +258,9 @@ class VllmAdapter:
 def _sampling(sampling: SamplingParams) -> dict[str, float] | None:
     if sampling.greedy:
         return None
-    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k,
-            "seed": sampling.seed}
+    return {
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": sampling.seed,
+    }

@@ -7,6 +7,7 @@ Files under ``<output>/features/`` (each written atomically):
 ``knowledge``, ``run_id``, ``source_hash``; pipelines/knowledge_store.py) and ``knowledge_vector``
 (list<float32>): what the Feast file sources read.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,8 +50,12 @@ def features_dir(output: str | Path) -> Path:
     return Path(output) / "features"
 
 
-def encode_latest(output: str | Path, encoder: str = "all-minilm-l6-v2", batch_size: int = 32,
-                  row_type: type[KnowledgeRow] = KnowledgeRow) -> FeatureTables:
+def encode_latest(
+    output: str | Path,
+    encoder: str = "all-minilm-l6-v2",
+    batch_size: int = 32,
+    row_type: type[KnowledgeRow] = KnowledgeRow,
+) -> FeatureTables:
     """Encode ``<output>/latest.parquet`` (only texts not encoded before) and write the feature tables (the
     feature fields of ``row_type``), under the output's run lock."""
     from pipelines.lock import output_lock
@@ -68,14 +73,16 @@ def _encode_latest(output: str | Path, encoder: str, batch_size: int, row_type: 
     out.mkdir(parents=True, exist_ok=True)
     latest_path = Path(output) / LATEST_FILE
     latest = read_latest(latest_path)
-    vectors_path = encode_knowledge(latest_path, encoder, out_path=out / "latest.vectors.parquet",
-                                    batch_size=batch_size, progress=False)
+    vectors_path = encode_knowledge(
+        latest_path, encoder, out_path=out / "latest.vectors.parquet", batch_size=batch_size, progress=False
+    )
     vectors = pl.read_parquet(vectors_path).select("entity_type", "entity_id", "vector")
     joined = latest.join(vectors, on=["entity_type", "entity_id"], how="inner")
     dropped = latest.height - joined.height
     if dropped:
-        log.warning("%s: %d entities without a vector (empty knowledge) are left out of the features", latest_path,
-                    dropped)
+        log.warning(
+            "%s: %d entities without a vector (empty knowledge) are left out of the features", latest_path, dropped
+        )
     vector_type = vectors.schema["vector"]
     if not isinstance(vector_type, pl.Array):
         raise ValueError(f"{vectors_path}: column 'vector' is {vector_type}, not a fixed-size array")

@@ -9,6 +9,7 @@ Vectors Parquet: ``entity_type`` (Utf8), ``entity_id`` (Utf8), ``vector`` (Array
 ``text_sha`` (Utf8, sha256 of the knowledge text). Re-encoding reuses every stored vector whose text
 hash and encoder match, so unchanged knowledge is never encoded twice.
 """
+
 from __future__ import annotations
 
 import functools
@@ -36,13 +37,19 @@ KNOWLEDGE_COLUMNS = ("entity_type", "entity_id", "knowledge")
 def resolve_encoder(name_or_path: str) -> Path:
     """Return the local model folder for a packaged encoder name or a path to a transformers encoder."""
     if name_or_path in _PACKAGED:
-        spec = importlib.util.find_spec(_PACKAGED[name_or_path])  # locate only: its __init__ needs sentence-transformers
+        spec = importlib.util.find_spec(
+            _PACKAGED[name_or_path]
+        )  # locate only: its __init__ needs sentence-transformers
         if spec is None or not spec.submodule_search_locations:
-            raise FileNotFoundError(f"encoder {name_or_path!r} needs package {_PACKAGED[name_or_path]!r}; run scripts/setup.sh")
+            raise FileNotFoundError(
+                f"encoder {name_or_path!r} needs package {_PACKAGED[name_or_path]!r}; run scripts/setup.sh"
+            )
         return Path(spec.submodule_search_locations[0]) / "model"
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"encoder {name_or_path!r} is neither {sorted(_PACKAGED)} nor a local model folder with config.json")
+        raise FileNotFoundError(
+            f"encoder {name_or_path!r} is neither {sorted(_PACKAGED)} nor a local model folder with config.json"
+        )
     return path
 
 
@@ -75,12 +82,17 @@ class TextEncoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         starts = range(0, len(texts), batch_size)
         for start in tqdm(starts, desc=f"encode ({self.name})", unit="batch", disable=not progress):
-            batch = self.tokenizer(texts[start:start + batch_size], padding=True, truncation=True,
-                                   max_length=self.max_length, return_tensors="pt").to(self.device)
+            batch = self.tokenizer(
+                texts[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             hidden = self.model(**batch).last_hidden_state  # [B, T, dim]
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [B, T, 1]
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-            out[start:start + len(pooled)] = torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy()
+            out[start : start + len(pooled)] = torch.nn.functional.normalize(pooled, dim=-1).float().cpu().numpy()
         return out
 
 
@@ -115,11 +127,15 @@ def load_knowledge_texts(path: str | Path) -> pl.DataFrame:
     missing = [c for c in KNOWLEDGE_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"knowledge Parquet {path} lacks column(s) {missing}; has {frame.columns}")
-    frame = frame.select(pl.col("entity_type").cast(pl.Utf8), pl.col("entity_id").cast(pl.Utf8), pl.col("knowledge").cast(pl.Utf8))
+    frame = frame.select(
+        pl.col("entity_type").cast(pl.Utf8), pl.col("entity_id").cast(pl.Utf8), pl.col("knowledge").cast(pl.Utf8)
+    )
     bad_type = frame.filter(~pl.col("entity_type").is_in(["user", "item"]))
     if bad_type.height:
-        raise ValueError(f"knowledge Parquet {path}: entity_type must be 'user' or 'item', got "
-                         f"{bad_type['entity_type'].unique().to_list()[:5]} (e.g. entity_id {bad_type['entity_id'][0]!r})")
+        raise ValueError(
+            f"knowledge Parquet {path}: entity_type must be 'user' or 'item', got "
+            f"{bad_type['entity_type'].unique().to_list()[:5]} (e.g. entity_id {bad_type['entity_id'][0]!r})"
+        )
     empty = frame.filter(pl.col("knowledge").is_null() | (pl.col("knowledge").str.strip_chars() == ""))
     for row in empty.head(5).iter_rows(named=True):
         log.warning("%s: skipping %s %s with empty knowledge", path, row["entity_type"], row["entity_id"])
@@ -147,8 +163,13 @@ def _content_sha(keys: pl.DataFrame, encoder: str) -> str:
     return digest.hexdigest()
 
 
-def encode_knowledge(knowledge_path: str | Path, encoder: str | TextEncoder = DEFAULT_ENCODER,
-                     out_path: str | Path | None = None, batch_size: int = 32, progress: bool = True) -> Path:
+def encode_knowledge(
+    knowledge_path: str | Path,
+    encoder: str | TextEncoder = DEFAULT_ENCODER,
+    out_path: str | Path | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+) -> Path:
     """Encode a knowledge Parquet into a vectors Parquet (default: beside it) and return its path.
 
     When the stored file has the same content hash (same encoder, entities and texts) nothing is done;
@@ -156,7 +177,8 @@ def encode_knowledge(knowledge_path: str | Path, encoder: str | TextEncoder = DE
     """
     out = Path(out_path) if out_path is not None else vectors_path_for(knowledge_path)
     frame = load_knowledge_texts(knowledge_path).with_columns(
-        pl.col("knowledge").map_elements(text_sha, return_dtype=pl.Utf8).alias("text_sha"))
+        pl.col("knowledge").map_elements(text_sha, return_dtype=pl.Utf8).alias("text_sha")
+    )
     if frame.height == 0:
         raise ValueError(f"knowledge Parquet {knowledge_path} has no non-empty knowledge rows")
     name = encoder.name if isinstance(encoder, TextEncoder) else encoder
@@ -166,15 +188,25 @@ def encode_knowledge(knowledge_path: str | Path, encoder: str | TextEncoder = DE
     if meta.get("content_sha") == content:
         log.info("%s: vectors up to date in %s (content hash match)", knowledge_path, out)
         return out
-    cache = dict(zip(stored["text_sha"].to_list(), stored["vector"].to_numpy())) if stored is not None and meta.get("encoder") == name else {}
+    cache = (
+        dict(zip(stored["text_sha"].to_list(), stored["vector"].to_numpy()))
+        if stored is not None and meta.get("encoder") == name
+        else {}
+    )
     distinct = set(frame["text_sha"].to_list())
     todo = sorted(distinct - cache.keys())
     if todo:
         model = encoder if isinstance(encoder, TextEncoder) else get_encoder(encoder)
         text_of = dict(zip(frame["text_sha"].to_list(), frame["knowledge"].to_list()))
         cache.update(zip(todo, model.encode([text_of[h] for h in todo], batch_size=batch_size, progress=progress)))
-    log.info("%s: %d rows, %d distinct texts: %d encoded, %d from cache", knowledge_path, frame.height, len(distinct),
-             len(todo), len(distinct) - len(todo))
+    log.info(
+        "%s: %d rows, %d distinct texts: %d encoded, %d from cache",
+        knowledge_path,
+        frame.height,
+        len(distinct),
+        len(todo),
+        len(distinct) - len(todo),
+    )
     vectors = np.stack([cache[h] for h in frame["text_sha"].to_list()]).astype(np.float32)
     _write_vectors(keys, vectors, out, {"encoder": name, "content_sha": content})
     return out

@@ -9,6 +9,7 @@ work in it as well. :func:`ingest` applies the definitions and materializes: the
 oldest row, then incrementally from the last materialized time to now. It runs under the output's run
 lock, so a run cannot add rows that a concurrent materialization window would then skip.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,14 @@ item_knowledge = _view("item_knowledge", item, {item_path!r})
 '''
 
 
-_FEAST_TYPES = {pa.string(): "String", pa.int32(): "Int32", pa.int64(): "Int64", pa.float32(): "Float32",
-               pa.float64(): "Float64", pa.bool_(): "Bool"}
+_FEAST_TYPES = {
+    pa.string(): "String",
+    pa.int32(): "Int32",
+    pa.int64(): "Int64",
+    pa.float32(): "Float32",
+    pa.float64(): "Float64",
+    pa.bool_(): "Bool",
+}
 
 
 def feast_dtype(arrow: pa.DataType) -> str:
@@ -115,12 +122,22 @@ def write_repo(output: str | Path, tables: FeatureTables, encoder: str) -> Feast
     """Write ``<output>/feast/{feature_store.yaml, knowledge_repo.py}`` (absolute paths inside)."""
     repo = Path(output).resolve() / "feast"
     (repo / "data").mkdir(parents=True, exist_ok=True)
-    (repo / "feature_store.yaml").write_text(STORE_YAML.format(  # quoted: a path may hold '#', ': ' or spaces
-        project=PROJECT, registry=_yaml_str(repo / "data" / "registry.db"), online=_yaml_str(repo / "data" / "online.db")))
-    (repo / REPO_FILE).write_text(REPO_TEMPLATE.format(
-        dim=tables.dim, encoder=encoder, fields=feature_fields(tables.row_type),
-        user_path=str(tables.table("user").resolve()),
-        item_path=str(tables.table("item").resolve())))
+    (repo / "feature_store.yaml").write_text(
+        STORE_YAML.format(  # quoted: a path may hold '#', ': ' or spaces
+            project=PROJECT,
+            registry=_yaml_str(repo / "data" / "registry.db"),
+            online=_yaml_str(repo / "data" / "online.db"),
+        )
+    )
+    (repo / REPO_FILE).write_text(
+        REPO_TEMPLATE.format(
+            dim=tables.dim,
+            encoder=encoder,
+            fields=feature_fields(tables.row_type),
+            user_path=str(tables.table("user").resolve()),
+            item_path=str(tables.table("item").resolve()),
+        )
+    )
     return FeastRepo(repo)
 
 
@@ -165,17 +182,20 @@ def materialize(store: Any, tables: FeatureTables, end: datetime | None = None) 
     return done
 
 
-def online_features(store: Any, entity_type: str, ids: list[str],
-                    features: tuple[str, ...] = ("knowledge", "knowledge_vector")) -> dict[str, list[Any]]:
+def online_features(
+    store: Any, entity_type: str, ids: list[str], features: tuple[str, ...] = ("knowledge", "knowledge_vector")
+) -> dict[str, list[Any]]:
     """``get_online_features`` for ``ids``: {join key and each feature: values in order}."""
     view = f"{entity_type}_knowledge"
-    resp = store.get_online_features(features=[f"{view}:{f}" for f in features],
-                                     entity_rows=[{f"{entity_type}_id": i} for i in ids])
+    resp = store.get_online_features(
+        features=[f"{view}:{f}" for f in features], entity_rows=[{f"{entity_type}_id": i} for i in ids]
+    )
     return resp.to_dict()
 
 
-def ingest(output: str | Path, encoder: str = "all-minilm-l6-v2",
-           row_type: type[KnowledgeRow] = KnowledgeRow) -> tuple[FeastRepo, dict[str, str]]:
+def ingest(
+    output: str | Path, encoder: str = "all-minilm-l6-v2", row_type: type[KnowledgeRow] = KnowledgeRow
+) -> tuple[FeastRepo, dict[str, str]]:
     """Encode the latest view, write and apply the repository, materialize (under the run lock); the features
     are ``row_type``'s fields marked ``feature``."""
     from pipelines.ops.features.encode import encode_latest

@@ -1,4 +1,5 @@
 """Exit codes of `laser run` that a scheduler (cron, Airflow) can act on."""
+
 from __future__ import annotations
 
 OK = 0  # the run finished; every entity that needed knowledge has it

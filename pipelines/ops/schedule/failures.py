@@ -7,6 +7,7 @@ newest such run of lines is an entity's **streak**. A run's plan drops an entity
 ``given_up: true`` and the streak's ``count`` records why (once per streak). New inputs or another config
 make a failure that starts a new streak, so the entity is tried again. 0 never gives up.
 """
+
 from __future__ import annotations
 
 import logging
@@ -60,8 +61,13 @@ def streaks(lines: pl.DataFrame) -> dict[Key, Streak]:
     return out
 
 
-def drop_given_up(todo: Sequence[GenerationRequest], store: str | Path | Location, give_up_after: int,
-                  config_hash: str | None, run_id: str = "") -> tuple[list[GenerationRequest], int]:
+def drop_given_up(
+    todo: Sequence[GenerationRequest],
+    store: str | Path | Location,
+    give_up_after: int,
+    config_hash: str | None,
+    run_id: str = "",
+) -> tuple[list[GenerationRequest], int]:
     """``todo`` without the entities given up on (see the module docstring), and how many were dropped;
     records each new give-up in ``store``'s failures.jsonl under ``run_id``. Call under the output's lock."""
     if give_up_after <= 0 or not todo:
@@ -75,14 +81,29 @@ def drop_given_up(todo: Sequence[GenerationRequest], store: str | Path | Locatio
             continue
         dropped.append(req)
         if not s.given_up:
-            records.append({"entity_type": req.entity_type, "entity_id": req.entity_id, "reason": s.reason,
-                            "run_id": run_id, "failed_at": utc_now().isoformat(), "source_hash": s.source_hash,
-                            "config_hash": s.config_hash, "given_up": True, "count": s.count})
+            records.append(
+                {
+                    "entity_type": req.entity_type,
+                    "entity_id": req.entity_id,
+                    "reason": s.reason,
+                    "run_id": run_id,
+                    "failed_at": utc_now().isoformat(),
+                    "source_hash": s.source_hash,
+                    "config_hash": s.config_hash,
+                    "given_up": True,
+                    "count": s.count,
+                }
+            )
     append_failures(store, records)
     if dropped:
         names = ", ".join(f"{r.entity_type} {r.entity_id}" for r in dropped[:5]) + (" ..." if len(dropped) > 5 else "")
-        log.warning("given up on %d entities after %d identical failures (%d newly; `laser failures CONFIG` "
-                    "lists them): %s", len(dropped), give_up_after, len(records), names)
+        log.warning(
+            "given up on %d entities after %d identical failures (%d newly; `laser failures CONFIG` lists them): %s",
+            len(dropped),
+            give_up_after,
+            len(records),
+            names,
+        )
     return keep, len(dropped)
 
 
@@ -91,8 +112,23 @@ def failure_table(store: str | Path | Location) -> pl.DataFrame:
     (``failed``: retried by the next run; ``given up``), reason, count (identical failures in a row),
     last_run (the run of the newest failure)."""
     lines = read_failures(store, unresolved=True, every_line=True)
-    rows = [{"entity_type": t, "entity_id": i, "status": "given up" if s.given_up else "failed", "reason": s.reason,
-             "count": s.count, "last_run": s.last_run} for (t, i), s in streaks(lines).items()]
-    schema = {"entity_type": pl.Utf8, "entity_id": pl.Utf8, "status": pl.Utf8, "reason": pl.Utf8,
-              "count": pl.Int64, "last_run": pl.Utf8}
+    rows = [
+        {
+            "entity_type": t,
+            "entity_id": i,
+            "status": "given up" if s.given_up else "failed",
+            "reason": s.reason,
+            "count": s.count,
+            "last_run": s.last_run,
+        }
+        for (t, i), s in streaks(lines).items()
+    ]
+    schema = {
+        "entity_type": pl.Utf8,
+        "entity_id": pl.Utf8,
+        "status": pl.Utf8,
+        "reason": pl.Utf8,
+        "count": pl.Int64,
+        "last_run": pl.Utf8,
+    }
     return pl.DataFrame(rows, schema=schema).sort("status", "entity_type", "entity_id")

@@ -9,6 +9,7 @@ written before ``run_seq`` existed have none and count as older than every row t
 The newest row per entity is chosen from the stores' index (no texts); then only those rows are read,
 streamed shard by shard, so memory holds the index, one shard and the view.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,13 +32,19 @@ LATEST_FILE = "latest.parquet"
 
 def newest_per_entity(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per (entity_type, entity_id): the newest by (``run_seq``, ``generated_at``)."""
-    return (frame.sort(["run_seq", "generated_at"], nulls_last=False, maintain_order=True)
-            .unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
-            .sort(list(KEY_COLUMNS)))
+    return (
+        frame.sort(["run_seq", "generated_at"], nulls_last=False, maintain_order=True)
+        .unique(subset=list(KEY_COLUMNS), keep="last", maintain_order=True)
+        .sort(list(KEY_COLUMNS))
+    )
 
 
-def latest_view(knowledge: str | Path | Location, old_knowledge: str | Path | Location | None = None,
-                columns: Sequence[str] | None = None, row_type: type[KnowledgeRow] = KnowledgeRow) -> pl.DataFrame:
+def latest_view(
+    knowledge: str | Path | Location,
+    old_knowledge: str | Path | Location | None = None,
+    columns: Sequence[str] | None = None,
+    row_type: type[KnowledgeRow] = KnowledgeRow,
+) -> pl.DataFrame:
     """The newest row per entity over ``knowledge`` (and ``old_knowledge``), with a ``store`` column;
     ``columns`` only, with the key columns (every column of ``row_type``, the knowledge row, by default)."""
     stores = {"knowledge": knowledge} | ({"old_knowledge": old_knowledge} if old_knowledge is not None else {})

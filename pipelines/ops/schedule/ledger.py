@@ -8,6 +8,7 @@ whose run is gone (the driver was killed) is resumed by the next run of the same
 ``run_id`` so rows already written count. The watermark is the newest interaction time (unix seconds) the
 run saw; the next run reports what arrived after the last successful run's watermark.
 """
+
 from __future__ import annotations
 
 import logging
