@@ -17,20 +17,21 @@ from pathlib import Path
 import pytest
 
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
-from pipelines.workers import EngineUnusable, GenerationRequest, ModelSpec, ModelWorker, WorkerDead, WorkerGroup
+from pipelines.workers import EngineUnusable, GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkerGroup
 from tests.helpers import save_tiny_model
 
 ray = pytest.importorskip("ray")
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the fake worker reaches the actors by value
 
 
-class FakeWorker(ModelWorker):
+class FakeWorker(StreamWorker):
     """No model: a request's row is :func:`_row`. The task says what goes wrong:
     ``raise`` (serve writes one row, then raises), ``die`` (dies after its first ``slots`` rows), ``die-one``
     (the first actor to start dies so, the others work), ``same`` (every request fails with one reason),
     ``each`` (every request fails with a reason of its own)."""
 
-    def load(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
         self.taken = 0
         self.doomed = False
         try:  # ``spec.model`` is a folder: the first actor to claim it is the one that dies under ``die-one``
@@ -109,7 +110,7 @@ def _drain(group: WorkerGroup, task: str, n: int, slots: int = 2):
 def test_a_serve_loop_that_raises_fails_its_requests_with_the_error(tmp_path, ray_session):
     with _group(tmp_path, ray_session) as group:
         rows, failures = _drain(group, "raise", 12)
-    keys = [r.entity_id for r in rows] + [f["entity_id"] for f in failures]
+    keys = [r["entity_id"] for r in rows] + [f["entity_id"] for f in failures]
     assert sorted(keys) == sorted(f"u{i}" for i in range(12))  # every request ends once: none stranded
     assert rows and failures
     assert {f["reason"] for f in failures} == {"worker error: RuntimeError: serve loop broke"}
@@ -121,7 +122,7 @@ def test_a_dead_worker_hands_its_requests_to_the_others(tmp_path, ray_session):
         rows, failures = _drain(group, "die-one", 24)
         assert len(group.broken) == 1 and "EngineDeadError" in next(iter(group.broken.values()))
     assert not failures
-    assert sorted(r.entity_id for r in rows) == sorted(f"u{i}" for i in range(24))  # each once
+    assert sorted(r["entity_id"] for r in rows) == sorted(f"u{i}" for i in range(24))  # each once
 
 
 @pytest.mark.timeout(90)
