@@ -115,3 +115,20 @@ def test_the_worker_drives_the_engine_the_job_resolves_and_no_other(monkeypatch)
 
     with pytest.raises(ValueError, match="engine 'tgi': must be one of"):
         engines.build_adapter(ModelSpec("m", engine="tgi"))
+
+
+def test_every_registered_engine_resolves_to_an_adapter_with_the_protocols_members():
+    """The registry names classes by module path (imported when a worker builds one): each must exist and
+    carry every member of EngineAdapter (mypy checks their signatures, engines/__init__.py)."""
+    from importlib import import_module
+
+    from pipelines.knowledge import engines
+    from pipelines.knowledge.engines.base import EngineAdapter
+
+    members = {n for n in vars(EngineAdapter) if not n.startswith("_")} | set(EngineAdapter.__annotations__)
+    for name, where in engines.ENGINES.items():
+        module, cls_name = where.split(":")
+        cls = getattr(import_module(module), cls_name)
+        assert cls.name == name
+        missing = {m for m in members if not hasattr(cls, m) and m not in ("tokenizer", "model_name")}
+        assert not missing, (name, missing)

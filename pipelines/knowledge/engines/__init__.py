@@ -14,7 +14,11 @@ from typing import TYPE_CHECKING
 from pipelines.knowledge.engines.base import Admit, EngineAdapter, EngineClock
 
 if TYPE_CHECKING:
+    from pipelines.knowledge.engines.hf import HfAdapter
+    from pipelines.knowledge.engines.vllm import VllmAdapter
     from pipelines.workers import ModelSpec
+
+    _CHECKED: tuple[type[EngineAdapter], ...] = (HfAdapter, VllmAdapter)  # mypy: each implements the protocol
 
 ENGINES: dict[str, str] = {  # execution.engine -> the adapter class, as module:name
     "hf": "pipelines.knowledge.engines.hf:HfAdapter",

@@ -50,7 +50,7 @@ class VllmGeneration:
 
     def __init__(self, res: VllmResult, tokenizer: PreTrainedTokenizerBase) -> None:
         self.token_ids = list(res.token_ids)
-        self.text = tokenizer.decode(res.token_ids, skip_special_tokens=True)
+        self.text = str(tokenizer.decode(res.token_ids, skip_special_tokens=True))
         self.stats = DecodeStats(
             target_forwards=int(res.target_forwards),
             new_tokens=len(res.token_ids),
