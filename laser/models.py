@@ -94,7 +94,10 @@ def load_model(
 
 def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     """Token ids of ``text`` as one user chat message with the generation prompt: how every engine here
-    turns a text prompt into tokens."""
+    turns a text prompt into tokens. A tokenizer without a chat template (a base model) encodes the text as it
+    is, with its own special tokens."""
+    if not getattr(tokenizer, "chat_template", None):
+        return [int(t) for t in tokenizer.encode(text)]
     out = tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
     )

@@ -135,15 +135,11 @@ def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = 
 
 
 def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
-    """Tokens of ``text`` as one chat-templated user message (plain encoding without a chat template)."""
-    if getattr(tokenizer, "chat_template", None):
-        from laser.models import chat_ids
+    """Tokens of ``text`` as the engines prompt it (:func:`laser.models.chat_ids`: one chat-templated user
+    message, or the plain text for a tokenizer without a chat template)."""
+    from laser.models import chat_ids
 
-        return len(chat_ids(tokenizer, text))
-    try:
-        return len(tokenizer.encode(text, add_special_tokens=False))
-    except TypeError:
-        return len(tokenizer.encode(text))
+    return len(chat_ids(tokenizer, text))
 
 
 def user_prompt(

@@ -149,3 +149,20 @@ def test_asked_length_leaves_headroom_in_the_budget():
     for budget in (64, 96, 256):
         assert words_for_budget(budget) * TOKENS_PER_WORD <= HEADROOM * budget
     assert words_for_budget(96) == 30 and words_for_budget(1000) == 120
+
+
+def test_a_tokenizer_without_a_chat_template_is_prompted_plainly_everywhere_alike(tiny_model):
+    """A base model's tokenizer (no chat template): the decoders encode the text as it is (they used to fail),
+    and the prompt counter counts exactly what they encode."""
+    import laser
+    from laser.models import chat_ids
+
+    lm = laser.load_model(tiny_model, device="cpu", dtype="float32")
+    assert lm.tokenizer is not None and lm.tokenizer.chat_template  # the templated tokenizer first
+    text = "Analyse this user's preferences"
+    templated = chat_ids(lm.tokenizer, text)
+    lm.tokenizer.chat_template = None
+    plain = laser.get_decoder("autoregressive", lm).encode(text)
+    assert plain == lm.tokenizer.encode(text) != templated
+    assert count_prompt_tokens(lm.tokenizer, text) == len(plain)
+    assert laser.get_decoder("autoregressive", lm).generate(text, max_new_tokens=3).stats.new_tokens >= 1
