@@ -34,7 +34,7 @@ class HfAdapter:
             raise ValueError(f"model {spec.model!r} has no tokenizer: the knowledge job writes prompts as text")
         self.lm, self.tokenizer, self.model_name = lm, lm.tokenizer, lm.name
         self.decoders = DecoderCache(lm)
-        self.used: dict[int, Decoder] = {}  # decoders whose engine ran (their logs are the clock)
+        self.used: set[Decoder] = set()  # decoders whose engine ran (their logs are the clock)
         self.held: dict[int, Attempt] = {}  # engine request id -> attempt
         self.fresh: list[Request] = []  # requests made since the engine last admitted
 
@@ -49,7 +49,7 @@ class HfAdapter:
         self.capacity = (task.max_prompt_tokens or self.lm.context_length) + task.max_new_tokens + TREE_ROOM
 
     def clock(self) -> EngineClock:
-        logs = [dec.engine.log for dec in self.used.values()]
+        logs = [dec.engine.log for dec in self.used]
         return EngineClock(
             sum(g.prefill_s + g.decode_s for g in logs),
             sum(g.decode_s for g in logs),
@@ -96,7 +96,7 @@ class HfAdapter:
         return self.decoders.get(decoder, params)[1]
 
     def _request(self, dec: Decoder, attempt: Attempt, exact: bool = False) -> Request:
-        self.used[id(dec)] = dec
+        self.used.add(dec)
         pool = with_earlier(self.pools.get(self.task, attempt.pool_key), attempt.earlier)
         return dec.request(
             dec.encode(attempt.prompt),
