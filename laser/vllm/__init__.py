@@ -5,6 +5,9 @@ LASER plugs into vLLM through public extension points: the ``custom_class`` prop
 (:mod:`laser.vllm.plugin`). Importing this package does not import vLLM; :class:`VllmEngine` does, when
 built.
 
+A team's own vLLM (``LLM(...)``, ``vllm serve``, ``ray.data.llm``) uses LASER with two calls
+(docs/vllm-dropin.md): :func:`speculative_config` for the engine, :func:`request_args` for each request.
+
 Modules: ``engine`` (the request loop), ``env`` (process environment and vLLM configuration),
 ``calibrate`` (step-cost measurement), ``request_args`` (a request's LASER arguments across the process
 boundary), ``proposer`` (the drafter inside vLLM), ``chain_budget`` and ``step_cost`` (the proposer's draft
@@ -14,12 +17,14 @@ vLLM's terms).
 """
 
 from laser.vllm.engine import VllmEngine, VllmResult
-from laser.vllm.env import vllm_env
+from laser.vllm.env import speculative_config, vllm_env
 from laser.vllm.proposer import RowStats
-from laser.vllm.request_args import LaserArgs, LaserArgsError
+from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
 from laser.vllm.sources import PromptLookup, get_source, register_source, unregister_source
 
 __all__ = [
+    "speculative_config",
+    "request_args",
     "VllmEngine",
     "VllmResult",
     "vllm_env",

@@ -141,7 +141,7 @@ class VllmEngine:
         on_start: Callable[[str], None] | None = None,
         **vllm_kwargs: Any,
     ) -> None:
-        spec = env.speculative_config(speculation, max_draft, ngram)
+        spec = env.speculation_config(speculation, max_draft, ngram)
         _check_draft_len(draft_len)
         env.set_engine_env(threads, kv_cache_gib, in_process=in_process, bind=bind_threads)
         from laser.vllm.proposer import COST_ENV

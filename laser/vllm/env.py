@@ -1,8 +1,9 @@
 """The vLLM engine's process environment and configuration: what is set before vLLM starts.
 
 :func:`vllm_env` is the environment vLLM reads at start-up (KV memory, threads, the engine core in process,
-the compile cache, room for a genre ban's bad words); :func:`speculative_config` is vLLM's
-``speculative_config`` for each kind of speculation; :func:`compile_cache` says after start-up where the
+the compile cache, room for a genre ban's bad words); :func:`speculation_config` is vLLM's
+``speculative_config`` for each kind of speculation (:func:`speculative_config`: LASER's, for a team's own
+``LLM(...)``, ``vllm serve`` or ``ray.data.llm``); :func:`compile_cache` says after start-up where the
 compiled model is cached and whether this start reused it. Nothing here imports vLLM at module level.
 """
 
@@ -81,12 +82,24 @@ def device_name() -> str:
     return str(torch.cuda.get_device_name(0)) if torch.cuda.is_available() else "cpu"
 
 
-def speculative_config(speculation: str | None, max_draft: int, ngram: tuple[int, int]) -> dict[str, Any] | None:
+def speculative_config(num_speculative_tokens: int = 8) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` that makes LASER the drafter (``custom_class`` proposer), drafting at
+    most ``num_speculative_tokens`` a step: ``LLM(model, speculative_config=speculative_config())``, or
+    ``vllm serve MODEL --speculative-config '<its JSON>'``. Each request then says what it drafts from with
+    :func:`laser.vllm.request_args.request_args` (none: its own prompt and output)."""
+    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int):
+        raise ValueError(f"num_speculative_tokens must be an integer, got {num_speculative_tokens!r}")
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": num_speculative_tokens}
+
+
+def speculation_config(speculation: str | None, max_draft: int, ngram: tuple[int, int]) -> dict[str, Any] | None:
     """vLLM's ``speculative_config`` for ``speculation`` (one of :data:`SPECULATION`)."""
     if speculation not in SPECULATION:
         raise ValueError(f"speculation must be one of {SPECULATION}, got {speculation!r}")
     if speculation == "laser":
-        return {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": max_draft}
+        return speculative_config(max_draft)
     if speculation == "ngram":
         return {
             "method": "ngram",

@@ -7,12 +7,17 @@ there, in the caller's process) and sends it as ``SamplingParams.extra_args["las
 the request. The record crosses the boundary as plain values (vLLM serialises ``extra_args`` with
 msgpack when the engine core runs in another process): ``earlier`` travels as a list, and a pool key
 should be a string or a number (a tuple key arrives as a list and is refused).
+
+A team's own vLLM code gets the record with :func:`request_args`: the same arguments as one JSON text under
+``"laser"``, which fits every door into ``extra_args`` (``SamplingParams(extra_args=...)``, the OpenAI
+server's ``vllm_xargs``, whose values must be flat, and Ray Data LLM's per-row ``sampling_params``).
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
 
@@ -114,9 +119,17 @@ class LaserArgs:
         raw = (extra_args or {}).get(EXTRA_ARGS_KEY)
         if raw is None:
             return cls()
+        if isinstance(raw, str):  # request_args' JSON form (the OpenAI server takes flat values only)
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise LaserArgsError(
+                    f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] is not valid JSON ({exc})"
+                ) from None
         if not isinstance(raw, Mapping):
             raise LaserArgsError(
-                f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] must be a mapping, got {type(raw).__name__}"
+                f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] must be a mapping or its JSON text, "
+                f"got {type(raw).__name__}"
             )
         version = raw.get(_VERSION_KEY)
         if version != VERSION:
@@ -135,6 +148,40 @@ class LaserArgs:
             return cls(**values)  # each value is checked in __post_init__
         except LaserArgsError as exc:
             raise LaserArgsError(f"request {request_id}: {exc}") from None
+
+
+def request_args(
+    pool: str | int | None = None,
+    pool_store: str | None = None,
+    k: int | None = None,
+    p: float | None = None,
+    *,
+    draft: bool = True,
+    draft_len: DraftLen = "auto",
+    earlier: Sequence[int] | None = None,
+    n_max: int = N_MAX,
+    min_prob: float = 0.0,
+    tag: str | None = None,
+) -> dict[str, str]:
+    """One request's LASER arguments for a team's own vLLM: ``SamplingParams(extra_args=request_args(...))``,
+    ``extra_body={"vllm_xargs": request_args(...)}`` through the OpenAI server, or a Ray Data LLM row's
+    ``sampling_params=dict(extra_args=request_args(...))``. Checked here (a malformed argument raises
+    :class:`LaserArgsError` in the caller); the fields are :class:`LaserArgs`'. ``pool`` in ``pool_store``
+    (a directory written by ``laser pools build`` or the job, readable where vLLM runs) is the pool the
+    request drafts from; ``k`` and ``p`` ask for relaxed verification (both None: greedy, lossless)."""
+    args = LaserArgs(
+        tag=tag,
+        pool=pool,
+        pool_store=None if pool_store is None else str(pool_store),
+        k=k,
+        p=p,
+        draft=draft,
+        draft_len=draft_len,
+        earlier=None if earlier is None else tuple(earlier),
+        n_max=n_max,
+        min_prob=min_prob,
+    )
+    return {EXTRA_ARGS_KEY: json.dumps(args.to_extra_args()[EXTRA_ARGS_KEY], separators=(",", ":"))}
 
 
 def _is_int(value: object) -> bool:

@@ -4,12 +4,13 @@ it is read. No vLLM needed."""
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
 
 from laser.defaults import N_MAX
-from laser.vllm.request_args import VERSION, LaserArgs, LaserArgsError
+from laser.vllm.request_args import VERSION, LaserArgs, LaserArgsError, request_args
 
 
 def test_round_trip_through_extra_args_and_the_wire():
@@ -90,3 +91,30 @@ def test_earlier_is_a_tuple_in_the_record_and_a_list_only_on_the_wire():
     with pytest.raises(LaserArgsError, match="earlier must be token ids"):
         LaserArgs(earlier=[1, 2])  # type: ignore[arg-type]
     assert LaserArgs.from_extra_args({"laser": {"v": VERSION, "earlier": [1, 2]}}, "e").earlier == (1, 2)
+
+
+def test_request_args_is_one_flat_json_value_that_reads_back_as_the_record():
+    """A team's own vLLM: request_args gives extra_args whose only value is JSON text (the OpenAI server's
+    vllm_xargs takes flat values only), and the proposer reads it back as the same record."""
+    extra = request_args(pool="user/collaborative/3", pool_store="/data/pools", k=2, p=0.1, earlier=[5, 6])
+    assert set(extra) == {"laser"} and isinstance(extra["laser"], str)
+    assert json.loads(extra["laser"])["v"] == VERSION
+    assert LaserArgs.from_extra_args(extra, "r1") == LaserArgs(
+        pool="user/collaborative/3", pool_store="/data/pools", k=2, p=0.1, earlier=(5, 6)
+    )
+    with pytest.raises(LaserArgsError, match="k and p go together"):
+        request_args(pool="a", k=2)  # fails in the caller, not inside vLLM
+    with pytest.raises(LaserArgsError, match="request r2: .*not valid JSON"):
+        LaserArgs.from_extra_args({"laser": "{pool: 1"}, "r2")
+    with pytest.raises(LaserArgsError, match="request r3: unknown LASER argument"):
+        LaserArgs.from_extra_args({"laser": json.dumps({"v": VERSION, "pool_id": "a"})}, "r3")
+
+
+def test_speculative_config_makes_laser_the_drafter():
+    from laser.vllm import speculative_config
+    from laser.vllm.env import PROPOSER_CLASS
+
+    assert speculative_config(4) == {"method": "custom_class", "model": PROPOSER_CLASS, "num_speculative_tokens": 4}
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            speculative_config(bad)
