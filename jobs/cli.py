@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
     ("jobs.features", OPERATIONS, None),
     ("jobs.failures", OPERATIONS, None),
     ("jobs.decoders", OPERATIONS, None),
+    ("jobs.pools_cli", OPERATIONS, None),
     ("jobs.ctr_eval", RESEARCH, None),
     (
         "training.cli",

@@ -1,0 +1,83 @@
+"""`laser pools build`: a pool store from a team's own texts, for LASER inside the team's own vLLM
+(``laser.vllm.request_args(pool=KEY, pool_store=DIR)``). The work is :mod:`pools.from_table`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+pools_app = typer.Typer(no_args_is_help=True, help="Pool stores for LASER in your own vLLM.")
+
+SHOWN = 10  # pools listed after a build
+
+
+def build(
+    table: Path = typer.Argument(
+        ..., help="A Parquet file, a folder of Parquet files (hive partitions included), or a CSV file or folder."
+    ),
+    text_column: str = typer.Option(..., "--text-column", help="The column of the texts (one text per row)."),
+    group_column: str = typer.Option(
+        ..., "--group-column", help="The column whose value names a row's pool (its string form is the pool key)."
+    ),
+    model: str = typer.Option(
+        ...,
+        "--model",
+        help="The model whose tokenizer encodes the texts: the same name or path your vLLM is given, "
+        "since the engine refuses a store built with another tokenizer.",
+    ),
+    out: Path = typer.Option(..., "--out", help="The pool store's folder (new, empty, or a store it replaces)."),
+    key_prefix: str = typer.Option("", "--key-prefix", help="Put before each group value in the pool key."),
+    max_pool_size: Optional[int] = typer.Option(
+        None, "--max-pool-size", min=1, help="At most this many texts per pool (a seeded pick); default: all."
+    ),
+    snapshot: bool = typer.Option(
+        False, "--snapshot", help="Also build and save each pool's trie, so the engine loads it instead of building it."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the --max-pool-size pick."),
+) -> None:
+    """Build a pool store from TABLE: each group of rows becomes one pool keyed KEY_PREFIX + group value; texts
+    are encoded with MODEL's tokenizer without special tokens. Requests draft from a pool with
+    laser.vllm.request_args(pool="KEY", pool_store="OUT") (the key as a string). Null or blank texts and rows
+    without a group are skipped and counted."""
+    import laser
+    from pools.from_table import TableError, build_from_table
+
+    try:
+        tokenizer = laser.load_tokenizer(model)
+    except ValueError as exc:  # names the model
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    try:
+        result = build_from_table(
+            table,
+            text_column,
+            group_column,
+            tokenizer,
+            out,
+            key_prefix=key_prefix,
+            max_pool_size=max_pool_size,
+            snapshot=snapshot,
+            seed=seed,
+            meta={"model": model},
+        )
+    except TableError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"{result.directory}: {len(result.pools)} pools, {result.texts} texts from {result.rows} rows "
+        f"(skipped: {result.empty_texts} null or empty texts, {result.no_group} rows without a group; "
+        f"{result.capped} over --max-pool-size)"
+    )
+    for key, n in list(result.pools.items())[:SHOWN]:
+        typer.echo(f"{key}\t{n} texts")
+    if len(result.pools) > SHOWN:
+        typer.echo(f"... and {len(result.pools) - SHOWN} more")
+
+
+def register(app: typer.Typer) -> None:
+    from jobs.errors import clean_errors
+
+    pools_app.command("build")(clean_errors(build))
+    app.add_typer(pools_app, name="pools")
