@@ -42,6 +42,7 @@ from laser.vllm.calibrate import CALIBRATION_LENS, CALIBRATION_ROWS
 from laser.vllm.env import default_block_size
 from laser.vllm.forms import rule_params
 from laser.vllm.request_args import DraftLen, LaserArgs
+from laser.vllm.requirements import installed_has
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -153,7 +154,7 @@ class VllmEngine:
         if speculation == "laser":
             os.environ[COST_ENV] = self.cost.to_json()  # the proposer's budget, in whichever process
             if not in_process or int(vllm_kwargs.get("tensor_parallel_size", 1)) > 1:
-                vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")  # stats from elsewhere
+                _ask_spec_metrics(vllm_kwargs)  # stats from elsewhere
         block_size = block_size or default_block_size()
         if block_size is not None:
             vllm_kwargs["block_size"] = block_size
@@ -562,6 +563,18 @@ class VllmEngine:
         if not isinstance(prop, LaserProposer):
             raise RuntimeError(f"vLLM built no laser proposer (its drafter is {type(prop).__name__})")
         return prop
+
+
+def _ask_spec_metrics(vllm_kwargs: dict[str, Any]) -> None:
+    """Ask vLLM for per-request spec-decoding metrics (how a proposer in another process reports each
+    request's drafts): vLLM 0.29+ has them; before, such a request's ``VllmResult.stats`` is None."""
+    if installed_has("per_request_spec_decode_metrics"):
+        vllm_kwargs.setdefault("per_request_spec_decode_metrics", "detailed")
+    else:
+        log.warning(
+            "this vLLM has no per-request spec-decoding metrics (vLLM 0.29+): with the engine core in another "
+            "process, results carry no draft statistics"
+        )
 
 
 def _say(on_start: Callable[[str], None] | None, line: str) -> None:

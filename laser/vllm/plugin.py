@@ -4,10 +4,12 @@ vLLM loads the functions of the ``vllm.general_plugins`` entry-point group in ev
 (the caller, the engine core, each worker); ours is :func:`register` (declared in ``pyproject.toml``).
 It does two things and nothing else:
 
-1. checks that the installed vLLM is the series this code was written for (``SUPPORTED``) and that every
-   vLLM class, method and field LASER relies on exists (:func:`check_vllm`). If one is missing it
-   installs nothing and remembers ONE line naming what is missing; a laser proposer built later raises
-   that line (vLLM itself keeps working for everyone else);
+1. checks that the installed vLLM has every class, method, parameter, field and call LASER relies on
+   (:func:`check_vllm`, which reads vLLM's source: :mod:`laser.vllm.requirements`). Any vLLM whose
+   source passes is accepted; the series the checks were run on are ``requirements.TESTED`` (0.26-0.33), and
+   another series passing them is used with a warning. If a need is missing it installs nothing and
+   remembers ONE line naming what is missing; a laser proposer built later raises that line (vLLM itself
+   keeps working for everyone else);
 2. wraps ``GPUModelRunner.__init__`` (the base of vLLM's CPU and GPU model runners) in
    :func:`_runner_init_hook`: after vLLM built the runner, if the runner's drafter is a
    :class:`laser.vllm.proposer.LaserProposer` (speculative method ``custom_class``), the proposer is
@@ -30,58 +32,30 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from laser.vllm.requirements import RUNNER_ATTRS, TESTED, Source, check, installed_source
+
 log = logging.getLogger(__name__)
 
-SUPPORTED = "0.32."  # vLLM series this plug-in was written against (custom_class is experimental there)
 PLUGIN_NAME = "laser"  # our entry point's name in vllm.general_plugins (what VLLM_PLUGINS must allow)
 
 PROBLEM: str | None = None  # why the plug-in did not install, in one line (None: installed or not tried)
 _installed = False
 
-# what LASER reads from vLLM, checked at start: (module, attribute path)
-_REQUIRED = (
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.__init__"),
-    ("vllm.v1.sample.rejection_sampler", "RejectionSampler.apply_logits_processors"),
-    ("vllm.v1.sample.rejection_sampler", "RejectionSampler.forward"),
-    ("vllm.v1.spec_decode.custom_class_proposer", "create_custom_proposer"),
-    ("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata"),
-)
-_METADATA_FIELDS = ("draft_token_ids", "num_draft_tokens", "cu_num_draft_tokens")
-RUNNER_ATTRS = ("input_batch", "requests", "rejection_sampler", "sampler", "speculative_config", "device")
 
-
-def check_vllm() -> str | None:
-    """None if the installed vLLM has everything LASER uses, else one line naming what is missing."""
-    import importlib
-
-    try:
-        import vllm
-    except ImportError as exc:
-        return f"laser's vLLM plug-in: vLLM is not importable ({exc})"
-    version = str(getattr(vllm, "__version__", "unknown"))
-    if not version.startswith(SUPPORTED):
-        return (
-            f"laser's vLLM plug-in was written for vLLM {SUPPORTED}x, this is vLLM {version}: "
-            f"pin vllm(-cpu)=={SUPPORTED}0 or port laser/vllm/plugin.py"
+def check_vllm(source: Source | None = None) -> str | None:
+    """None if ``source`` (default: the installed vLLM) has everything LASER uses, else one line naming
+    what is missing. A version outside ``TESTED`` that passes is accepted with a warning."""
+    source = source if source is not None else installed_source()
+    if source is None:
+        return "laser's vLLM plug-in: vLLM is not installed"
+    report = check(source)
+    if not report.ok:
+        return f"laser's vLLM plug-in: vLLM {report.version} lacks what LASER uses: {'; '.join(report.missing)}"
+    if not report.tested:
+        low, high = (".".join(map(str, s)) for s in TESTED)
+        log.warning(
+            "laser's vLLM plug-in: vLLM %s passes its checks but was tested on %s-%s", report.version, low, high
         )
-    for module_name, path in _REQUIRED:
-        obj: object
-        try:
-            obj = importlib.import_module(module_name)
-        except ImportError as exc:
-            return f"laser's vLLM plug-in: vLLM {version} has no module {module_name} ({exc})"
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-            if obj is None:
-                return f"laser's vLLM plug-in: vLLM {version} has no {module_name}.{path}"
-    import dataclasses
-
-    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-
-    fields = {f.name for f in dataclasses.fields(SpecDecodeMetadata)}
-    missing = [f for f in _METADATA_FIELDS if f not in fields]
-    if missing:
-        return f"laser's vLLM plug-in: vLLM {version} SpecDecodeMetadata lacks {missing}"
     return None
 
 

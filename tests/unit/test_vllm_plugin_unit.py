@@ -163,29 +163,6 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 
 @needs_vllm
-def test_plugin_checks_the_vllm_version(monkeypatch):
-    import vllm
-
-    from laser.vllm import plugin
-
-    assert plugin.check_vllm() is None
-    monkeypatch.setattr(vllm, "__version__", "0.40.1")
-    line = plugin.check_vllm()
-    assert "0.40.1" in line and "0.32." in line and "\n" not in line
-
-
-@needs_vllm
-def test_plugin_names_a_missing_vllm_attribute(monkeypatch):
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-
-    from laser.vllm import plugin
-
-    monkeypatch.delattr(RejectionSampler, "apply_logits_processors")
-    line = plugin.check_vllm()
-    assert "RejectionSampler.apply_logits_processors" in line and "\n" not in line
-
-
-@needs_vllm
 def test_an_unattached_proposer_refuses_to_run(monkeypatch):
     from laser.vllm import plugin
     from laser.vllm.proposer import LaserProposer
