@@ -54,7 +54,7 @@ def _check_store(out: Path, tokenizer, texts: dict[str, list[str]], prefix: str 
 
 
 def test_a_parquet_file_becomes_one_pool_per_group(tmp_path, tokenizer):
-    _rows().write_parquet(tmp_path / "texts.parquet")
+    _rows().sort("n", maintain_order=True).write_parquet(tmp_path / "texts.parquet")  # groups interleaved
     build = build_from_table(tmp_path / "texts.parquet", "review", "genre", tokenizer, tmp_path / "store")
     assert build.pools == {"7": 1, "comedy": 3, "drama": 2}
     assert (build.rows, build.empty_texts, build.no_group, build.capped) == (6, 0, 0, 0)
