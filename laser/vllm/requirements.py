@@ -75,6 +75,11 @@ NEEDS: tuple[Need | ProposeCall, ...] = (
     ),
     Need("vllm.v1.sample.metadata", "SamplingMetadata", fields=("max_num_logprobs",)),
     ProposeCall(),
+    # the job's engine (laser.vllm.engine): a request's arguments, its outputs, the engine core's placement
+    Need("vllm.sampling_params", "SamplingParams", fields=("extra_args", "output_kind")),
+    Need("vllm.sampling_params", "RequestOutputKind"),
+    Need("vllm.v1.engine.core_client", "InprocClient"),
+    Need("vllm.v1.engine.exceptions", "EngineDeadError"),
 )
 
 # name -> the need that says a version has it

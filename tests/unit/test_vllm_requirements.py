@@ -49,6 +49,14 @@ class SpecDecodeMetadata:
 """,
     "vllm.v1.sample.metadata": "class SamplingMetadata:\n    max_num_logprobs: int | None\n",
     "vllm.engine.arg_utils": "class EngineArgs:\n    model: str = ''\n",
+    "vllm.sampling_params": """
+class RequestOutputKind: ...
+class SamplingParams:
+    extra_args: dict | None = None
+    output_kind: RequestOutputKind = None
+""",
+    "vllm.v1.engine.core_client": "class InprocClient: ...\n",
+    "vllm.v1.engine.exceptions": "class EngineDeadError(Exception): ...\n",
 }
 
 
