@@ -15,7 +15,8 @@ from the process's wall clock and its ``summary.json``:
 - **old pass** and **new pass**: entities per minute of each generation pass. The job's actors serve both
   of its passes (the old pass pays their start); Ray Data starts its engines again for each pass, so its
   new pass pays an engine start too. **New pass, engines running** takes that start out: the job's new
-  pass as it is; Ray Data's rows after its first row arrived, over the seconds from the first to the last.
+  pass as it is; Ray Data's entities over the seconds from its engine's readiness (Ray Data's own timing of
+  its vLLM stage: the first batch's start) to the pass's end.
 
 **Cold and warm**: each row's compile caches (vLLM's ``VLLM_CACHE_ROOT``, torch inductor's
 ``TORCHINDUCTOR_CACHE_DIR``) and LASER's measured cost models live under ``WORK/caches/<row>/``. With
@@ -321,8 +322,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{phases} Each run is a fresh process on an empty output. Whole-run figures include imports, "
         "Ray start, engine start and model load, (job rows) routing and pools, and writing. The job's actors serve both passes (its old pass "
         "pays their start); Ray Data LLM starts its engines for each pass, so its new pass pays a start too. "
-        "'engines running': the job's new pass; Ray Data LLM's rows after each engine's first batch, over the "
-        "seconds after it.",
+        "'engines running': the job's new pass; Ray Data LLM's entities over the seconds from its first engine's "
+        "readiness (Ray Data's timing of its vLLM stage: the first batch's start) to the pass's end.",
         f"Machine: {m.get('cpu_count')} CPUs; load average before {result['load_average_before']}, "
         f"after {m.get('load_average')}.",
         "",

@@ -33,8 +33,11 @@ On a CPU, Ray Data LLM needs three non-default settings (``docs/engines.md``):
 The two passes run one after the other, as in the job (old knowledge first, then new); each is its own
 Ray Data execution, so each starts its own engines (Ray Data keeps no actor between datasets, where the
 job's actors serve both passes). Per pass the summary holds: entities, wall seconds (engine start
-included), tokens, and the **engines' running rate** (:func:`pass_figures`: the rows after each engine's
-first batch over the seconds after it; comparable with the job's new pass, whose actors are up already).
+included), tokens, and the **engines' running rate** (:func:`pass_figures`: the pass's entities over the
+seconds from its engine's readiness to the pass's end; comparable with the job's new pass, whose actors are up
+already). Readiness is Ray Data's own timing of the vLLM stage (:func:`engine_ready`): the start of its first
+batch, which an actor runs once its constructor, the engine's start, has returned. Rows cannot give it: Ray Data
+emits them in whole batches, and an engine holds several batches at once.
 Rows are written as Parquet (entity, knowledge, tokens, error) under ``--out``.
 """
 
@@ -45,7 +48,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pipelines.workers.layout import with_layout
 
@@ -56,6 +59,7 @@ DRAFT_TOKENS = 8  # num_speculative_tokens of the ngram / suffix rows: the job's
 KV_CACHE_GIB = 2  # as the job's vLLM workers (laser.vllm.VllmEngine's default)
 MAX_MODEL_LEN = 2048  # as the job's vLLM workers
 SUMMARY = "summary.json"
+VLLM_STAGE = "vLLMEngineStageUDF"  # in the name of Ray Data's vLLM operator: MapBatches(vLLMEngineStageUDF)
 
 
 def speculative_config(speculation: str) -> dict[str, Any] | None:
@@ -201,7 +205,7 @@ def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list
 
     start = time.perf_counter()
     if not rows:
-        return [], pass_figures([], [], 0.0, 1)
+        return [], pass_figures([], [], 0.0, None)
     items = [
         {
             "entity_type": r["entity_type"],
@@ -225,29 +229,44 @@ def run_pass(processor: Any, cfg: Any, rows: list[dict[str, Any]]) -> tuple[list
                 "error": row.get("__inference_error__") or "",
             }
         )
-    return got, pass_figures(got, arrivals, time.perf_counter() - start, int(cfg.execution.num_workers))
+    wall = time.perf_counter() - start
+    ready = engine_ready(ds._get_stats_summary())  # the actors' perf_counter: one clock with ours on local Ray
+    return got, pass_figures(got, arrivals, wall, None if ready is None else ready - start)
+
+
+def engine_ready(summary: Any, stage: str = VLLM_STAGE) -> float | None:
+    """When the first engine of the pass was ready (``time.perf_counter`` of the machine): the earliest start of
+    a batch in Ray Data's ``stage`` operator, from the executed dataset's stats summary (``ds._get_stats_summary()``,
+    its ``operators_stats`` and their ``parents``). An actor starts a batch only after its constructor (the
+    engine's start) returned. None when no such operator ran a batch."""
+    starts = [
+        op.earliest_start_time
+        for op in _operators(summary)
+        if stage in op.operator_name and op.earliest_start_time is not None
+    ]
+    return min(starts) if starts else None
+
+
+def _operators(summary: Any) -> Iterator[Any]:
+    yield from summary.operators_stats
+    for parent in summary.parents:
+        yield from _operators(parent)
 
 
 def pass_figures(
-    got: list[dict[str, Any]], arrivals: list[tuple[float, str]], wall: float, engines: int
+    got: list[dict[str, Any]], arrivals: list[tuple[float, str]], wall: float, engine_ready_s: float | None
 ) -> dict[str, Any]:
     """Entities, wall seconds, tokens and rates of one pass. ``arrivals``: (seconds since the pass began, vLLM
-    batch) per row in arrival order. ``running_entities_per_min``: the rows of every batch after each engine's
-    first (the first ``engines`` batches to arrive, which paid the engines' start) over the seconds from the
-    last of those first batches to the last row; None when no batch came after them."""
+    batch) per row in arrival order. ``engine_ready_s``: seconds from the pass's start to its first engine's
+    readiness (:func:`engine_ready`). ``running_entities_per_min``: the entities over the seconds from then to
+    the pass's end; None without a readiness inside the pass."""
     failed = sum(1 for g in got if g["error"])
     done = len(got) - failed
     tokens = sum(g["n_tokens"] for g in got)
-    first_seen: dict[str, float] = {}
-    for t, batch in arrivals:
-        first_seen.setdefault(batch, t)
-    order = sorted(first_seen, key=first_seen.__getitem__)
+    batches = {batch for _, batch in arrivals}
     running = None
-    if len(order) > engines:
-        startup = set(order[:engines])
-        after = sum(1 for _, b in arrivals if b not in startup)
-        span = arrivals[-1][0] - first_seen[order[engines - 1]]
-        running = 60 * after / span if span > 0 else None
+    if engine_ready_s is not None and 0 <= engine_ready_s < wall:
+        running = 60 * done / (wall - engine_ready_s)
     return {
         "entities": done,
         "failed": failed,
@@ -256,7 +275,8 @@ def pass_figures(
         "entities_per_min": 60 * done / wall if wall else 0.0,
         "tokens_per_s": tokens / wall if wall else 0.0,
         "first_row_s": arrivals[0][0] if arrivals else None,
-        "batches": len(order),
+        "engine_ready_s": engine_ready_s,
+        "batches": len(batches),
         "running_entities_per_min": running,
         "aal": None,
     }

@@ -100,6 +100,11 @@ def test_ray_data_llm_row_runs_the_jobs_new_entities_end_to_end(tiny, tmp_path):
     expected = ray_data_llm.job_prompts(load_config(config), _tokenizer(tiny))["new"]
     assert run["old"]["entities"] == 0 and run["new"]["entities"] == len(expected) >= 2 and run["new"]["failed"] == 0
     assert run["new"]["tokens"] <= 6 * len(expected) and run["entities_per_min"] > 0
+    new = run["new"]  # the running rate counts from the engine's readiness, read from Ray Data's stage timings
+    assert 0 < new["engine_ready_s"] < new["first_row_s"] <= new["wall_s"]
+    assert new["running_entities_per_min"] == pytest.approx(
+        60 * new["entities"] / (new["wall_s"] - new["engine_ready_s"])
+    )
     rows = pl.read_parquet(tmp_path / "work" / "ray-data-llm-warm0" / "new_knowledge.parquet")
     assert sorted(zip(rows["entity_type"], rows["entity_id"])) == sorted(
         (r["entity_type"], r["entity_id"]) for r in expected

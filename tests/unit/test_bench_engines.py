@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from benchmarks import engines
-from benchmarks.ray_data_llm import pass_figures, speculative_config
+from benchmarks.ray_data_llm import engine_ready, pass_figures, speculative_config
 
 
 def _fake_run(walls):
@@ -112,17 +113,51 @@ def test_speculative_configs_of_the_extra_rows():
         speculative_config("eagle")
 
 
-def test_ray_data_pass_figures_take_each_engines_first_batch_out_of_the_running_rate():
-    got = [{"n_tokens": 10, "error": ""} for _ in range(8)]
-    # two engines: batches a and b arrive first (they paid the engines' start), then c and d
-    arrivals = [(60.0, "a"), (60.0, "a"), (62.0, "b"), (62.0, "b"), (72.0, "c"), (72.0, "c"), (82.0, "d"), (82.0, "d")]
-    fig = pass_figures(got, arrivals, 83.0, engines=2)
-    assert fig["entities"] == 8 and fig["tokens"] == 80 and fig["batches"] == 4 and fig["first_row_s"] == 60.0
-    assert fig["entities_per_min"] == pytest.approx(60 * 8 / 83.0)
-    assert fig["running_entities_per_min"] == pytest.approx(60 * 4 / 20.0)  # 4 rows over 62 s -> 82 s
-    assert pass_figures(got[:4], arrivals[:4], 63.0, engines=2)["running_entities_per_min"] is None
+def _five_batches():
+    """The issue's hidden MovieLens-100K new pass: 69 entities in 5 batches of 16 from one engine; the first row
+    left at 101.5 s of a 115.4 s pass, the others followed within 14 s."""
+    sizes, times = [16, 16, 16, 16, 5], [101.5, 105.0, 108.5, 112.0, 115.4]
+    arrivals = [(t, f"b{i}") for i, (n, t) in enumerate(zip(sizes, times)) for _ in range(n)]
+    return [{"n_tokens": 96, "error": ""} for _ in arrivals], arrivals
+
+
+def test_ray_data_running_rate_counts_from_the_engines_readiness_not_from_its_first_batch():
+    got, arrivals = _five_batches()
+    fig = pass_figures(got, arrivals, 115.4, engine_ready_s=61.2)
+    assert fig["entities"] == 69 and fig["tokens"] == 69 * 96 and fig["batches"] == 5 and fig["first_row_s"] == 101.5
+    assert fig["entities_per_min"] == pytest.approx(60 * 69 / 115.4)
+    assert fig["engine_ready_s"] == 61.2
+    assert fig["running_entities_per_min"] == pytest.approx(60 * 69 / (115.4 - 61.2))  # 76.4
+    after_first_batch = 60 * 53 / (115.4 - 101.5)  # what the rows alone said: 229 a minute
+    assert fig["running_entities_per_min"] < after_first_batch / 2.5
     failed = [{"n_tokens": 0, "error": "boom"}] + got[1:]
-    assert pass_figures(failed, arrivals, 83.0, engines=2)["failed"] == 1
+    assert pass_figures(failed, arrivals, 115.4, 61.2)["running_entities_per_min"] == pytest.approx(60 * 68 / 54.2)
+
+
+@pytest.mark.parametrize("ready", [None, -1.0, 115.4])
+def test_ray_data_running_rate_is_none_without_a_readiness_inside_the_pass(ready):
+    got, arrivals = _five_batches()
+    fig = pass_figures(got, arrivals, 115.4, ready)
+    assert fig["running_entities_per_min"] is None and fig["entities"] == 69
+    assert pass_figures([], [], 0.0, None)["running_entities_per_min"] is None
+
+
+def _op(name, start):
+    return SimpleNamespace(operator_name=name, earliest_start_time=start)
+
+
+def test_engine_ready_is_the_earliest_batch_start_of_the_vllm_stage_in_ray_datas_stats():
+    inputs = SimpleNamespace(operators_stats=[_op("FromItems", 1.0)], parents=[])
+    stages = SimpleNamespace(
+        operators_stats=[_op("Map(_preprocess)", 2.0), _op("MapBatches(vLLMEngineStageUDF)", 70.5)],
+        parents=[inputs],
+    )
+    summary = SimpleNamespace(operators_stats=[_op("Map(_postprocess)", 101.0)], parents=[stages])
+    assert engine_ready(summary) == 70.5
+    two = SimpleNamespace(operators_stats=[_op("MapBatches(vLLMEngineStageUDF)", 64.0)], parents=[stages])
+    assert engine_ready(two) == 64.0  # two vLLM stages: the first ready
+    idle = SimpleNamespace(operators_stats=[_op("MapBatches(vLLMEngineStageUDF)", None)], parents=[inputs])
+    assert engine_ready(idle) is None and engine_ready(inputs) is None
 
 
 def test_the_decode_rates_of_the_job_passes_side_by_side():
