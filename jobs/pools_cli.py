@@ -24,8 +24,8 @@ def build(
     model: str = typer.Option(
         ...,
         "--model",
-        help="The model whose tokenizer encodes the texts: the same name or path your vLLM is given, "
-        "since the engine refuses a store built with another tokenizer.",
+        help="The model whose tokenizer encodes the texts: the model your vLLM serves, since the engine "
+        "refuses a store built with another vocabulary.",
     ),
     out: Path = typer.Option(..., "--out", help="The pool store's folder (new, empty, or a store it replaces)."),
     key_prefix: str = typer.Option("", "--key-prefix", help="Put before each group value in the pool key."),

@@ -142,6 +142,7 @@ def test_store_rejects_other_tokenizer_old_format_and_unknown_keys(tmp_path):
     write_store(tmp_path, {"user/attribute/x": [[1, 2, 3]]}, TokenizerFingerprint.of(tok))
     with pytest.raises(PoolStoreError, match=r"built with tokenizer 'words'.*not 'other'"):
         PoolStore.open(tmp_path, tokenizer=WordTokenizer(WORDS[::-1], name="other"))
+    assert "user/attribute/x" in PoolStore.open(tmp_path, tokenizer=WordTokenizer(WORDS, name="./same-vocab"))
     with pytest.raises(PoolStoreError, match="'user/attribute/y'"):
         PoolStore.open(tmp_path, tokenizer=tok).get("user/attribute/y")
     with pytest.raises(PoolStoreError, match="empty"):
