@@ -182,15 +182,31 @@ def submit(
             "secret-looking files are never uploaded. Default: the config file alone."
         ),
     ),
+    wheel: Optional[Path] = typer.Option(
+        None,
+        "--wheel",
+        help=(
+            "A built wheel of the project to ship (Ray installs it on every node); default: one built from "
+            "this source tree."
+        ),
+    ),
 ) -> None:
     """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it). Uploads the
-    config (or --working-dir) and the project's code, and logs the list of files."""
+    config (or --working-dir) and the project as a wheel (its entry points registered on every node), and logs the
+    list of files."""
     from jobs.submit import AuthError, SubmitError, follow
     from jobs.submit import submit as submit_job
 
     try:
         job_id = submit_job(
-            config, address, set_, pip=pip, token_file=token_file, incremental=incremental, working_dir=working_dir
+            config,
+            address,
+            set_,
+            pip=pip,
+            token_file=token_file,
+            incremental=incremental,
+            working_dir=working_dir,
+            wheel=wheel,
         )
     except (ConfigError, SubmitError, ValueError) as exc:
         typer.secho(str(exc), fg=typer.colors.RED, err=True)

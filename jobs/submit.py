@@ -3,12 +3,25 @@
 Before anything is sent, the whole config and the decoders' parameters are validated locally, and a
 relative ``output.path`` is refused (on the cluster it would land in the job's temporary working
 directory); an ``output.path`` URI (``s3://...``) needs its fsspec filesystem installed and an absolute
-``output.work_dir`` on shared storage for the pools the actors read. The job ships its own code: ``runtime_env.py_modules`` uploads the project's packages
-(``laser``, ``pools``, ``router``, ``pipelines``, ``jobs``); ``working_dir`` is a fresh folder holding only the
-config file (every path a config names is absolute, so the job needs nothing else beside it), or an explicit
-``--working-dir`` from which dotfiles and secret-looking files (``*token*``, ``*secret*``, keys) are excluded;
-what is uploaded is logged before the submission, and the entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers,
-ray, ...; or ``--pip``) but without this project installed runs it. With token authentication on the
+``output.work_dir`` on shared storage for the pools the actors read.
+
+The job ships its own code as one **wheel** of the project in ``runtime_env.py_modules``: Ray pip-installs a
+``.whl`` there into the runtime env's folder on every node (``pip install --target``, the ``pip`` on the node's
+``PATH``) and puts that folder on ``PYTHONPATH``, so the wheel's ``dist-info`` registers the project's entry
+points (vLLM's ``vllm.general_plugins: laser``, ``laser.pool_stores: pools``) in the driver, every actor and the
+processes they start (vLLM's engine core). Shipped package folders registered none, so a node without the
+project installed had no vLLM plug-in: the folder shipping is gone, there is no reason left for it. The wheel is
+built from the source tree (``pip wheel --no-deps --no-build-isolation``, offline) or taken from ``--wheel``; it
+is shipped with its ``Requires-Dist`` removed (``pip install --target`` ignores what is installed, so declared
+dependencies would be installed again, torch included, into every job's folder) and with a build tag made of a
+hash of its contents, since Ray names an uploaded wheel by its file name alone and would reuse a stale
+``laser_knowledge-0.1.0`` otherwise.
+
+``working_dir`` is a fresh folder holding only the config file (every path a config names is absolute, so the job
+needs nothing else beside it), or an explicit ``--working-dir`` from which dotfiles and secret-looking files
+(``*token*``, ``*secret*``, keys) are excluded; what is uploaded is logged before the submission, and the
+entrypoint is ``python -m jobs run CONFIG ...``, so a cluster with the dependencies (torch, transformers, ray,
+...; or ``--pip``) and ``pip`` but without this project installed runs it. With token authentication on the
 cluster (``RAY_AUTH_MODE=token``), the token comes from ``--token-file``, ``RAY_AUTH_TOKEN`` or
 ``RAY_AUTH_TOKEN_PATH`` and is sent as a bearer header.
 """
@@ -16,14 +29,18 @@ cluster (``RAY_AUTH_MODE=token``), the token comes from ``--token-file``, ``RAY_
 from __future__ import annotations
 
 import asyncio
+import base64
+import fnmatch
+import hashlib
 import logging
 import os
-import fnmatch
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +49,9 @@ from pipelines.storage import is_uri
 
 log = logging.getLogger(__name__)
 
-PACKAGES = ("laser", "pools", "router", "pipelines", "jobs")
+PROJECT = "laser-knowledge"
+# the source tree's packages (pyproject.toml's [tool.setuptools.packages.find] include), copied to build the wheel
+PACKAGES = ("laser", "pools", "router", "pipelines", "jobs", "benchmarks", "training")
 EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
 # never uploaded from an explicit --working-dir: dotfiles (.env, .git, ...; ".?*", since Ray matches ".*" against
 # the folder itself, "."), and files that look like secrets
@@ -56,25 +75,90 @@ def entrypoint(config_name: str, overrides: list[str] | None = None, extra: list
     return shlex.join(args)
 
 
-def project_modules() -> list[str]:
-    """Folders of the project's packages, uploaded with the job (``runtime_env.py_modules``)."""
-    return [_package_dir(name) for name in PACKAGES]
+def source_root() -> Path:
+    """The project's source tree (the folder holding ``pyproject.toml`` beside ``jobs/``); SubmitError if none."""
+    root = Path(__file__).resolve().parents[1]
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file() or f'name = "{PROJECT}"' not in pyproject.read_text():
+        raise SubmitError(
+            f"{root}: no source tree of {PROJECT} to build the job's wheel from (the project is installed, not "
+            "checked out); pass a built wheel with --wheel FILE"
+        )
+    return root
 
 
-def _package_dir(name: str) -> str:
-    import importlib
+def build_wheel(into: Path) -> Path:
+    """A wheel of the source tree, built offline in a copy under ``into`` (the tree itself gets no build files)."""
+    root, src, out = source_root(), into / "src", into / "dist"
+    src.mkdir(parents=True)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
+    for name in PACKAGES:
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"))
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q"]
+    env = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}  # fixed zip times: same code, same wheel
+    res = subprocess.run([*cmd, "-w", str(out), str(src)], env=env, capture_output=True, text=True)
+    wheels = sorted(out.glob("*.whl"))
+    if res.returncode != 0 or len(wheels) != 1:
+        last = (res.stderr.strip().splitlines() or ["no wheel written"])[-1]
+        raise SubmitError(f"building the job's wheel from {root} failed: {last}")
+    return wheels[0]
 
-    file = importlib.import_module(name).__file__
-    if file is None:  # a namespace package (no __init__.py): nothing names its one folder
-        raise RuntimeError(f"package {name!r} has no __init__.py, so its folder cannot be uploaded with the job")
-    return str(Path(file).parent)
+
+def cluster_wheel(wheel: Path, into: Path) -> Path:
+    """``wheel`` as shipped: no ``Requires-Dist`` (the nodes provide the dependencies) and a content-hash build
+    tag in its file name (``laser_knowledge-0.1.0-1<hash>-py3-none-any.whl``); written into ``into``."""
+    parts = wheel.name[: -len(".whl")].split("-")
+    if len(parts) not in (5, 6) or parts[0] != PROJECT.replace("-", "_"):
+        raise SubmitError(f"--wheel {wheel}: not a wheel of {PROJECT} (laser_knowledge-VERSION-...-py3-none-any.whl)")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            files = {name: zf.read(name) for name in zf.namelist()}
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise SubmitError(f"--wheel {wheel}: {exc}") from None
+    info = f"{parts[0]}-{parts[1]}.dist-info"
+    if f"{info}/METADATA" not in files:
+        raise SubmitError(f"--wheel {wheel}: no {info}/METADATA inside")
+    _replace(files, info, "METADATA", _without_requirements(files[f"{info}/METADATA"]))
+    digest = hashlib.sha256(b"".join(n.encode() + b"\0" + files[n] for n in sorted(files))).hexdigest()[:16]
+    out = into / ("-".join([parts[0], parts[1], f"1{digest}", *parts[-3:]]) + ".whl")
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in sorted(files):
+            zf.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), files[name], zipfile.ZIP_DEFLATED)
+    return out
 
 
-def runtime_env(working_dir: Path, pip: list[str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Ray runtime env: ``working_dir`` (see :func:`stage`), the project's code, optional pip packages and env vars."""
+def _without_requirements(metadata: bytes) -> bytes:
+    lines = metadata.decode().split("\n")
+    return "\n".join(line for line in lines if not line.startswith("Requires-Dist:")).encode()
+
+
+def _replace(files: dict[str, bytes], info: str, name: str, data: bytes) -> None:
+    """Set ``info/name`` to ``data`` and its line in ``info/RECORD`` (path,sha256=...,size) to match."""
+    path = f"{info}/{name}"
+    files[path] = data
+    sha = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record = files[f"{info}/RECORD"].decode().splitlines()
+    lines = [f"{path},sha256={sha},{len(data)}" if r.split(",", 1)[0] == path else r for r in record]
+    files[f"{info}/RECORD"] = ("\n".join(lines) + "\n").encode()
+
+
+def project_wheel(into: Path, wheel: str | Path | None = None) -> Path:
+    """The wheel the job ships (``runtime_env.py_modules``): ``wheel`` or one built from the source tree."""
+    built = Path(wheel) if wheel is not None else build_wheel(into / "build")
+    if not built.is_file():
+        raise SubmitError(f"--wheel {built}: no such file")
+    into.mkdir(parents=True, exist_ok=True)
+    return cluster_wheel(built, into)
+
+
+def runtime_env(
+    working_dir: Path, wheel: Path, pip: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Ray runtime env: ``working_dir`` (see :func:`stage`), the project's ``wheel``, optional pip packages and env vars."""
     out: dict[str, Any] = {
         "working_dir": str(working_dir.resolve()),
-        "py_modules": project_modules(),
+        "py_modules": [str(wheel.resolve())],
         "excludes": EXCLUDES + SECRET_EXCLUDES,
     }
     if pip:
@@ -191,11 +275,12 @@ def submit(
     token_file: str | Path | None = None,
     incremental: bool = False,
     working_dir: str | Path | None = None,
+    wheel: str | Path | None = None,
 ) -> str:
     """Validate the config locally, then submit it as a Ray job at ``address``; returns the job id.
 
-    Uploads the config alone (or ``working_dir`` minus dotfiles and secret-looking files) and the project's
-    packages, and logs the list. The job inside the cluster connects to it (``execution.address=auto``)
+    Uploads the config alone (or ``working_dir`` minus dotfiles and secret-looking files) and the project as a
+    wheel (``wheel``, else built from the source tree; see the module docstring), and logs the list. The job inside the cluster connects to it (``execution.address=auto``)
     unless an override says otherwise.
     """
     path = Path(config)
@@ -205,22 +290,27 @@ def submit(
     validate(path, overrides)  # fail here, naming the bad key, rather than on the cluster
     extra = ["--incremental"] if incremental else []
     c = client(address, token_file)
-    with tempfile.TemporaryDirectory(prefix="laser-submit-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="laser-submit-") as tmp,
+        tempfile.TemporaryDirectory(prefix="laser-wheel-") as build,
+    ):
+        whl = project_wheel(Path(build), wheel)
         wd = Path(working_dir) if working_dir is not None else stage(path, Path(tmp))
         name = _config_in(wd, path) if working_dir is not None else path.name
         files = uploaded_files(wd)
         log.info(
-            "uploading to %s: working_dir %s (%d files: %s%s); code: %s",
+            "uploading to %s: working_dir %s (%d files: %s%s); code: %s (%d KiB)",
             address,
             wd,
             len(files),
             ", ".join(files[:10]),
             " ..." if len(files) > 10 else "",
-            ", ".join(PACKAGES),
+            whl.name,
+            whl.stat().st_size // 1024,
         )
         kwargs = {
             "entrypoint": entrypoint(name, overrides, extra),
-            "runtime_env": runtime_env(wd, pip, env),
+            "runtime_env": runtime_env(wd, whl, pip, env),
             "submission_id": submission_id,
         }
         return _submit_with_retry(c, address, kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 import types
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,8 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
         def submit_job(self, **kwargs):
             calls.update(kwargs)
             calls["uploaded"] = submit_mod.uploaded_files(Path(kwargs["runtime_env"]["working_dir"]))
+            with zipfile.ZipFile(kwargs["runtime_env"]["py_modules"][0]) as zf:  # the wheel exists while submitting
+                calls["wheel"] = zf.namelist()
             return "raysubmit_123"
 
     fake = types.ModuleType("ray.job_submission")
@@ -56,7 +59,9 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
     env = calls["runtime_env"]
     assert calls["uploaded"] == ["ml.yaml"] and env["pip"] == ["extra==1.0"]
     assert env["env_vars"] == {"A": "1"}
-    assert [p.rsplit("/", 1)[-1] for p in env["py_modules"]] == ["laser", "pools", "router", "pipelines", "jobs"]
+    assert len(env["py_modules"]) == 1 and env["py_modules"][0].endswith("-py3-none-any.whl")  # the project's wheel
+    assert {"laser/__init__.py", "jobs/__main__.py"} <= set(calls["wheel"])
+    assert any(n.endswith(".dist-info/entry_points.txt") for n in calls["wheel"])
     calls.clear()
     submit_mod.submit(config, "http://head:8265", ["execution.address=ray://other:10001"])
     assert calls["entrypoint"].endswith("--set execution.address=ray://other:10001")  # an explicit address is kept
