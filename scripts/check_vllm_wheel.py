@@ -22,21 +22,23 @@ from rich.table import Table
 from laser.vllm.requirements import Report, check, wheel_source
 
 CACHE = Path.home() / ".cache" / "laser" / "vllm-wheels"
-PLATFORM = "manylinux_2_28_x86_64"
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 def download(version: str, cache: Path = CACHE) -> Path:
-    """The x86_64 wheel of vLLM ``version`` (no dependencies), downloaded into ``cache`` unless there."""
-    found = sorted(cache.glob(f"vllm-{version}-*{PLATFORM}.whl"))
+    """The x86_64 Linux wheel of vLLM ``version`` (no dependencies), downloaded into ``cache`` unless there."""
+    found = sorted(cache.glob(f"vllm-{version}-*x86_64.whl"))
     if found:
         return found[0]
     cache.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps", "--only-binary=:all:"]
-    cmd += ["--platform", PLATFORM, "--python-version", "3.11", "--dest", str(cache), "--quiet"]
-    subprocess.run(cmd, check=True)
-    found = sorted(cache.glob(f"vllm-{version}-*{PLATFORM}.whl"))
+    cmd += [arg for p in PLATFORMS for arg in ("--platform", p)]
+    cmd += ["--python-version", "3.11", "--dest", str(cache), "--quiet"]
+    if subprocess.run(cmd).returncode != 0:
+        raise SystemExit(f"pip could not download a vllm {version} x86_64 wheel (see its message above)")
+    found = sorted(cache.glob(f"vllm-{version}-*x86_64.whl"))
     if not found:
-        raise SystemExit(f"pip downloaded no vllm {version} wheel for {PLATFORM} into {cache}")
+        raise SystemExit(f"pip downloaded no vllm {version} x86_64 wheel into {cache}")
     return found[0]
 
 
