@@ -73,10 +73,15 @@ def cache_dir() -> Path:
 
 
 def load_model(
-    name_or_path: str = DEFAULT_MODEL, device: str = "auto", dtype: str | torch.dtype = "auto"
+    name_or_path: str = DEFAULT_MODEL,
+    device: str = "auto",
+    dtype: str | torch.dtype = "auto",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
 ) -> LoadedModel:
     """Load a causal LM by bundled name, name saved in the model cache, local path or hub id (offline
-    caches are respected)."""
+    caches are respected); ``revision`` and ``trust_remote_code`` go to ``from_pretrained`` (a hub id's
+    branch, tag or commit; the repo's own code)."""
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     if dtype == "auto":
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
@@ -84,8 +89,10 @@ def load_model(
         dtype = getattr(torch, dtype)
     path = model_dir(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
+        )
     except OSError as err:
         raise ValueError(f"cannot load model {name_or_path!r}: {err}. Known bundled models: {sorted(BUNDLED)}") from err
     move_model(model, device).eval()
@@ -108,10 +115,14 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     return tokens
 
 
-def load_tokenizer(name_or_path: str = DEFAULT_MODEL) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    name_or_path: str = DEFAULT_MODEL, revision: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer of a model (bundled name, local path or hub id) without loading its weights."""
     try:
-        return AutoTokenizer.from_pretrained(model_dir(name_or_path))
+        return AutoTokenizer.from_pretrained(
+            model_dir(name_or_path), revision=revision, trust_remote_code=trust_remote_code
+        )
     except OSError as err:
         raise ValueError(f"cannot load the tokenizer of {name_or_path!r}: {err}") from err
 

@@ -8,9 +8,19 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pipelines.data.config import DatasetConfig
+from pipelines.engine_args import engine_arg_problem
 
 
 class ConfigError(ValueError):
@@ -44,11 +54,44 @@ class SplitConfig(_Strict):
     )
 
 
+def _engine_arg(name: str) -> str:
+    """A key of ``model.engine_args``: one of vLLM's ``EngineArgs`` names the job does not set itself."""
+    problem = engine_arg_problem(name)
+    if problem is not None:
+        raise ValueError(problem)
+    return name
+
+
+EngineArgName = Annotated[str, AfterValidator(_engine_arg)]
+
+
 class ModelConfig(_Strict):
-    """The target LLM."""
+    """The target LLM, as transformers and vLLM load it."""
 
     name: str = Field(default="smollm2-135m", description="bundled name, local path or cached hub id")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    revision: str | None = Field(
+        default=None,
+        description="hub revision (branch, tag or commit) of the model and its tokenizer; null: the repo's default",
+    )
+    trust_remote_code: bool = Field(
+        default=False, description="run the model repo's own code (transformers and vLLM); only for repos you trust"
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        description="vLLM: prompt + output tokens per request; null: the model's own context length, cut to what "
+        "the KV cache holds",
+    )
+    engine_args: dict[EngineArgName, Any] = Field(
+        default_factory=dict,
+        description="vLLM's own engine arguments (its EngineArgs names), passed to the engine as they are; "
+        "those the job sets itself are refused, naming the key that sets them",
+    )
+
+    def loading(self) -> dict[str, Any]:
+        """The keywords transformers' ``from_pretrained`` takes for this model (``laser.load_model``)."""
+        return {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
 
 
 class DecoderConfig(_Strict):
@@ -342,10 +385,12 @@ class JobConfig(_Strict):
     split: SplitConfig = Field(default_factory=SplitConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     decoder: DecoderConfig = Field(default_factory=DecoderConfig)
-    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    generation: GenerationConfig = Field(
+        default_factory=GenerationConfig, validate_default=True
+    )  # checked against model
     old_knowledge: OldKnowledgeConfig = Field(default_factory=OldKnowledgeConfig)
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    execution: ExecutionConfig = Field(default_factory=ExecutionConfig)
+    execution: ExecutionConfig = Field(default_factory=ExecutionConfig, validate_default=True)  # checked against model
     output: OutputConfig = Field(default_factory=OutputConfig)
 
     @field_validator("decoder")
@@ -354,6 +399,26 @@ class JobConfig(_Strict):
         bad = [k for k in v.params if not str(k).isidentifier()]
         if bad:
             raise ValueError(f"decoder.params keys must be keyword names, got {bad}")
+        return v
+
+    @field_validator("generation")
+    @classmethod
+    def _fits_max_model_len(cls, v: GenerationConfig, info: ValidationInfo) -> GenerationConfig:
+        model, prompt = info.data.get("model"), v.max_prompt_tokens or 0
+        if model is not None and model.max_model_len is not None and prompt + v.max_new_tokens > model.max_model_len:
+            raise ValueError(
+                f"generation.max_prompt_tokens {prompt} + max_new_tokens {v.max_new_tokens} exceed model.max_model_len "
+                f"{model.max_model_len}: raise model.max_model_len or lower these"
+            )
+        return v
+
+    @field_validator("execution")
+    @classmethod
+    def _engine_args_need_vllm(cls, v: ExecutionConfig, info: ValidationInfo) -> ExecutionConfig:
+        model = info.data.get("model")
+        if v.engine == "hf" and model is not None and model.engine_args:
+            keys = ", ".join(f"model.engine_args.{k}" for k in model.engine_args)
+            raise ValueError(f"engine hf takes no vLLM engine arguments ({keys}): remove them or set engine: vllm")
         return v
 
     def resolved_run_id(self) -> str:
@@ -367,6 +432,11 @@ class JobConfig(_Strict):
         data_rules = {
             k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None)) if getattr(self.dataset, k) == v
         }
+        model_rules = {  # so are the model's loading keys
+            k
+            for k, v in (("revision", None), ("trust_remote_code", False), ("max_model_len", None), ("engine_args", {}))
+            if getattr(self.model, k) == v
+        }
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -374,6 +444,7 @@ class JobConfig(_Strict):
                 "output": {"run_id", "work_dir"},
                 "generation": default | {"give_up_after"},
                 "dataset": data_rules,
+                "model": model_rules,
             },
         )  # give_up_after: a retry policy
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

@@ -103,7 +103,8 @@ class VllmEngine:
         bind_threads: pin the threads to cores 0..threads-1 (one engine per machine, as in benchmarks);
             False leaves placement to the OS (several engines per machine) (default: True).
         max_num_seqs: requests in flight (default: 64).
-        max_model_len: prompt + output tokens per request (default: 2048).
+        max_model_len: prompt + output tokens per request; None: the model's own context length, cut by
+            vLLM to what the KV cache holds (vLLM's ``-1``) (default: 2048).
         dtype: model dtype (default: ``"float32"``).
         seed: vLLM's seed (default: 0).
         enforce_eager: skip torch.compile (faster start, slower steps) (default: False).
@@ -132,7 +133,7 @@ class VllmEngine:
         bind_threads: bool = True,
         in_process: bool = True,
         max_num_seqs: int = 64,
-        max_model_len: int = 2048,
+        max_model_len: int | None = 2048,
         dtype: str = "float32",
         seed: int = 0,
         enforce_eager: bool = False,
@@ -164,7 +165,7 @@ class VllmEngine:
             seed=seed,
             enable_prefix_caching=True,
             max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len,
+            max_model_len=-1 if max_model_len is None else max_model_len,  # -1: vLLM fits it to the KV cache
             max_num_batched_tokens=max(2048, max_num_seqs * (max_draft + 1)),
             speculative_config=spec,
             enforce_eager=enforce_eager,

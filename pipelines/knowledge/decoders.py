@@ -83,6 +83,12 @@ def job_engine(cfg: JobConfig) -> str:
         and not cfg.generation.no_repeat_ngram_size
     ):
         return "vllm"
+    if cfg.model.engine_args:
+        raise JobInputError(
+            f"model.engine_args ({', '.join(cfg.model.engine_args)}) are vLLM's, but execution.engine: auto chose hf "
+            "here (no vLLM for the job's device, or a decoder or generation rule without a vLLM form): "
+            "set execution.engine: vllm to see which, or remove them"
+        )
     return "hf"
 
 

@@ -82,6 +82,14 @@ class ModelSpec:
     gpu_memory_utilization: float | None = None  # vLLM's share of each GPU; None: 0.9 of the actor's share
     engine: str = "hf"  # the engine a generation worker drives (pipelines/knowledge/engines: its registry)
     engine_options: Mapping[str, Any] = field(default_factory=dict, hash=False)  # more keywords for its engine
+    revision: str | None = None  # the model's hub revision (transformers and vLLM)
+    trust_remote_code: bool = False  # run the model repo's own code
+    max_model_len: int | None = None  # vLLM's tokens per request; None: the model's own, within the KV cache
+    engine_args: Mapping[str, Any] = field(default_factory=dict, hash=False)  # vLLM's own (model.engine_args)
+
+    def loading(self) -> dict[str, Any]:
+        """The keywords of ``laser.load_model``/``load_tokenizer`` beyond the model's name."""
+        return {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
 
     @property
     def device(self) -> str:
@@ -256,7 +264,7 @@ class ModelWorker(StreamWorker):
         super().__init__(spec)
         import laser
 
-        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+        self.lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype, **spec.loading())
         self.decoders = DecoderCache(self.lm)
 
     def decoder(self, name: str, params: Mapping[str, object]) -> tuple[Decoder, str]:

@@ -154,5 +154,9 @@ def job_actors(cfg: Any, entities: int | None = None, engine: str = "hf") -> tup
         compile=compile_model(ex, entities),
         gpu_memory_utilization=ex.gpu_memory_utilization,
         engine=engine,
+        revision=cfg.model.revision,
+        trust_remote_code=cfg.model.trust_remote_code,
+        max_model_len=cfg.model.max_model_len,
+        engine_args=dict(cfg.model.engine_args),
     )
     return spec, layout.num_workers

@@ -29,7 +29,7 @@ class HfAdapter:
     def __init__(self, spec: ModelSpec) -> None:
         import laser
 
-        lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype)
+        lm = laser.load_model(spec.model, device=spec.device, dtype=spec.dtype, **spec.loading())
         if lm.tokenizer is None:
             raise ValueError(f"model {spec.model!r} has no tokenizer: the knowledge job writes prompts as text")
         self.lm, self.tokenizer, self.model_name = lm, lm.tokenizer, lm.name

@@ -74,6 +74,18 @@ def gpu_engine_args(spec: ModelSpec) -> dict[str, float]:
     return {"tensor_parallel_size": max(1, int(spec.gpus)), "gpu_memory_utilization": share}
 
 
+def model_engine_args(spec: ModelSpec) -> dict[str, Any]:
+    """vLLM's keywords for the model as the job config gives it: revision, remote code, tokens per request
+    (None: the model's own, cut to what the KV cache holds) and ``model.engine_args`` as they are."""
+    pinned = {"revision": spec.revision, "tokenizer_revision": spec.revision} if spec.revision else {}
+    return {
+        **pinned,
+        "trust_remote_code": spec.trust_remote_code,
+        "max_model_len": spec.max_model_len,
+        **spec.engine_args,
+    }
+
+
 def _measured(seconds: float | None) -> float:
     """A time vLLM measured; NaN (never a made-up 0) where it did not."""
     return float("nan") if seconds is None else float(seconds)
@@ -89,7 +101,7 @@ class VllmAdapter:
         from laser.models import load_tokenizer
 
         self.spec = spec
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.model)
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.model, **spec.loading())
         self.model_name = spec.model
         self.engine: VllmEngine | None = None
         self.live: dict[str, Attempt] = {}  # vLLM request tag -> attempt
@@ -112,7 +124,7 @@ class VllmAdapter:
 
             spec = self.spec
             dtype = spec.dtype if spec.dtype != "auto" or spec.device == "cuda" else "float32"
-            more: dict[str, Any] = {**gpu_engine_args(spec), **spec.engine_options}  # vLLM's own keywords
+            more: dict[str, Any] = {**gpu_engine_args(spec), **model_engine_args(spec), **spec.engine_options}
             self.engine = VllmEngine(
                 spec.model,
                 speculation="laser",
