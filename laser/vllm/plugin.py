@@ -2,7 +2,7 @@
 
 vLLM loads the functions of the ``vllm.general_plugins`` entry-point group in every process it starts
 (the caller, the engine core, each worker); ours is :func:`register` (declared in ``pyproject.toml``).
-It does two things and nothing else:
+It does three things and nothing else:
 
 1. checks that the installed vLLM has every class, method, parameter, field and call LASER relies on
    (:func:`check_vllm`, which reads vLLM's source: :mod:`laser.vllm.requirements`). Any vLLM whose
@@ -16,9 +16,12 @@ It does two things and nothing else:
    attached to the runner (it reads the batch's request ids and each request's
    ``sampling_params.extra_args``) and the runner's rejection sampler becomes a
    :class:`laser.vllm.relaxed.LaserRejectionSampler` (vLLM's own sampler class, plus the relaxed rule on
-   the processed logits). This wrapper is the one place LASER touches a vLLM class; vLLM's
+   the processed logits). This wrapper is the one place LASER touches a vLLM model class; vLLM's
    ``custom_class`` proposer hook hands the proposer ``vllm_config`` only, so this is how it meets the
    runner without walking stack frames. Runners of other drafters are left as vLLM built them.
+3. wraps ``SamplingParams.verify`` (vLLM's front end checks each request with it before admission) in
+   :func:`_verify_hook`: a request's LASER arguments are checked there, so a malformed one is refused to
+   its caller (the OpenAI server answers 400) instead of raising in the proposer, which kills the engine.
 
 Nothing falls back in silence: a laser proposer whose runner was never attached (plug-in not installed,
 filtered out by ``VLLM_PLUGINS``, another model-runner implementation) raises :data:`PROBLEM` or
@@ -74,6 +77,10 @@ def register() -> None:
     original = GPUModelRunner.__init__
     if not getattr(original, "_laser_hook", False):
         GPUModelRunner.__init__ = _runner_init_hook(original)  # type: ignore[method-assign]
+    from vllm.sampling_params import SamplingParams
+
+    if not getattr(SamplingParams.verify, "_laser_hook", False):
+        SamplingParams.verify = _verify_hook(SamplingParams.verify)  # type: ignore[method-assign]
     _installed = True
 
 
@@ -96,6 +103,26 @@ def _runner_init_hook(original: Callable[..., None]) -> Callable[..., None]:
 
     __init__._laser_hook = True  # type: ignore[attr-defined]
     return __init__
+
+
+def _verify_hook(original: Callable[..., None]) -> Callable[..., None]:
+    """``SamplingParams.verify`` (vLLM's front end, before admission) followed by the check of the request's
+    LASER arguments (:func:`laser.vllm.request_args.check_admission`): a malformed one is refused to its
+    caller instead of failing in the proposer, where it would kill vLLM's engine core."""
+    from vllm.exceptions import VLLMValidationError
+
+    from laser.vllm.request_args import LaserArgsError, check_admission
+
+    @functools.wraps(original)
+    def verify(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            check_admission(self.extra_args, self.temperature)
+        except LaserArgsError as exc:  # vLLM's client error: the server answers 400 with the line, not 500
+            raise VLLMValidationError(str(exc)) from None
+
+    verify._laser_hook = True  # type: ignore[attr-defined]
+    return verify
 
 
 def not_attached_message() -> str:

@@ -184,6 +184,20 @@ def request_args(
     return {EXTRA_ARGS_KEY: json.dumps(args.to_extra_args()[EXTRA_ARGS_KEY], separators=(",", ":"))}
 
 
+def check_admission(extra_args: Mapping[str, object] | None, temperature: float) -> None:
+    """Refuse a request whose LASER arguments the proposer would refuse, before vLLM admits it (the plug-in
+    calls this from ``SamplingParams.verify`` in vLLM's front end): an error raised in the proposer, inside
+    vLLM's engine core, kills the engine for every request. Raises :class:`LaserArgsError` (the plug-in raises it to vLLM as
+    its ``VLLMValidationError``: the OpenAI server answers 400 with the line)."""
+    if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+        return
+    args = LaserArgs.from_extra_args(extra_args, "sent to vLLM")
+    if args.rule is not None and temperature > 0:
+        raise LaserArgsError(
+            f"request sent to vLLM: relaxed verification (k, p) needs temperature 0, got {temperature}"
+        )
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -77,6 +77,8 @@ NEEDS: tuple[Need | ProposeCall, ...] = (
     ProposeCall(),
     # the job's engine (laser.vllm.engine): a request's arguments, its outputs, the engine core's placement
     Need("vllm.sampling_params", "SamplingParams", fields=("extra_args", "output_kind")),
+    Need("vllm.sampling_params", "SamplingParams.verify", params=("model_config",)),  # LASER arguments checked
+    Need("vllm.exceptions", "VLLMValidationError"),  # ... and refused as the client's error
     Need("vllm.sampling_params", "RequestOutputKind"),
     Need("vllm.v1.engine.core_client", "InprocClient"),
     Need("vllm.v1.engine.exceptions", "EngineDeadError"),

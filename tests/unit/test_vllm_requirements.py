@@ -54,7 +54,10 @@ class RequestOutputKind: ...
 class SamplingParams:
     extra_args: dict | None = None
     output_kind: RequestOutputKind = None
+
+    def verify(self, model_config, speculative_config, structured_outputs_config, tokenizer): ...
 """,
+    "vllm.exceptions": "class VLLMValidationError(ValueError): ...\n",
     "vllm.v1.engine.core_client": "class InprocClient: ...\n",
     "vllm.v1.engine.exceptions": "class EngineDeadError(Exception): ...\n",
 }
