@@ -10,6 +10,7 @@ import polars as pl
 from pipelines.data.config import DatasetConfig
 from pipelines.data.readers import DataFileError
 from pipelines.data.schema import Dataset
+from pipelines.storage import is_uri
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,15 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
         from pipelines.data.synthetic import synthetic_dataset
 
         return synthetic_dataset(cfg.synthetic, seed=cfg.seed)
+    if cfg.format == "table":  # a file, folder, glob or URI (pipelines/data/sources.py)
+        from pipelines.data.table import load_table
+
+        return load_table(cfg.path or "", cfg)
+    if is_uri(cfg.path):
+        raise DataFileError(
+            f"dataset.path {cfg.path!r}: format {cfg.format} reads a local folder; data behind a URI is read "
+            "by format: table"
+        )
     path = Path(cfg.path or "")
     if not path.exists():
         raise FileNotFoundError(f"dataset.path {str(path)!r} (format {cfg.format}) does not exist")
@@ -107,9 +117,7 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
         from pipelines.data.amazon import load_amazon
 
         return load_amazon(path, reviews_file=cfg.reviews_file, metadata_file=cfg.metadata_file)
-    from pipelines.data.table import load_table
-
-    return load_table(path, cfg)
+    raise ValueError(f"dataset.format {cfg.format!r}: unknown")
 
 
 SAMPLE_RULES = ("most_rated", "whole_histories")

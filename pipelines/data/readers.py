@@ -13,11 +13,12 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias, Union
 
 import polars as pl
 
 from pipelines.data.schema import DType
+from pipelines.storage import Location
 
 log = logging.getLogger(__name__)
 
@@ -25,20 +26,23 @@ MAX_BAD_FRACTION = 0.5  # more unreadable rows than this and the file is rejecte
 SHOWN_BAD_LINES = 5
 
 
+Where: TypeAlias = Union[Path, Location]  # a local file, or a file behind a URI (named by it in messages)
+
+
 class DataFileError(ValueError):
     """A data file is missing required content or mostly unreadable."""
 
 
-def _require(path: Path) -> None:
-    if not path.is_file():
+def _require(path: Where) -> None:
+    if not (path.is_file() if isinstance(path, Path) else path.fs.isfile(path.path)):
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Where) -> bytes:
     """File contents, gunzipped when the name ends in .gz."""
     _require(path)
     raw = path.read_bytes()
-    if path.suffix == ".gz":
+    if path.name.endswith(".gz"):
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as err:
@@ -46,7 +50,7 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
-def utf8_bytes(raw: bytes, path: Path) -> bytes:
+def utf8_bytes(raw: bytes, path: Where) -> bytes:
     """``raw`` as UTF-8: unchanged when valid UTF-8, else decoded as Latin-1 (old MovieLens files)."""
     try:
         raw.decode("utf-8")
@@ -56,7 +60,7 @@ def utf8_bytes(raw: bytes, path: Path) -> bytes:
         return raw.decode("latin-1").encode("utf-8")
 
 
-def read_lines(path: Path) -> pl.DataFrame:
+def read_lines(path: Where) -> pl.DataFrame:
     """Columns ``line_no`` (1-based) and ``line`` (null for blank lines) of a text file."""
     data = utf8_bytes(read_bytes(path), path)
     if not data.strip():
@@ -73,7 +77,7 @@ def read_lines(path: Path) -> pl.DataFrame:
 
 
 def report_bad(
-    path: Path,
+    path: Where,
     total: int,
     bad_line_numbers: Sequence[int],
     what: str = "line",
@@ -132,7 +136,7 @@ def coerce(
     frame: pl.DataFrame,
     dtypes: Mapping[str, DType],
     required: Sequence[str],
-    path: Path,
+    path: Where,
     row_no: str = "line_no",
     keep_row_no: bool = False,
     notes: dict[str, Any] | None = None,
@@ -151,7 +155,7 @@ def coerce(
 
 
 def read_delimited(
-    path: Path,
+    path: Where,
     separator: str,
     names: Sequence[str],
     dtypes: Mapping[str, DType],
@@ -182,7 +186,7 @@ def read_delimited(
     return good
 
 
-def iter_json_lines(path: Path) -> Iterator[tuple[int, dict | None]]:
+def iter_json_lines(path: Where) -> Iterator[tuple[int, dict | None]]:
     """(line number, record) for each non-blank line; the record is None when the line does not parse
     as a JSON object or a Python dict literal (old Amazon metadata files are the latter)."""
     text = utf8_bytes(read_bytes(path), path).decode("utf-8")
@@ -200,7 +204,7 @@ def iter_json_lines(path: Path) -> Iterator[tuple[int, dict | None]]:
 
 
 def records_frame(
-    path: Path,
+    path: Where,
     extract: Callable[[dict], dict | None],
     schema: Mapping[str, DType],
     notes: dict[str, Any] | None = None,
@@ -236,7 +240,7 @@ def records_frame(
 _QUOTED = r'"[^"]*"'  # a quoted field (doubled quotes inside split into adjacent matches, all removed)
 
 
-def _record(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) -> list[int]:
+def _record(notes: dict[str, Any], path: Where, what: str, lines: Sequence[int]) -> list[int]:
     """Put ``len(lines)`` rows of ``path`` skipped or repaired for ``what`` in a load report (not logged)."""
     shown = sorted(lines)[: SHOWN_BAD_LINES * 2]
     if lines:
@@ -244,7 +248,7 @@ def _record(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) 
     return shown
 
 
-def note(notes: dict[str, Any], path: Path, what: str, lines: Sequence[int]) -> None:
+def note(notes: dict[str, Any], path: Where, what: str, lines: Sequence[int]) -> None:
     """Record ``len(lines)`` rows of ``path`` skipped or repaired for ``what`` in a load report, and log it."""
     if not lines:
         return
@@ -278,7 +282,7 @@ def utf8_lines(raw: bytes) -> tuple[bytes, list[int]]:
     return b"\n".join(out), repaired
 
 
-def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.DataFrame:
+def read_checked_csv(path: Where, separator: str, notes: dict[str, Any]) -> pl.DataFrame:
     """A headed CSV/TSV as strings plus ``line_no`` (file line, header = 1), by documented rules:
     lines that are not UTF-8 are repaired as Latin-1; lines with more or fewer fields than the header
     are skipped, and so are lines with an unbalanced (odd) number of quotes; each is counted in ``notes``
@@ -334,7 +338,7 @@ def read_checked_csv(path: Path, separator: str, notes: dict[str, Any]) -> pl.Da
 
 
 def drop_unknown_items(
-    inter: pl.DataFrame, items: pl.DataFrame, path: Path, notes: dict[str, Any], line_col: str = "line_no"
+    inter: pl.DataFrame, items: pl.DataFrame, path: Where, notes: dict[str, Any], line_col: str = "line_no"
 ) -> pl.DataFrame:
     """Interactions whose item is in ``items`` (the catalogue); the others are skipped and counted. When
     none is, the load stops naming the file and the column (ids that do not match between the files)."""
@@ -362,7 +366,7 @@ def _label(column: str, source: str | None) -> str:
     return f"{column} (column {source!r})" if source and source != column else repr(column)
 
 
-def id_text(frame: pl.DataFrame, column: str, path: Path, source: str | None = None) -> pl.DataFrame:
+def id_text(frame: pl.DataFrame, column: str, path: Where, source: str | None = None) -> pl.DataFrame:
     """``column`` as id text, the same whatever a file typed it as: integers and whole floats (an integer
     column with gaps, as pandas writes it) without a decimal point, text stripped; empty is null. A column
     of lists or records holds no ids: ``DataFileError`` naming the file and column."""
@@ -379,7 +383,7 @@ def id_text(frame: pl.DataFrame, column: str, path: Path, source: str | None = N
 
 
 def drop_empty_ids(
-    frame: pl.DataFrame, column: str, path: Path, notes: dict[str, Any], line_col: str, source: str | None = None
+    frame: pl.DataFrame, column: str, path: Where, notes: dict[str, Any], line_col: str, source: str | None = None
 ) -> pl.DataFrame:
     """Ids normalised (:func:`id_text`); rows without one skipped and counted in ``notes`` by file line. A
     file where more than half the rows have none stops the load, naming the file and the column."""
@@ -415,7 +419,7 @@ def _uniform(records: list[dict], column: str) -> None:
             r[column] = [value]
 
 
-def read_json_table(path: Path, line_col: str, notes: dict[str, Any]) -> pl.DataFrame:
+def read_json_table(path: Where, line_col: str, notes: dict[str, Any]) -> pl.DataFrame:
     """A JSON-lines table, one record a line, with ``line_col`` (file line). Lines that are not a JSON object
     are skipped and counted in ``notes``; a column whose values differ in kind across lines is made uniform
     (:func:`_uniform`); ids typed as numbers on some lines and text on others come out as text."""

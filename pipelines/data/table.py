@@ -22,10 +22,12 @@ from typing import Any
 
 import polars as pl
 
+from pipelines.storage import Location
 from pipelines.data.config import DatasetConfig
 from pipelines.data.readers import (
     MAX_BAD_FRACTION,
     DataFileError,
+    Where,
     coerce,
     drop_empty_ids,
     drop_unknown_items,
@@ -34,6 +36,7 @@ from pipelines.data.readers import (
     read_checked_csv,
     read_json_table,
 )
+from pipelines.data.sources import TableSource, columns_of, locate, read_parquet, resolve
 from pipelines.data.schema import INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items, conform_users
 
 log = logging.getLogger(__name__)
@@ -42,16 +45,17 @@ log = logging.getLogger(__name__)
 LINE = "_line"  # CSV/TSV: file line (header = line 1); JSON lines: file line; Parquet: row number from 1
 
 
-def read_table(path: Path, notes: dict[str, Any] | None = None) -> pl.DataFrame:
+def read_table(path: Where, notes: dict[str, Any] | None = None) -> pl.DataFrame:
     """A whole table file by its extension: .parquet, .csv, .tsv, .jsonl/.ndjson (optionally .gz for text),
     with a ``_line`` column. CSV/TSV go through ``read_checked_csv``, JSON lines through ``read_json_table``
-    (rows repaired or skipped are counted in ``notes``)."""
-    if not path.is_file():
+    (rows repaired or skipped are counted in ``notes``). ``path``: a local file or a Location (a URI)."""
+    if not path.is_file() if isinstance(path, Path) else not path.exists():
         raise FileNotFoundError(f"data file {str(path)!r} does not exist")
     name = path.name.lower().removesuffix(".gz")
     try:
         if name.endswith(".parquet"):
-            return pl.read_parquet(path).with_row_index(LINE, offset=1)
+            data = path.read_bytes() if isinstance(path, Location) else path
+            return pl.read_parquet(data).with_row_index(LINE, offset=1)
         if name.endswith((".csv", ".tsv")):
             frame = read_checked_csv(path, "\t" if name.endswith(".tsv") else ",", {} if notes is None else notes)
             return frame.rename({"line_no": LINE})
@@ -62,13 +66,37 @@ def read_table(path: Path, notes: dict[str, Any] | None = None) -> pl.DataFrame:
     raise DataFileError(f"{path}: unknown table type; use .parquet, .csv, .tsv, .jsonl or .ndjson")
 
 
-def _rename(frame: pl.DataFrame, mapping: dict[str, str], required: list[str], path: Path) -> pl.DataFrame:
-    """Rename source columns to canonical names; error naming the file and column when a required one is missing."""
-    missing = [f"{canon} (column {mapping[canon]!r})" for canon in required if mapping[canon] not in frame.columns]
+def read_source(
+    src: TableSource,
+    mapping: dict[str, str],
+    required: list[str],
+    notes: dict[str, Any],
+    keep_all: bool,
+    hint: str = "",
+) -> pl.DataFrame:
+    """The table ``src`` names with a ``_line`` column, ``required`` (canonical names) checked first: a
+    missing one names the table, lists its columns, and adds ``hint``. Parquet reads only the mapped
+    columns unless ``keep_all`` (items and users keep every column: attributes the prompts may show)."""
+    if not src.parquet:
+        frame = read_table(src.local_file(), notes)
+        _check_columns(src.label, [c for c in frame.columns if c != LINE], mapping, required, hint)
+        return frame
+    available = columns_of(src)
+    _check_columns(src.label, available, mapping, required, hint)
+    wanted = None if keep_all else [c for c in dict.fromkeys(mapping[k] for k in required) if c in available]
+    return read_parquet(src, wanted, LINE)
+
+
+def _check_columns(label: Where, available: list[str], mapping: dict[str, str], required: list[str], hint: str) -> None:
+    """Error naming the table and the column when a required one is missing; lists the columns there."""
+    missing = [f"{canon} (column {mapping[canon]!r})" for canon in required if mapping[canon] not in available]
     if missing:
-        raise DataFileError(
-            f"{path}: missing {', '.join(missing)}; found columns {[c for c in frame.columns if c != LINE]}"
-        )
+        raise DataFileError(f"{label}: missing {', '.join(missing)}; found columns {available}{hint}")
+
+
+def _rename(frame: pl.DataFrame, mapping: dict[str, str]) -> pl.DataFrame:
+    """Rename source columns to canonical names (a column already named canonically that is not the mapped
+    one is dropped)."""
     present = {src: canon for canon, src in mapping.items() if src in frame.columns and src != canon}
     return frame.drop([c for c in present.values() if c in frame.columns]).rename(present)
 
@@ -95,7 +123,7 @@ def _parse_text_times(text: pl.Expr, fmt: str) -> pl.Expr:
     return pl.coalesce(digits, *parsed)
 
 
-def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path, notes: dict[str, Any]) -> pl.DataFrame:
+def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Where, notes: dict[str, Any]) -> pl.DataFrame:
     """The timestamp column as unix seconds (Date/Datetime columns converted; text by ``fmt``, see
     ``dataset.timestamp_format``). Text that does not match is skipped and counted naming the column; a
     column that mostly does not match is an error."""
@@ -126,27 +154,25 @@ def _timestamp_seconds(frame: pl.DataFrame, fmt: str, column: str, path: Path, n
     return out.drop("_raw")
 
 
-def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
-    """Load the table files named by ``cfg`` (see the module docstring)."""
+def load_table(path: str | Path, cfg: DatasetConfig) -> Dataset:
+    """Load the tables named by ``cfg`` (see the module docstring)."""
     mapping = cfg.columns.model_dump()
-    directory = path if path.is_dir() else path.parent
-    if path.is_dir():
-        if not cfg.interactions_file:
-            raise DataFileError(f"dataset.path {str(path)!r} is a directory: set dataset.interactions_file")
-        inter_path = path / cfg.interactions_file
-    else:
-        inter_path = path
+    inter_src, beside = _interactions_source(str(path), cfg)
+    label = inter_src.label
     required = list(INTERACTIONS_SCHEMA)
     notes: dict[str, Any] = {}
-    inter = _rename(read_table(inter_path, notes), mapping, required, inter_path).select(*required, LINE)
+    hint = "" if cfg.interactions_file or not inter_src.whole else "; if this folder holds the tables, set "
+    hint += "dataset.interactions_file" if hint else ""
+    inter = _rename(read_source(inter_src, mapping, required, notes, keep_all=False, hint=hint), mapping)
+    inter = inter.select(*required, LINE)
     for key in ("user_id", "item_id"):
-        inter = id_text(inter, key, inter_path, mapping[key])
-    inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], inter_path, notes)
+        inter = id_text(inter, key, label, mapping[key])
+    inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], label, notes)
     inter = coerce(
         inter,
         INTERACTIONS_SCHEMA,
         required,
-        inter_path,
+        label,
         row_no=LINE,
         keep_row_no=True,
         notes=notes,
@@ -154,22 +180,22 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     )
 
     if cfg.items_file:
-        items = _read_items(directory / cfg.items_file, cfg, mapping, notes)
+        items = _read_items(locate(resolve(beside, cfg.items_file), "dataset.items_file"), cfg, mapping, notes)
     else:
         log.warning("no dataset.items_file: item titles fall back to item ids")
         items = inter.select("item_id").unique().sort("item_id").with_columns(title=pl.col("item_id"))
 
     inter = inter.with_columns(pl.col("item_id").cast(pl.Utf8))
     if cfg.items_file:
-        inter = drop_unknown_items(inter, items, inter_path, notes, LINE)
+        inter = drop_unknown_items(inter, items, label, notes, LINE)
     inter = conform_interactions(inter.drop(LINE))
     if cfg.users_file:
-        users_path = directory / cfg.users_file
-        users = _rename(read_table(users_path, notes), mapping, ["user_id"], users_path)
-        users = drop_empty_ids(users, "user_id", users_path, notes, LINE, mapping["user_id"]).drop(LINE)
+        users_src = locate(resolve(beside, cfg.users_file), "dataset.users_file")
+        users = _rename(read_source(users_src, mapping, ["user_id"], notes, keep_all=True), mapping)
+        users = drop_empty_ids(users, "user_id", users_src.label, notes, LINE, mapping["user_id"]).drop(LINE)
     else:
         users = inter.select("user_id").unique().sort("user_id")
-    name = cfg.name or inter_path.name.split(".")[0]
+    name = cfg.name or inter_src.name.split(".")[0]
     return Dataset(
         name=name,
         domain=cfg.resolved_domain(),
@@ -180,13 +206,25 @@ def load_table(path: Path, cfg: DatasetConfig) -> Dataset:
     )
 
 
+def _interactions_source(path: str, cfg: DatasetConfig) -> tuple[TableSource, Location]:
+    """The interactions table and the folder items_file/users_file resolve against: ``path`` itself when it
+    holds ``interactions_file``; else a file's folder, or the folder above a Parquet folder or glob."""
+    if cfg.interactions_file:
+        base = Location.of(path)
+        return locate(resolve(base, cfg.interactions_file), "dataset.interactions_file"), base
+    src = locate(path, "dataset.path")
+    return src, src.above
+
+
 SCALAR_ITEM_COLUMNS = ("title", "sub_category", "year")  # a list here has no one reading: the load stops
 
 
-def _read_items(path: Path, cfg: DatasetConfig, mapping: dict[str, str], notes: dict[str, Any]) -> pl.DataFrame:
-    """The items file: rows without an id skipped and counted; ``title`` required (an item prompt needs one;
-    an empty title falls back to the id, counted); a list in ``category`` read as a category path."""
-    items = _rename(read_table(path, notes), mapping, ["item_id", "title"], path)
+def _read_items(src: TableSource, cfg: DatasetConfig, mapping: dict[str, str], notes: dict[str, Any]) -> pl.DataFrame:
+    """The items table, every column kept: rows without an id skipped and counted; ``title`` required (an item
+    prompt needs one; an empty title falls back to the id, counted); a list in ``category`` read as a
+    category path."""
+    path = src.label
+    items = _rename(read_source(src, mapping, ["item_id", "title"], notes, keep_all=True), mapping)
     items = drop_empty_ids(items, "item_id", path, notes, LINE, mapping["item_id"])
     for column in (c for c in SCALAR_ITEM_COLUMNS if c in items.columns):
         if items.schema[column].is_nested():
@@ -215,7 +253,7 @@ def _read_items(path: Path, cfg: DatasetConfig, mapping: dict[str, str], notes: 
     return items.drop(LINE)
 
 
-def _category_path(items: pl.DataFrame, path: Path, notes: dict[str, Any], source: str) -> pl.DataFrame:
+def _category_path(items: pl.DataFrame, path: Where, notes: dict[str, Any], source: str) -> pl.DataFrame:
     """A list in ``category`` is a category path: its first entry the category, its second the sub-category
     where none is given (rows repaired are counted in ``notes``). Records there stop the load."""
     dtype = items.schema.get("category")
