@@ -11,8 +11,10 @@ from pathlib import Path
 import fsspec
 import polars as pl
 import pytest
+from typer.testing import CliRunner
 
 import pipelines.data.table as table_module
+from jobs.cli import app
 from jobs.config import load_config
 from pipelines.data import DatasetConfig, load_dataset
 from pipelines.data.readers import DataFileError
@@ -157,11 +159,15 @@ def test_bad_rows_keep_their_rules_across_files(tmp_path):
     assert ds.notes["events: malformed rows (empty or invalid 'rating'), skipped"] == {"count": 1, "lines": [9]}
 
 
-def test_table_yaml_validates_and_loads(local_shop):
+def test_table_yaml_validates_loads_and_plans(local_shop, tmp_path):
     cfg = load_config(Path("jobs/configs/table.yaml"), [f"dataset.path={local_shop}"])
     ds = load_dataset(cfg.dataset)
     assert ds.name == "shop" and ds.interactions.height == 12 and ds.users.height == 6
     assert {"brand", "price"} <= set(ds.items.columns)
+    args = ["run", "jobs/configs/table.yaml", "--dry-run", "--set", f"dataset.path={local_shop}"]
+    result = CliRunner().invoke(app, [*args, "--set", f"output.path={tmp_path / 'out'}"])
+    assert result.exit_code == 0, result.output
+    assert "to generate: 11 entities" in " ".join(result.output.split())  # 6 users, 5 items, as written
 
 
 def _free_port() -> int:
