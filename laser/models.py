@@ -99,15 +99,17 @@ def load_model(
     return LoadedModel(model=model, tokenizer=tokenizer, name=name_or_path)
 
 
-def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str, system: str | None = None) -> list[int]:
     """Token ids of ``text`` as one user chat message with the generation prompt: how every engine here
     turns a text prompt into tokens. A tokenizer without a chat template (a base model) encodes the text as it
-    is, with its own special tokens."""
+    is, with its own special tokens. ``system``: a system message before it (plain: its text, a blank line,
+    then ``text``)."""
     if not getattr(tokenizer, "chat_template", None):
-        return [int(t) for t in tokenizer.encode(text)]
-    out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+        return [int(t) for t in tokenizer.encode(text if system is None else f"{system}\n\n{text}")]
+    messages = [{"role": "user", "content": text}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
+    out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     ids = out["input_ids"] if isinstance(out, BatchEncoding) else out  # some return one despite return_dict=False
     tokens = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
     if not tokens or len(tokens) != len(ids):

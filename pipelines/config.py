@@ -206,6 +206,25 @@ class GenerationConfig(_Strict):
         return {"temperature": temperature, "top_p": self.top_p, "top_k": self.top_k, "seed": self.seed}
 
 
+class PromptsConfig(_Strict):
+    """The prompt template and system prompt (pipelines/knowledge/prompts.py, docs/prompts.md)."""
+
+    template: str | None = Field(
+        default=None,
+        description="a shipped template (movie, book, ecommerce, news) or the path of a team's own .j2 file; "
+        "null: the shipped template named by dataset.domain (prompts.template wins when both are set)",
+    )
+    system: str | None = Field(default=None, description="the chat template's system message; null: none")
+
+    @model_validator(mode="after")
+    def _template_parses(self) -> "PromptsConfig":
+        if self.template is not None:  # a missing file or a syntax error fails at config load, naming file and line
+            from pipelines.knowledge.prompts import load_template
+
+            load_template(self.template, system=self.system)
+        return self
+
+
 class OldKnowledgeConfig(_Strict):
     """Step 1: the old-knowledge store that pools are built from (generated where missing)."""
 
@@ -392,6 +411,7 @@ class JobConfig(_Strict):
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig, validate_default=True)  # checked against model
     output: OutputConfig = Field(default_factory=OutputConfig)
+    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
 
     @field_validator("decoder")
     @classmethod
@@ -437,6 +457,7 @@ class JobConfig(_Strict):
             for k, v in (("revision", None), ("trust_remote_code", False), ("max_model_len", None), ("engine_args", {}))
             if getattr(self.model, k) == v
         }
+        unset = {k for k in ("template", "system") if getattr(self.prompts, k) is None}
         payload = self.model_dump(
             mode="json",
             exclude={
@@ -445,6 +466,8 @@ class JobConfig(_Strict):
                 "generation": default | {"give_up_after"},
                 "dataset": data_rules,
                 "model": model_rules,
+                # prompt keys hash only when set, so configs written before them keep their run id
+                "prompts": True if len(unset) == 2 else unset,
             },
         )  # give_up_after: a retry policy
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]

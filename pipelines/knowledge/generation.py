@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 from laser.sampling import GREEDY
 from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
-from pipelines.knowledge.prompts import entity_prompt, words_for_budget
+from pipelines.knowledge.prompts import entity_input, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, row_quality, words_per_token
 from pipelines.knowledge.engines import build_adapter
 from pipelines.knowledge.pool_cache import PoolCache
@@ -73,9 +73,9 @@ class GenerationWorker(StreamWorker):
         info = self.adapter.ready(slots)
         return {"model": self.spec.model, **info, "ready_s": round(time.perf_counter() - t0, 1)}
 
-    def prompt(self, task: DecodeTask, req: GenerationRequest) -> str:
-        """The chat message for ``req`` (:func:`entity_prompt`)."""
-        return entity_prompt(task, req, self.tokenizer)
+    def prompt(self, task: DecodeTask, req: GenerationRequest) -> str | list[int]:
+        """The chat message for ``req``, or its token ids with a system prompt (:func:`entity_input`)."""
+        return entity_input(task, req, self.tokenizer)
 
     def first_attempt(self, task: DecodeTask, req: GenerationRequest) -> Attempt:
         return Attempt(

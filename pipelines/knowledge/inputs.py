@@ -9,6 +9,7 @@ from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
+from pipelines.knowledge.prompts import check_columns, load_template
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,8 @@ def load_job_data(cfg: JobConfig, mode: str | None = None) -> JobData:
     """Load the configured dataset and split it (``split.mode``, or ``mode``: the recommendation job and the
     research tools hold out new behaviour, so they split as the paper does)."""
     ds = load_dataset(cfg.dataset)
+    prompts = load_template(cfg.prompts.template, ds.domain, cfg.prompts.system)
+    check_columns(prompts, ds.items.columns, ds.users.columns)  # a column the template names: before generation
     sp = cfg.split if mode is None else cfg.split.model_copy(update={"mode": mode})
     split = split_old_new(
         ds,

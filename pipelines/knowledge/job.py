@@ -44,7 +44,7 @@ from pipelines.knowledge.generation import GenerationReport, GenerationWorker, r
 from pipelines.knowledge.records import DecodeTask
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge.prompts import PROMPT_VERSION
+from pipelines.knowledge.prompts import load_template
 from pipelines.knowledge.requests import (
     SOURCE_CACHE,
     attach_payloads,
@@ -381,13 +381,14 @@ def knowledge_task(
     max_new = (
         (cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens) if greedy else cfg.generation.max_new_tokens
     )
+    prompts = load_template(cfg.prompts.template, domain, cfg.prompts.system)  # prompts.template wins over domain
     task = DecodeTask(
         decoder=decoder.name,
         decoder_params=decoder.params,
         max_new_tokens=max_new,
         max_prompt_tokens=cfg.generation.max_prompt_tokens,
-        domain=domain,
-        prompt_version=PROMPT_VERSION,
+        domain=prompts.name if prompts.shipped else domain,
+        prompt_version=prompts.version,
         run_id=run_id,
         pool_store=str(pool_store) if pool_store else None,
         pool_cache_size=cfg.execution.pool_cache_size,
@@ -396,6 +397,7 @@ def knowledge_task(
         rules=cfg.generation.rules(),
         retry_rules=cfg.generation.retry_rules(),
         ban_unsupported_genres=cfg.generation.ban_unsupported_genres,
+        prompts=prompts,
     )
     task.config_hash = generation_hash(cfg.model.name, cfg.model.dtype, asdict(task))
     return task

@@ -1,9 +1,21 @@
-"""Versioned knowledge prompts (user preference profiles, item descriptions) in the spirit of KAR.
+"""Knowledge prompts (user preference profiles, item descriptions) as Jinja2 templates.
 
-Each function returns the text of ONE user chat message; the decoder applies the model's chat template.
-Variants are picked by ``Dataset.domain`` ("movie" or "book"). Bump ``PROMPT_VERSION`` whenever any
-wording changes: it is written next to every knowledge row, and old knowledge from another version
-makes a weaker draft pool.
+A template is one file with two blocks, ``user`` and ``item``; each renders the text of ONE user chat message
+(the engines apply the model's chat template, with :attr:`PromptTemplate.system` as its system message when
+set). Shipped templates live in ``templates/`` (``movie``, ``book``, ``ecommerce``, ``news``); a team's own is
+any file with both blocks (``prompts.template``). Templates render in Jinja2's sandbox with
+``StrictUndefined`` (a misspelt name fails, never renders empty), ``trim_blocks`` and ``lstrip_blocks``.
+
+What a block sees: ``item``: every column of the item's row by name (``title``, ``year``, ``genres``,
+``category``, ``sub_category`` always; the dataset's further columns too), the row as ``item`` (``item.get("brand")``
+reads a column that may be absent) and ``max_words``. ``user``: ``history`` (entries oldest first, each with
+``title``, ``year``, ``genres``, ``rating``), ``user_id``, the user's attribute columns when given (and
+``user``) and ``max_words``. Filter ``num`` writes a number as ``{:g}`` (``4.0`` -> ``4``).
+
+Version: a shipped template's header line ``{#- version: kar-v5 -#}`` names its version (bumped by hand with
+any wording change; tests pin the sources); a team's template, or any template with a system prompt, is
+versioned by the hash of its source and system text. The version is written next to every knowledge row and
+enters the run's config hash, so a changed template regenerates the knowledge it shapes.
 
 History truncation rule (``user_prompt`` with a tokenizer and ``max_prompt_tokens``): entries are kept
 oldest to newest; while the rendered prompt is longer than ``max_prompt_tokens`` tokens, the OLDEST
@@ -20,8 +32,13 @@ opening bracket (``< |im_end|>``) before the field enters a prompt.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import polars as pl
@@ -29,57 +46,160 @@ import polars as pl
 from pipelines.workers import GenerationRequest, HistoryEntry
 
 if TYPE_CHECKING:
+    from jinja2 import Template
     from transformers import PreTrainedTokenizerBase
 
     from pipelines.knowledge.records import DecodeTask
 
 ItemRow = Mapping[str, Any]  # a row of the items table as polars names it: item_id, title, year, genres, ...
 
-PROMPT_VERSION = "kar-v5"  # v5: facts as fields (title, year, genres, rating apart), short answers with headroom
+PROMPT_VERSION = "kar-v5"  # the shipped movie and book templates' version (their header line)
 MAX_WORDS = 120
 TOKENS_PER_WORD = 1.6  # measured 1.56 on SmolLM2 profile-like prose with quoted titles (101 words, 158 tokens)
 HEADROOM = 0.6  # ask for this share of what the budget holds: small models overshoot a requested length
 HISTORY_GENRES = 2  # genres shown per history entry
+DOMAINS = ("movie", "book")  # the domains dataset.domain names (and the recommendation prompts know)
+SHIPPED = ("movie", "book", "ecommerce", "news")  # templates in templates/<name>.j2
+BLOCKS = ("user", "item")
+# columns every item row has (pipelines.data.schema.ITEM_COLUMNS): a shipped template may name them directly
+ITEM_FIELDS = ("item_id", "title", "genres", "category", "sub_category", "year")
 
 
 class PromptTooLongError(ValueError):
     """Raised when a prompt cannot fit ``max_prompt_tokens`` even with one history entry."""
 
 
-_USER_INTRO = {
-    "movie": "A user's movie ratings, oldest first (rating 1 = disliked, 5 = loved):",
-    "book": "A user's book ratings, oldest first (rating 1 = disliked, 5 = loved):",
-}
-# Facts go in as fields, one entity per line, so a small model does not mix titles, genres and ratings up;
-# the answer is asked short (HEADROOM) and bounded to the listed facts, so it ends within the budget.
-# The fixed opening keeps SmolLM2-135M-Instruct from copying the list back instead of profiling it.
-_USER_ASK = {
-    "movie": (
-        "In 2 or 3 short sentences (at most {w} words in all), describe this user's movie taste: the "
-        "genres and eras they like and the ones they dislike. Use only the facts listed above. "
-        'Begin with "This user enjoys".'
-    ),
-    "book": (
-        "In 2 or 3 short sentences (at most {w} words in all), describe this user's reading taste: the "
-        "genres and eras they like and the ones they dislike. Use only the facts listed above. "
-        'Begin with "This user enjoys".'
-    ),
-}
-_ITEM_INTRO = {"movie": "A movie:", "book": "A book:"}
-_ITEM_ASK = {
-    "movie": (
-        "In 1 or 2 sentences (at most {w} words in all), say what kind of movie this is and who would "
-        "enjoy it, using only its genres and year above."
-    ),
-    "book": (
-        "In 1 or 2 sentences (at most {w} words in all), say what kind of book this is and who would "
-        "enjoy it, using only its genres and year above."
-    ),
-}
+class PromptTemplateError(ValueError):
+    """A template that cannot be read, parsed or rendered for a dataset: the message names its file."""
+
+
+_VERSION_LINE = re.compile(r"\{#-?\s*version:\s*([\w.+-]+)\s*-?#\}")
 _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
 # the opening bracket of what tokenizers spell control tokens in: <|...|> (ChatML, Llama 3), <name> and
 # </name> (<s>, <unk>, <start_of_turn>, <filename>), [INST] / [/INST] and other [UPPER_CASE] markers (Mistral)
 _CONTROL_OPENING = re.compile(r"<(?=\|)|<(?=/?[A-Za-z_][\w.-]*>)|\[(?=/?[A-Z][A-Z_]{2,}\])")
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A template's source, where it came from and the system prompt it runs with (picklable: it travels to
+    the workers in the decode task)."""
+
+    name: str  # a shipped name (movie, ...) or the file's path: errors name it
+    source: str
+    system: str | None = None
+    shipped: bool = False
+
+    @property
+    def version(self) -> str:
+        """The header line's version for a shipped template without a system prompt, else ``tpl-`` and the
+        sha256 (12 hex digits) of the source and the system text."""
+        head = _VERSION_LINE.match(self.source)
+        if self.shipped and self.system is None and head:
+            return head.group(1)
+        blob = self.source + "\0" + (self.system if self.system is not None else "")
+        return "tpl-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+    def render(self, block: str, fields: Mapping[str, Any]) -> str:
+        """The text of ``block`` for ``fields`` (leading and trailing whitespace dropped)."""
+        from jinja2 import TemplateError
+
+        tmpl = _compiled(self.name, self.source)
+        try:
+            return "".join(tmpl.blocks[block](tmpl.new_context(dict(fields)))).strip()
+        except TemplateError as exc:
+            raise PromptTemplateError(f"{self.name}: {block} block: {exc}") from exc
+
+    def names(self, block: str) -> set[str]:
+        """The names ``block`` reads from its context (columns, ``history``, ``max_words``, ...)."""
+        return set(_names(self.name, self.source)[block])
+
+
+def _environment() -> Any:
+    from jinja2 import StrictUndefined
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True, autoescape=False)
+    env.filters["num"] = lambda x: f"{x:g}"
+    return env
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(name: str, source: str) -> Template:
+    """The template compiled once per process; a syntax error or a missing block names the file and line."""
+    from jinja2 import TemplateSyntaxError, nodes
+
+    env = _environment()
+    try:
+        ast = env.parse(source, filename=name)
+    except TemplateSyntaxError as exc:
+        raise PromptTemplateError(f"{name}, line {exc.lineno}: {exc.message}") from exc
+    found = {b.name for b in ast.find_all(nodes.Block)}
+    if missing := [b for b in BLOCKS if b not in found]:
+        raise PromptTemplateError(
+            f"{name}: no {' or '.join(repr(b) for b in missing)} block; a prompt template needs "
+            "{% block user %}...{% endblock %} and {% block item %}...{% endblock %}"
+        )
+    return env.from_string(ast)
+
+
+@functools.lru_cache(maxsize=16)
+def _names(name: str, source: str) -> dict[str, frozenset[str]]:
+    from jinja2 import meta, nodes
+
+    _compiled(name, source)  # syntax and blocks first
+    env = _environment()
+    out = {}
+    for block in env.parse(source).find_all(nodes.Block):
+        body = nodes.Template(block.body, lineno=block.lineno)
+        body.set_environment(env)
+        out[block.name] = frozenset(meta.find_undeclared_variables(body) - set(env.globals))
+    return out
+
+
+def shipped_template(name: str, system: str | None = None) -> PromptTemplate:
+    """A template of ``templates/`` by name (``movie``, ``book``, ``ecommerce``, ``news``)."""
+    if name not in SHIPPED:
+        raise ValueError(f"unknown prompt domain {name!r}; expected one of {sorted(SHIPPED)}")
+    return _shipped(name, system)
+
+
+@functools.lru_cache(maxsize=16)
+def _shipped(name: str, system: str | None) -> PromptTemplate:
+    source = resources.files("pipelines.knowledge").joinpath("templates", f"{name}.j2").read_text(encoding="utf-8")
+    return PromptTemplate(name, source, system, shipped=True)
+
+
+def load_template(template: str | None, domain: str = "movie", system: str | None = None) -> PromptTemplate:
+    """The template a job prompts with: ``template`` (a shipped name or a file's path), else the shipped one
+    named by ``domain``; parsed here, so a syntax error fails now naming the file and line."""
+    if template is None or template in SHIPPED:
+        out = shipped_template(template or domain, system)
+    else:
+        path = Path(template).expanduser()
+        if not path.is_file():
+            raise PromptTemplateError(
+                f"prompts.template: {template!r} is neither a shipped template {list(SHIPPED)} nor a file"
+            )
+        out = PromptTemplate(str(path), path.read_text(encoding="utf-8"), system)
+    _compiled(out.name, out.source)
+    return out
+
+
+def check_columns(template: PromptTemplate, item_columns: Iterable[str], user_columns: Iterable[str]) -> None:
+    """A template that names a column the dataset lacks fails here (before any generation), naming the
+    template and the column; ``item.get("col")`` / ``user.get("col")`` read optional ones."""
+    known = {
+        "item": set(item_columns) | set(ITEM_FIELDS) | {"item", "max_words"},
+        "user": set(user_columns) | {"user_id", "user", "history", "max_words"},
+    }
+    for block in BLOCKS:
+        if missing := sorted(template.names(block) - known[block]):
+            table = "items" if block == "item" else "users"
+            raise PromptTemplateError(
+                f"{template.name}: the {block} block names {', '.join(repr(m) for m in missing)}, which the "
+                f"{table} table lacks (its columns: {sorted(known[block] - {'item', 'user', 'max_words', 'history'})})"
+            )
 
 
 def as_text(value: object) -> str:
@@ -87,10 +207,19 @@ def as_text(value: object) -> str:
     return _CONTROL_OPENING.sub(lambda m: m.group(0) + " ", str(value))
 
 
+def _safe(value: Any) -> Any:
+    """A field as a template sees it: text through :func:`as_text`, lists and tuples element-wise."""
+    if isinstance(value, str):
+        return as_text(value)
+    if isinstance(value, (list, tuple)):
+        return [_safe(v) for v in value]
+    return value
+
+
 def check_domain(domain: str) -> None:
     """A prompt domain this module writes prompts for (``movie``, ...), else ValueError naming the known ones."""
-    if domain not in _USER_ASK:
-        raise ValueError(f"unknown prompt domain {domain!r}; expected one of {sorted(_USER_ASK)}")
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown prompt domain {domain!r}; expected one of {sorted(DOMAINS)}")
 
 
 def display_title(title: str, year: int | None = None) -> str:
@@ -117,29 +246,26 @@ def split_year(title: str) -> tuple[str, str | None]:
     return (m.group(1), m.group(2)) if m else (title, None)
 
 
-def history_line(k: int, e: HistoryEntry) -> str:
-    """``3. Title: Heat | Year: 1995 | Genres: Action, Crime | Rating: 4``: one rated item as fields."""
+def history_fields(e: HistoryEntry) -> dict[str, Any]:
+    """One history entry as a template sees it: ``title`` (year split off), ``year``, ``genres``, ``rating``."""
     title, year = split_year(e.title)
-    fields = (
-        [f"Title: {as_text(title)}"]
-        + ([f"Year: {year}"] if year else [])
-        + ([f"Genres: {', '.join(as_text(g) for g in e.genres)}"] if e.genres else [])
-        + [f"Rating: {e.rating:g}"]
-    )
-    return f"{k}. " + " | ".join(fields)
+    return {"title": as_text(title), "year": year, "genres": _safe(tuple(e.genres)), "rating": e.rating}
 
 
-def _render_user(entries: Sequence[HistoryEntry], domain: str, max_words: int = MAX_WORDS) -> str:
-    lines = [history_line(k, e) for k, e in enumerate(entries, 1)]
-    return "\n".join([_USER_INTRO[domain], *lines, "", _USER_ASK[domain].format(w=max_words)])
+def _render_user(
+    entries: Sequence[HistoryEntry], template: PromptTemplate, max_words: int, fields: Mapping[str, Any]
+) -> str:
+    history = [history_fields(e) for e in entries]
+    return template.render("user", {**fields, "history": history, "max_words": max_words})
 
 
-def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str) -> int:
+def count_prompt_tokens(tokenizer: PreTrainedTokenizerBase, text: str, system: str | None = None) -> int:
     """Tokens of ``text`` as the engines prompt it (:func:`laser.models.chat_ids`: one chat-templated user
-    message, or the plain text for a tokenizer without a chat template)."""
+    message after the ``system`` message when given, or the plain text for a tokenizer without a chat
+    template)."""
     from laser.models import chat_ids
 
-    return len(chat_ids(tokenizer, text))
+    return len(chat_ids(tokenizer, text, system=system) if system is not None else chat_ids(tokenizer, text))
 
 
 def user_prompt(
@@ -150,22 +276,28 @@ def user_prompt(
     tokenizer: PreTrainedTokenizerBase | None = None,
     max_prompt_tokens: int | None = None,
     max_words: int = MAX_WORDS,
+    template: PromptTemplate | None = None,
+    user: Mapping[str, Any] | None = None,
 ) -> str:
-    """The preference-analysis message for a history ordered oldest first.
+    """The preference-analysis message for a history ordered oldest first, by ``template`` (default: the
+    shipped one named ``domain``); ``user``: the user's attribute columns.
 
     With ``tokenizer`` and ``max_prompt_tokens`` the oldest entries are dropped until the prompt fits
     (module docstring); ``user_id`` only names the user in errors.
     """
-    check_domain(domain)
+    template = template or shipped_template(domain)
     entries = [HistoryEntry(*e) for e in history]
     who = f"user {user_id!r}" if user_id is not None else "user"
     if not entries:
         raise ValueError(f"{who} has an empty history; a preference prompt needs at least one entry")
+    safe = {k: _safe(v) for k, v in (user or {}).items()}
+    fields = {**safe, "user": safe, "user_id": as_text(user_id) if user_id is not None else None}
     if tokenizer is None or max_prompt_tokens is None:
-        return _render_user(entries, domain, max_words)
+        return _render_user(entries, template, max_words, fields)
 
     def fits(keep: int) -> bool:
-        return count_prompt_tokens(tokenizer, _render_user(entries[-keep:], domain, max_words)) <= max_prompt_tokens
+        text = _render_user(entries[-keep:], template, max_words, fields)
+        return count_prompt_tokens(tokenizer, text, template.system) <= max_prompt_tokens
 
     if not fits(1):
         raise PromptTooLongError(
@@ -179,32 +311,21 @@ def user_prompt(
             lo = mid
         else:
             hi = mid - 1
-    return _render_user(entries[-lo:], domain, max_words)
+    return _render_user(entries[-lo:], template, max_words, fields)
 
 
-def _attributes(item: ItemRow) -> list[str]:
-    """The item's fields after the title: year, genres, then category/sub-category not among the genres."""
-    parts = [f"Year: {as_text(item['year'])}"] if item.get("year") else []
-    genres = item.get("genres")
-    if genres:
-        parts.append("Genres: " + ", ".join(as_text(g) for g in genres))
-    for key in ("category", "sub_category"):
-        value = item.get(key)
-        if value and not (genres and value in genres):
-            parts.append(f"{key.replace('_', '-').capitalize()}: {as_text(value)}")
-    return parts
-
-
-def item_prompt(item: ItemRow, domain: str = "movie", max_words: int = MAX_WORDS) -> str:
-    """The description message for one item row (``title`` required; ``year``, ``genres``,
-    ``category``, ``sub_category`` used when present), its facts one field a line."""
-    check_domain(domain)
+def item_prompt(
+    item: ItemRow, domain: str = "movie", max_words: int = MAX_WORDS, template: PromptTemplate | None = None
+) -> str:
+    """The description message for one item row (``title`` required; every column reaches the template,
+    those of ``ITEM_FIELDS`` None where the row lacks them), by ``template`` (default: the shipped one named
+    ``domain``)."""
+    template = template or shipped_template(domain)
     title = item.get("title")
     if not title:
         raise ValueError(f"item {item.get('item_id')!r} has no title; an item prompt needs one")
-    return "\n".join(
-        [_ITEM_INTRO[domain], f"Title: {as_text(title)}", *_attributes(item), "", _ITEM_ASK[domain].format(w=max_words)]
-    )
+    row = {**dict.fromkeys(ITEM_FIELDS), **{k: _safe(v) for k, v in item.items()}}
+    return template.render("item", {**row, "item": row, "max_words": max_words})
 
 
 def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str, list[HistoryEntry]]:
@@ -244,19 +365,36 @@ def iter_item_prompts(items: pl.DataFrame, domain: str) -> Iterable[tuple[str, s
         yield row["item_id"], item_prompt(row, domain)
 
 
+def task_template(task: DecodeTask) -> PromptTemplate:
+    """The template a decode task prompts with: its own, else the shipped one of its domain."""
+    return task.prompts if task.prompts is not None else shipped_template(task.domain)
+
+
 def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str:
     """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
     tokens)."""
-    words = words_for_budget(task.max_new_tokens)
+    words, template = words_for_budget(task.max_new_tokens), task_template(task)
     if req.entity_type == "user":
         return user_prompt(
             req.history or [],
-            task.domain,
             user_id=req.entity_id,
             tokenizer=tokenizer,
             max_prompt_tokens=task.max_prompt_tokens,
             max_words=words,
+            template=template,
+            user=req.user,
         )
     if req.entity_type == "item":
-        return item_prompt(req.item or {"item_id": req.entity_id}, task.domain, max_words=words)
+        return item_prompt(req.item or {"item_id": req.entity_id}, max_words=words, template=template)
     raise ValueError(f"unknown entity_type {req.entity_type!r}")
+
+
+def entity_input(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str | list[int]:
+    """What the engines are handed for ``req``: the message text (they apply the chat template), or, with a
+    system prompt, the token ids of the system and user messages through the chat template."""
+    text, system = entity_prompt(task, req, tokenizer), task_template(task).system
+    if system is None:
+        return text
+    from laser.models import chat_ids
+
+    return chat_ids(tokenizer, text, system=system)

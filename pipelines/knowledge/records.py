@@ -9,12 +9,15 @@ row the worker then writes is :class:`pipelines.knowledge_store.KnowledgeRow`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from laser.request import DecodeStats, Halt
 from laser.sampling import SamplingParams
 from pipelines.knowledge_store import KnowledgeRow
 from pipelines.workers import GenerationRequest
+
+if TYPE_CHECKING:
+    from pipelines.knowledge.prompts import PromptTemplate
 
 Params = Mapping[str, object]
 """A decoder's parameters, or a task's rules (keywords of :class:`laser.GenerationRules`): JSON-like."""
@@ -39,6 +42,7 @@ class DecodeTask:
     retry_rules: dict[str, object] | None = None  # the rules of the ``retry`` policy's second attempt
     ban_unsupported_genres: bool = False  # first texts (and retries) name no genre the entity's input lacks
     config_hash: str | None = None  # what decides the text besides its inputs (provenance.py)
+    prompts: PromptTemplate | None = None  # None: the shipped template of ``domain``; its hash is prompt_version
 
 
 @dataclass(eq=False)  # attempts are told apart by identity
@@ -49,7 +53,7 @@ class Attempt:
     the attempt is decoded (a first text under a policy that acts on degenerate rows; None: no check)."""
 
     req: GenerationRequest
-    prompt: str
+    prompt: str | list[int]  # the message text, or chat-templated token ids (a system prompt: prompts.py)
     decoder: str
     params: Params
     pool_key: str | None  # a pool the store holds, else None (no drafting)

@@ -81,9 +81,25 @@ def new_requests(
         users = users.filter(users.is_in(_ids(only, "user").implode()))
         items = items.filter(items.is_in(_ids(only, "item").implode()))
     histories, rows = _prompt_inputs(dataset, split, users, items)
-    return [_request("user", u, routes, history=histories.get(u, [])) for u in users] + [
-        _request("item", i, routes, item=rows[i]) for i in items
-    ]
+    reqs = [_request("user", u, routes, history=histories.get(u, [])) for u in users]
+    _attach_users(dataset, reqs)
+    return reqs + [_request("item", i, routes, item=rows[i]) for i in items]
+
+
+def _attach_users(dataset: Dataset, requests: list[GenerationRequest]) -> None:
+    """Each user request's attribute columns (``req.user``: what a prompt template may show), when the users
+    table has any. They are not part of the source hash: a changed attribute alone regenerates nothing."""
+    users = dataset.users
+    wanted = [r for r in requests if r.entity_type == "user"]
+    if len(users.columns) < 2 or not wanted:
+        return
+    ids = pl.Series([r.entity_id for r in wanted], dtype=pl.Utf8)
+    rows = {
+        row.pop("user_id"): row for row in users.filter(pl.col("user_id").is_in(ids.implode())).iter_rows(named=True)
+    }
+    absent = dict.fromkeys(c for c in users.columns if c != "user_id")  # a user the table lacks: nulls
+    for req in wanted:
+        req.user = rows.get(req.entity_id, absent)
 
 
 def _ids(keys: pl.DataFrame, entity_type: str) -> pl.Series:
@@ -119,12 +135,13 @@ def attach_payloads(dataset: Dataset, split: Split, requests: list[GenerationReq
             req.history = histories.get(req.entity_id, [])
         else:
             req.item = dict(rows[req.entity_id])
+    _attach_users(dataset, requests)
 
 
 def drop_payloads(requests: list[GenerationRequest]) -> None:
     """Forget the prompt inputs of requests that were decoded (the driver holds a batch's at a time)."""
     for req in requests:
-        req.history = req.item = None
+        req.history = req.item = req.user = None
 
 
 def _new_users(split: Split) -> pl.Series:

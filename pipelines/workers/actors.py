@@ -60,6 +60,7 @@ class GenerationRequest:
     group_id: str | None = None
     history: list[HistoryEntry] | None = None
     item: dict[str, Any] | None = None
+    user: dict[str, Any] | None = None  # a user's attribute columns (the prompt template may show them)
     source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
     earlier: str | None = None  # the entity's newest earlier knowledge: its first draft source (refresh)
 
