@@ -1,7 +1,9 @@
 """Generic Parquet/CSV/TSV/JSON-lines loader with a column mapping (format "table").
 
-``path`` is either the interactions file or a directory holding ``interactions_file`` (plus optional
-``items_file`` and ``users_file``). ``columns`` maps canonical names to the file's names. Interactions
+``path`` is either the interactions table or a directory holding ``interactions_file`` (plus optional
+``items_file`` and ``users_file``). Each table is a file, a folder of Parquet files, a glob or Hive
+partitions, locally or behind a URI (pipelines/data/sources.py); Parquet interactions read only the mapped
+columns, items and users every column. ``columns`` maps canonical names to the file's names. Interactions
 need user_id, item_id, rating and timestamp (unix seconds, a date/datetime column, or text read by
 ``dataset.timestamp_format``: epoch by default, iso, or a strftime format). Items need item_id and
 title, and use genres (a list, or text split on ``genres_separator``), category (text, or a list read
