@@ -216,13 +216,14 @@ class PromptsConfig(_Strict):
     )
     system: str | None = Field(default=None, description="the chat template's system message; null: none")
 
-    @model_validator(mode="after")
-    def _template_parses(self) -> "PromptsConfig":
-        if self.template is not None:  # a missing file or a syntax error fails at config load, naming file and line
+    @field_validator("template")
+    @classmethod
+    def _template_parses(cls, v: str | None) -> str | None:
+        if v is not None:  # a missing file or a syntax error fails at config load, naming the file and line
             from pipelines.knowledge.prompts import load_template
 
-            load_template(self.template, system=self.system)
-        return self
+            load_template(v)
+        return v
 
 
 class OldKnowledgeConfig(_Strict):
