@@ -131,7 +131,7 @@ def not_attached_message() -> str:
         return PROBLEM
     if not _installed:
         return (
-            f"laser's vLLM plug-in is not loaded in this process: install the project (pip install -e .) "
+            f"laser's vLLM plug-in is not loaded in this process: install the project (pip install -e . or its wheel) "
             f"so that vLLM finds the '{PLUGIN_NAME}' entry point of group vllm.general_plugins, and let "
             f"VLLM_PLUGINS (if set) include '{PLUGIN_NAME}'"
         )

@@ -86,7 +86,8 @@ def store_opener() -> StoreOpener:
     if not found:
         raise RuntimeError(
             f"no pool-store opener is installed (entry-point group {STORE_GROUP!r} is empty): "
-            "install the project (pip install -e .) to open pool stores in vLLM's engine process"
+            "install the project (pip install -e . or its wheel; laser submit ships the wheel to a Ray cluster) to open "
+            "pool stores in vLLM's engine process"
         )
     if len(found) > 1 and STORE_OPENER not in found:
         raise RuntimeError(
@@ -112,16 +113,24 @@ class StorePools:
         self.stores: dict[str, PoolStore] = {}
         self.pools: OrderedDict[tuple[str, Hashable], DraftSource] = OrderedDict()
         self.loads = 0  # pools loaded from a store (misses of the LRU)
+        self.broken: dict[str, str] = {}  # directory -> why it could not be opened (not tried again)
         self._opener: StoreOpener | None = None
 
-    def store(self, directory: str) -> PoolStore:
+    def store(self, directory: str) -> PoolStore | None:
+        """The store at ``directory``, opened once; None (logged once) when it cannot be opened: a request
+        naming a missing or foreign store decodes without drafts instead of taking vLLM's engine down."""
         store = self.stores.get(directory)
-        if store is None:
+        if store is None and directory not in self.broken:
             if self._opener is None:
                 self._opener = store_opener()
             if self._tokenizer is None:
                 self._tokenizer = self._tokenizer_fn()
-            store = self._opener(directory, tokenizer=self._tokenizer)
+            try:
+                store = self._opener(directory, tokenizer=self._tokenizer)
+            except (OSError, ValueError) as exc:  # PoolStoreError is a ValueError
+                self.broken[directory] = f"{type(exc).__name__}: {exc}"
+                log.warning("pool store %s cannot be opened (%s): its requests decode without drafts", directory, exc)
+                return None
             self.stores[directory] = store
             log.info("opened pool store %s", directory)
         return store
@@ -134,7 +143,7 @@ class StorePools:
             self.pools.move_to_end((directory, key))
             return pool
         store = self.store(directory)
-        if key not in store:
+        if store is None or key not in store:
             return None
         pool = store.get(key)
         self.loads += 1

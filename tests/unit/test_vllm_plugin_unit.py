@@ -159,6 +159,22 @@ def test_store_pools_open_each_store_once_and_keep_an_lru(tmp_path):
     assert drafter.propose([4, 5], 4).first_path() == [6, 7]
 
 
+def test_a_store_that_cannot_be_opened_gives_no_drafts_and_is_tried_once(tmp_path, caplog):
+    """A request naming a missing store, or one built with another tokenizer, must not raise inside vLLM's
+    engine core (that kills the engine for every request): no pool, one warning naming the store."""
+    from laser.vllm.sources import StorePools
+    from pools.store import TokenizerFingerprint, write_store
+
+    write_store(tmp_path / "other", {"a": [[1, 2, 3]]}, TokenizerFingerprint("t", "1" * 64))
+    sp = StorePools(lambda: TokenizerFingerprint("t", "0" * 64))
+    for _ in range(2):
+        assert sp.get(tmp_path / "missing", "a") is None
+        assert sp.get(tmp_path / "other", "a") is None
+    assert set(sp.broken) == {str(tmp_path / "missing"), str(tmp_path / "other")}
+    assert "vocab" in sp.broken[str(tmp_path / "other")] or "tokenizer" in sp.broken[str(tmp_path / "other")]
+    assert caplog.text.count("cannot be opened") == 2
+
+
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 
