@@ -30,7 +30,7 @@ from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.plan import classify, to_generate
-from pipelines.knowledge.prompts import count_prompt_tokens, entity_prompt
+from pipelines.knowledge.prompts import count_prompt_tokens, entity_prompt, task_template
 from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, request_keys
 from pipelines.knowledge.pool_build import load_tokenizer
 from pipelines.knowledge.routing import step_route
@@ -124,7 +124,8 @@ def _prompt_tokens(cfg: JobConfig, data: JobData, task: DecodeTask, todo: pl.Dat
     sample = todo.sample(min(todo.height, PROMPT_SAMPLE), seed=0)
     tokenizer = load_tokenizer(cfg.model.name)
     requests = new_requests(data.dataset, data.split, {}, only=sample)
-    counted = sum(count_prompt_tokens(tokenizer, entity_prompt(task, r, tokenizer)) for r in requests)
+    system = task_template(task).system
+    counted = sum(count_prompt_tokens(tokenizer, entity_prompt(task, r, tokenizer), system) for r in requests)
     return round(counted * todo.height / max(1, len(requests)))
 
 
