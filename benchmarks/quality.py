@@ -232,7 +232,9 @@ def _report(
             same = [a["knowledge"] == b["knowledge"] for a, b in zip(rows[ref], rows[greedy])]
             out.setdefault("laser_greedy_identical_to_autoregressive", {})[engine] = f"{sum(same)}/{len(same)}"
         if greedy in rows and relaxed in rows:
-            out["differences"][f"{relaxed} - {greedy}"] = _differences(rows[relaxed], rows[greedy], settings)
+            d = _differences(rows[relaxed], rows[greedy], settings)
+            d["same_texts"] = _same_texts(rows[relaxed], rows[greedy])
+            out["differences"][f"{relaxed} - {greedy}"] = d
     first, *others = settings.engines
     for engine in others:  # each further engine against the first, method by method
         for method, _, _ in methods(cfg):
@@ -240,15 +242,18 @@ def _report(
             if a in rows and b in rows:
                 d = _differences(rows[a], rows[b], settings)
                 d["equal"] = all(m["lo"] <= 0.0 <= m["hi"] for m in d.values())
-                d["same_texts"] = (
-                    f"{sum(x['knowledge'] == y['knowledge'] for x, y in zip(rows[a], rows[b]))}/{len(rows[a])}"
-                )
+                d["same_texts"] = _same_texts(rows[a], rows[b])
                 out["differences"][f"{a} - {b}"] = d
     out["samples"] = {
         name: [{"entity": f"{r['entity_type']}:{r['entity_id']}", "text": r["knowledge"]} for r in rs[:4]]
         for name, rs in rows.items()
     }
     return out
+
+
+def _same_texts(a_rows: list[dict[str, Any]], b_rows: list[dict[str, Any]]) -> str:
+    """How many of the same entities got the same text from both methods, ``"k/n"``."""
+    return f"{sum(a['knowledge'] == b['knowledge'] for a, b in zip(a_rows, b_rows))}/{len(a_rows)}"
 
 
 def _differences(
@@ -317,7 +322,7 @@ def print_table(report: dict[str, Any]) -> None:
     console.print(table)
     for name, diffs in report.get("differences", {}).items():
         verdict = (
-            ""
+            f" (same texts {diffs['same_texts']})"
             if "equal" not in diffs
             else f" ({'equal' if diffs['equal'] else 'NOT equal'} within 95% intervals; same texts {diffs['same_texts']})"
         )
@@ -355,7 +360,7 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"laser greedy identical to autoregressive greedy on {engine}: {same} rows."]
     for name, diffs in report.get("differences", {}).items():
         verdict = (
-            ""
+            f" Identical texts {diffs['same_texts']}."
             if "equal" not in diffs
             else (
                 f" {'Equal' if diffs['equal'] else 'Not equal'} within the 95% "

@@ -61,6 +61,7 @@ def test_report_markdown_and_png(tmp_path):
     diffs = report["differences"]["laser relaxed - laser greedy"]
     assert diffs["degenerate"]["diff"] == 0.5
     assert diffs["grounding"]["diff"] == -0.5  # 1 of 2 facts against 2 of 2
+    assert diffs["same_texts"] == "1/2"  # u1's texts are the same, u2's differ
     bq._write(tmp_path / "q.json", report)
     assert json.loads((tmp_path / "q.json").read_text())["entities"] == 2
     md = (tmp_path / "q.md").read_text()
