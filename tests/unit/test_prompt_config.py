@@ -209,3 +209,32 @@ def test_the_history_cut_counts_the_system_prompt():
     cut = user_prompt(hist, tokenizer=tok, max_prompt_tokens=budget, template=with_system)
     assert cut.count(" | Rating") == 3  # the system message (9 words + 2) costs two 9-word entries
     assert load_template(None, "book").version == "kar-v5"
+
+
+def test_a_job_writes_knowledge_from_the_template_and_system_message(tiny_model, tmp_path):
+    """In-process workers: rows carry the template's version, and each text is the model's greedy decoding
+    of the system and user messages through the chat template."""
+    from jobs.config import load_config
+    from pipelines.knowledge import job as jobmod
+    from pipelines.knowledge.generation import GenerationWorker
+    from pipelines.knowledge.paths import JobPaths
+    from pipelines.knowledge_store import read_knowledge
+    from pipelines.workers import LocalGroup, ModelSpec
+
+    sets = [f"model.name={tiny_model}", "model.dtype=float32", f"output.path={tmp_path}", "decoder.name=autoregressive"]
+    sets += ["generation.max_new_tokens=6", "generation.degenerate=keep", "dataset.synthetic.n_users=3"]
+    sets += ["dataset.synthetic.n_items=5", "dataset.synthetic.max_history=6", "prompts.template=news"]
+    cfg = load_config(None, [*sets, "prompts.system=Write one line."])
+    data = load_job_data(cfg)
+    worker = GenerationWorker(ModelSpec(tiny_model, dtype="float32"))
+    report = jobmod.step_generate(cfg, data, pl.DataFrame(), LocalGroup(worker))
+    rows = read_knowledge(JobPaths.of(cfg).knowledge)
+    task = knowledge_task(cfg, new_knowledge_decoder(cfg), "r", data.dataset.domain, None)
+    assert report.failed == 0 and rows.height == report.done > 0
+    assert set(rows["prompt_version"]) == {task.prompt_version} and task.prompt_version.startswith("tpl-")
+    decoder = worker.adapter.decoders.get("autoregressive", {})[0]
+    texts = dict(zip(rows["entity_id"], rows["knowledge"]))
+    for req in new_requests(data.dataset, data.split, {})[:3]:
+        ids = chat_ids(worker.tokenizer, entity_prompt(task, req, worker.tokenizer), system="Write one line.")
+        assert worker.prompt(task, req) == ids  # what the engine is handed
+        assert texts[req.entity_id] == decoder.generate(ids, 6).text, req.key
