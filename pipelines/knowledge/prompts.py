@@ -247,9 +247,10 @@ def split_year(title: str) -> tuple[str, str | None]:
 
 
 def history_fields(e: HistoryEntry) -> dict[str, Any]:
-    """One history entry as a template sees it: ``title`` (year split off), ``year``, ``genres``, ``rating``."""
+    """One history entry as a template sees it: every field of the entry (``rating``, ...), ``title`` with the
+    year split off into ``year``, text fields through :func:`as_text`."""
     title, year = split_year(e.title)
-    return {"title": as_text(title), "year": year, "genres": _safe(tuple(e.genres)), "rating": e.rating}
+    return {**{k: _safe(v) for k, v in e._asdict().items()}, "title": as_text(title), "year": year}
 
 
 def _render_user(
