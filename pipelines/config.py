@@ -450,9 +450,18 @@ class JobConfig(_Strict):
         # the default strategy hashes as configs written before the strategy keys existed
         default = {"strategy", "beam_width"} if self.generation.strategy == "default" else set()
         # input rules added later hash only when set, so configs written before them keep their hash
-        data_rules = {
-            k for k, v in (("timestamp_format", "epoch"), ("rating_scale", None)) if getattr(self.dataset, k) == v
+        data_rules: dict[str, Any] = {
+            k: True
+            for k, v in (
+                ("timestamp_format", "epoch"),
+                ("rating_scale", None),
+                ("feedback", "explicit"),
+                ("event_weights", None),
+                ("min_positive_weight", None),
+            )
+            if getattr(self.dataset, k) == v
         }
+        data_rules["columns"] = {k for k in ("weight", "event") if getattr(self.dataset.columns, k) is None}
         model_rules = {  # so are the model's loading keys
             k
             for k, v in (("revision", None), ("trust_remote_code", False), ("max_model_len", None), ("engine_args", {}))

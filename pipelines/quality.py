@@ -319,7 +319,8 @@ def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = 
     """
     g = Grounding()
     low = text.lower()
-    ratings = {_norm_title(e[0]): float(e[1]) for e in history}
+    # implicit feedback has no rating (None): a rating the text names is then unsupported
+    ratings = {_norm_title(e[0]): float(e[1]) if e[1] is not None else None for e in history}
     hist_genres = {x.lower() for x in entity_genres("user", history)}
     spans: list[tuple[int, str | None]] = []  # (end offset, matched history title or None) of title mentions
     vocab = _vocabulary(list(genres) + sorted(hist_genres))

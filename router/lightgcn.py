@@ -2,7 +2,8 @@
 
 Propagation over the symmetric-normalised user-item graph ``A_hat = D^-1/2 A D^-1/2`` (a torch sparse
 matrix): ``E^(l+1) = A_hat E^(l)``; the final embedding is the mean of layers ``0..L`` (the propagated
-output, not the layer-0 ids). Trained with BPR on positive interactions (rating >= ``positive_threshold``),
+output, not the layer-0 ids). Trained with BPR on positive interactions (``positive_column`` >=
+``positive_threshold``: rating >= 4 by default; implicit feedback: weight > 0, or weight >= a threshold),
 one uniformly sampled negative item per positive, Adam, early stopping on recall@k of a per-user
 held-out share of the positives. The best-scoring epoch's embeddings are returned.
 
@@ -40,7 +41,8 @@ class LightGCNConfig:
 
     embedding_dim: int = 32
     num_layers: int = 3
-    positive_threshold: float = 4.0  # rating >= this is a positive interaction
+    positive_threshold: float | None = 4.0  # positive_column >= this is a positive interaction; None: > 0
+    positive_column: str = "rating"  # "weight" for implicit feedback
     lr: float = 1e-2
     weight_decay: float = 1e-4  # L2 on the layer-0 embeddings of the step's triples (BPR regulariser)
     propagations_per_epoch: int = 4  # optimizer steps an epoch, each one full-graph propagation
@@ -141,32 +143,40 @@ def _check_known(frame: pl.DataFrame, column: str, known: list[str] | None) -> N
         raise ValueError(f"interactions name unknown {column}s: {shown}")
 
 
+def positive(value: pl.Expr, threshold: float | None) -> pl.Expr:
+    """Whether an interaction is positive: ``value >= threshold``, or ``value > 0`` without a threshold."""
+    return value > 0 if threshold is None else value >= threshold
+
+
 def build_graph(
     interactions: pl.DataFrame,
-    positive_threshold: float,
+    positive_threshold: float | None,
     holdout_fraction: float,
     seed: int,
     known_users: list[str] | None = None,
     known_items: list[str] | None = None,
+    positive_column: str = "rating",
 ) -> InteractionGraph:
     """Index the positive interactions and hold out ``holdout_fraction`` of each user's positives.
 
-    Nodes are the users/items with at least one positive. A user keeps at least one training positive;
-    users with a single positive are never held out. Unknown ids (when ``known_*`` are given) are an error.
+    Positives: ``positive_column`` >= ``positive_threshold`` (None: > 0). Nodes are the users/items with at
+    least one positive. A user keeps at least one training positive; users with a single positive are never
+    held out. Unknown ids (when ``known_*`` are given) are an error.
     """
-    for column in ("user_id", "item_id", "rating"):
+    for column in ("user_id", "item_id", positive_column):
         if column not in interactions.columns:
             raise ValueError(f"interactions have no column {column!r} (columns: {interactions.columns})")
     _check_known(interactions, "user_id", known_users)
     _check_known(interactions, "item_id", known_items)
     positives = (
-        interactions.filter(pl.col("rating") >= positive_threshold)
+        interactions.filter(positive(pl.col(positive_column), positive_threshold))
         .select(pl.col("user_id").cast(pl.Utf8), pl.col("item_id").cast(pl.Utf8))
         .unique()
         .sort("user_id", "item_id")
     )
     if positives.is_empty():
-        raise ValueError(f"no interaction has rating >= {positive_threshold}: nothing to train on")
+        rule = f">= {positive_threshold}" if positive_threshold is not None else "> 0"
+        raise ValueError(f"no interaction has {positive_column} {rule}: nothing to train on")
     user_ids = positives["user_id"].unique().sort().to_list()
     item_ids = positives["item_id"].unique().sort().to_list()
     rng = np.random.default_rng(seed)
@@ -385,7 +395,13 @@ def train_lightgcn(
     torch.manual_seed(config.seed)
     device = _resolve_device(config.device)
     graph = build_graph(
-        interactions, config.positive_threshold, config.holdout_fraction, config.seed, known_users, known_items
+        interactions,
+        config.positive_threshold,
+        config.holdout_fraction,
+        config.seed,
+        known_users,
+        known_items,
+        config.positive_column,
     )
     adjacency = sparse_csr(normalized_adjacency(graph.train, graph.num_users, graph.num_items)).to(device)
     model = LightGCN(graph.num_users, graph.num_items, config.embedding_dim, config.num_layers).to(device)

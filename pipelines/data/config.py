@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 DatasetFormat = Literal["synthetic", "movielens", "amazon", "table"]
 Domain = Literal["movie", "book"]
+Feedback = Literal["explicit", "implicit"]
 
 # Domain a format gets when `domain` is not set.
 DEFAULT_DOMAIN: dict[str, Domain] = {"synthetic": "movie", "movielens": "movie", "amazon": "book", "table": "movie"}
@@ -50,6 +51,9 @@ class TableColumns(BaseModel):
     category: str = "category"
     sub_category: str = "sub_category"
     year: str = "year"
+    # implicit feedback (dataset.feedback: implicit) only; unmapped by default
+    weight: str | None = Field(default=None, description="how strong each interaction is: a count, dwell seconds")
+    event: str | None = Field(default=None, description="what the user did: view, click, cart, purchase, ...")
 
 
 class DatasetConfig(BaseModel):
@@ -83,6 +87,18 @@ class DatasetConfig(BaseModel):
     )
     seed: int = 0
     min_positive_rating: float = Field(default=4.0, description="ratings >= this count as positive (graph, CTR labels)")
+    feedback: Feedback = Field(
+        default="explicit",
+        description="explicit: ratings; implicit: clicks, views, purchases (no rating; each interaction has a weight)",
+    )
+    event_weights: dict[str, float] | None = Field(
+        default=None,
+        description="implicit: weight of each value of columns.event (e.g. {purchase: 3, cart: 2, click: 1, view: "
+        "0.5}); rows with another event are skipped and counted; unset: every event weighs 1",
+    )
+    min_positive_weight: float | None = Field(
+        default=None, description="implicit: weights >= this are positives (LightGCN graph); unset: any weight > 0"
+    )
     synthetic: SyntheticParams = Field(default_factory=SyntheticParams)
     # Amazon: file names inside `path` (default: auto-detect; metadata files start with "meta").
     reviews_file: str | None = None
@@ -119,6 +135,24 @@ class DatasetConfig(BaseModel):
     def _scale_ordered(self) -> "DatasetConfig":
         if self.rating_scale is not None and not self.rating_scale[0] <= self.rating_scale[1]:
             raise ValueError(f"dataset.rating_scale: min {self.rating_scale[0]} exceeds max {self.rating_scale[1]}")
+        return self
+
+    @model_validator(mode="after")
+    def _implicit_keys(self) -> "DatasetConfig":
+        if self.feedback == "explicit":
+            used = [f"columns.{k}" for k in ("weight", "event") if getattr(self.columns, k) is not None]
+            used += [k for k in ("event_weights", "min_positive_weight") if getattr(self, k) is not None]
+            if used:
+                raise ValueError(
+                    f"dataset.{', dataset.'.join(used)}: implicit feedback only; set dataset.feedback: implicit"
+                )
+        elif self.rating_scale is not None:
+            raise ValueError("dataset.rating_scale: explicit feedback only (implicit feedback reads no rating)")
+        if self.event_weights is not None:
+            if self.columns.event is None:
+                raise ValueError("dataset.event_weights needs dataset.columns.event (the column holding the events)")
+            if bad := {k: v for k, v in self.event_weights.items() if not v >= 0 or v == float("inf")}:
+                raise ValueError(f"dataset.event_weights: weights must be finite and >= 0, got {bad}")
         return self
 
     def resolved_domain(self) -> Domain:

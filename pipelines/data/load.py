@@ -9,7 +9,7 @@ import polars as pl
 
 from pipelines.data.config import DatasetConfig
 from pipelines.data.readers import DataFileError
-from pipelines.data.schema import Dataset
+from pipelines.data.schema import Dataset, is_implicit
 from pipelines.storage import is_uri
 
 log = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
 
     Bad rows are skipped one at a time and counted in ``Dataset.notes``; a file that cannot be read, or
     nothing usable left, raises :class:`DataFileError` with one line naming the file (and column)."""
-    ds = check_interactions(_load_checked(cfg), cfg.rating_scale)
+    ds = check_interactions(as_feedback(_load_checked(cfg), cfg.feedback), cfg.rating_scale)
     if ds.interactions.is_empty():
         raise DataFileError(
             f"dataset.path {cfg.path!r} (format {cfg.format}): no usable interactions left"
@@ -43,21 +43,44 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
 SHOWN_ROWS = 5
 
 
+def as_feedback(ds: Dataset, feedback: str) -> Dataset:
+    """``ds`` as ``feedback`` says: implicit interactions from a loader that reads ratings (MovieLens, Amazon,
+    synthetic) drop them and weigh 1 each, with no event (pipelines/data/schema.py)."""
+    if feedback == "explicit" or is_implicit(ds.interactions):
+        return ds
+    inter = ds.interactions.with_columns(
+        rating=pl.lit(None, pl.Float64), weight=pl.lit(1.0, pl.Float64), event=pl.lit(None, pl.Utf8)
+    )
+    return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=ds.items, users=ds.users, notes=ds.notes)
+
+
 def check_interactions(ds: Dataset, scale: tuple[float, float] | None = None) -> Dataset:
     """Documented rules on every loader's interactions, each counted in ``ds.notes`` with its first rows:
     ratings that are NaN, infinite, negative or outside ``scale`` are skipped; of several rows for one
-    (user, item) the newest is kept (equal timestamps: the later row in the file)."""
+    (user, item) the newest is kept (equal timestamps: the later row in the file). Implicit feedback: weights
+    that are NaN, infinite or negative are skipped; several rows for one (user, item) merge into one
+    (:func:`merge_repeats`)."""
     inter, notes = ds.interactions, dict(ds.notes)
-    rating = pl.col("rating")
-    bad = rating.is_nan() | rating.is_infinite() | (rating < 0)
-    if scale is not None:
-        bad = bad | (rating < scale[0]) | (rating > scale[1])
+    implicit = is_implicit(inter)
+    value = pl.col("weight" if implicit else "rating")
+    bad = value.is_nan() | value.is_infinite() | (value < 0)
+    if scale is not None and not implicit:
+        bad = bad | (value < scale[0]) | (value > scale[1])
     invalid = inter.filter(bad)
     what = "NaN, infinite or negative" + (
-        f", or outside dataset.rating_scale [{scale[0]}, {scale[1]}]" if scale else ""
+        f", or outside dataset.rating_scale [{scale[0]}, {scale[1]}]" if scale and not implicit else ""
     )
-    _note_rows(notes, ds.name, f"interactions with invalid ratings ({what}), skipped", invalid)
+    _note_rows(notes, ds.name, f"interactions with invalid {value.meta.output_name()}s ({what}), skipped", invalid)
     inter = inter.filter(~bad)
+    if implicit:
+        return Dataset(
+            name=ds.name,
+            domain=ds.domain,
+            interactions=merge_repeats(inter, ds.name, notes),
+            items=ds.items,
+            users=ds.users,
+            notes=notes,
+        )
     newest = inter.unique(subset=["user_id", "item_id"], keep="last", maintain_order=True)  # sorted by time
     if newest.height < inter.height:
         superseded = inter.join(newest, on=list(inter.columns), how="anti", nulls_equal=True)
@@ -72,12 +95,36 @@ def check_interactions(ds: Dataset, scale: tuple[float, float] | None = None) ->
     return Dataset(name=ds.name, domain=ds.domain, interactions=inter, items=ds.items, users=ds.users, notes=notes)
 
 
+def merge_repeats(inter: pl.DataFrame, source: str, notes: dict) -> pl.DataFrame:
+    """Implicit interactions with one row per (user, item): several rows (a view, then a purchase; three
+    plays) merge into one at the newest time, weights summed, with the event of the heaviest row (ties: the
+    newest); the merged rows are counted in ``notes``."""
+    keys = ["user_id", "item_id"]
+    repeated = inter.filter(pl.len().over(keys) > 1)
+    if repeated.is_empty():
+        return inter
+    _note_rows(
+        notes,
+        source,
+        "repeated (user, item) interactions merged into one: weights summed, newest time, the heaviest row's event",
+        repeated,
+    )
+    heaviest = inter.sort(["weight", "timestamp"]).group_by(keys).agg(pl.col("event").last())
+    merged = (
+        inter.group_by(keys)
+        .agg(pl.col("rating").first(), pl.col("timestamp").max(), pl.col("weight").sum())
+        .join(heaviest, on=keys)
+    )
+    return merged.select(inter.columns).sort(["user_id", "timestamp", "item_id"])
+
+
 def _note_rows(notes: dict, source: str, what: str, rows: pl.DataFrame) -> None:
     if rows.is_empty():
         return
+    value = "weight" if is_implicit(rows) else "rating"
     shown = [
-        f"user {u} item {i} rating {r} time {t}"
-        for u, i, r, t in rows.select("user_id", "item_id", "rating", "timestamp").head(SHOWN_ROWS).iter_rows()
+        f"user {u} item {i} {value} {r} time {t}"
+        for u, i, r, t in rows.select("user_id", "item_id", value, "timestamp").head(SHOWN_ROWS).iter_rows()
     ]
     notes[what] = {"count": rows.height, "first": shown}
     log.warning("%s: %s: %d row(s), first: %s", source, what, rows.height, "; ".join(shown))

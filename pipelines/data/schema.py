@@ -2,7 +2,10 @@
 
 All ids are strings (MovieLens ints and Amazon ASINs alike), so one schema serves every source.
 
-interactions  user_id: Utf8, item_id: Utf8, rating: Float64, timestamp: Int64 (unix seconds)
+interactions  user_id: Utf8, item_id: Utf8, rating: Float64, timestamp: Int64 (unix seconds); implicit
+              feedback (``dataset.feedback: implicit``) has rating null and adds weight: Float64 (how strong
+              the interaction is: weight column x event weight, 1 without either) and event: Utf8? (view,
+              purchase, ...); an explicit dataset has neither column, so its tables are as they always were
 items         item_id: Utf8, title: Utf8, genres: List(Utf8), category: Utf8?, sub_category: Utf8?,
               year: Int32?, plus any further attribute columns
 users         user_id: Utf8, plus attribute columns (age: Int32?, gender: Utf8?, occupation: Utf8?, ...)
@@ -24,6 +27,7 @@ INTERACTIONS_SCHEMA: dict[str, DType] = {
     "rating": pl.Float64,
     "timestamp": pl.Int64,
 }
+IMPLICIT_COLUMNS: dict[str, DType] = {"weight": pl.Float64, "event": pl.Utf8}  # implicit feedback only
 ITEM_COLUMNS: dict[str, DType] = {
     "item_id": pl.Utf8,
     "title": pl.Utf8,
@@ -78,10 +82,20 @@ class Split:
         return self.old_interactions
 
 
+def is_implicit(interactions: pl.DataFrame) -> bool:
+    """Whether interactions are implicit feedback (they carry a ``weight`` column; module docstring)."""
+    return "weight" in interactions.columns
+
+
+def interaction_schema(frame: pl.DataFrame) -> dict[str, DType]:
+    """The canonical columns of ``frame``: ``INTERACTIONS_SCHEMA``, plus ``IMPLICIT_COLUMNS`` when implicit."""
+    return {**INTERACTIONS_SCHEMA, **(IMPLICIT_COLUMNS if is_implicit(frame) else {})}
+
+
 def conform_interactions(frame: pl.DataFrame) -> pl.DataFrame:
     """Canonical interaction columns and types, exact duplicates dropped, sorted by user then time."""
     return (
-        frame.select(pl.col(name).cast(dtype) for name, dtype in INTERACTIONS_SCHEMA.items())
+        frame.select(pl.col(name).cast(dtype) for name, dtype in interaction_schema(frame).items())
         .unique(maintain_order=True)
         .sort(["user_id", "timestamp", "item_id"], maintain_order=True)
     )  # stable: ties keep file order

@@ -14,6 +14,12 @@ Ids are text whatever a file types them as (``10``, ``10.0`` from an integer col
 ``"10"`` are the same id). Bad rows are skipped one at a time and counted in ``Dataset.notes`` with
 their file line: an empty id, a line that is not JSON, a CSV line with an unbalanced quote or the
 wrong number of fields, an invalid rating or timestamp.
+
+Implicit feedback (``dataset.feedback: implicit``): no rating is read; the optional ``columns.weight``
+(a count, dwell seconds) and ``columns.event`` (view, click, purchase, ...) are, and each interaction's
+weight is the weight column's value (1 without one) times its event's ``dataset.event_weights`` entry (1
+without event weights). An empty weight or event, or an event that ``event_weights`` does not list, skips
+the row, counted naming the column (and the value); more than half the rows so skipped stops the load.
 """
 
 from __future__ import annotations
@@ -39,7 +45,14 @@ from pipelines.data.readers import (
     read_json_table,
 )
 from pipelines.data.sources import TableSource, columns_of, locate, read_parquet, resolve
-from pipelines.data.schema import INTERACTIONS_SCHEMA, Dataset, conform_interactions, conform_items, conform_users
+from pipelines.data.schema import (
+    IMPLICIT_COLUMNS,
+    INTERACTIONS_SCHEMA,
+    Dataset,
+    conform_interactions,
+    conform_items,
+    conform_users,
+)
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +174,7 @@ def load_table(path: str | Path, cfg: DatasetConfig) -> Dataset:
     mapping = cfg.columns.model_dump()
     inter_src, beside = _interactions_source(str(path), cfg)
     label = inter_src.label
-    required = list(INTERACTIONS_SCHEMA)
+    required = interaction_columns(cfg)
     notes: dict[str, Any] = {}
     hint = "" if cfg.interactions_file or not inter_src.whole else "; if this folder holds the tables, set "
     hint += "dataset.interactions_file" if hint else ""
@@ -170,9 +183,12 @@ def load_table(path: str | Path, cfg: DatasetConfig) -> Dataset:
     for key in ("user_id", "item_id"):
         inter = id_text(inter, key, label, mapping[key])
     inter = _timestamp_seconds(inter, cfg.timestamp_format, mapping["timestamp"], label, notes)
+    if "event" in inter.columns:  # blank events are missing ones
+        event = pl.col("event").cast(pl.Utf8).str.strip_chars()
+        inter = inter.with_columns(event=pl.when(event != "").then(event))
     inter = coerce(
         inter,
-        INTERACTIONS_SCHEMA,
+        {k: t for k, t in {**INTERACTIONS_SCHEMA, **IMPLICIT_COLUMNS}.items() if k in required},
         required,
         label,
         row_no=LINE,
@@ -180,6 +196,8 @@ def load_table(path: str | Path, cfg: DatasetConfig) -> Dataset:
         notes=notes,
         names={k: mapping[k] for k in required},
     )
+    if cfg.feedback == "implicit":
+        inter = implicit_weights(inter, cfg.event_weights, label, mapping["event"], notes)
 
     if cfg.items_file:
         items = _read_items(locate(resolve(beside, cfg.items_file), "dataset.items_file"), cfg, mapping, notes)
@@ -206,6 +224,39 @@ def load_table(path: str | Path, cfg: DatasetConfig) -> Dataset:
         users=conform_users(users),
         notes=notes,
     )
+
+
+def interaction_columns(cfg: DatasetConfig) -> list[str]:
+    """The canonical interaction columns read from the file: rating for explicit feedback, the mapped weight
+    and event columns for implicit feedback."""
+    if cfg.feedback == "explicit":
+        return list(INTERACTIONS_SCHEMA)
+    return ["user_id", "item_id", "timestamp", *(k for k in IMPLICIT_COLUMNS if getattr(cfg.columns, k))]
+
+
+def implicit_weights(
+    inter: pl.DataFrame, event_weights: dict[str, float] | None, path: Where, column: str | None, notes: dict[str, Any]
+) -> pl.DataFrame:
+    """Implicit interactions: rating null, ``weight`` = the weight column (1 without one) x the event's weight
+    (module docstring), ``event`` kept (null without an event column). An event ``event_weights`` lacks skips
+    its row, counted naming the column and the values; a column mostly of such events is an error."""
+    weight = pl.col("weight") if "weight" in inter.columns else pl.lit(1.0)
+    if "event" not in inter.columns:
+        inter = inter.with_columns(event=pl.lit(None, pl.Utf8))
+    elif event_weights is not None:
+        unknown = inter.filter(~pl.col("event").is_in(list(event_weights)))
+        if unknown.height:
+            values = unknown["event"].unique(maintain_order=True).head(5).to_list()
+            what = f"events in column {column!r} not in dataset.event_weights ({', '.join(map(repr, values))})"
+            if unknown.height > MAX_BAD_FRACTION * inter.height:
+                raise DataFileError(
+                    f"{path}: {unknown.height} of {inter.height} {what}; dataset.event_weights lists "
+                    f"{sorted(event_weights)}"
+                )
+            note(notes, path, what + ", skipped", unknown[LINE].to_list())
+            inter = inter.join(unknown.select(LINE), on=LINE, how="anti")
+        weight = weight * pl.col("event").replace_strict(event_weights, return_dtype=pl.Float64)
+    return inter.with_columns(rating=pl.lit(None, pl.Float64), weight=weight.cast(pl.Float64))
 
 
 def _interactions_source(path: str, cfg: DatasetConfig) -> tuple[TableSource, Location]:

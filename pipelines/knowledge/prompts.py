@@ -246,11 +246,41 @@ def split_year(title: str) -> tuple[str, str | None]:
     return (m.group(1), m.group(2)) if m else (title, None)
 
 
+# what a user did, as an implicit history line says it, for common event names; another event reads as itself
+ACTIONS = {
+    "view": "viewed",
+    "click": "clicked",
+    "cart": "added to cart",
+    "add_to_cart": "added to cart",
+    "wishlist": "wishlisted",
+    "purchase": "purchased",
+    "buy": "bought",
+    "order": "ordered",
+    "like": "liked",
+    "share": "shared",
+    "play": "played",
+    "listen": "listened to",
+    "watch": "watched",
+}
+
+
+def action(event: str | None) -> str:
+    """What an implicit history entry says the user did: ``purchased`` for ``purchase``, the event itself for
+    names ``ACTIONS`` lacks, ``interacted with`` without an event."""
+    if event is None:
+        return "interacted with"
+    return ACTIONS.get(event.strip().lower(), as_text(event))
+
+
 def history_fields(e: HistoryEntry) -> dict[str, Any]:
     """One history entry as a template sees it: every field of the entry (``rating``, ...), ``title`` with the
-    year split off into ``year``, text fields through :func:`as_text`."""
+    year split off into ``year``, text fields through :func:`as_text`; an implicit entry (``rating`` None) adds
+    ``action`` (:func:`action`)."""
     title, year = split_year(e.title)
-    return {**{k: _safe(v) for k, v in e._asdict().items()}, "title": as_text(title), "year": year}
+    fields = {**{k: _safe(v) for k, v in e._asdict().items()}, "title": as_text(title), "year": year}
+    if e.rating is None:
+        fields["action"] = action(e.event)
+    return fields
 
 
 def _render_user(
@@ -333,10 +363,12 @@ def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str,
     """Per user, ``HistoryEntry`` list ordered oldest first (by timestamp, then item_id).
 
     Titles carry the year (``display_title``), genres the item's first ``HISTORY_GENRES``; an
-    interaction whose item is missing from ``items`` shows its item id as the title. Equal (item, rating)
-    entries are one shared object: a catalogue's histories cost a pointer an interaction.
+    interaction whose item is missing from ``items`` shows its item id as the title. Implicit interactions
+    (a ``weight`` column) carry their event and weight. Equal entries are one shared object: a catalogue's
+    histories cost a pointer an interaction.
     """
     extra = [c for c in ("year", "genres") if c in items.columns]
+    feedback = [pl.col(c) if c in interactions.columns else pl.lit(None).alias(c) for c in ("event", "weight")]
     joined = (
         interactions.sort(["user_id", "timestamp", "item_id"])
         .join(items.select(["item_id", "title", *extra]), on="item_id", how="left", maintain_order="left")
@@ -346,15 +378,16 @@ def user_histories(interactions: pl.DataFrame, items: pl.DataFrame) -> dict[str,
             "title",
             "rating",
             *(pl.col(c) if c in extra else pl.lit(None).alias(c) for c in ("year", "genres")),
+            *feedback,
         )
     )
-    entries: dict[tuple[str, float], HistoryEntry] = {}
+    entries: dict[tuple[str, float | None, str | None, float | None], HistoryEntry] = {}
     out: dict[str, list[HistoryEntry]] = {}
-    for user, item, title, rating, year, genres in joined.iter_rows():
-        entry = entries.get((item, rating))
+    for user, item, title, rating, year, genres, event, weight in joined.iter_rows():
+        entry = entries.get((item, rating, event, weight))
         if entry is None:
-            entry = entries[(item, rating)] = HistoryEntry(
-                display_title(title or item, year), rating, tuple((genres or [])[:HISTORY_GENRES])
+            entry = entries[(item, rating, event, weight)] = HistoryEntry(
+                display_title(title or item, year), rating, tuple((genres or [])[:HISTORY_GENRES]), event, weight
             )
         out.setdefault(user, []).append(entry)
     return out

@@ -63,7 +63,17 @@ def _request(
 
 def payload_hash(entity_type: str, payload: object) -> str:
     """The source hash of a request's payload: a user's history (list) or an item's row (dict)."""
-    return source_hash(entity_type, PROMPT_VERSION, list(payload) if isinstance(payload, (list, tuple)) else payload)
+    if isinstance(payload, (list, tuple)):
+        payload = [_hashed(e) for e in payload]
+    return source_hash(entity_type, PROMPT_VERSION, payload)
+
+
+def _hashed(entry: object) -> object:
+    """A history entry as its hash reads it: an explicit one (no event, no weight) as its first three fields,
+    so explicit hashes stay what they were before implicit feedback; an implicit one whole."""
+    if isinstance(entry, HistoryEntry) and entry.event is None and entry.weight is None:
+        return tuple(entry[:3])
+    return entry
 
 
 def old_requests(dataset: Dataset, split: Split) -> list[GenerationRequest]:
@@ -160,6 +170,7 @@ def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
     and genres; an item's row). Equal within one polars version; a different fingerprint means "recompute"."""
     items, users = dataset.items, _new_users(split)
     extra = [c for c in ("title", "year", "genres") if c in items.columns]
+    feedback = [c for c in ("weight", "event") if c in split.prompt_interactions.columns]  # implicit only
     rows = (
         split.prompt_interactions.filter(pl.col("user_id").is_in(users.implode()))
         .sort(["user_id", "timestamp", "item_id"])
@@ -167,7 +178,7 @@ def fingerprints(dataset: Dataset, split: Split) -> pl.DataFrame:
     )
     per_user = (
         rows.group_by("user_id", maintain_order=True)
-        .agg(fingerprint=pl.struct("item_id", "rating", *extra).hash(0))
+        .agg(fingerprint=pl.struct("item_id", "rating", *extra, *feedback).hash(0))
         .with_columns(pl.col("fingerprint").hash(1))
     )
     user_fp = (

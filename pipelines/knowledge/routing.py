@@ -57,8 +57,13 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
     import router
 
     split, rc = data.split, cfg.routing
+    implicit = cfg.dataset.feedback == "implicit"  # positives: weight > 0 (or >= min_positive_weight)
     lg = router.LightGCNConfig(
-        positive_threshold=cfg.dataset.min_positive_rating, seed=rc.seed, progress=False, **rc.lightgcn
+        positive_threshold=cfg.dataset.min_positive_weight if implicit else cfg.dataset.min_positive_rating,
+        positive_column="weight" if implicit else "rating",
+        seed=rc.seed,
+        progress=False,
+        **rc.lightgcn,
     )
     warm = JobPaths.of(cfg).work / "lightgcn"  # the last run's LightGCN parameters: this run's warm start
     try:

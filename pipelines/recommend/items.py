@@ -6,7 +6,7 @@ from typing import Sequence
 
 import polars as pl
 
-from pipelines.knowledge.prompts import HistoryEntry, check_domain, as_text, display_title, format_rating
+from pipelines.knowledge.prompts import HistoryEntry, action, check_domain, as_text, display_title, format_rating
 from pipelines.knowledge.validation import JobInputError
 
 RECOMMEND_PROMPT_VERSION = "rec-v1"
@@ -67,5 +67,8 @@ def recommend_prompt(
     entries = [HistoryEntry(*e) for e in history][-max_history:]
     if not entries:
         raise ValueError(f"user {user_id!r} has no history to recommend from")
-    lines = [f'"{as_text(e.title)}", {format_rating(e.rating)};' for e in entries]
+    lines = [  # implicit feedback (no rating): what the user did
+        f'"{as_text(e.title)}", {format_rating(e.rating) if e.rating is not None else action(e.event)};'
+        for e in entries
+    ]
     return "\n".join([_INTRO[domain], *lines, "", _ASK[domain]])

@@ -41,11 +41,14 @@ def encode_params(params: Mapping[str, object]) -> str:
 
 
 class HistoryEntry(NamedTuple):
-    """One rated item in a user's history; ``genres`` (optional) give a small model something to go on."""
+    """One rated item in a user's history; ``genres`` (optional) give a small model something to go on.
+    Implicit feedback: ``rating`` None, ``event`` (view, purchase, ... or None) and ``weight`` set."""
 
     title: str
-    rating: float
+    rating: float | None
     genres: tuple[str, ...] = ()
+    event: str | None = None
+    weight: float | None = None
 
 
 @dataclass

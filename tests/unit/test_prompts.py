@@ -136,7 +136,7 @@ def test_user_histories_orders_by_time_and_joins_titles():
         },
         schema=ITEM_COLUMNS,
     )
-    hist = user_histories(inter, items)
+    hist = {u: [tuple(e[:3]) for e in entries] for u, entries in user_histories(inter, items).items()}
     assert hist == {
         "u1": [("Alpha (1999)", 3.0, ("Drama", "War")), ("Beta", 5.0, ()), ("zz", 4.0, ())],
         "u2": [("Alpha (1999)", 1.0, ("Drama", "War"))],
