@@ -5,6 +5,9 @@ Both field namings are read: 2014/2018 (reviewerID, asin, overall, unixReviewTim
 rating, timestamp in milliseconds; metadata ``categories`` as one path). From a category path such as
 ["Books", "Literature & Fiction", "Mystery"]: ``category`` is the second level ("Literature & Fiction",
 the first when the path has one level), ``sub_category`` the third, ``genres`` every level below the root.
+Product attributes are kept as item columns the prompt templates read: ``brand`` (2023: ``store``), ``price``
+(a number; text such as "$1,299.99" is parsed, a range or other text is null) and ``description`` (a list of
+paragraphs joined, HTML tags removed).
 When metadata is given, reviews of items without metadata are dropped (counted in the log).
 """
 
@@ -32,7 +35,12 @@ _ITEM_SCHEMA: dict[str, DType] = {
     "category": pl.Utf8,
     "sub_category": pl.Utf8,
     "year": pl.Int32,
+    "brand": pl.Utf8,
+    "price": pl.Float64,
+    "description": pl.Utf8,
 }
+_PRICE = re.compile(r"^\$?\s*(\d[\d,]*(?:\.\d+)?)$")
+_TAG = re.compile(r"<[^>]+>")
 
 
 def _first(record: dict, *keys: str) -> Any:
@@ -79,6 +87,23 @@ def category_path(record: dict) -> list[str]:
     return [str(c).strip() for c in raw if isinstance(c, str) and c.strip()]
 
 
+def price_value(value: Any) -> float | None:
+    """A price as a number: ``9.49``, ``"$1,299.99"``; a range (``"$5 - $9"``), other text or a bool is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if value >= 0 else None
+    m = _PRICE.match(value.strip()) if isinstance(value, str) else None
+    return float(m.group(1).replace(",", "")) if m else None
+
+
+def text_value(value: Any) -> str | None:
+    """Text from a string or a list of strings (paragraphs joined), HTML tags removed, spaces squeezed."""
+    parts = value if isinstance(value, list) else [value]
+    text = " ".join(_TAG.sub(" ", p) for p in parts if isinstance(p, str))
+    return " ".join(text.split()) or None
+
+
 def metadata_row(record: dict) -> dict | None:
     """Canonical item from one metadata record, or None without an id or a title."""
     item, title = id_value(_first(record, "parent_asin", "asin")), _first(record, "title")
@@ -94,6 +119,9 @@ def metadata_row(record: dict) -> dict | None:
         "category": path[1] if len(path) > 1 else (path[0] if path else None),
         "sub_category": path[2] if len(path) > 2 else None,
         "year": int(year.group(1)) if year else None,
+        "brand": text_value(_first(record, "brand", "store")),
+        "price": price_value(_first(record, "price")),
+        "description": text_value(_first(record, "description")),
     }
 
 

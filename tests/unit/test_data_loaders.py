@@ -13,6 +13,7 @@ from pipelines.data import DatasetConfig, load_dataset
 from pipelines.data.movielens import detect_variant
 from pipelines.data.readers import DataFileError
 from pipelines.data.schema import INTERACTIONS_SCHEMA, ITEM_COLUMNS
+from pipelines.knowledge.prompts import item_prompt
 
 
 def _write(path, text: str, encoding: str = "utf-8") -> None:
@@ -195,6 +196,67 @@ def test_amazon_2023_naming_single_file(tmp_path):
     items = {r["item_id"]: r for r in ds.items.iter_rows(named=True)}
     assert items["P1"]["title"] == "Deep Space" and items["P1"]["sub_category"] == "Space Opera"
     assert items["P2"]["category"] is None
+
+
+def test_amazon_keeps_brand_price_description(tmp_path):
+    """brand, price and description reach the items table (2018 and 2023 namings) and the e-commerce prompt."""
+    reviews = [
+        {"reviewerID": "A1", "asin": "G1", "overall": 5.0, "unixReviewTime": 1500000000},
+        {"reviewerID": "A1", "asin": "G2", "overall": 4.0, "unixReviewTime": 1500000100},
+        {"user_id": "U2", "parent_asin": "P3", "rating": 3.0, "timestamp": 1600000000000},
+        {"user_id": "U2", "parent_asin": "P4", "rating": 4.0, "timestamp": 1600000000001},
+    ]
+    meta = [  # 2018: brand, price as text, description as paragraphs with HTML
+        {
+            "asin": "G1",
+            "title": "Cafe Card",
+            "category": ["Gift Cards", "Gift Cards"],
+            "brand": " Cafe Nine ",
+            "price": "$1,025.50",
+            "description": ["<b>Valid</b> in store.", "", "Never expires."],
+        },
+        {
+            "asin": "G2",
+            "title": "Range Card",
+            "category": ["Gift Cards"],
+            "brand": "",
+            "price": "$5.00 - $9.00",
+            "description": [],
+        },
+        # 2023: store is the brand, price a number or null, description a list
+        {
+            "parent_asin": "P3",
+            "title": "Mug",
+            "categories": ["Home", "Kitchen"],
+            "store": "Acme",
+            "price": 12,
+            "description": ["Holds tea."],
+        },
+        {
+            "parent_asin": "P4",
+            "title": "Lid",
+            "categories": ["Home"],
+            "store": None,
+            "price": None,
+            "description": "plain text",
+        },
+    ]
+    _jsonl(tmp_path / "reviews.json", reviews)
+    _jsonl(tmp_path / "meta.json", meta)
+    ds = load_dataset(DatasetConfig(format="amazon", path=str(tmp_path)))
+    _check_schema(ds)
+    assert ds.items.schema["price"] == pl.Float64 and ds.items.schema["brand"] == pl.Utf8
+    items = {r["item_id"]: r for r in ds.items.iter_rows(named=True)}
+    got = {k: (items[k]["brand"], items[k]["price"], items[k]["description"]) for k in items}
+    assert got == {
+        "G1": ("Cafe Nine", 1025.5, "Valid in store. Never expires."),
+        "G2": (None, None, None),  # empty brand, a price range and no paragraphs are unknown
+        "P3": ("Acme", 12.0, "Holds tea."),
+        "P4": (None, None, "plain text"),
+    }
+    prompt = item_prompt(items["G1"], "ecommerce", max_words=30)
+    assert "Title: Cafe Card\nBrand: Cafe Nine\nPrice: 1025.5\nCategory: Gift Cards\n" in prompt
+    assert "Description: Valid in store. Never expires.\n" in prompt
 
 
 def test_amazon_errors(tmp_path):
