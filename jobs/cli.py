@@ -24,6 +24,7 @@ JOB, OPERATIONS, RESEARCH = "Job", "Operations", "Research"
 # loaded when one of them runs). tests/integration/test_cli_registration.py checks the help against the modules.
 COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
     ("jobs.run", JOB, None),
+    ("jobs.init", JOB, None),
     ("jobs.recommend", JOB, None),
     ("jobs.features", OPERATIONS, None),
     ("jobs.failures", OPERATIONS, None),
