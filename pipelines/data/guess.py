@@ -212,15 +212,16 @@ class Guess:
 
 
 def sample_table(where: str, key: str) -> Sample:
-    """``where``'s schema and at most SAMPLE_ROWS of its rows (never the whole table); ``key``: the option
-    messages name (e.g. ``--items``)."""
+    """``where``'s schema and at most SAMPLE_ROWS of its rows, the first of each of a few files spread over the
+    table (never the whole table); ``key``: the option messages name (e.g. ``--items``)."""
     src = locate(where, key)
     if src.parquet:
         schema = pl.Schema(_dataset(src).schema)
         files = _spread(src.files, SAMPLE_FILES)
-        part = dataclasses.replace(src, files=files)
-        frame = pl.from_arrow(_dataset(part).head(SAMPLE_ROWS))
-        assert isinstance(frame, pl.DataFrame)
+        heads = [
+            pl.from_arrow(_dataset(dataclasses.replace(src, files=(f,))).head(SAMPLE_ROWS // len(files))) for f in files
+        ]
+        frame = pl.concat([h for h in heads if isinstance(h, pl.DataFrame)], how="diagonal_relaxed")
         return Sample(str(src.label), dict(schema), frame)
     frame = _text_head(src)
     return Sample(str(src.label), dict(frame.schema), frame)
