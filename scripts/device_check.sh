@@ -237,11 +237,12 @@ vllm_bench() {  # the bench's vLLM rows one engine at a time (--repeats 1: no en
     tee "$OUT/throughput-vllm-gpu.log" | grep -Ev "$VLLM_LOG_LINES" | tail -30
 }
 
-vllm() {  # stage, then whatever the arrived parts allow and has not run yet
+vllm() {  # stage, then whatever the arrived parts allow and has not run yet (once: rerun a step by its name)
+  local check
   stage
   [ -e $SITE/vllm/__init__.py ] || { echo "vLLM not whole yet: carry the next .gpu/v folder"; return; }
-  for step in vllm_import vllm_tests; do
-    [ -e $STAGE/done/$step ] || { touch $STAGE/done/$step && echo "== ${step//_/-}" && $step; }
+  for check in vllm_import vllm_tests; do
+    [ -e $STAGE/done/$check ] || { touch $STAGE/done/$check && echo "== ${check//_/-}" && $check; }
   done
   [ -e $STAGE/installed/model ] || { echo "the bundled model not whole yet: carry the next .gpu/v folder"; return; }
   [ -e $STAGE/done/vllm_bench ] || { touch $STAGE/done/vllm_bench && echo "== vllm-bench" && vllm_bench; }
