@@ -44,7 +44,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import step_route
-from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, row_quality
+from pipelines.quality import MAX_REPEAT_4GRAM, MIN_WORDS, QualitySummary, catalogue_brands, row_quality
 from benchmarks.report import machine_info, versions, wide_console, save_report
 from pipelines.workers import GenerationRequest, LocalGroup, ModelSpec
 from pipelines.workers.layout import compile_model
@@ -139,7 +139,10 @@ def run_quality_bench(
     users = [k for k in ids if k[0] == "user"][: (settings.entities + 1) // 2]
     items = [k for k in ids if k[0] == "item"][: settings.entities - len(users)]
     chosen = users + items + [k for k in ids if k not in users + items][: settings.entities - len(users) - len(items)]
-    base_task = knowledge_task(cfg, new_knowledge_decoder(cfg), "bench-quality", data.dataset.domain, paths.pools)
+    brands = catalogue_brands(data.dataset.items)
+    base_task = knowledge_task(
+        cfg, new_knowledge_decoder(cfg), "bench-quality", data.dataset.domain, paths.pools, brands=brands
+    )
     order = {k: i for i, k in enumerate(chosen)}
     rows: dict[str, list[dict[str, Any]]] = {}
     seconds: dict[str, float] = {}
@@ -158,6 +161,7 @@ def run_quality_bench(
             rows[name] = [r.as_dict() for r in sorted(result.rows, key=lambda r: order[(r.entity_type, r.entity_id)])]
             log.info("%s: %d rows, %d failures in %.1fs", name, len(result.rows), len(result.failures), seconds[name])
     report = _report(rows, seconds, settings, cfg, chosen, config_name)
+    report["versions"]["prompt_version"] = base_task.prompt_version  # the config's template, not the shipped default
     _write(json_out, report)
     print_table(report)
     return report

@@ -16,7 +16,7 @@ Rules (documented in docs/knowledge-quality.md):
   ``MIN_LETTER_SHARE`` of its non-space characters are letters).
 - **length**: ``n_words`` against ``asked_words`` (the prompt's "at most N words"; 0 when unknown).
 - **grounding** (:func:`user_grounding`, :func:`item_grounding`): matched / mentioned facts, None when the text
-  mentions none.
+  mentions none; item texts count brands and prices too where the items table has those columns.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import re
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Iterable, Literal, Mapping, Sequence
+
+import polars as pl
 
 NGRAM = 4
 MAX_REPEAT_4GRAM = 0.2  # at least a fifth of the 4-grams are repeats: the text loops
@@ -214,7 +216,8 @@ _TITLE_YEAR = re.compile(r"\((1[89]\d\d|20\d\d)\)")
 
 @dataclass
 class Grounding:
-    """Facts a text mentions and how many of them the input supports, per kind (titles, genres, ratings, years)."""
+    """Facts a text mentions and how many of them the input supports, per kind (titles, genres, ratings, years,
+    brands, prices)."""
 
     mentioned: dict[str, int] = field(default_factory=dict)
     matched: dict[str, int] = field(default_factory=dict)
@@ -353,12 +356,13 @@ def user_grounding(text: str, history: Sequence[tuple], genres: Iterable[str] = 
     return g
 
 
-def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grounding:
+def item_grounding(text: str, item: Mapping, genres: Iterable[str] = (), brands: Iterable[str] = ()) -> Grounding:
     """How well an item description agrees with the item's attributes.
 
     Genres: every genre name (``KNOWN_GENRES`` + ``genres``) the text names; matched when the item has it
     (genres, category or sub-category). Years: every year (``1995``, ``1990s``) the text names; matched when it is
-    the item's year (a decade matches the year's decade). Skipped for attributes the item lacks.
+    the item's year (a decade matches the year's decade). Brands and prices: :func:`_commerce_facts`, when
+    the item has a ``brand`` or ``price`` column. Skipped for attributes the item lacks.
     """
     g = Grounding()
     own = entity_genres("item", item=item)
@@ -371,7 +375,65 @@ def item_grounding(text: str, item: Mapping, genres: Iterable[str] = ()) -> Grou
         for m in _YEAR.finditer(text):
             said = int(m.group(1))
             g.add("years", said == int(year) if not m.group(0).endswith("s") else said == int(year) // 10 * 10)
+    _commerce_facts(g, text, item, brands)
     return g
+
+
+# ---- brands and prices (e-commerce items) ---------------------------------------------------------------
+
+MIN_BRAND_CHARS = 3
+# brand values that name no brand, or that any product text uses as ordinary words
+NOT_BRANDS = frozenset(
+    {"generic", "unknown", "unbranded", "no brand", "none", "n/a", "various", "other", "misc", "brand", "gift card"}
+)
+_AMOUNT = r"(\d{1,3}(?:,\d{3})+(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?)"
+_MONEY = re.compile(rf"(?:US\s?\$|\$|\bUSD\s?){_AMOUNT}(?!\d)|(?<![\w.,]){_AMOUNT}\s?(?:dollars?|USD|bucks)\b", re.I)
+
+
+def _brand_key(brand: object) -> str | None:
+    """A brand as matched (lower case, spaces squeezed), or None for one too short or naming no brand."""
+    key = " ".join(str(brand).lower().split()) if brand is not None else ""
+    return key if len(key) >= MIN_BRAND_CHARS and key not in NOT_BRANDS else None
+
+
+def catalogue_brands(items: pl.DataFrame) -> tuple[str, ...]:
+    """The brands of the items table (its ``brand`` column; none without one) that a text's brand mention is
+    matched against, lower-cased, without too short ones and non-brands (``NOT_BRANDS``)."""
+    if "brand" not in items.columns:
+        return ()
+    return tuple(sorted({k for b in items["brand"].drop_nulls().unique().to_list() if (k := _brand_key(b))}))
+
+
+def money_amounts(text: str) -> list[float]:
+    """Every money amount ``text`` states (``$12.99``, ``US$5``, ``12.99 dollars``, ``USD 12``, ``$1,299``)."""
+    return [float((m.group(1) or m.group(2)).replace(",", "")) for m in _MONEY.finditer(text)]
+
+
+def _same_price(said: float, price: float) -> bool:
+    return abs(said - price) <= max(0.01, 0.01 * abs(price)) + 1e-9
+
+
+def _commerce_facts(g: Grounding, text: str, item: Mapping, brands: Iterable[str]) -> None:
+    """Brand facts: every catalogue brand (``brands`` + the item's own; longest first, whole words, any case)
+    the text names, matched when it is the item's brand or its title names it. Price facts (items with a
+    ``price`` column): every money amount the text states, matched when within 1% (at least 1 cent) of the
+    item's price or an amount its title states; an item without a price supports no other amount."""
+    title = str(item.get("title") or "")
+    own = _brand_key(item.get("brand"))
+    vocab = {k for b in brands if (k := _brand_key(b)) is not None} | ({own} if own else set())
+    if vocab:
+        low, title_low = text.lower(), " ".join(title.lower().split())
+        for brand in sorted(vocab, key=len, reverse=True):
+            if brand.split()[0] not in low:
+                continue  # a cheap test first: catalogues hold thousands of brands
+            pattern = r"(?<!\w)" + r"\s+".join(map(re.escape, brand.split())) + r"(?!\w)"
+            if re.search(pattern, low):
+                g.add("brands", brand == own or re.search(pattern, title_low) is not None)
+                low = re.sub(pattern, " ", low)  # a shorter brand inside this one is not a second mention
+    if "price" in item:
+        price, shown = item.get("price"), money_amounts(title)
+        for said in money_amounts(text):
+            g.add("prices", any(_same_price(said, p) for p in ([price] if price is not None else []) + shown))
 
 
 # ---- knowledge rows ----------------------------------------------------------------------------------
@@ -384,12 +446,14 @@ def entity_quality(
     history: Sequence[tuple] | None = None,
     item: Mapping | None = None,
     asked_words: int | None = None,
+    brands: Iterable[str] = (),
 ) -> TextQuality:
-    """:func:`text_quality` with the grounding of a user (``history``) or item (``item``) text."""
+    """:func:`text_quality` with the grounding of a user (``history``) or item (``item``) text; ``brands``:
+    the catalogue's (:func:`catalogue_brands`)."""
     if entity_type == "user" and history:
         grounding = user_grounding(text, history)
     elif entity_type == "item" and item:
-        grounding = item_grounding(text, item)
+        grounding = item_grounding(text, item, brands=brands)
     else:
         grounding = None
     return text_quality(text, finish_reason, asked_words, grounding)

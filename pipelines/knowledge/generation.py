@@ -229,7 +229,13 @@ class GenerationWorker(StreamWorker):
     def _row(self, a: Attempt, res: Decoded) -> KnowledgeRow:
         st, req, task = res.stats, a.req, self.task
         q = entity_quality(
-            res.text, st.finish_reason, req.entity_type, req.history, req.item, words_for_budget(task.max_new_tokens)
+            res.text,
+            st.finish_reason,
+            req.entity_type,
+            req.history,
+            req.item,
+            words_for_budget(task.max_new_tokens),
+            task.brands,
         )
         pooled = a.pool_key is not None
         g = q.grounding

@@ -63,6 +63,7 @@ from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
 from pipelines.knowledge.plan import earlier_texts, new_run_id, plan_run, split_first_wave, users_after
 from pipelines.knowledge.provenance import generation_hash
+from pipelines.quality import catalogue_brands
 from pipelines.ops.schedule.failures import drop_given_up
 from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
@@ -146,7 +147,8 @@ def _earlier_knowledge(job: JobRun) -> pa.Table:
 
 def _plan(job: JobRun) -> None:
     rec, data = job.record, job.inputs
-    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools)
+    brands = catalogue_brands(data.dataset.items)
+    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools, brands=brands)
     store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
     index, resuming = read_index(store), rec.run_id if job.resuming else None
     plan = plan_run(
@@ -375,9 +377,11 @@ def knowledge_task(
     domain: str,
     pool_store: Path | str | None,
     greedy: bool = False,
+    brands: tuple[str, ...] = (),
 ) -> DecodeTask:
     """A pass's decode task, with the hash of what decides its texts (pipelines/knowledge/provenance.py);
-    ``greedy`` (old knowledge) ignores the job's sampling settings."""
+    ``greedy`` (old knowledge) ignores the job's sampling settings; ``brands``: the catalogue's, which item
+    grounding counts (:func:`pipelines.quality.catalogue_brands`)."""
     max_new = (
         (cfg.old_knowledge.max_new_tokens or cfg.generation.max_new_tokens) if greedy else cfg.generation.max_new_tokens
     )
@@ -398,6 +402,7 @@ def knowledge_task(
         retry_rules=cfg.generation.retry_rules(),
         ban_unsupported_genres=cfg.generation.ban_unsupported_genres,
         prompts=prompts,
+        brands=brands,
     )
     task.config_hash = generation_hash(cfg.model.name, cfg.model.dtype, asdict(task))
     return task
@@ -462,7 +467,13 @@ def step_old_knowledge(
         log.info("old knowledge: generation disabled; %d entities lack old knowledge", len(todo))
         return GenerationReport()
     task = knowledge_task(
-        cfg, old_knowledge_decoder(cfg), f"{cfg.resolved_run_id()}-old", data.dataset.domain, None, greedy=True
+        cfg,
+        old_knowledge_decoder(cfg),
+        f"{cfg.resolved_run_id()}-old",
+        data.dataset.domain,
+        None,
+        greedy=True,
+        brands=catalogue_brands(data.dataset.items),
     )
     return write_knowledge(cfg, todo, task, paths.old_knowledge, "old knowledge", workers, run_seq)
 
@@ -474,7 +485,8 @@ def step_generate(
     paths = JobPaths.of(cfg)
     decoder = new_knowledge_decoder(cfg)
     check_pool_store(decoder, paths)
-    task = knowledge_task(cfg, decoder, cfg.resolved_run_id(), data.dataset.domain, paths.pools)
+    brands = catalogue_brands(data.dataset.items)
+    task = knowledge_task(cfg, decoder, cfg.resolved_run_id(), data.dataset.domain, paths.pools, brands=brands)
     todo = pending(new_requests(data.dataset, data.split, pool_routes(decoder.cls.pool, routing)), paths.knowledge)
     return write_knowledge(cfg, todo, task, paths.knowledge, "new knowledge", workers)
 

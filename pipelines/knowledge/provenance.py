@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Mapping
 
-# DecodeTask fields that do not shape the text: provenance, pool locations and caches
-_NOT_TEXT = ("run_id", "pool_store", "pool_cache_size", "config_hash", "prompts")  # prompts: in prompt_version
+# DecodeTask fields that do not shape the text: provenance, pool locations and caches, what grounding counts
+_NOT_TEXT = ("run_id", "pool_store", "pool_cache_size", "config_hash", "prompts", "brands")  # prompts: prompt_version
 
 
 def generation_hash(model: str, dtype: str, task_fields: Mapping[str, object]) -> str:

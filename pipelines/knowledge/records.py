@@ -43,6 +43,7 @@ class DecodeTask:
     ban_unsupported_genres: bool = False  # first texts (and retries) name no genre the entity's input lacks
     config_hash: str | None = None  # what decides the text besides its inputs (provenance.py)
     prompts: PromptTemplate | None = None  # None: the shipped template of ``domain``; its hash is prompt_version
+    brands: tuple[str, ...] = ()  # the catalogue's brands item grounding counts (pipelines.quality.catalogue_brands)
 
 
 @dataclass(eq=False)  # attempts are told apart by identity
