@@ -239,6 +239,25 @@ class OldKnowledgeConfig(_Strict):
     generate_missing: bool = Field(default=True, description="generate old knowledge the store lacks")
 
 
+class EmbeddingsConfig(_Strict):
+    """A team's own user/item vectors (Parquet), clustered instead of LightGCN's (routing.embeddings)."""
+
+    users: str | None = Field(
+        default=None, description="users' vectors: a Parquet file, folder, glob or URI (as dataset.path)"
+    )
+    items: str | None = Field(default=None, description="items' vectors, read as users")
+    id_column: str = Field(default="id", min_length=1, description="the entity id column of both files")
+    vector_column: str = Field(
+        default="embedding", min_length=1, description="the vector column (list or fixed-size list of floats)"
+    )
+
+    @model_validator(mode="after")
+    def _one_file(self) -> "EmbeddingsConfig":
+        if self.users is None and self.items is None:
+            raise ValueError("routing.embeddings: give users, items or both (a Parquet path each)")
+        return self
+
+
 class RoutingConfig(_Strict):
     """Steps 2 and 3: the binary router, the groups and the pools (see router/ and pools/)."""
 
@@ -296,7 +315,21 @@ class RoutingConfig(_Strict):
         ),
     )
     lightgcn: dict[str, Any] = Field(default_factory=dict, description="LightGCN overrides: dim, layers, epochs, lr")
+    embeddings: EmbeddingsConfig | None = Field(
+        default=None, description="the team's own vectors for the collaborative groups; null: LightGCN's"
+    )
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _own_vectors_for_collaborative(self) -> "RoutingConfig":
+        emb = self.embeddings
+        for etype, policy in (("user", self.user_policy), ("item", self.item_policy)):
+            if emb is not None and policy != "attribute" and getattr(emb, f"{etype}s") is None:
+                raise ValueError(
+                    f"routing.{etype}_policy {policy!r} needs {etype} vectors: set routing.embeddings.{etype}s "
+                    f"or routing.{etype}_policy: attribute (LightGCN does not run when routing.embeddings is set)"
+                )
+        return self
 
 
 def _auto_or_count(value: Any) -> int | str:

@@ -80,13 +80,21 @@ def save_embeddings(
 def load_embeddings(
     path: str | Path, id_column: str = "id", vector_column: str = "embedding", dim: int | None = None
 ) -> Embeddings:
-    """Read ``path`` (Parquet) into validated :class:`Embeddings`.
+    """Read ``path`` (a local Parquet file) into validated :class:`Embeddings`.
 
     Every vector must have the same width (``dim`` when given, else the first row's); ids are cast to
     strings. Errors name the file, the column and the offending ids.
     """
     path = Path(path)
-    frame = pl.read_parquet(path)
+    return embeddings_from_frame(pl.read_parquet(path), str(path), id_column, vector_column, dim)
+
+
+def embeddings_from_frame(
+    frame: pl.DataFrame, label: str, id_column: str = "id", vector_column: str = "embedding", dim: int | None = None
+) -> Embeddings:
+    """Validated :class:`Embeddings` from a table already read (``label``: the file named in errors), checked
+    as :func:`load_embeddings` checks a file."""
+    path = label
     for column in (id_column, vector_column):
         if column not in frame.columns:
             raise EmbeddingError(f"{path}: no column {column!r} (columns: {frame.columns})")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 import pyarrow as pa
@@ -14,8 +15,12 @@ from pipelines.config import JobConfig
 from pipelines.frames import as_frame
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
+from pipelines.knowledge.own_embeddings import fingerprint, own_vectors
 from pipelines.knowledge.paths import JobPaths
 from pipelines.storage import atomic_write_local
+
+if TYPE_CHECKING:
+    from router import Embeddings
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +56,9 @@ def _attribute_groups(cfg: JobConfig, data: JobData) -> dict[str, pl.DataFrame]:
     return out
 
 
-def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
-    """Per entity type: (attribute groups, collaborative groups or None), over every user and item; with
-    ``write`` LightGCN's parameters are kept as the next run's warm start."""
+def _lightgcn_vectors(cfg: JobConfig, data: JobData, write: bool) -> dict[str, Embeddings | None]:
+    """LightGCN's user and item vectors (None when it could not train); with ``write`` its parameters are
+    kept as the next run's warm start."""
     import router
 
     split, rc = data.split, cfg.routing
@@ -74,9 +79,19 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
         log.warning("LightGCN skipped (%s); collaborative groups unavailable", exc)
         emb = None
     data.dataset.notes.update(lightgcn_notes(emb.best_recall if emb is not None else None))
+    return {"user": emb.users if emb else None, "item": emb.items if emb else None}
+
+
+def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
+    """Per entity type: (attribute groups, collaborative groups or None), over every user and item. The
+    collaborative groups cluster the team's vectors (``routing.embeddings``) or else LightGCN's."""
+    import router
+
+    rc = cfg.routing
+    vectors_of = own_vectors(cfg, data) if rc.embeddings is not None else _lightgcn_vectors(cfg, data, write)
     out = {}
     for etype, attr in _attribute_groups(cfg, data).items():
-        vectors = getattr(emb, "users" if etype == "user" else "items") if emb is not None else None
+        vectors = vectors_of[etype]
         collab = None
         uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
         if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
@@ -118,7 +133,7 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
     if write:
         router.write_routing(table, paths.routing)
         router.write_routing(pa.concat_tables(members), paths.memberships)
-        _save_routed(paths, data.split.routing_interactions)
+        _save_routed(paths, data.split.routing_interactions, fingerprint(cfg))
     frame = as_frame(table)
     data.dataset.notes.update(pool_kind_notes(frame, policies))
     counts = {
@@ -131,15 +146,17 @@ def step_route(cfg: JobConfig, data: JobData, write: bool = True, incremental: b
 ROUTED = "routed.json"  # in the work folder: what the saved routing was learned from
 
 
-def _save_routed(paths: JobPaths, interactions: pl.DataFrame) -> None:
+def _save_routed(paths: JobPaths, interactions: pl.DataFrame, embeddings: str | None) -> None:
+    """``embeddings``: the fingerprint of routing.embeddings' files (None: LightGCN's vectors)."""
     watermark = interactions["timestamp"].max() if interactions.height else None
-    info = {"interactions": interactions.height, "watermark": watermark}
+    info = {"interactions": interactions.height, "watermark": watermark, "embeddings": embeddings}
     atomic_write_local(paths.work / ROUTED, lambda tmp: Path(tmp).write_text(json.dumps(info, default=str)))
 
 
 def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
     """The last run's routing, kept when at most ``routing.retrain_share`` of today's interactions are newer
-    than the ones it was learned from: LightGCN and K-means do not run. Entities it lacks (new users and items)
+    than the ones it was learned from and routing.embeddings' files are unchanged (:func:`fingerprint`):
+    LightGCN and K-means do not run. Entities it lacks (new users and items)
     are routed to their attribute group and added to the routing and membership tables. None: route afresh."""
     import router
 
@@ -147,6 +164,9 @@ def kept_routing(cfg: JobConfig, data: JobData) -> pl.DataFrame | None:
     if not (paths.work / ROUTED).exists() or not paths.routing.exists() or not paths.memberships.exists():
         return None
     info = json.loads((paths.work / ROUTED).read_text())
+    if info.get("embeddings") != fingerprint(cfg):
+        log.info("routing: routing.embeddings or its files changed since the last routing: routed afresh")
+        return None
     interactions = data.split.routing_interactions
     newer = (
         interactions.filter(pl.col("timestamp") > info["watermark"]).height
