@@ -1,18 +1,16 @@
 """vLLM's own engine arguments in a job config (``model.engine_args``).
 
 The names vLLM accepts are the fields of its ``EngineArgs`` dataclass, read from the installed vLLM's
-source (parsed, never imported: importing vLLM takes seconds and a config must load in a blink). Where
+source (parsed, never imported: :func:`laser.vllm.requirements.class_fields`), and only when a config names
+an engine argument or an unknown key (a config without either loads without importing laser). Where
 vLLM is not installed the names cannot be checked; the arguments the job sets itself are refused either
 way (:data:`JOB_SETS`), naming the config key that sets them.
 """
 
 from __future__ import annotations
 
-import ast
 import difflib
 import functools
-import importlib.util
-from pathlib import Path
 
 # vLLM arguments the job's engine sets itself -> what sets them (a config key, or the engine's reason)
 JOB_SETS: dict[str, str] = {
@@ -37,19 +35,12 @@ JOB_SETS: dict[str, str] = {
 
 @functools.cache
 def vllm_engine_arg_names() -> frozenset[str] | None:
-    """The fields of the installed vLLM's ``EngineArgs`` (None: no vLLM, or its source has no such class)."""
-    spec = importlib.util.find_spec("vllm")  # the top-level package: found without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "engine" / "arg_utils.py"
-    if not path.is_file():
-        return None
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.ClassDef) and node.name == "EngineArgs":
-            return frozenset(
-                s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-            )
-    return None
+    """The fields of the installed vLLM's ``EngineArgs`` (None: no vLLM, or its source has no such class).
+    Read by laser's vLLM requirements reader, imported here only when a name must be checked."""
+    from laser.vllm.requirements import class_fields, installed_source
+
+    source = installed_source()
+    return None if source is None else class_fields(source, "vllm.engine.arg_utils", "EngineArgs")
 
 
 def engine_arg_problem(name: str) -> str | None:

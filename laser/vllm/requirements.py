@@ -163,7 +163,7 @@ def _problem(need: Need | ProposeCall, module: ast.Module | None) -> str | None:
     if need.fields:
         if not isinstance(node, ast.ClassDef):
             return "not a class"
-        declared = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+        declared = _declared(node)
         missing = [f for f in need.fields if f not in declared]
         if missing:
             return f"has no field(s) {missing}"
@@ -173,6 +173,18 @@ def _problem(need: Need | ProposeCall, module: ast.Module | None) -> str | None:
         if missing:
             return f"does not set self.{', self.'.join(missing)}"
     return None
+
+
+def class_fields(source: Source, module: str, name: str) -> frozenset[str] | None:
+    """The annotated fields of class ``name`` in ``module`` of ``source`` (a dataclass's fields, e.g.
+    ``EngineArgs``'), or None when there is no such module or class."""
+    text = source.read(module)
+    node = None if text is None else _find(ast.parse(text), [name])
+    return _declared(node) if isinstance(node, ast.ClassDef) else None
+
+
+def _declared(node: ast.ClassDef) -> frozenset[str]:
+    return frozenset(s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name))
 
 
 def _find(scope: ast.AST, path: Sequence[str]) -> ast.AST | None:
