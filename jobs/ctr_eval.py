@@ -82,6 +82,9 @@ class CtrEvalConfig(_Strict):
         default=None, description="label = rating >= this; default dataset.min_positive_rating"
     )
     history_len: int = Field(default=5, ge=1)
+    negatives: int = Field(
+        default=4, ge=0, description="implicit feedback: label-0 samples per positive (items the user never touched)"
+    )
     models: list[CtrModelName] = Field(default_factory=lambda: list(CTR_MODELS), min_length=1)
     split_fractions: tuple[float, float, float] = Field(
         default=(0.8, 0.1, 0.1), description="train/val/test share of users"
@@ -104,6 +107,12 @@ class CtrEvalConfig(_Strict):
     def _fractions(self) -> "CtrEvalConfig":
         if min(self.split_fractions) <= 0 or abs(sum(self.split_fractions) - 1.0) > 1e-9:
             raise ValueError(f"split_fractions must be positive and sum to 1, got {list(self.split_fractions)}")
+        if self.dataset.feedback == "implicit" and self.rating_threshold is not None:
+            raise ValueError(
+                "rating_threshold: explicit feedback only (implicit labels follow dataset.min_positive_weight)"
+            )
+        if self.dataset.feedback == "explicit" and "negatives" in self.model_fields_set:
+            raise ValueError("negatives: implicit feedback only (set dataset.feedback: implicit)")
         return self
 
     def label_threshold(self) -> float:
@@ -154,7 +163,16 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
         new_item_fraction=cfg.split.new_item_fraction,
         new_count=cfg.split.new_count,
     )
-    samples = build_samples(split.old_interactions, split.new_interactions, cfg.label_threshold(), cfg.history_len)
+    samples = build_samples(
+        split.old_interactions,
+        split.new_interactions,
+        cfg.label_threshold(),
+        cfg.history_len,
+        negatives=cfg.negatives,
+        seed=cfg.dataset.seed,
+        min_positive_weight=cfg.dataset.min_positive_weight,
+        seen=ds.interactions,
+    )
     if samples.height == 0:
         raise ValueError(f"dataset {ds.name!r} has no new interactions to build CTR samples from")
     catalog = ItemCatalog.build(ds.items, extra_item_ids=ds.interactions["item_id"].unique().to_list())

@@ -102,3 +102,38 @@ def test_movielens_1m_configs_agree_on_the_sample_the_knowledge_was_written_for(
     assert ctr.dataset.model_dump() == job.dataset.model_dump()
     assert ctr.split.model_dump() == job.split.model_dump()
     assert len(ctr.seeds) >= 3 and ctr.reference == "greedy" and "relaxed" in ctr.knowledge
+
+
+@pytest.mark.parametrize(
+    "tree, key",
+    [
+        ({"negatives": 2}, "negatives: implicit feedback only"),
+        ({"dataset": {"feedback": "implicit"}, "rating_threshold": 3}, "rating_threshold: explicit feedback only"),
+    ],
+)
+def test_feedback_specific_keys_name_the_other_kind(tmp_path, tree, key):
+    with pytest.raises(ConfigError, match=key):
+        load_ctr_config(_write(tmp_path / "bad.yaml", tree))
+
+
+def test_ctr_eval_on_implicit_feedback_samples_negatives(tmp_path):
+    config = _write(
+        tmp_path / "ctr.yaml",
+        {
+            "dataset": {"format": "synthetic", "seed": 0, "synthetic": SYNTH, "feedback": "implicit"},
+            "split": {"max_hist": 8},
+            "negatives": 3,
+            "seeds": [0],
+            "models": ["din"],
+            "split_fractions": [0.6, 0.2, 0.2],
+            "threads": 1,
+            "train": {"batch_size": 64, "max_epochs": 1, "patience": 1},
+        },
+    )
+    out = tmp_path / "ctr.json"
+    result = CliRunner().invoke(app, ["ctr-eval", config, "--json", str(out)], env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    positives = data["sample"]["new_interactions"]  # synthetic implicit weights are all 1: every one positive
+    assert data["n_samples"] == 4 * positives and data["positive_rate"] == pytest.approx(0.25)
+    assert data["table"]["none"]["din"]["auc_mean"] is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import numpy as np
 import polars as pl
 import pytest
@@ -73,3 +76,84 @@ def test_tensors_right_align_history_and_flag_missing_knowledge():
     assert sub.user_ids.tolist() == ["b"] and sub.label.tolist() == [0.0]
     assert np.array_equal(to_tensors(samples, catalog).user_ids, np.array(["a", "b"], dtype=object))
     assert to_tensors(samples, catalog).user_vec is None
+
+
+IMPLICIT = {**SCHEMA, "weight": pl.Float64, "event": pl.Utf8}
+
+
+def _implicit(rows):
+    """(user, item, timestamp, weight) rows as canonical implicit interactions (rating null)."""
+    return pl.DataFrame([(u, i, None, t, w, None) for u, i, t, w in rows], schema=IMPLICIT, orient="row")
+
+
+def _random_interactions(seed: int, n_users: int = 12, n_items: int = 30, implicit: bool = False) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for u in range(n_users):
+        for t, i in enumerate(rng.choice(n_items, size=int(rng.integers(3, 10)), replace=False)):
+            rows.append((f"u{u}", f"i{i}", float(rng.integers(0, 4)) if implicit else float(rng.integers(1, 6)), t))
+    if implicit:
+        return _implicit([(u, i, t, w) for u, i, w, t in rows])
+    return _frame(rows)
+
+
+def _halves(frame: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame]:
+    return frame.filter(pl.col("timestamp") < 3), frame.filter(pl.col("timestamp") >= 3)
+
+
+def test_explicit_samples_are_pinned_and_ignore_the_implicit_arguments():
+    old, new = _halves(_random_interactions(7))
+    s = build_samples(old, new, rating_threshold=4.0, history_len=3)
+    digest = hashlib.sha256(json.dumps([str(s.schema), s.to_dicts()]).encode()).hexdigest()
+    assert s.height == new.height
+    assert digest == "cdd6f422cc767c9b5f95524e2fde3d444f02819a833a855c7707f943ce0c1f48"  # as before implicit feedback
+    same = build_samples(old, new, 4.0, 3, negatives=9, seed=5, min_positive_weight=2.0, seen=old)
+    assert same.equals(s)
+
+
+def test_implicit_positives_get_seeded_negatives_the_user_never_touched():
+    every = _random_interactions(3, implicit=True)
+    old, new = _halves(every)
+    k = 4
+    s = build_samples(old, new, history_len=3, negatives=k, seed=11)
+    positives = new.filter(pl.col("weight") > 0).height
+    assert s.height == new.height + k * positives
+    assert s["label"].sum() == positives and set(s["label"].to_list()) == {0, 1}
+    observed = s.join(new.select("user_id", "item_id"), on=["user_id", "item_id"], how="semi")
+    assert observed.height == new.height  # the observed rows, weight-0 ones labelled 0 without negatives
+    assert observed.filter(pl.col("label") == 0).height == new.height - positives
+    fakes = s.join(new.select("user_id", "item_id"), on=["user_id", "item_id"], how="anti")
+    assert fakes.height == k * positives and fakes["label"].to_list() == [0] * fakes.height
+    assert fakes.join(every, on=["user_id", "item_id"], how="semi").height == 0
+    assert set(fakes["item_id"].to_list()) <= set(every["item_id"].to_list())
+    # each positive is followed by its negatives, which share its user and history (weights, not ratings)
+    labels = s["label"].to_list()
+    first = labels.index(1)
+    rows = s.slice(first, k + 1).to_dicts()
+    assert [r["label"] for r in rows] == [1] + [0] * k
+    assert all(r["hist_items"] == rows[0]["hist_items"] and r["user_id"] == rows[0]["user_id"] for r in rows)
+    weights = dict(zip(zip(every["user_id"], every["item_id"]), every["weight"]))
+    assert rows[0]["hist_ratings"] == [weights[(rows[0]["user_id"], i)] for i in rows[0]["hist_items"]]
+    again = build_samples(old, new, history_len=3, negatives=k, seed=11)
+    assert again.equals(s)
+    assert not build_samples(old, new, history_len=3, negatives=k, seed=12).equals(s)
+
+
+def test_implicit_labels_follow_min_positive_weight_and_seen():
+    old = _implicit([("a", "i1", 1, 1.0), ("b", "i2", 1, 1.0), ("b", "i3", 2, 1.0), ("c", "i4", 1, 1.0)])
+    new = _implicit([("a", "i2", 2, 3.0), ("a", "i3", 3, 1.0)])
+    s = build_samples(old, new, negatives=2, min_positive_weight=2.0)
+    assert s.filter(pl.col("item_id").is_in(["i2", "i3"]))["label"].to_list() == [1, 0]
+    assert s.height == 4 and set(s["item_id"].to_list()[1:3]) == {"i4"}  # i1..i3 are a's
+    seen = pl.concat([old, new, _implicit([("a", "i4", 9, 1.0)])])
+    with_all = build_samples(old, new, negatives=2, min_positive_weight=2.0, seen=seen)
+    assert with_all["item_id"].to_list() == ["i2", "i3"]  # a touched every item: its slots are dropped
+
+
+def test_heavy_user_negatives_fall_back_to_an_exact_draw_of_untouched_items():
+    crowd = [(f"u{u}", f"i{i}", i, 1.0) for u in range(40) for i in range(9)]  # i0..i8 are popular
+    old = _implicit([*crowd, ("z", "i9", 1, 1.0)] + [("a", f"i{i}", i, 1.0) for i in range(8)])
+    new = _implicit([("a", "i8", 20, 1.0)])
+    s = build_samples(old, new, negatives=3, seed=0)
+    assert s["item_id"].to_list() == ["i8", "i9", "i9", "i9"]  # i9: the one item a never touched
+    assert s["label"].to_list() == [1, 0, 0, 0]
