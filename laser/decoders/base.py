@@ -22,6 +22,7 @@ drafter and the verifier share (beam decoders: their beams), never a string-keye
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from dataclasses import dataclass
 from functools import cached_property
@@ -102,8 +103,11 @@ class Decoder:
         accepted = [n for n in sig.parameters if n not in ("self", "lm")]
         unknown = sorted(set(params) - set(accepted))
         if unknown:
+            near = difflib.get_close_matches(unknown[0].lower(), [a.lower() for a in accepted], n=1, cutoff=0.6)
+            hint = f"; did you mean {accepted[[a.lower() for a in accepted].index(near[0])]!r}?" if near else ""
             raise ValueError(
-                f"params.{unknown[0]}: decoder {cls.name!r} takes no parameter {unknown[0]!r} (it takes {accepted})"
+                f"params.{unknown[0]}: decoder {cls.name!r} takes no parameter {unknown[0]!r} "
+                f"(it takes {accepted}){hint}"
             )
 
     @classmethod

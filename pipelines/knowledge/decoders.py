@@ -15,7 +15,7 @@ import os
 from importlib import metadata
 
 from laser.decoders import DecoderChoice, available_decoders, resolve_decoder
-from pipelines.config import JobConfig
+from pipelines.config import GenerationConfig, JobConfig
 from pipelines.knowledge.engines import ENGINES
 from pipelines.knowledge.validation import JobInputError
 
@@ -124,7 +124,15 @@ def resolve_job_decoder(
     try:
         return resolve_decoder(name, params, key=key, model=model, produces=produces)
     except ValueError as exc:
-        raise JobInputError(str(exc)) from None
+        raise JobInputError(str(exc) + _generation_hint(key, params, str(exc))) from None
+
+
+def _generation_hint(key: str, params: dict[str, object], message: str) -> str:
+    """Where a sampling or length setting put among a decoder's parameters belongs (``generation.*``)."""
+    for name in params:
+        if message.startswith(f"{key}.params.{name}:") and name in GenerationConfig.model_fields:
+            return f"; the job's {name} is generation.{name} (decoder.params are the decoder's own)"
+    return ""
 
 
 def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, object]) -> dict[str, object]:

@@ -136,3 +136,16 @@ def test_model_keys_hash_only_when_set():
     base = JobConfig().resolved_run_id()
     assert base == JobConfig.model_validate({"model": {"trust_remote_code": False}}).resolved_run_id()
     assert base != JobConfig.model_validate({"model": {"revision": "abc123"}}).resolved_run_id()
+
+
+def test_a_decoder_parameter_gets_a_near_name_or_the_generation_key():
+    from pipelines.knowledge.decoders import resolve_job_decoder
+    from pipelines.knowledge.validation import JobInputError
+
+    with pytest.raises(JobInputError, match=r"decoder\.params\.nmax: .*; did you mean 'n_max'\?"):
+        resolve_job_decoder("laser", {"nmax": 4})
+    with pytest.raises(JobInputError, match=r"decoder\.params\.top_p: .*; the job's top_p is generation\.top_p"):
+        resolve_job_decoder("laser", {"top_p": 0.9})
+    with pytest.raises(JobInputError) as no_hint:
+        resolve_job_decoder("laser", {"zzz": 1})
+    assert "did you mean" not in str(no_hint.value) and "generation." not in str(no_hint.value)
