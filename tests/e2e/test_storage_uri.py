@@ -4,7 +4,6 @@ filesystem (an object store without rename), ``file://`` URIs, and S3 served loc
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -18,6 +17,7 @@ from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
 from tests.helpers import knowledge_row as row
+from tests.helpers import local_s3
 
 
 @pytest.fixture
@@ -163,22 +163,13 @@ def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
     assert json.loads(lock_obj.read_text())["token"] == "another-run"  # the other run's lease is left alone
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    """A local S3 (moto's server on the loopback); skipped where moto or s3fs is not installed."""
-    moto_server = pytest.importorskip("moto.server")
+def s3_endpoint():
+    """A local S3 (moto's server on the loopback, in its own process); skipped where moto or s3fs is not
+    installed."""
     pytest.importorskip("s3fs")
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
+    with local_s3() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ each loading the same tables as the single file; messages keep the URI as writte
 
 from __future__ import annotations
 
-import socket
 import uuid
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from jobs.cli import app
 from jobs.config import load_config
 from pipelines.data import DatasetConfig, load_dataset
 from pipelines.data.readers import DataFileError
+from tests.helpers import local_s3
 
 EVENTS = pl.DataFrame(
     {
@@ -170,23 +170,14 @@ def test_table_yaml_validates_loads_and_plans(local_shop, tmp_path):
     assert "to generate: 11 entities" in " ".join(result.output.split())  # 6 users, 5 items, as written
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_parquet_folder_on_a_local_s3(local_shop, monkeypatch):
-    moto_server = pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=(port := _free_port()))
-    server.start()
-    try:
+    with local_s3() as endpoint:
         for key, value in {
             "AWS_ACCESS_KEY_ID": "testing",
             "AWS_SECRET_ACCESS_KEY": "testing",
             "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ENDPOINT_URL": endpoint,
         }.items():
             monkeypatch.setenv(key, value)
         s3fs.S3FileSystem.clear_instance_cache()
@@ -196,5 +187,3 @@ def test_parquet_folder_on_a_local_s3(local_shop, monkeypatch):
         fs.put(f"{local_shop}/items.parquet", "shop/items.parquet")
         single = _load(str(local_shop), interactions_file="events.parquet", items_file="items.parquet")
         _same_tables(_load("s3://shop/events/", items_file="items.parquet"), single)
-    finally:
-        server.stop()
