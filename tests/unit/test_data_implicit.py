@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from pipelines.data import DatasetConfig, load_dataset, split_old_new
 from pipelines.data.readers import DataFileError
-from pipelines.knowledge.prompts import shipped_template, user_histories, user_prompt
+from pipelines.knowledge.prompt_template import shipped_template
+from pipelines.knowledge.prompts import user_histories, user_prompt
 from pipelines.knowledge.requests import payload_hash, request_keys
 from pipelines.workers import HistoryEntry
 from router.lightgcn import LightGCNConfig, build_graph, train_lightgcn

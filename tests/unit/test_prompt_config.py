@@ -15,15 +15,12 @@ from laser.models import chat_ids
 from pipelines.knowledge.decoders import new_knowledge_decoder
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import knowledge_task
+from pipelines.knowledge.prompt_template import SHIPPED, PromptTemplateError, load_template, shipped_template
 from pipelines.knowledge.prompts import (
-    SHIPPED,
     HistoryEntry,
-    PromptTemplateError,
     entity_input,
     entity_prompt,
     item_prompt,
-    load_template,
-    shipped_template,
     user_prompt,
 )
 from pipelines.knowledge.requests import new_requests

@@ -14,12 +14,12 @@ from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.synthetic import synthetic_dataset
 from pipelines.data.config import SyntheticParams
+from pipelines.knowledge.prompt_template import shipped_template
 from pipelines.knowledge.prompts import (
     PROMPT_VERSION,
     HistoryEntry,
     as_text,
     item_prompt,
-    shipped_template,
     split_year,
     user_histories,
     user_prompt,
