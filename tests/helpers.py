@@ -12,8 +12,12 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import pytest
 
 
 def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
@@ -154,6 +158,20 @@ def check_killed_actor_loses_no_row(
     assert report.failed == 0 and report.done == len(requests)
     assert sorted(rows["entity_id"]) == sorted(r.entity_id for r in requests)  # none lost, none twice
     assert rows_at_kill < rows.height  # the kill landed mid-run: rows were written after it
+
+
+def use_s3(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point fsspec's ``s3://`` at ``endpoint`` (a :func:`local_s3`) with test credentials, for this test."""
+    import s3fs
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+    }.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
 from tests.helpers import knowledge_row as row
-from tests.helpers import local_s3
+from tests.helpers import local_s3, use_s3
 
 
 @pytest.fixture
@@ -175,16 +175,8 @@ def s3_endpoint():
 @pytest.fixture
 def s3_uri(s3_endpoint, monkeypatch):
     import fsspec
-    import s3fs
 
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_ENDPOINT_URL": s3_endpoint,
-    }.items():
-        monkeypatch.setenv(key, value)
-    s3fs.S3FileSystem.clear_instance_cache()
+    use_s3(s3_endpoint, monkeypatch)
     fs = fsspec.filesystem("s3")
     bucket = f"laser-{uuid.uuid4().hex[:12]}"
     fs.mkdir(bucket)

@@ -17,7 +17,7 @@ from jobs.cli import app
 from jobs.config import load_config
 from pipelines.data import DatasetConfig, load_dataset
 from pipelines.data.readers import DataFileError
-from tests.helpers import local_s3
+from tests.helpers import local_s3, use_s3
 
 EVENTS = pl.DataFrame(
     {
@@ -171,16 +171,9 @@ def test_table_yaml_validates_loads_and_plans(local_shop, tmp_path):
 
 
 def test_parquet_folder_on_a_local_s3(local_shop, monkeypatch):
-    s3fs = pytest.importorskip("s3fs")
+    pytest.importorskip("s3fs")
     with local_s3() as endpoint:
-        for key, value in {
-            "AWS_ACCESS_KEY_ID": "testing",
-            "AWS_SECRET_ACCESS_KEY": "testing",
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint,
-        }.items():
-            monkeypatch.setenv(key, value)
-        s3fs.S3FileSystem.clear_instance_cache()
+        use_s3(endpoint, monkeypatch)
         fs = fsspec.filesystem("s3")
         fs.mkdir("shop")
         fs.put(f"{local_shop}/hive", "shop/events", recursive=True)
