@@ -62,7 +62,8 @@ def run_once(
     if code != 0:
         raise RuntimeError(f"{name} run exited {code}; see {log_path}")
     rec = RunLedger(out).records()[-1]
-    new = json.loads((out / "summary.json").read_text())["new"]
+    summary = json.loads((out / "summary.json").read_text())
+    new = summary["new"]
     done = rec.generated
     return {
         "wall_s": wall,
@@ -79,6 +80,8 @@ def run_once(
         "own_share": new.get("own_share"),
         "own_accepted": new.get("own_accepted", 0),
         "decoded_tokens": new["decoded_tokens"],
+        "retries": new.get("retries", 0),
+        "time": summary.get("time"),  # the run's time account (pipelines/knowledge/time_account.py)
         "log": str(log_path),
     }
 
@@ -228,6 +231,7 @@ def run_refresh_bench(
         "versions": versions(),
     }
     save_report(result, json_out)
+    plot_time(result["runs"], json_out.with_suffix(".png"))
     print_result(result)
     return result
 
@@ -259,6 +263,64 @@ def _share(x: float | None) -> str:
 
 def _ratio(a: float, b: float) -> float | None:
     return a / b if a and b else None
+
+
+def plot_time(runs: dict[str, Any], path: Path) -> None:
+    """A stacked bar per run of its time account (the process's own start, before the job, on top)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipelines.knowledge.time_account import PHASES
+
+    names = [n for n, r in runs.items() if r.get("time")]
+    if not names:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    bottoms = [0.0] * len(names)
+    colours = [plt.get_cmap("tab20")(i) for i in range(20)]
+    for i, phase in enumerate((*PHASES, "process start")):
+        heights = [_phase_s(runs[n], phase) for n in names]
+        if any(heights):
+            ax.bar(names, heights, bottom=bottoms, label=phase, color=colours[i % len(colours)])
+            bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_ylabel("seconds (whole process)")
+    ax.set_title("where each run's time went")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _phase_s(run: dict[str, Any], phase: str) -> float:
+    """A run's seconds in ``phase``; ``process start``: the process's wall before and after the job."""
+    account = run.get("time") or {}
+    if phase == "process start":
+        return max(0.0, run["wall_s"] - float(account.get("wall_s", 0.0)))
+    return float(account.get("seconds", {}).get(phase, 0.0))
+
+
+def print_time(result: dict[str, Any], console: Any) -> None:
+    """The runs' time accounts side by side: seconds per phase, fixed costs."""
+    from rich.table import Table
+
+    from pipelines.knowledge.time_account import PHASES
+
+    runs = {n: r for n, r in result["runs"].items() if r.get("time")}
+    if not runs:
+        return
+    table = Table(title="where the time went (seconds; pipelines/knowledge/time_account.py)")
+    table.add_column("phase")
+    for name in runs:
+        table.add_column(name, justify="right")
+    for phase in (*PHASES, "process start"):
+        cells = [_phase_s(r, phase) for r in runs.values()]
+        if any(cells):
+            table.add_row(phase, *(f"{c:.1f}" for c in cells))
+    table.add_row("fixed (all but prefill, decode)", *(f"{r['time']['fixed_s']:.1f}" for r in runs.values()))
+    table.add_row("process wall", *(f"{r['wall_s']:.1f}" for r in runs.values()))
+    console.print(table)
 
 
 def print_result(result: dict[str, Any]) -> None:
@@ -296,6 +358,7 @@ def print_result(result: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    print_time(result, console)
     fmt = lambda x: "-" if x is None else f"{x:.2f}x"  # noqa: E731
     console.print(
         f"day 2 regenerated exactly the changed users and the new item: {result['regenerated_exactly']} "

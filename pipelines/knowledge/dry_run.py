@@ -34,6 +34,7 @@ from pipelines.knowledge.prompts import count_prompt_tokens, entity_prompt, task
 from pipelines.knowledge.requests import SOURCE_CACHE, new_requests, request_keys
 from pipelines.knowledge.pool_build import load_tokenizer
 from pipelines.knowledge.routing import step_route
+from pipelines.knowledge.time_account import TimeAccount
 from pipelines.knowledge.validation import load_inputs
 from pipelines.knowledge_store import iter_knowledge, read_index
 from pipelines.ops.schedule.ledger import RunLedger
@@ -58,6 +59,8 @@ class RunEstimate:
     seconds: float = 0.0  # estimated generation time with the configured workers
     workers: int = 1
     basis: str = ""  # where the rates came from
+    fixed_s: float | None = None  # the last run's fixed costs (all but prefill and decode), when it had an account
+    last_run: dict[str, object] | None = None  # the last run's time account (summary.json)
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -104,7 +107,18 @@ def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
     )
     spec, est.workers = job_actors(cfg, keys.height)
     est.seconds, est.basis = _seconds(cfg, paths, est, spec.threads)
+    last = last_account(paths)
+    if last is not None:
+        est.fixed_s, est.last_run = last.fixed_s, last.to_json()
     return est
+
+
+def last_account(paths: JobPaths) -> TimeAccount | None:
+    """The time account of the output's last run (``summary.json``), or None (no run, or one before accounts)."""
+    if not paths.summary.exists():
+        return None
+    data = json.loads(paths.summary.read_text()).get("time")
+    return TimeAccount.from_json(data) if isinstance(data, dict) and data.get("wall_s") else None
 
 
 def _with_pool_kind(classified: pl.DataFrame, routing: pl.DataFrame, pool_need: str) -> pl.DataFrame:
@@ -190,3 +204,11 @@ def print_estimate(est: RunEstimate) -> None:
         f"to generate: {est.planned} entities, {est.prompt_tokens} prompt tokens, about {est.new_tokens} "
         f"new tokens; about {est.seconds / 60:.1f} minutes on {est.workers} worker(s) ({est.basis})"
     )
+    if est.last_run is not None:
+        from pipelines.knowledge.summary import time_table
+
+        console.print(time_table(TimeAccount.from_json(est.last_run), "the output's last run: where its time went"))
+        console.print(
+            f"with the last run's fixed costs ({est.fixed_s:.0f} s: start-up, load, route, plan, pools, writing), "
+            f"about {(est.seconds + (est.fixed_s or 0.0)) / 60:.1f} minutes in all"
+        )

@@ -26,6 +26,7 @@ from pipelines.knowledge.pool_cache import PoolCache
 from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
 from pipelines.knowledge.retry import LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
+from pipelines.knowledge.time_account import EngineTime
 from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
 
 log = logging.getLogger(__name__)
@@ -308,6 +309,10 @@ class GenerationReport:
     decode_tokens: int = 0  # the tokens those steps gave
     greedy_retries: int = 0  # rows written by their retry
     retry_reasons: dict[str, int] = field(default_factory=dict)  # flaws of the retried first texts
+    retry_tokens: int = 0  # decoded tokens of the retries (kept or not)
+    startup_s: float = 0.0  # the driver blocked on the workers' start (Ray, actors, model, engine)
+    write_s: float = 0.0  # the driver writing rows and failures
+    actors: int = 1  # actors that worked side by side
     quality: QualitySummary = field(default_factory=QualitySummary)
 
     @property
@@ -315,6 +320,18 @@ class GenerationReport:
         """Tokens per decoding forward over every attempt: (accepted draft tokens + forwards) / forwards."""
         f = self.decoded_forwards
         return (self.decoded_accepted + f) / f if f else 0.0
+
+    def engine_time(self) -> EngineTime:
+        """The pass's figures a run's :class:`~pipelines.knowledge.time_account.TimeAccount` splits."""
+        return EngineTime(
+            wall_s=self.wall_s,
+            startup_s=self.startup_s,
+            writing_s=self.write_s,
+            busy_s=self.busy_s,
+            decode_s=self.decode_s,
+            retry_share=self.retry_tokens / self.decoded_tokens if self.decoded_tokens else 0.0,
+            actors=self.actors,
+        )
 
     @property
     def tokens_per_s(self) -> float:
@@ -357,6 +374,7 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
             report.retry_reasons[reason] = report.retry_reasons.get(reason, 0) + 1
     for row in [*result.rows, *result.discarded]:
         report.decoded_tokens += row.n_tokens
+        report.retry_tokens += row.n_tokens if row.greedy_retry else 0
         report.decoded_forwards += row.target_forwards
         report.decoded_accepted += row.accepted_tokens
         report.prompt_tokens += row.prompt_tokens or 0

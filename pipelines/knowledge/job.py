@@ -59,6 +59,7 @@ from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, read_index, read_knowledge
 from pipelines.sharded_store import open_store, utc_now
 from pipelines.knowledge.summary import JobSummary
+from pipelines.knowledge.time_account import TimeAccount
 from pipelines.knowledge.validation import load_inputs
 from pipelines.lock import output_lock
 from pipelines.knowledge.plan import earlier_texts, new_run_id, plan_run, split_first_wave, users_after
@@ -69,7 +70,7 @@ from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
 from pipelines.storage import Location
-from pipelines.workers.layout import job_actors
+from pipelines.workers.layout import compile_model, job_actors
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class JobRun:
     other_config: int = 0  # entities whose newest row another config wrote
     old: GenerationReport = field(default_factory=GenerationReport)
     new: GenerationReport = field(default_factory=GenerationReport)
+    previous: RunRecord | None = None  # the output's last succeeded run
+    account: TimeAccount = field(default_factory=TimeAccount)  # where the run's wall time went
 
     @property
     def inputs(self) -> JobData:
@@ -120,6 +123,31 @@ def _load(job: JobRun) -> None:
     inter = job.inputs.dataset.interactions
     job.record.watermark = int(inter.select(pl.col("timestamp").max()).item()) if inter.height else None
     job.record.users_after_watermark = users_after(inter, job.record.previous_watermark)
+    likely = likely_work(job)
+    if likely:  # the engines start while the driver routes and plans
+        _start_workers(job, likely)
+
+
+def likely_work(job: JobRun) -> int:
+    """Entities the run will likely generate, judged from the ledger before the plan (0: cannot tell; the
+    plan decides): the whole catalogue on a first run, a resumed run or a changed config; else the users
+    whose interactions are newer than the last run's watermark."""
+    rec, dataset = job.record, job.inputs.dataset
+    if job.previous is None or job.resuming or job.previous.config_hash != rec.config_hash:
+        return dataset.users.height + dataset.items.height
+    return rec.users_after_watermark
+
+
+def _start_workers(job: JobRun, entities: int) -> None:
+    """Have the actors start their engines for a run of about ``entities`` (which decides whether vLLM
+    compiles the model) without waiting: the driver goes on with its own steps meanwhile."""
+    workers = job.workers
+    if workers.started or entities <= 0:
+        return
+    if isinstance(workers, WorkerGroup):
+        workers.spec = replace(workers.spec, compile=compile_model(job.cfg.execution, entities))
+    with job.account.phase("startup"):  # Ray's start (and a bundled model's first unpacking) wait here
+        workers.start(job.cfg.execution.batch_size, entities)
 
 
 def _old_knowledge(job: JobRun) -> None:
@@ -127,6 +155,7 @@ def _old_knowledge(job: JobRun) -> None:
         return
     job.old = step_old_knowledge(job.cfg, job.inputs, job.workers, job.record.seq)
     job.record.old_generated, job.record.old_failed = job.old.done, job.old.failed
+    job.account.generation(job.old.engine_time(), phase="old knowledge")
 
 
 def _route(job: JobRun) -> None:
@@ -187,6 +216,7 @@ def _plan(job: JobRun) -> None:
             verb,
         )
     job.other_config = plan.other_config
+    _start_workers(job, len(job.todo))  # the run's size is known now; a run with nothing to do starts none
 
 
 def _pools(job: JobRun) -> None:
@@ -220,7 +250,8 @@ def _new_knowledge(job: JobRun) -> None:
             job.new,
             _payloads(job),
         )
-        step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
+        with job.account.phase("pools"):
+            step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
     write_knowledge(
         job.cfg,
@@ -238,6 +269,7 @@ def _new_knowledge(job: JobRun) -> None:
         rebuilt.rename(job.paths.pools)
     # a resumed run counts its whole work: rows it wrote before it was killed too
     job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
+    job.account.generation(job.new.engine_time())
 
 
 def _payloads(job: JobRun) -> Callable[[list[GenerationRequest]], None]:
@@ -253,16 +285,17 @@ def _latest(job: JobRun) -> None:
 class Step:
     name: str
     run: Callable[[JobRun], None]
+    phase: str | None  # the time account's phase it is timed as; None: it times its own parts
 
 
 STEPS = (
-    Step("load", _load),
-    Step("old knowledge", _old_knowledge),
-    Step("route", _route),
-    Step("plan", _plan),
-    Step("pools", _pools),
-    Step("new knowledge", _new_knowledge),
-    Step("latest view", _latest),
+    Step("load", _load, "load"),
+    Step("old knowledge", _old_knowledge, "old knowledge"),
+    Step("route", _route, "route"),
+    Step("plan", _plan, "plan"),
+    Step("pools", _pools, "pools"),
+    Step("new knowledge", _new_knowledge, None),
+    Step("latest view", _latest, "latest view"),
 )
 
 
@@ -281,11 +314,14 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     """Every step under the output's lock, recorded in the run ledger; returns (and writes to
     ``summary.json``) the closing summary. ``keep_existing`` keeps rows another config wrote (inputs
     unchanged) instead of regenerating them. Raises ``LockHeld`` when another run holds the output."""
-    start = time.perf_counter()
+    account = TimeAccount()
     decoder = check_job(cfg)
     # a full run creates nothing before its inputs are known good; a scheduled run loads them under its
     # lock, so that its ledger row says why it stopped
-    data = None if incremental else load_inputs(load_job_data, cfg)
+    data = None
+    if not incremental:
+        with account.phase("load"):
+            data = load_inputs(load_job_data, cfg)
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
@@ -294,9 +330,9 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
             if store.exists():
                 open_store(store)
         ledger = RunLedger(paths.root)
+        previous = ledger.last_succeeded()
         record, resuming = _open_record(cfg, ledger, incremental, decoder.name)
-        entities = None if data is None else data.dataset.users.height + data.dataset.items.height
-        with worker_group(cfg, entities) as workers:
+        with worker_group(cfg) as workers:  # started by the load or plan step, once the run's size is known
             job = JobRun(
                 cfg,
                 paths,
@@ -307,11 +343,14 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
                 data=data,
                 keep_existing=keep_existing,
                 resuming=resuming,
+                previous=previous,
+                account=account,
             )
             try:
                 for step in STEPS:
                     log.info("step: %s", step.name)
-                    step.run(job)
+                    with account.phase(step.phase) if step.phase else nullcontext():
+                        step.run(job)
                     ledger.save(record)  # what the run has done so far, should it be killed
             except BaseException as exc:
                 record.status, record.finished, record.error = (
@@ -321,16 +360,19 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
                 )
                 ledger.save(record)
                 raise
+            account.engine_ready_s = max(workers.ready_s, default=0.0)
         record.status = "partial" if record.failed or record.old_failed else "succeeded"
         record.finished = utc_now()
         ledger.save(record)
-    summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, time.perf_counter() - start)
+    summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, 0.0)
     summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
     summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
     summary.skipped, summary.input_notes = (
         skipped_entities(job.inputs.dataset, job.inputs.split),
         dict(job.inputs.dataset.notes),
     )
+    summary.time = account.close()
+    summary.wall_s = account.wall_s
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
     return summary
 
@@ -438,15 +480,22 @@ def write_knowledge(
         nullcontext(workers) if workers is not None else worker_group(cfg) as group,
     ):
         writer.note_inputs({r.key: r.source_hash for r in requests}, task.config_hash)  # kept with failures
+        waited = group.startup_s
         for n, batch in enumerate(batches, start=1):
             if payloads is not None:
                 payloads(batch)
             label = desc if len(batches) == 1 else f"{desc} ({n}/{len(batches)})"
             for result in group.stream(batch, task, slots=cfg.execution.batch_size, desc=label):
+                t0 = time.perf_counter()
                 record_result(result, writer, report)
+                report.write_s += time.perf_counter() - t0
             if payloads is not None:
                 drop_payloads(batch)
+        report.startup_s += group.startup_s - waited
+        report.actors = group.working()
+        t0 = time.perf_counter()
         writer.flush()
+    report.write_s += time.perf_counter() - t0  # the flush and the commit
     report.wall_s += time.perf_counter() - start
     return report
 

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport
+from pipelines.knowledge.time_account import TimeAccount
 from pipelines.sharded_store import done_keys, read_failures
 from pipelines.ops.schedule.ledger import RunRecord
 from pipelines.storage import Location
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass
@@ -29,6 +34,7 @@ class JobSummary:
     record: RunRecord | None = None  # the run's ledger row: status, planned entities, watermark
     other_config: int = 0  # entities whose newest row another config wrote (regenerated, or kept: keep_existing)
     first_wave: int = 0  # entities decoded before the pools were rebuilt (groups with no earlier knowledge)
+    time: TimeAccount = field(default_factory=TimeAccount)  # where the wall time went
 
     @classmethod
     def of(
@@ -46,7 +52,12 @@ class JobSummary:
         )
 
     def to_json(self) -> dict[str, object]:
-        return {**asdict(self), "old": _report_json(self.old), "new": _report_json(self.new)}
+        return {
+            **asdict(self),
+            "old": _report_json(self.old),
+            "new": _report_json(self.new),
+            "time": self.time.to_json(),
+        }
 
 
 def _report_json(rep: GenerationReport) -> dict[str, object]:
@@ -170,7 +181,26 @@ def print_summary(summary: JobSummary) -> None:
             f"{own_share(summary.new):.0%} of the accepted drafts"
             + (f"; first wave {summary.first_wave} entities" if summary.first_wave else "")
         )
+    if summary.time.wall_s:
+        console.print(time_table(summary.time))
     console.print(
         f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
         f"wall {summary.wall_s:.1f}s\noutput: {summary.output}"
     )
+
+
+def time_table(account: TimeAccount, title: str = "where the time went") -> "Table":
+    """The time account as a table: each phase's seconds and share of the wall, then fixed costs."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("phase", "seconds", "share"):
+        table.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
+    wall = account.wall_s or 1.0
+    for name, sec in account.ordered():
+        table.add_row(name, f"{sec:.1f}", f"{sec / wall:.0%}")
+    table.add_row("wall", f"{account.wall_s:.1f}", "100%", end_section=True)
+    table.add_row("fixed (all but prefill and decode)", f"{account.fixed_s:.1f}", f"{account.fixed_s / wall:.0%}")
+    if account.engine_ready_s:
+        table.add_row("engine start, measured in the actors", f"{account.engine_ready_s:.1f}", "")
+    return table

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import Counter, defaultdict, deque
 from typing import Any, Iterable, Iterator
 
@@ -197,12 +198,20 @@ class WorkerGroup:
         self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
         self.broken: dict[int, str] = {}  # actors that failed to start or died -> why
         self.resent = 0  # requests a dead actor lost and the driver sent again
+        self.startup_s = 0.0  # the driver blocked on Ray, actor start and engine start (``start`` + waits)
+        self.ready_s: list[float] = []  # each started actor's engine start, measured in the actor
+
+    @property
+    def started(self) -> bool:
+        """Whether actors were asked to start."""
+        return bool(self.actors)
 
     def start(self, slots: int, n: int | None = None) -> None:
         """Start the actors (up to ``n``) and have each ready its engine for ``slots`` requests in flight
         (model load, compile) without waiting: the driver goes on with its own work meanwhile."""
         import ray
 
+        t0 = time.perf_counter()
         n = self.num_workers if n is None else min(n, self.num_workers)
         if not self.address:
             unpack_bundled(self.spec.model)
@@ -220,6 +229,7 @@ class WorkerGroup:
         while len(self.actors) < n:
             self.actors.append(remote_cls.remote(self.spec))
             self.starting[self.actors[-1].ready.remote(slots)] = len(self.actors) - 1
+        self.startup_s += time.perf_counter() - t0
 
     def _wait_ready(self) -> None:
         """Wait for the actors still starting, under a progress bar that names what they do. An actor that
@@ -228,6 +238,7 @@ class WorkerGroup:
 
         if not self.starting:
             return
+        t0 = time.perf_counter()
         with tqdm(total=len(self.starting), desc="workers: load model, start engine", unit="worker") as bar:
             while self.starting:
                 ready, _ = ray_wait(list(self.starting), num_returns=1, timeout=0.5)
@@ -236,12 +247,18 @@ class WorkerGroup:
                     try:
                         info = ray.get(ref)
                         log.info("worker %d ready: %s", a, info)
+                        self.ready_s.append(float(info.get("ready_s", 0.0)) if isinstance(info, dict) else 0.0)
                     except Exception as exc:  # noqa: BLE001 - left out; the run stops if none started
                         self.broken[a] = error_line(exc)
                         log.error("worker %d failed to start: %s", a, self.broken[a])
                     bar.update(1)
+        self.startup_s += time.perf_counter() - t0
         if self.actors and len(self.broken) == len(self.actors):
             raise EngineUnusable("no worker could start", next(iter(self.broken.values())))
+
+    def working(self) -> int:
+        """Actors started and not broken (at least 1)."""
+        return max(1, len(self.actors) - len(self.broken))
 
     def stream(
         self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str, unit: str = "entity"
@@ -351,8 +368,21 @@ class WorkerGroup:
 class LocalGroup:
     """The driver's interface on one worker in this process (no Ray): tools and tests."""
 
+    startup_s = 0.0  # the worker is the caller's, started before
+    ready_s: list[float] = []
+
     def __init__(self, worker: StreamWorker) -> None:
         self.worker = worker
+
+    @property
+    def started(self) -> bool:
+        return True
+
+    def start(self, slots: int, n: int | None = None) -> None:
+        """Nothing to start: the worker belongs to the caller."""
+
+    def working(self) -> int:
+        return 1
 
     def stream(
         self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "", unit: str = "entity"
