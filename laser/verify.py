@@ -5,7 +5,9 @@ Every verifier returns, per request, an :class:`Outcome`: the tree nodes whose K
 
 - :class:`TopKVerifier` greedy (``k=1``): accept x_i iff x_i == argmax q_j at its parent j (lossless);
   relaxed (``k>1``): also accept x_i in TopK(q_j, k) with q_j(x_i) > p (LASER, Eq. 8), except on a
-  request marked ``exact`` (a greedy row in a relaxed batch, e.g. a retry). Vectorised: the longest fully
+  request marked ``exact`` (a greedy row in a relaxed batch, e.g. a retry), and except where x_i would
+  complete a token ``fresh_n``-gram the generated text already holds (:func:`repeats`): the relaxed rule
+  never extends a repetition the target itself would not take (its argmax). Vectorised: the longest fully
   accepted path wins (ties to depth-first order), then the argmax after it.
 - :class:`RejectionSampler` speculative sampling. A chain with draft distributions is standard
   speculative sampling (Leviathan et al. 2023); a tree is verified by multi-draft rejection: at a node,
@@ -23,6 +25,7 @@ from typing import Sequence
 
 import torch
 
+from laser.defaults import RELAXED_FRESH_N
 from laser.request import Request
 from laser.sampling import sample, target_probs
 from laser.tree import DraftTree, TreeBatch
@@ -51,12 +54,49 @@ class Verifier:
         raise NotImplementedError
 
 
+def repeats(text: Sequence[int], path: Sequence[int], n: int) -> list[bool]:
+    """For each draft token of ``path`` (a chain after ``text``): whether it completes a token ``n``-gram
+    that ``text`` followed by the path before it already holds. ``n < 2``: never."""
+    if n < 2:
+        return [False] * len(path)
+    seq = list(text[-(n - 1) :]) if n > 1 else []
+    seen = {tuple(text[i : i + n]) for i in range(len(text) - n + 1)}
+    out = []
+    for token in path:
+        seq.append(int(token))
+        gram = tuple(seq[-n:])
+        out.append(len(gram) == n and gram in seen)
+        if len(gram) == n:
+            seen.add(gram)
+    return out
+
+
+def tree_repeats(text: Sequence[int], tree: DraftTree, n: int) -> list[bool]:
+    """:func:`repeats` for every node of ``tree`` (root: False), each judged on its own root-to-node path."""
+    out = [False] * len(tree)
+    if n < 2:
+        return out
+    seen = {tuple(text[i : i + n]) for i in range(len(text) - n + 1)}
+    paths: list[tuple[int, ...]] = [tuple(text[-(n - 1) :])]  # each node's last n-1 tokens
+    grams: list[frozenset[tuple[int, ...]]] = [frozenset()]  # n-grams on the path to each node (after text)
+    for i in range(1, len(tree)):
+        parent = int(tree.parents[i])
+        gram = paths[parent] + (int(tree.tokens[i]),)
+        whole = len(gram) == n
+        out[i] = whole and (gram in seen or gram in grams[parent])
+        paths.append(gram[1:] if whole else gram)
+        grams.append(grams[parent] | {gram} if whole else grams[parent])
+    return out
+
+
 @dataclass(frozen=True)
 class TopKVerifier(Verifier):
-    """Greedy (``k=1``) or relaxed (``k>1``, threshold ``p``) verification."""
+    """Greedy (``k=1``) or relaxed (``k>1``, threshold ``p``; no non-argmax token that completes a repeated
+    ``fresh_n``-gram of the generated text) verification."""
 
     k: int = 1
     p: float = 0.0
+    fresh_n: int = RELAXED_FRESH_N
 
     def __post_init__(self) -> None:
         if not isinstance(self.k, int) or self.k < 1:
@@ -64,9 +104,16 @@ class TopKVerifier(Verifier):
         if not 0.0 <= self.p < 1.0:
             raise ValueError(f"verification p must lie in [0, 1), got {self.p!r}")
 
-    def accept_nodes(self, logits: torch.Tensor, batch: TreeBatch, exact: torch.Tensor | None = None) -> torch.Tensor:
+    def accept_nodes(
+        self,
+        logits: torch.Tensor,
+        batch: TreeBatch,
+        exact: torch.Tensor | None = None,
+        stale: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[B, N]`` bool: is each node's own token acceptable at its parent's row (root: True); ``exact``
-        ``[B]`` bool: rows held to the greedy rule."""
+        ``[B]`` bool: rows held to the greedy rule; ``stale`` ``[B, N]`` bool: nodes only the greedy rule may
+        accept (they repeat an n-gram)."""
         # logits [B, N, V]. Row statistics once per tree row, then read at each node's parent row.
         rows = batch.parents.clamp(min=0)  # [B, N] root and padding read row 0, masked below
 
@@ -80,13 +127,29 @@ class TopKVerifier(Verifier):
             kth = logits.topk(self.k, dim=-1).values[..., -1]  # [B, N]
             log_prob = draft_logit.float() - at_parent(torch.logsumexp(logits.float(), dim=-1))
             relaxed = (draft_logit >= at_parent(kth)) & (log_prob.exp() > self.p)
-            ok |= relaxed if exact is None else relaxed & ~exact[:, None]
+            if exact is not None:
+                relaxed &= ~exact[:, None]
+            if stale is not None:
+                relaxed &= ~stale
+            ok |= relaxed
         return (ok | (batch.parents < 0)) & batch.node_valid
 
     def verify(self, logits: torch.Tensor, batch: TreeBatch, requests: Sequence[Request] = ()) -> list[Outcome]:
         exact = [r.exact for r in requests]
         held = torch.tensor(exact, device=logits.device) if any(exact) else None
-        return select_paths(logits, batch, self.accept_nodes(logits, batch, held))
+        return select_paths(logits, batch, self.accept_nodes(logits, batch, held, self.stale(batch, requests)))
+
+    def stale(self, batch: TreeBatch, requests: Sequence[Request]) -> torch.Tensor | None:
+        """``[B, N]``: the nodes that repeat a ``fresh_n``-gram of their request's generated text (None when
+        the rule is greedy, off, or nothing repeats)."""
+        if self.k == 1 or self.fresh_n < 2 or not requests or len(batch.trees) != len(requests):
+            return None
+        out = torch.zeros(batch.tokens.shape, dtype=torch.bool)
+        for b, (tree, req) in enumerate(zip(batch.trees, requests)):
+            flags = tree_repeats(req.tokens[req.prompt_len :], tree, self.fresh_n)[tree.cached :]
+            if any(flags):
+                out[b, : len(flags)] = torch.tensor(flags)
+        return out.to(batch.tokens.device) if out.any() else None
 
 
 def select_paths(logits: torch.Tensor, batch: TreeBatch, node_ok: torch.Tensor) -> list[Outcome]:

@@ -42,18 +42,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from laser.cost import ForwardCost
+from laser.defaults import RELAXED_FRESH_N
 from laser.drafting import DraftSource, Drafter
 from laser.earlier import with_earlier
 from laser.vllm import sources
 from laser.vllm.chain_budget import ChainBudget
 from laser.vllm.request_args import LaserArgs
 from laser.vllm.step_cost import prior_cost
+from laser.verify import repeats
 
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
     import torch
     from transformers import PreTrainedTokenizerBase
+    from laser.vllm.relaxed import Rule
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams
 
@@ -115,6 +118,8 @@ class _Row:
     draft_len: int | None = None  # a fixed chain length the request asked for; None: the budget's choice
     force_cycle: tuple[int, ...] | None = None  # calibration: junk drafts of these lengths, one per step in turn
     drafted: int = 0  # drafts proposed last step
+    prompt_len: int = 0
+    stale: tuple[bool, ...] = ()  # last step's draft positions the relaxed rule may not accept (laser.verify.repeats)
     steps: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
     drafted_total: int = 0
@@ -242,6 +247,8 @@ class LaserProposer:
                 cycle = row.force_cycle
                 out[i] = [3 + (row.context[-1] + j) % 2 for j in range(cycle[self.steps % len(cycle)])]  # junk
             row.drafted = len(out[i])
+            if row.rule is not None:  # relaxed acceptance never extends a repetition of the row's own text
+                row.stale = tuple(repeats(row.context[row.prompt_len :], out[i], RELAXED_FRESH_N))
         if self.step_log is not None:
             self.step_log.last_shape = (tuple(req_ids), tuple(len(o) for o in out))
         end = time.perf_counter()
@@ -343,6 +350,7 @@ class LaserProposer:
             rule=rule,
             draft_len=args.fixed_len,
             force_cycle=self._cycle,
+            prompt_len=len(prompt),
         )
         self.rows[rid] = row
         self._relaxed_open += rule is not None
@@ -438,13 +446,16 @@ class LaserProposer:
         """Close the drafters of requests that left vLLM (called after a ``generate``)."""
         self._drop_finished([])
 
-    def _rules(self) -> list[tuple[int, float] | None] | None:
+    def _rules(self) -> list[Rule | None] | None:
         """For the rejection sampler: None when no open request asked for the relaxed rule, else each batch
-        row's ``(k, p)`` or None."""
+        row's ``(k, p, stale)`` or None (``stale``: its draft positions only the greedy rule may accept)."""
         if not self._relaxed_open:
             return None
-        rows = self.rows
-        return [(rows[r].rule if r in rows else None) for r in self.runner.input_batch.req_ids]
+        out: list[Rule | None] = []
+        for rid in self.runner.input_batch.req_ids:
+            row = self.rows.get(rid)
+            out.append(None if row is None or row.rule is None else (*row.rule, row.stale))
+        return out
 
     def _log_step(self, now: float, req_ids: list[str]) -> None:
         log_ = self.step_log

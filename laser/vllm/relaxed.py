@@ -8,7 +8,10 @@ relaxed rule (paper Eq. 8) accepts a draft token x at position j iff
 
 where p_j is the target distribution after the accepted prefix. The first rejected position emits the
 target's argmax there (the *recovered* token); a fully accepted chain gets the argmax after it (the
-*bonus* token). The rule is deterministic: requests that ask for it run at temperature 0.
+*bonus* token). The rule is deterministic: requests that ask for it run at temperature 0. As on this
+package's engine (:class:`laser.verify.TopKVerifier`), a draft token that would complete a token n-gram
+the request's generated text already holds is judged by the greedy rule alone: the proposer marks those
+positions (``stale``) when it drafts them, so relaxed acceptance never feeds a loop.
 
 Where it acts: :class:`RelaxedRule` is a mixin over vLLM's own ``RejectionSampler`` class (the plug-in,
 :mod:`laser.vllm.plugin`, builds the runner's sampler as ``LaserRejectionSampler(RelaxedRule,
@@ -34,6 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 if TYPE_CHECKING:
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: "no token here"
 
-Rule = tuple[int, float]  # (k, p)
+Rule = tuple[int, float] | tuple[int, float, Sequence[bool]]  # (k, p[, stale draft positions])
 Rules = Callable[[], "list[Rule | None] | None"]
 
 
@@ -168,6 +172,7 @@ class RelaxedRule:
             return
         p_row = np.array([r[1] if r is not None else 0.0 for r in rules], dtype=np.float32)
         k_tok, p_tok = np.repeat(k_row, counts), np.repeat(p_row, counts)
+        k_tok[_stale_positions(rules, counts)] = 0  # only the greedy rule may accept them
         pos = np.nonzero(k_tok > 0)[0]
         if not len(pos):
             return
@@ -197,6 +202,19 @@ class RelaxedRule:
 
 
 _SAMPLER_CLASS: type[RejectionSampler] | None = None
+
+
+def _stale_positions(rules: Sequence[Rule | None], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Per draft position of the batch: whether its row's rule marks it stale (it would complete a repeated
+    n-gram of the row's own text: :func:`laser.verify.repeats`); a row's marks beyond its drafts are ignored."""
+    out = np.zeros(int(counts.sum()), dtype=bool)
+    start = 0
+    for rule, count in zip(rules, counts.tolist()):
+        if rule is not None and len(rule) > 2:
+            marks = list(rule[2])[:count]
+            out[start : start + len(marks)] = marks
+        start += count
+    return out
 
 
 def build_sampler(runner: Any, rules: Rules) -> RejectionSampler:

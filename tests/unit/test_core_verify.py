@@ -9,7 +9,8 @@ import torch
 
 from laser import DraftTree, TopKVerifier
 from laser.tree import pack_trees
-from laser.verify import select_paths
+from laser.request import Request
+from laser.verify import repeats, select_paths, tree_repeats
 
 V = 8
 
@@ -85,3 +86,39 @@ def test_an_exact_row_keeps_the_greedy_rule_beside_relaxed_rows():
     batch = pack_trees([tree, tree], [0, 0], 0, torch.float32, "cpu")
     ok = TopKVerifier(k=2, p=0.1).accept_nodes(logits, batch, exact=torch.tensor([False, True]))
     assert ok.tolist() == [[True, True], [True, False]]
+
+
+def test_repeats_marks_tokens_that_complete_a_seen_ngram():
+    text = [1, 2, 3, 4, 9]
+    assert repeats(text, [1, 2, 3, 4], 3) == [False, False, True, True]  # "1 2 3" then "2 3 4" again
+    assert repeats(text, [7, 7, 7, 7], 3) == [False, False, False, True]  # the chain's own repeat counts
+    assert repeats([5], [1, 2], 4) == [False, False] and repeats(text, [1, 2, 3], 1) == [False] * 3
+
+
+def test_tree_repeats_judges_each_node_on_its_own_path():
+    # text ... 2 3 4 | root 3 -> 4 (repeats "3 4" + ... no) ; n=3 over generated text [2, 3, 4, 2, 3]
+    text = [2, 3, 4, 2, 3]  # the root is the text's last token (3)
+    tree = DraftTree([3, 4, 5, 9], [-1, 0, 1, 0])  # 3 -> 4 -> 5 and 3 -> 9
+    assert tree_repeats(text, tree, 3) == [False, True, False, False]  # "2 3 4" again; "3 4 5" and "2 3 9" new
+    chain = DraftTree.chain(3, [4, 2, 3])
+    assert tree_repeats(text, chain, 3)[1:] == repeats(text, [4, 2, 3], 3)
+
+
+def _looping_request(tokens: list[int]) -> Request:
+    return Request(tokens=[7] + tokens, prompt_len=1, drafter=None, max_new_tokens=32)  # type: ignore[arg-type]
+
+
+def test_relaxed_acceptance_never_extends_a_repetition():
+    """A runner-up draft token that would repeat a 4-gram of the generated text is left to the greedy rule;
+    the same token is accepted where it repeats nothing, and the argmax always is (greedy stays lossless).
+    With the rule off (fresh_n=0) the repeat goes through: the test fails when the rule is broken."""
+    loop = [1, 2, 3, 4, 1, 2, 3]  # generated so far; the root is 3, the draft 4 would repeat "1 2 3 4"
+    tree = DraftTree.chain(3, [4])
+    batch = pack_trees([tree], [0], 0, torch.float32, "cpu")
+    runner_up = logits_rows({5: 0.5, 4: 0.3}, {6: 0.9})  # 4 is second with 0.3 > p
+    argmax = logits_rows({4: 0.5, 5: 0.3}, {6: 0.9})
+    relaxed = TopKVerifier(k=2, p=0.1)
+    assert relaxed.verify(runner_up, batch, [_looping_request(loop)])[0].tokens == [5]
+    assert relaxed.verify(runner_up, batch, [_looping_request([8, 8, 8, 8, 1, 2, 3])])[0].tokens == [4, 6]
+    assert relaxed.verify(argmax, batch, [_looping_request(loop)])[0].tokens == [4, 6]
+    assert TopKVerifier(k=2, p=0.1, fresh_n=0).verify(runner_up, batch, [_looping_request(loop)])[0].tokens == [4, 6]

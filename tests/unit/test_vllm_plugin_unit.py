@@ -127,6 +127,24 @@ def test_the_relaxed_rule_on_processed_logits_row_by_row(device):
     assert (sampler.relaxed_rows, sampler.relaxed_positions) == (2, 5)
 
 
+def test_a_stale_position_is_left_to_the_greedy_rule(device):
+    """The runner-up accepted at a relaxed position is refused there once the proposer marks the position
+    stale (its token would repeat an n-gram of the row's text); the row's other positions keep the rule."""
+    sampler = type("Sampler", (relaxed_mod.RelaxedRule, _PenalisingSampler), {})()
+    logits = torch.zeros(3, 8)
+    logits[:, 5], logits[:, 6] = 3.0, 2.6  # token 6 is the runner-up at every position, well above p
+    draft = torch.tensor([6, 6, 5])
+    meta = SimpleNamespace(num_draft_tokens=[3], draft_token_ids=draft.to(device))
+    accepted = {}
+    for stale in ((), (False, True, False, True)):  # marks beyond the row's drafts are ignored
+        sampler.relaxed_rows = sampler.relaxed_positions = 0
+        sampler.laser_rules = lambda stale=stale: [(2, 0.1, stale)]
+        out = sampler.apply_logits_processors(logits.clone().to(device), SimpleNamespace(max_num_logprobs=None), meta)
+        accepted[stale] = [int(r.argmax()) == int(d) for r, d in zip(out.cpu(), draft)]
+    assert accepted[()] == [True, True, True]
+    assert accepted[(False, True, False, True)] == [True, False, True]  # position 1: only the argmax (5) passes
+
+
 def test_row_stats_from_vllm_metrics():
     detailed = SimpleNamespace(per_step_accepted=[2, 0, 3], histogram=[1, 0, 1, 1], num_draft_tokens=12)
     stats = RowStats.from_spec_metrics(detailed, n_tokens=20)
