@@ -310,6 +310,8 @@ class GenerationReport:
     greedy_retries: int = 0  # rows written by their retry
     retry_reasons: dict[str, int] = field(default_factory=dict)  # flaws of the retried first texts
     retry_tokens: int = 0  # decoded tokens of the retries (kept or not)
+    retry_kept: dict[str, int] = field(default_factory=dict)  # per flaw: retries that were written (they paid)
+    retry_cost: dict[str, int] = field(default_factory=dict)  # per flaw: tokens its retries decoded
     startup_s: float = 0.0  # the driver blocked on the workers' start (Ray, actors, model, engine)
     write_s: float = 0.0  # the driver writing rows and failures
     actors: int = 1  # actors that worked side by side
@@ -369,9 +371,14 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
     report.retries += len(result.discarded)  # each retry leaves one text unwritten
     written = {BatchResult.row_key(r): r for r in result.rows}
     for d in result.discarded:  # the first text is the unwritten one, or the one its retry lost to
-        first = d if not d.greedy_retry else written.get(BatchResult.row_key(d), d)
+        kept = written.get(BatchResult.row_key(d))
+        first = d if not d.greedy_retry else (kept or d)
+        retry = d if d.greedy_retry else kept
         for reason in retry_reasons(first):
             report.retry_reasons[reason] = report.retry_reasons.get(reason, 0) + 1
+            report.retry_cost[reason] = report.retry_cost.get(reason, 0) + (retry.n_tokens if retry else 0)
+            if kept is not None and kept.greedy_retry:
+                report.retry_kept[reason] = report.retry_kept.get(reason, 0) + 1
     for row in [*result.rows, *result.discarded]:
         report.decoded_tokens += row.n_tokens
         report.retry_tokens += row.n_tokens if row.greedy_retry else 0

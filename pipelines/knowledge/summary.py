@@ -158,9 +158,7 @@ def print_summary(summary: JobSummary) -> None:
     console.print(quality)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.retry_reasons:
-            console.print(
-                f"{name}: retried because " + ", ".join(f"{why} {n}" for why, n in sorted(rep.retry_reasons.items()))
-            )
+            console.print(f"{name}: retried because " + retry_line(rep))
     if summary.skipped:
         console.print("skipped (no new knowledge): " + "; ".join(f"{n} {why}" for why, n in summary.skipped.items()))
     if summary.input_notes:
@@ -186,6 +184,15 @@ def print_summary(summary: JobSummary) -> None:
     console.print(
         f"knowledge rows in store: {summary.total_rows}; unresolved failures: {summary.open_failures}; "
         f"wall {summary.wall_s:.1f}s\noutput: {summary.output}"
+    )
+
+
+def retry_line(rep: GenerationReport) -> str:
+    """Each flaw that sent first texts to a retry: how many, how many retries were written (the retry read
+    better), and the tokens those retries decoded."""
+    return ", ".join(
+        f"{why} {n} (kept {rep.retry_kept.get(why, 0)}, {rep.retry_cost.get(why, 0)} tokens)"
+        for why, n in sorted(rep.retry_reasons.items())
     )
 
 

@@ -19,6 +19,7 @@ from pipelines.knowledge.paths import JobPaths
 from pipelines.knowledge.requests import new_requests, pool_routes
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge.summary import JobSummary, print_summary
+from pipelines.knowledge.time_account import TimeAccount
 from pipelines.workers import encode_params
 from pipelines.knowledge_store import KnowledgeWriter
 
@@ -169,6 +170,8 @@ def test_summary_numbers(capsys):
         decoded_forwards=20,
         decoded_accepted=40,  # a discarded text of 20
         retry_reasons={"cut": 2, "ungrounded": 1},
+        retry_kept={"cut": 1},
+        retry_cost={"cut": 30, "ungrounded": 12},
     )
     for text, reason in (
         ("A calm drama fan.", "eos"),
@@ -188,6 +191,7 @@ def test_summary_numbers(capsys):
         wall_s=5.0,
         skipped={"users without interactions": 5},
         input_notes={"sample_dropped_interactions": 12},
+        time=TimeAccount(seconds={"load": 1.0, "startup": 2.0, "prefill": 1.5, "first decode": 0.5}, wall_s=5.0),
     )
     print_summary(summary)
     text = capsys.readouterr().out
@@ -217,7 +221,15 @@ def test_summary_numbers(capsys):
     assert "including actor start-up, model load" in flat and "prefill excluded on both engines" in flat
     assert "(every step, prefill included" in flat  # what each covers
     assert "unresolved failures: 1" in text and "out/knowledge" in text
-    assert "new knowledge: retried because cut 2, ungrounded 1" in flat
+    fixed = next(line for line in text.splitlines() if "fixed (all but prefill and decode)" in line)
+    assert "where the time went" in text and [c.strip() for c in fixed.strip("│ ").split("│")][1:] == ["3.0", "60%"]
+    assert summary.to_json()["time"] == {
+        "wall_s": 5.0,
+        "fixed_s": 3.0,
+        "engine_ready_s": 0.0,
+        "seconds": {"load": 1.0, "startup": 2.0, "prefill": 1.5, "first decode": 0.5},
+    }
+    assert "new knowledge: retried because cut 2 (kept 1, 30 tokens), ungrounded 1 (kept 0, 12 tokens)" in flat
     assert "skipped (no new knowledge): 5 users without interactions" in flat
     assert "sample dropped interactions: 12" in flat
     assert summary.to_json()["skipped"] == {"users without interactions": 5}

@@ -353,6 +353,12 @@ def test_policy_retry_bans_an_invented_genre_and_keeps_the_grounded_retry(worker
     first, second = Liar.seen
     assert not first.bad_words_ids
     assert tuple(worker.tokenizer(" horror", add_special_tokens=False)["input_ids"]) in second.bad_words_ids
+    from pipelines.knowledge.generation import record_result
+
+    report = GenerationReport()
+    record_result(result, SimpleNamespace(add=lambda row: None, add_failure=lambda *a: None), report)
+    assert report.retry_kept == {"ungrounded": 1}  # the retry was written: it paid
+    assert report.retry_cost == {"ungrounded": rows[0].n_tokens} and report.retry_tokens == rows[0].n_tokens
     kept = worker.generate(DecodeTask("liar", max_new_tokens=16, degenerate="keep"), item).rows
     assert [(r.knowledge, r.greedy_retry) for r in kept] == [(LIE, False)]
 
@@ -371,6 +377,7 @@ def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, li
     both = rows + result.discarded  # the pass counts the work of both texts and writes one
     assert (len(written), report.retries, report.greedy_retries) == (1, 1, 0)
     assert report.retry_reasons == {"ungrounded": 1}  # the first text named a genre the item lacks
+    assert report.retry_kept == {} and report.retry_cost == {"ungrounded": result.discarded[0].n_tokens}
     assert report.n_tokens == rows[0].n_tokens and report.decoded_tokens == sum(r.n_tokens for r in both)
     assert report.decoded_forwards == sum(r.target_forwards for r in both)
 
