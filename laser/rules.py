@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
+from laser.bans import ban_index
 from laser.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -140,12 +141,10 @@ def _apply_one(rows: torch.Tensor, tree: DraftTree, req: _Ruled, eos_ids: set[in
     banned: list[set[int]] = [set() for _ in seqs]
     if rules.no_repeat_ngram_size > 0:
         _ban_repeated_ngrams(banned, seqs, rules.no_repeat_ngram_size)
-    for word in rules.bad_words_ids:
-        if len(word) == 1 and word[0] in eos_ids:  # as generate: a lone EOS is never a bad word
-            continue
+    if rules.bad_words_ids:  # as generate: a lone EOS is never a bad word
+        index = ban_index(tuple(w for w in rules.bad_words_ids if len(w) > 1 or w[0] not in eos_ids))
         for i, seq in enumerate(seqs):
-            if len(word) == 1 or (len(seq) >= len(word) - 1 and tuple(seq[len(seq) - len(word) + 1 :]) == word[:-1]):
-                banned[i].add(word[-1])
+            banned[i] |= index.banned(seq)
     if rules.min_new_tokens > 0:
         for i in range(len(seqs)):
             if len(req.new_tokens) + int(tree.depth[i]) < rules.min_new_tokens:

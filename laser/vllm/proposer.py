@@ -176,9 +176,11 @@ class LaserProposer:
     def attach(self, runner: Any) -> None:
         """Called by the plug-in right after vLLM built ``runner`` with this proposer as its drafter: the
         proposer reads the batch from it, and its rejection sampler gets the relaxed rule."""
+        from laser.vllm.bad_words import index_bad_words
         from laser.vllm.relaxed import build_sampler
 
         self.runner = runner
+        runner.sampler = index_bad_words(runner.sampler)  # before the rejection sampler takes it for bonus tokens
         runner.rejection_sampler = build_sampler(runner, self._rules)
 
     def load_model(self, *args: object, **kwargs: object) -> None:

@@ -16,8 +16,8 @@ positions (``stale``) when it drafts them, so relaxed acceptance never feeds a l
 Where it acts: :class:`RelaxedRule` is a mixin over vLLM's own ``RejectionSampler`` class (the plug-in,
 :mod:`laser.vllm.plugin`, builds the runner's sampler as ``LaserRejectionSampler(RelaxedRule,
 RejectionSampler)`` with vLLM's arguments). It overrides one step, ``apply_logits_processors``: vLLM
-applies penalties, allowed tokens, bad words, min_tokens and the thinking budget to the target logits
-of the draft positions, then the rule judges the relaxed rows' drafts on those *processed* logits, on
+applies penalties, allowed tokens, min_tokens and the thinking budget to the target logits of the draft
+positions (bad words: from the plug-in's index, :mod:`laser.vllm.bad_words`), then the rule judges the relaxed rows' drafts on those *processed* logits, on
 their device, in one batched computation, and makes each accepted draft token the argmax of its
 position (its logit is raised just above the row's maximum; nothing else changes). vLLM's own greedy
 kernel then emits exactly the relaxed chain: the accepted drafts, then at the first rejection the
@@ -39,6 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 import torch
+
+from laser.vllm.bad_words import ban_drafts, take_words
 
 if TYPE_CHECKING:
     from vllm.v1.sample.metadata import SamplingMetadata
@@ -148,7 +150,10 @@ class RelaxedRule:
     def apply_logits_processors(
         self, logits: torch.Tensor, sampling_metadata: SamplingMetadata, metadata: SpecDecodeMetadata
     ) -> torch.Tensor:
-        logits = super().apply_logits_processors(logits, sampling_metadata, metadata)  # type: ignore[misc]
+        meta, indexes = take_words(sampling_metadata)  # bad words from the index (laser/vllm/bad_words.py)
+        logits = super().apply_logits_processors(logits, meta, metadata)  # type: ignore[misc]
+        if indexes:
+            ban_drafts(logits, indexes, meta.output_token_ids, meta.spec_token_ids, metadata.num_draft_tokens)
         rules = self.laser_rules()
         if rules is not None and logits.shape[0]:
             self._relax(logits, sampling_metadata, metadata, rules)
