@@ -152,7 +152,7 @@ class GenerationConfig(_Strict):
     ban_unsupported_genres: bool = Field(
         default=False,
         description="first texts, as retries: every form of a genre the "
-        "entity's input does not have is banned (bad words), so no text names one",
+        "entity's input does not have is banned (bad words), and every year but an item's own, so no text names one",
     )
     temperature: float = Field(default=0.0, ge=0.0, description="0 = greedy (the default); > 0 samples new knowledge")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="nucleus filter when sampling (1 = off)")

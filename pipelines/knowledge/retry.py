@@ -9,8 +9,9 @@ degenerate where the first was not, or less grounded); a kept retry has its own 
 still-flawed row stays visible.
 
 Under ``generation.ban_unsupported_genres`` (the task's ``ban_unsupported_genres``) the ban comes first: a
-first text cannot name a genre its entity's input lacks (:func:`first_rules`), and its retry bans the same
-genres.
+first text cannot name a genre its entity's input lacks, nor an item a year but its own (:func:`first_rules`),
+and its retry bans the same. The engines apply bad words from an index (:mod:`laser.bans`): a few look-ups
+and one tensor write a step, whatever the number of words.
 
 Under every policy that acts on a degenerate row (``retry``, ``retry_greedy``, ``fail``) a first text stops
 as soon as it is surely degenerate (:class:`LoopStop`): whatever it went on to say within its token limit
@@ -82,29 +83,47 @@ def banned_words(tokenizer: PreTrainedTokenizerBase | None, genres: list[str]) -
     return tuple(sorted({tuple(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in surfaces} - {()}))
 
 
+YEARS = range(1800, 2100)  # the years item grounding counts (pipelines/quality.py)
+
+
 class GenreBan:
-    """A worker's genre bans: ``ban(rules, genres)`` is ``rules`` with every form of ``genres`` banned
-    (``bad_words_ids``, :func:`banned_words`), each genre tokenised once per worker."""
+    """A worker's bans of unsupported facts: ``ban(rules, genres, year)`` is ``rules`` with every form of
+    ``genres`` banned (``bad_words_ids``, :func:`banned_words`) and, for an item of year ``year``, every other
+    year of :data:`YEARS`; each genre and year tokenised once per worker."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self._words: dict[str, tuple[tuple[int, ...], ...]] = {}
 
-    def __call__(self, rules: Params | None, genres: Sequence[str]) -> Params | None:
-        if not genres:
+    def _forms(self, word: str) -> tuple[tuple[int, ...], ...]:
+        if word not in self._words:
+            self._words[word] = banned_words(self.tokenizer, [word])
+        return self._words[word]
+
+    def __call__(self, rules: Params | None, genres: Sequence[str], year: int | None = None) -> Params | None:
+        years = [str(y) for y in YEARS if y != year] if year is not None else []
+        if not genres and not years:
             return rules
-        for g in genres:
-            if g not in self._words:
-                self._words[g] = banned_words(self.tokenizer, [g])
-        return {**(rules or {}), "bad_words_ids": tuple(sorted({w for g in genres for w in self._words[g]}))}
+        words = {w for x in (*genres, *years) for w in self._forms(x)}
+        return {**(rules or {}), "bad_words_ids": tuple(sorted(words))}
+
+
+def item_year(req: GenerationRequest) -> int | None:
+    """An item's year, which its text may name (no other): None for users and items without one."""
+    year = (req.item or {}).get("year") if req.entity_type == "item" else None
+    try:
+        return int(year) if year is not None else None
+    except (TypeError, ValueError):
+        return None
 
 
 def first_rules(task: DecodeTask, req: GenerationRequest, ban: GenreBan) -> Params | None:
     """The rules of a first text: the task's, and under ``ban_unsupported_genres`` every genre the entity's
-    input does not have banned (so a first text cannot name one, which its grounding would count against it)."""
+    input does not have banned, and every year but an item's own (so a first text cannot name one, which
+    its grounding would count against it)."""
     if not task.ban_unsupported_genres:
         return task.rules
-    return ban(task.rules, unsupported_genres(req.entity_type, req.history, req.item))
+    return ban(task.rules, unsupported_genres(req.entity_type, req.history, req.item), item_year(req))
 
 
 def retry_decoder(decoder: str, params: Params) -> tuple[str, Params]:
@@ -183,7 +202,7 @@ def retry_plan(task: DecodeTask, req: GenerationRequest, row: KnowledgeRow, ban:
             text = entity_quality(row.knowledge, row.finish_reason, req.entity_type, req.history, req.item)
             genres = text.grounding.unsupported_genres if text.grounding is not None else []
         name, params = retry_decoder(task.decoder, task.decoder_params)
-        rules = ban(dict(task.retry_rules or task.rules or {}), genres)
+        rules = ban(dict(task.retry_rules or task.rules or {}), genres, item_year(req))
         log.info(
             "%s %s: retrying with %s (degenerate %s, cut %s, fragment %s, unsupported genres %s)",
             req.entity_type,

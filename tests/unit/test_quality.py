@@ -297,6 +297,32 @@ def liar(monkeypatch):
     return Liar
 
 
+def test_an_items_first_text_can_name_no_year_but_its_own(worker):
+    """Under the ban, every year item grounding counts is banned for an item but its own (and none for a
+    user): a text the mask lets through cannot name a wrong year."""
+    from laser.bans import BanIndex
+    from pipelines.knowledge.retry import first_rules
+    from pipelines.quality import item_grounding
+
+    task = DecodeTask("autoregressive", max_new_tokens=16, degenerate="retry", ban_unsupported_genres=True)
+    item = {"item_id": "i1", "title": "Heat (1995)", "genres": ["Crime"], "year": 1995}
+    rules = first_rules(task, GenerationRequest("item", "i1", item=item), worker.genre_ban)
+    index, tok = BanIndex(rules["bad_words_ids"]), worker.tokenizer
+
+    def allowed(text: str) -> bool:  # no token of the text is banned after the ones before it
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return all(ids[i] not in index.banned(ids[:i]) for i in range(len(ids)))
+
+    assert allowed("A crime film from 1995.") and item_grounding("A crime film from 1995.", item).share == 1.0
+    for wrong in ("A crime film from 1994.", "Released in 2003.", "A 1960 crime classic"):
+        assert not allowed(wrong), wrong
+    user = GenerationRequest("user", "u1", history=[("Heat", 4.0, ("Crime",))])
+    assert not any(
+        w == tuple(tok("1994", add_special_tokens=False)["input_ids"])
+        for w in first_rules(task, user, worker.genre_ban)["bad_words_ids"]
+    )
+
+
 def test_grounding_names_the_unsupported_genres():
     from pipelines.quality import item_grounding, user_grounding
 
