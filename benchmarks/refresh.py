@@ -280,7 +280,7 @@ def plot_time(runs: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bottoms = [0.0] * len(names)
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
-    for i, phase in enumerate((*PHASES, "process start")):
+    for i, phase in enumerate((*PHASES, "process start and exit")):
         heights = [_phase_s(runs[n], phase) for n in names]
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=phase, color=colours[i % len(colours)])
@@ -296,7 +296,7 @@ def plot_time(runs: dict[str, Any], path: Path) -> None:
 def _phase_s(run: dict[str, Any], phase: str) -> float:
     """A run's seconds in ``phase``; ``process start``: the process's wall before and after the job."""
     account = run.get("time") or {}
-    if phase == "process start":
+    if phase == "process start and exit":
         return max(0.0, run["wall_s"] - float(account.get("wall_s", 0.0)))
     return float(account.get("seconds", {}).get(phase, 0.0))
 
@@ -314,7 +314,7 @@ def print_time(result: dict[str, Any], console: Any) -> None:
     table.add_column("phase")
     for name in runs:
         table.add_column(name, justify="right")
-    for phase in (*PHASES, "process start"):
+    for phase in (*PHASES, "process start and exit"):
         cells = [_phase_s(r, phase) for r in runs.values()]
         if any(cells):
             table.add_row(phase, *(f"{c:.1f}" for c in cells))

@@ -83,17 +83,40 @@ def banned_words(tokenizer: PreTrainedTokenizerBase | None, genres: list[str]) -
     return tuple(sorted({tuple(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in surfaces} - {()}))
 
 
-YEARS = range(1800, 2100)  # the years item grounding counts (pipelines/quality.py)
+CENTURIES = ("18", "19", "20")  # the years item grounding counts: 1800-2099 (pipelines/quality.py)
+
+
+def year_words(tokenizer: PreTrainedTokenizerBase, year: int) -> tuple[tuple[int, ...], ...]:
+    """Digit sequences that, banned, leave ``year`` the only year of 1800-2099 a text can write: every
+    ``18d``, ``19d`` and ``20d`` but ``year``'s own first three digits, and after those every fourth digit but
+    its own (38 words, where a ban of every year would take 600: vLLM takes at most 512 bad words). Needs a
+    tokenizer that writes each digit as one token; () for one that merges digits."""
+    digit = [tokenizer(str(d), add_special_tokens=False)["input_ids"] for d in range(10)]
+    if any(len(ids) != 1 for ids in digit):
+        return ()
+    ids = [ids[0] for ids in digit]
+    if tokenizer("1995", add_special_tokens=False)["input_ids"] != [ids[1], ids[9], ids[9], ids[5]]:
+        return ()
+    own = str(year)
+    words = []
+    for century in CENTURIES:
+        for third in "0123456789":
+            if own[:3] == century + third:
+                words += [century + third + fourth for fourth in "0123456789" if fourth != own[3]]
+            else:
+                words.append(century + third)
+    return tuple(tuple(ids[int(c)] for c in w) for w in words)
 
 
 class GenreBan:
     """A worker's bans of unsupported facts: ``ban(rules, genres, year)`` is ``rules`` with every form of
     ``genres`` banned (``bad_words_ids``, :func:`banned_words`) and, for an item of year ``year``, every other
-    year of :data:`YEARS`; each genre and year tokenised once per worker."""
+    year (:func:`year_words`); each genre and year tokenised once per worker."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
         self._words: dict[str, tuple[tuple[int, ...], ...]] = {}
+        self._years: dict[int, tuple[tuple[int, ...], ...]] = {}
 
     def _forms(self, word: str) -> tuple[tuple[int, ...], ...]:
         if word not in self._words:
@@ -101,10 +124,12 @@ class GenreBan:
         return self._words[word]
 
     def __call__(self, rules: Params | None, genres: Sequence[str], year: int | None = None) -> Params | None:
-        years = [str(y) for y in YEARS if y != year] if year is not None else []
+        if year is not None and year not in self._years:
+            self._years[year] = year_words(self.tokenizer, year)
+        years = self._years[year] if year is not None else ()
         if not genres and not years:
             return rules
-        words = {w for x in (*genres, *years) for w in self._forms(x)}
+        words = {w for g in genres for w in self._forms(g)} | set(years)
         return {**(rules or {}), "bad_words_ids": tuple(sorted(words))}
 
 

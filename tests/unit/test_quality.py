@@ -510,3 +510,28 @@ def test_fast_text_checks_equal_their_plain_definitions(reason):
         q = text_quality(text, reason)
         got = (q.finished_eos, q.repeat_4gram, q.degenerate, q.ended, q.cut, q.fragment, q.n_words)
         assert got == _plain_quality(text, reason), repr(text)
+
+
+def test_the_largest_first_text_ban_fits_vllms_bad_word_limit(worker, monkeypatch):
+    """vLLM refuses a request with more bad words after its tokenization than the engine's limit (512, which
+    the job's engines set): the ban of an item with a year and one genre (every other genre and year banned)
+    stays under it."""
+    pytest.importorskip("vllm")
+    from vllm import SamplingParams
+
+    from laser.vllm.env import BAD_WORDS_LIMITS
+    from laser.vllm.forms import rule_params
+
+    for key, value in BAD_WORDS_LIMITS.items():
+        monkeypatch.setenv(key, value)
+    from pipelines.knowledge.retry import first_rules
+
+    task = DecodeTask("autoregressive", max_new_tokens=16, degenerate="retry", ban_unsupported_genres=True)
+    item = {"item_id": "i1", "title": "Heat (1995)", "genres": ["Crime"], "year": 1995}
+    rules = first_rules(task, GenerationRequest("item", "i1", item=item), worker.genre_ban)
+    params = SamplingParams(max_tokens=4, **rule_params(rules, worker.tokenizer))
+    tok = worker.tokenizer  # as vLLM's tokenizer wrapper shows it
+    params.update_from_tokenizer(SimpleNamespace(encode=tok.encode, max_token_id=len(tok) - 1))  # raises past the limit
+    assert 100 < len(params.bad_words_token_ids or []) <= int(BAD_WORDS_LIMITS["VLLM_MAX_NUM_BAD_WORDS"]), len(
+        params.bad_words_token_ids or []
+    )
