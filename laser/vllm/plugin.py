@@ -116,13 +116,29 @@ def _verify_hook(original: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(original)
     def verify(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        model_config = kwargs.get("model_config", args[0] if args else None)
+        spec_config = kwargs.get("speculative_config", args[1] if len(args) > 1 else None)
         try:
-            check_admission(self.extra_args, self.temperature)
+            check_admission(self.extra_args, self.temperature, _vocab(model_config), _spec_tokens(spec_config))
         except LaserArgsError as exc:  # vLLM's client error: the server answers 400 with the line, not 500
             raise VLLMValidationError(str(exc)) from None
 
     verify._laser_hook = True  # type: ignore[attr-defined]
     return verify
+
+
+def _vocab(model_config: Any) -> int | None:
+    """The model's vocabulary size from vLLM's ``ModelConfig`` (None where it cannot say)."""
+    try:
+        return int(model_config.get_vocab_size())
+    except Exception:  # noqa: BLE001 - no config, or one without a vocabulary: the static bounds still hold
+        return None
+
+
+def _spec_tokens(spec_config: Any) -> int | None:
+    """The engine's ``num_speculative_tokens`` (None without speculation)."""
+    n = getattr(spec_config, "num_speculative_tokens", None)
+    return int(n) if isinstance(n, int) else None
 
 
 def not_attached_message() -> str:

@@ -11,12 +11,19 @@ should be a string or a number (a tuple key arrives as a list and is refused).
 A team's own vLLM code gets the record with :func:`request_args`: the same arguments as one JSON text under
 ``"laser"``, which fits every door into ``extra_args`` (``SamplingParams(extra_args=...)``, the OpenAI
 server's ``vllm_xargs``, whose values must be flat, and Ray Data LLM's per-row ``sampling_params``).
+
+A shared server treats every value as hostile: each is bounded (:class:`Limits`, read once from the
+server's environment: ``LASER_MAX_DRAFT_LEN``, ``LASER_MAX_N_MAX``, ``LASER_MAX_EARLIER``, ``LASER_MAX_TAG``),
+and at admission (:func:`check_admission`) ``k`` and the ``earlier`` token ids are held to the model's
+vocabulary and ``draft_len`` to the engine's ``num_speculative_tokens``, so no value reaches the engine
+core that could overflow an array, index past the vocabulary or make a step's drafting unbounded.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Literal
@@ -28,6 +35,34 @@ EXTRA_ARGS_KEY = "laser"  # the key of SamplingParams.extra_args that holds the 
 _VERSION_KEY = "v"
 
 DraftLen = int | Literal["auto"]
+INT64 = 2**63 - 1  # the largest value any integer argument may take anywhere (numpy's int64)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask, whatever its arguments (defaults documented in docs/vllm-dropin.md; a
+    server's operator sets them through the environment before vLLM starts)."""
+
+    draft_len: int = 64  # draft tokens a step (also at most the engine's num_speculative_tokens)
+    n_max: int = 32  # the longest context suffix looked up (prompt lookup and earlier text index n-grams up to it)
+    earlier: int = 4096  # tokens of earlier text
+    tag: int = 256  # characters of a tag, and of a string pool key
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Limits:
+        """The limits, each overridden by ``LASER_MAX_<FIELD>`` where set (an integer >= 1)."""
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            raw = env.get(f"LASER_MAX_{f.name.upper()}")
+            if raw is not None:
+                if not raw.strip().isdigit() or int(raw) < 1:
+                    raise ValueError(f"LASER_MAX_{f.name.upper()} must be an integer >= 1, got {raw!r}")
+                values[f.name] = int(raw)
+        return cls(**values)
+
+
+LIMITS = Limits.from_env()
 
 
 class LaserArgsError(ValueError):
@@ -68,28 +103,33 @@ class LaserArgs:
 
     def _problem(self) -> str | None:
         """One line on the first malformed field, or None."""
-        if self.tag is not None and not isinstance(self.tag, str):
-            return f"tag must be a string, got {self.tag!r}"
-        if self.pool is not None and not isinstance(self.pool, Hashable):
-            return f"pool must be a hashable key, got {self.pool!r}"
+        if self.tag is not None and (not isinstance(self.tag, str) or len(self.tag) > LIMITS.tag):
+            return f"tag must be a string of at most {LIMITS.tag} characters, got {_short(self.tag)}"
+        if self.pool is not None and not _is_key(self.pool):
+            return (
+                f"pool must be a string of at most {LIMITS.tag} characters or an integer within int64, "
+                f"got {_short(self.pool)}"
+            )
         if self.pool_store is not None and (not isinstance(self.pool_store, str) or self.pool is None):
             return f"pool_store must be a directory (a string) beside a pool key, got {self.pool_store!r}"
         if (self.k is None) != (self.p is None):
             return f"k and p go together (relaxed verification), got k={self.k!r}, p={self.p!r}"
-        if self.k is not None and (not _is_int(self.k) or self.k < 1):
-            return f"k must be an integer >= 1, got {self.k!r}"
+        if self.k is not None and (not _is_int(self.k) or not 1 <= self.k <= INT64):
+            return f"k must be an integer >= 1 (at most the vocabulary), got {_short(self.k)}"
         if self.p is not None and not _is_prob(self.p):
             return f"p must be a probability in [0, 1], got {self.p!r}"
         if not isinstance(self.draft, bool):
             return f"draft must be true or false, got {self.draft!r}"
-        if self.draft_len != "auto" and (not _is_int(self.draft_len) or self.draft_len < 0):
-            return f"draft_len must be 'auto' or an integer >= 0, got {self.draft_len!r}"
+        if self.draft_len != "auto" and (not _is_int(self.draft_len) or not 0 <= self.draft_len <= LIMITS.draft_len):
+            return f"draft_len must be 'auto' or an integer in [0, {LIMITS.draft_len}], got {_short(self.draft_len)}"
         if self.earlier is not None and (
-            not isinstance(self.earlier, tuple) or not all(_is_int(t) for t in self.earlier)
+            not isinstance(self.earlier, tuple) or not all(_is_int(t) and 0 <= t <= INT64 for t in self.earlier)
         ):
-            return f"earlier must be token ids, got {type(self.earlier).__name__}"
-        if not _is_int(self.n_max) or self.n_max < 1:
-            return f"n_max must be an integer >= 1, got {self.n_max!r}"
+            return f"earlier must be token ids (integers >= 0), got {type(self.earlier).__name__}"
+        if self.earlier is not None and len(self.earlier) > LIMITS.earlier:
+            return f"earlier must be at most {LIMITS.earlier} tokens, got {len(self.earlier)}"
+        if not _is_int(self.n_max) or not 1 <= self.n_max <= LIMITS.n_max:
+            return f"n_max must be an integer in [1, {LIMITS.n_max}], got {_short(self.n_max)}"
         if not _is_prob(self.min_prob):
             return f"min_prob must be a probability in [0, 1], got {self.min_prob!r}"
         return None
@@ -184,22 +224,54 @@ def request_args(
     return {EXTRA_ARGS_KEY: json.dumps(args.to_extra_args()[EXTRA_ARGS_KEY], separators=(",", ":"))}
 
 
-def check_admission(extra_args: Mapping[str, object] | None, temperature: float) -> None:
+def check_admission(
+    extra_args: Mapping[str, object] | None,
+    temperature: float,
+    vocab: int | None = None,
+    spec_tokens: int | None = None,
+) -> None:
     """Refuse a request whose LASER arguments the proposer would refuse, before vLLM admits it (the plug-in
     calls this from ``SamplingParams.verify`` in vLLM's front end): an error raised in the proposer, inside
-    vLLM's engine core, kills the engine for every request. Raises :class:`LaserArgsError` (the plug-in raises it to vLLM as
-    its ``VLLMValidationError``: the OpenAI server answers 400 with the line)."""
+    vLLM's engine core, kills the engine for every request. Beyond the record's own checks, ``k`` and the
+    ``earlier`` ids must lie within the model's ``vocab`` and ``draft_len`` within the engine's
+    ``spec_tokens`` (``num_speculative_tokens``), where known. Raises :class:`LaserArgsError` (the plug-in
+    raises it to vLLM as its ``VLLMValidationError``: the OpenAI server answers 400 with the line)."""
     if not extra_args or EXTRA_ARGS_KEY not in extra_args:
         return
     args = LaserArgs.from_extra_args(extra_args, "sent to vLLM")
+    where = "request sent to vLLM"
     if args.rule is not None and temperature > 0:
+        raise LaserArgsError(f"{where}: relaxed verification (k, p) needs temperature 0, got {temperature}")
+    if vocab is not None and args.k is not None and args.k > vocab:
+        raise LaserArgsError(f"{where}: k must be at most the vocabulary ({vocab}), got {_short(args.k)}")
+    if vocab is not None and args.earlier and max(args.earlier) >= vocab:
+        raise LaserArgsError(f"{where}: earlier holds token id {max(args.earlier)}, outside the vocabulary ({vocab})")
+    if spec_tokens is not None and args.fixed_len is not None and args.fixed_len > spec_tokens:
         raise LaserArgsError(
-            f"request sent to vLLM: relaxed verification (k, p) needs temperature 0, got {temperature}"
+            f"{where}: draft_len must be at most the engine's num_speculative_tokens ({spec_tokens}), "
+            f"got {args.fixed_len}"
         )
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_key(value: object) -> bool:
+    """A pool key a client may name: a bounded string or an int64."""
+    if isinstance(value, str):
+        return len(value) <= LIMITS.tag
+    return _is_int(value) and -INT64 - 1 <= value <= INT64  # type: ignore[operator]
+
+
+def _short(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a client's value can be huge)."""
+    text = (
+        repr(value)
+        if not (isinstance(value, int) and value.bit_length() > 64)
+        else f"an integer of {value.bit_length()} bits"
+    )
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_prob(value: object) -> bool:
