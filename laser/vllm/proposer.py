@@ -160,13 +160,13 @@ class LaserProposer:
         self.max_len = int(spec.num_speculative_tokens)
         self.runner: Any = None  # vLLM's model runner, attached by the plug-in once vLLM built it
         self.rows: dict[str, _Row] = {}
-        self.stats: dict[str, RowStats] = {}  # tag -> stats of finished rows
+        self.stats: sources.Bounded[str, RowStats] = sources.Bounded(sources.REMEMBERED)  # tag -> finished rows' stats
         self.budget = self.fresh_budget()  # the chain budget, owned here: reset_budget, trial_budget
         self.steps = 0
         self.step_log: StepLog | None = None  # set while calibrating
         self._cycle: tuple[int, ...] | None = None  # calibration: the junk draft lengths of new rows
         self.unknown_pools = 0  # requests whose pool key was found nowhere (they decode without drafts)
-        self._warned_keys: set[Hashable] = set()
+        self._warned_keys: sources.Bounded[Hashable, bool] = sources.Bounded(sources.REMEMBERED)
         self.store_pools = sources.StorePools(self._tokenizer)
         self._relaxed_open = 0
         self._last: tuple[float, float] | None = None  # end time and seconds of the last propose call
@@ -387,7 +387,7 @@ class LaserProposer:
         if key is not None and source is None:
             self.unknown_pools += 1
             if key not in self._warned_keys:
-                self._warned_keys.add(key)
+                self._warned_keys[key] = True
                 where = f"pool store {store}" if store is not None else "the pools registered in this process"
                 log.warning(
                     "pool %r is not in %s: its requests decode without drafts (counted in LaserProposer.unknown_pools)",

@@ -22,7 +22,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from laser.drafting import DraftSource, Drafter
 from laser.own_text import OwnText
@@ -36,6 +36,26 @@ log = logging.getLogger(__name__)
 STORE_GROUP = "laser.pool_stores"  # entry points: name -> callable(directory, tokenizer=...) -> a pool store
 STORE_OPENER = "pools"  # the entry point used when several are installed
 POOL_CACHE = 64  # pools kept loaded per proposer (LRU by store and key)
+STORE_CACHE = 16  # pool stores kept open per proposer (LRU by directory)
+REMEMBERED = 4096  # per-key records a server keeps (broken stores, warned keys, unclaimed statistics)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class Bounded(OrderedDict[K, V]):
+    """A dict that forgets its least recently set entries beyond ``capacity``: what a server keeps per key
+    a client names stays bounded however many keys clients name."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__()
+        self.capacity = capacity
+
+    def __setitem__(self, key: K, value: V) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.capacity:
+            self.popitem(last=False)
 
 
 class PoolStore(Protocol):
@@ -110,10 +130,10 @@ class StorePools:
         self._tokenizer_fn: Callable[[], object] = tokenizer
         self._tokenizer: object = None
         self.capacity = capacity
-        self.stores: dict[str, PoolStore] = {}
+        self.stores: Bounded[str, PoolStore] = Bounded(STORE_CACHE)
         self.pools: OrderedDict[tuple[str, Hashable], DraftSource] = OrderedDict()
         self.loads = 0  # pools loaded from a store (misses of the LRU)
-        self.broken: dict[str, str] = {}  # directory -> why it could not be opened (not tried again)
+        self.broken: Bounded[str, str] = Bounded(REMEMBERED)  # directory -> why it could not be opened
         self._opener: StoreOpener | None = None
 
     def store(self, directory: str) -> PoolStore | None:
@@ -150,7 +170,7 @@ class StorePools:
         self.pools[(directory, key)] = pool
         while len(self.pools) > self.capacity:
             (old_dir, old_key), _ = self.pools.popitem(last=False)
-            release = getattr(self.stores[old_dir], "release", None)
+            release = getattr(self.stores.get(old_dir), "release", None)  # its store may be closed already
             if release is not None:
                 release(old_key)
         return pool
