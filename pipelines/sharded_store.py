@@ -910,12 +910,15 @@ def append_failures(store: str | Path | Location, records: list[dict[str, Any]])
     check_held()
     path = Location.of(store) / FAILURES
     if path.local:
-        with open(path.local_path, "a", encoding="utf-8") as fh:
-            fh.write(data)
+        with open(path.local_path, "a+b") as fh:
+            if fh.tell() and (fh.seek(-1, os.SEEK_END), fh.read(1))[1] != b"\n":
+                data = "\n" + data  # a torn last line (a crash mid-append) ends here, not inside the new record
+            fh.write(data.encode("utf-8"))
             fh.flush()
             os.fsync(fh.fileno())
     else:  # no appends on object stores: the whole (small) file is put again
-        path.write_bytes((path.read_bytes() if path.exists() else b"") + data.encode())
+        old = path.read_bytes() if path.exists() else b""
+        path.write_bytes(old + (b"\n" if old and not old.endswith(b"\n") else b"") + data.encode())
 
 
 def read_failures(store: str | Path | Location, unresolved: bool = True, every_line: bool = False) -> pl.DataFrame:

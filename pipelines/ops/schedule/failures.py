@@ -1,7 +1,8 @@
 """When a run stops retrying an entity: after ``generation.give_up_after`` identical failures in a row.
 
 Every failure in ``failures.jsonl`` carries the entity, the reason, the ``source_hash`` of its prompt inputs
-and the hash of the generation config (``config_hash``). Failures are identical when all four agree; the
+and the hash of the generation config (``config_hash``). Failures are identical when all four agree (the
+reasons with their numbers and addresses masked: :func:`same_reason`); the
 newest such run of lines is an entity's **streak**. A run's plan drops an entity whose streak has reached
 ``give_up_after`` and still matches today's inputs and config: it is not decoded again, and one line with
 ``given_up: true`` and the streak's ``count`` records why (once per streak). New inputs or another config
@@ -11,6 +12,7 @@ make a failure that starts a new streak, so the entity is tried again. 0 never g
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -44,6 +46,17 @@ class Streak:
         return (self.source_hash, self.config_hash) == (source_hash, config_hash)
 
 
+_VARYING = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?")  # addresses and numbers: they differ between runs
+
+
+def same_reason(a: str | None, b: str | None) -> bool:
+    """Two failure reasons are the same error when they agree with every number and address masked (an
+    exception text that names a time, a size or an object's address still repeats)."""
+    if a is None or b is None:
+        return a == b
+    return _VARYING.sub("#", a) == _VARYING.sub("#", b)
+
+
 def streaks(lines: pl.DataFrame) -> dict[Key, Streak]:
     """Each entity's streak over failure lines in the order written (``read_failures(every_line=True)``)."""
     out: dict[Key, Streak] = {}
@@ -55,7 +68,11 @@ def streaks(lines: pl.DataFrame) -> dict[Key, Streak]:
                 out[key] = Streak(prev.reason, prev.source_hash, prev.config_hash, prev.count, prev.last_run, True)
             continue
         count = 1
-        if prev is not None and prev.reason == rec["reason"] and prev.matches(rec["source_hash"], rec["config_hash"]):
+        if (
+            prev is not None
+            and same_reason(prev.reason, rec["reason"])
+            and prev.matches(rec["source_hash"], rec["config_hash"])
+        ):
             count = prev.count + 1
         out[key] = Streak(rec["reason"], rec["source_hash"], rec["config_hash"], count, rec["run_id"])
     return out
