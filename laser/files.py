@@ -5,16 +5,34 @@ is :func:`pipelines.storage.atomic_write_local`.)"""
 from __future__ import annotations
 
 import os
+import threading
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where the kernel shows it (Linux: /proc/self/status);
+    elsewhere set and restored under a lock, so no file this process makes meanwhile gets mode 0o666."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o077)  # the strictest mask for the instant it is out
+        os.umask(mask)
+    return mask
+
+
 def file_mode() -> int:
     """The mode a plain ``open(..., "w")`` would give a new file under the process's umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
+    return 0o666 & ~umask()
 
 
 def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:

@@ -24,6 +24,8 @@ from typing import Any, Callable
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from laser.files import file_mode
+
 _LOCAL = LocalFileSystem()
 HINTS = {
     "s3": "install s3fs (the s3 extra)",
@@ -43,13 +45,6 @@ class StorageError(ValueError):
 def is_uri(path: Any) -> bool:
     """Whether ``path`` is a URI (``scheme://...``) rather than a local path."""
     return "://" in str(path)
-
-
-def file_mode() -> int:
-    """The mode a plain ``open(path, "w")`` would give a new file: 0o666 minus the process umask."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
 
 
 def atomic_write_local(path: Path, write: Callable[[str], Any]) -> None:

@@ -55,3 +55,15 @@ def test_a_strict_umask_is_honoured_too(tmp_path):
     finally:
         os.umask(old)
     assert mode(tmp_path / "part-00000.parquet") == 0o600
+
+
+def test_the_umask_is_read_without_opening_a_window(umask_022, monkeypatch):
+    """file_mode reads the umask where the kernel shows it: the process's umask never changes, so no file
+    another thread makes meanwhile gets 0o666."""
+    from laser import files
+
+    seen = []
+    monkeypatch.setattr(files.os, "umask", lambda m: seen.append(m) or 0o022)
+    assert files.file_mode() == 0o644
+    if os.path.exists("/proc/self/status"):
+        assert seen == []  # read from /proc: os.umask never called
