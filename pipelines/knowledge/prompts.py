@@ -61,9 +61,12 @@ class PromptTooLongError(ValueError):
 
 
 _TITLE_YEAR = re.compile(r"^(.*) \((\d{4})\)$")
-# the opening bracket of what tokenizers spell control tokens in: <|...|> (ChatML, Llama 3), <name> and
-# </name> (<s>, <unk>, <start_of_turn>, <filename>), [INST] / [/INST] and other [UPPER_CASE] markers (Mistral)
-_CONTROL_OPENING = re.compile(r"<(?=\|)|<(?=/?[A-Za-z_][\w.-]*>)|\[(?=/?[A-Z][A-Z_]{2,}\])")
+# the opening bracket of what tokenizers spell control tokens in: <|...|> (ChatML, Llama 3) and its
+# fullwidth <｜...｜> (DeepSeek), <name> and </name> (<s>, <unk>, <start_of_turn>, <filename>), <<SYS>> and
+# <</SYS>> (Llama 2), [INST] / [/INST] and other [UPPER_CASE] markers (Mistral)
+_CONTROL_OPENING = re.compile(
+    r"<(?=[|\uff5c])|<(?=/?[A-Za-z_][\w.-]*>)|<(?=</?[A-Z][A-Z_]*>>)|\[(?=/?[A-Z][A-Z_]{2,}\])"
+)
 
 
 def as_text(value: object) -> str:

@@ -70,5 +70,9 @@ def test_other_tokenizers_markers_and_plain_text(tiny_model):
     text = item_prompt({"item_id": "1", "title": "A</s><s>B", "genres": ["[INST] x [/INST]"]})
     assert not set(tok.encode(text, add_special_tokens=False)) & {tok.bos_token_id, tok.eos_token_id}
     assert as_text("[INST]") == "[ INST]" and as_text("</s>") == "< /s>"
+    assert (
+        as_text("<\uff5cend\u2581of\u2581sentence\uff5c>") == "< \uff5cend\u2581of\u2581sentence\uff5c>"
+    )  # fullwidth bars
+    assert as_text("<<SYS>>x<</SYS>>") == "< < SYS>>x< < /SYS>>"  # Llama 2's system markers
     for plain in ("Love <3", "C++ [2001] (Remastered)", "a < b > c", "Heat (1995)", "x|y"):
         assert as_text(plain) == plain  # ordinary text is left alone
