@@ -34,6 +34,7 @@ import fnmatch
 import hashlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -55,7 +56,32 @@ PACKAGES = ("laser", "pools", "router", "pipelines", "jobs", "benchmarks", "trai
 EXCLUDES = ["__pycache__", "*.pyc", "*.png", "results/"]
 # never uploaded from an explicit --working-dir: dotfiles (.env, .git, ...; ".?*", since Ray matches ".*" against
 # the folder itself, "."), and files that look like secrets
-SECRET_EXCLUDES = [".?*", "*token*", "*secret*", "*credential*", "*password*", "*.pem", "*.key", "id_rsa*", "*.p12"]
+SECRET_EXCLUDES = [
+    ".?*",
+    "*token*",
+    "*secret*",
+    "*credential*",
+    "*password*",
+    "*.pem",
+    "*.key",
+    "id_rsa*",
+    "id_dsa*",
+    "id_ecdsa*",
+    "id_ed25519*",
+    "*.p12",
+    "*.pfx",
+    "*.jks",
+    "*.keystore",
+    "*.env",
+    "kubeconfig*",
+    "*.tfstate*",
+    "*.tfvars",
+]
+# what a file holding a secret says, whatever its name (read in the first MiB of each file)
+SECRET_CONTENT = re.compile(
+    rb"-----BEGIN [A-Z ]*PRIVATE KEY-----|aws_secret_access_key|\bAKIA[0-9A-Z]{16}\b|\"private_key\"\s*:"
+    rb"|\"type\"\s*:\s*\"service_account\"|\bgh[pousr]_[A-Za-z0-9]{36}\b|\bxox[baprs]-[A-Za-z0-9-]{10,}"
+)
 AGENT_WAIT_S = 120  # how long a submission retries while the cluster's job agent is not up yet
 
 
@@ -159,7 +185,7 @@ def runtime_env(
     out: dict[str, Any] = {
         "working_dir": str(working_dir.resolve()),
         "py_modules": [str(wheel.resolve())],
-        "excludes": EXCLUDES + SECRET_EXCLUDES,
+        "excludes": EXCLUDES + SECRET_EXCLUDES + content_excludes(working_dir),
     }
     if pip:
         out["pip"] = list(pip)
@@ -175,14 +201,42 @@ def stage(config: Path, into: Path) -> Path:
 
 
 def uploaded_files(working_dir: Path) -> list[str]:
-    """The files of ``working_dir`` that the submission uploads (after the excludes), relative paths."""
+    """The files of ``working_dir`` that the submission uploads (after the excludes, by name and by
+    content: :func:`content_excludes`), relative paths."""
+    secret = set(content_excludes(working_dir))
+    out = []
+    for rel in _named_uploads(working_dir):
+        if "/" + rel.as_posix() in secret:
+            log.warning("not uploading %s: it holds what looks like a private key or a cloud credential", rel)
+        else:
+            out.append(str(rel))
+    return out
+
+
+def _named_uploads(working_dir: Path) -> list[Path]:
+    """The files of ``working_dir`` that no name pattern excludes, relative paths."""
     patterns = [e.rstrip("/") for e in EXCLUDES + SECRET_EXCLUDES]
     out = []
     for path in sorted(working_dir.rglob("*")):
         rel = path.relative_to(working_dir)
         if path.is_file() and not any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in patterns):
-            out.append(str(rel))
+            out.append(rel)
     return out
+
+
+def holds_secret(path: Path) -> bool:
+    """Whether the file's first MiB holds a private key, a cloud credential or an access token."""
+    try:
+        with open(path, "rb") as fh:
+            return SECRET_CONTENT.search(fh.read(2**20)) is not None
+    except OSError:
+        return False
+
+
+def content_excludes(working_dir: Path) -> list[str]:
+    """Ray exclude patterns (anchored at the working dir) for the files no name pattern excludes that
+    :func:`holds_secret` finds."""
+    return ["/" + rel.as_posix() for rel in _named_uploads(working_dir) if holds_secret(working_dir / rel)]
 
 
 def _config_in(working_dir: Path, config: Path) -> str:
@@ -249,12 +303,27 @@ def auth_headers(token_file: str | Path | None = None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def _loopback(address: str) -> bool:
+    """Whether ``address`` names this machine (a token sent there crosses no network)."""
+    from urllib.parse import urlparse
+
+    host = urlparse(address).hostname or ""
+    return host == "localhost" or host.startswith("127.") or host == "::1"
+
+
 def client(address: str, token_file: str | Path | None = None) -> Any:
     """A JobSubmissionClient for ``address``; AuthError with the fix when the cluster wants a token."""
     from ray.job_submission import JobSubmissionClient
 
+    headers = auth_headers(token_file)
+    if headers and address.startswith("http://") and not _loopback(address):
+        log.warning(
+            "%s: sending the cluster's token over plain http; anyone on the path can read it (use https, "
+            "or a tunnel to the head node)",
+            address,
+        )
     try:
-        return JobSubmissionClient(address, headers=auth_headers(token_file) or None)
+        return JobSubmissionClient(address, headers=headers or None)
     except Exception as exc:  # ray raises its own AuthenticationError (a ConnectionError subclass)
         if "uthenticat" in str(exc) or "Unauthorized" in str(exc) or "Forbidden" in str(exc):
             raise AuthError(

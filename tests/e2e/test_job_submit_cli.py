@@ -132,8 +132,12 @@ def test_submit_uploads_the_config_alone_never_secrets_beside_it(tmp_path, monke
     (folder / "sub").mkdir(parents=True)
     config = folder / "ml.yaml"
     config.write_text(f"output:\n  path: {tmp_path / 'runs'}\n")
-    for name in (".env", "token", "ray-token.txt", "sub/notes.md", "id_rsa"):
+    for name in (".env", "token", "ray-token.txt", "sub/notes.md", "id_rsa", "prod.env", "id_ed25519", "kubeconfig"):
         (folder / name).write_text("s3cr3t")
+    for name in ("main.tfstate", "cert.pfx"):
+        (folder / name).write_text("s3cr3t")
+    (folder / "sub" / "deploy.yaml").write_text("key: |\n  -----BEGIN OPENSSH PRIVATE KEY-----\n  abc\n")
+    (folder / "sub" / "aws.ini").write_text("[default]\naws_secret_access_key = abc\n")
     calls = {}
     _fake_ray_client(monkeypatch, calls)
     with caplog.at_level("INFO"):
@@ -141,11 +145,25 @@ def test_submit_uploads_the_config_alone_never_secrets_beside_it(tmp_path, monke
     assert calls["everything"] == ["ml.yaml"]  # only the config travels by default
     assert "uploading to http://head:8265" in caplog.text and "ml.yaml" in caplog.text
     submit_mod.submit(config, "http://head:8265", working_dir=folder)  # an explicit folder: secrets excluded
-    assert calls["uploaded"] == ["ml.yaml", "sub/notes.md"]
-    assert {".?*", "*token*"} <= set(calls["runtime_env"]["excludes"])
+    assert calls["uploaded"] == ["ml.yaml", "sub/notes.md"]  # by name, and by content (a key, a credential)
+    assert {".?*", "*token*", "/sub/aws.ini", "/sub/deploy.yaml"} <= set(calls["runtime_env"]["excludes"])
+    assert "not uploading sub/deploy.yaml" in caplog.text
     assert calls["entrypoint"].startswith("python -m jobs run ml.yaml")
     with pytest.raises(submit_mod.SubmitError, match="not inside it"):
         submit_mod.submit(config, "http://head:8265", working_dir=tmp_path / "elsewhere")
+
+
+def test_a_token_over_plain_http_is_warned_about(tmp_path, monkeypatch, caplog):
+    calls = {}
+    _fake_ray_client(monkeypatch, calls)
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "t0k")
+    with caplog.at_level("WARNING"):
+        submit_mod.client("http://127.0.0.1:8265")
+        assert "plain http" not in caplog.text  # this machine: no network crossed
+        submit_mod.client("https://head:8265")
+        assert "plain http" not in caplog.text
+        submit_mod.client("http://head:8265")
+    assert "sending the cluster's token over plain http" in caplog.text
 
 
 def test_submit_os_errors_are_one_line(tmp_path):
