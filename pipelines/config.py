@@ -367,6 +367,12 @@ class ExecutionConfig(_Strict):
         default=16, ge=1, description="requests decoding at once per worker (continuous-batching slots)"
     )
     pool_cache_size: int = Field(default=8, ge=1, description="pools an actor keeps loaded (LRU)")
+    progress_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="a worker that holds requests and finishes none of them for this long has stalled: "
+        "the run stops with one line naming it (exit 1) and releases the output",
+    )
     engine: Literal["auto", "vllm", "hf"] = Field(
         default="auto",
         description=(

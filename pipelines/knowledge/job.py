@@ -409,7 +409,7 @@ def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
     engine = job_engine(cfg)
     spec, num_workers = job_actors(cfg, entities, engine=engine)
     log.info("engine: %s (execution.engine: %s)", engine, cfg.execution.engine)
-    return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address)
+    return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address, cfg.execution.progress_timeout_s)
 
 
 def knowledge_task(

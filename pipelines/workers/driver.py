@@ -36,6 +36,7 @@ from pipelines.workers.actors import (
 log = logging.getLogger(__name__)
 
 ACTOR_RESTARTS = 3  # restarts of a worker actor whose process died, and re-sends of a request it lost
+PROGRESS_TIMEOUT_S = 600.0  # a worker holding requests that returns none of them for this long has stalled
 
 
 class EngineUnusable(RuntimeError):
@@ -45,6 +46,11 @@ class EngineUnusable(RuntimeError):
     def __init__(self, what: str, reason: str) -> None:
         self.reason = one_line(reason)
         super().__init__(f"engine unusable ({what}): {self.reason}")
+
+
+class Stalled(EngineUnusable):
+    """A worker held requests and finished none of them for the group's progress timeout: the run stops
+    (its lock released, exit 1) instead of waiting for ever."""
 
 
 def one_line(text: str, limit: int = 300) -> str:
@@ -191,9 +197,15 @@ class WorkerGroup:
     """``num_workers`` actors of ``worker_cls`` sharing one model spec; serves several passes, then ``close``."""
 
     def __init__(
-        self, worker_cls: type[StreamWorker], spec: ModelSpec, num_workers: int, address: str | None = None
+        self,
+        worker_cls: type[StreamWorker],
+        spec: ModelSpec,
+        num_workers: int,
+        address: str | None = None,
+        progress_timeout_s: float = PROGRESS_TIMEOUT_S,
     ) -> None:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
+        self.progress_timeout_s = progress_timeout_s
         self.actors: list[Any] = []
         self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
         self.broken: dict[int, str] = {}  # actors that failed to start or died -> why
@@ -284,6 +296,7 @@ class WorkerGroup:
             raise EngineUnusable("no worker is left", next(iter(self.broken.values())))
         calls: dict[Any, int] = {}
         first = FirstFailures(slots)
+        progress = {a: time.monotonic() for a in alive}  # when each actor last finished a request
 
         def call(a: int) -> None:
             new: list[GenerationRequest] = []
@@ -319,6 +332,14 @@ class WorkerGroup:
                     result, held = WorkResult(), set()
                     alive.discard(a)
                     ray.kill(self.actors[a])  # a worker that declared itself dead still holds its resources
+                if result.keys() or not outstanding[a]:
+                    progress[a] = time.monotonic()
+                elif time.monotonic() - progress[a] > self.progress_timeout_s:
+                    raise Stalled(
+                        f"worker {a} finished none of its {len(outstanding[a])} requests for "
+                        f"{self.progress_timeout_s:g} s (execution.progress_timeout_s)",
+                        self.broken.get(a, "no row, no failure and no error from its engine"),
+                    )
                 for key in result.keys():
                     outstanding[a].pop(key, None)
                 for key in [k for k in outstanding[a] if k not in held]:  # lost with a dead process

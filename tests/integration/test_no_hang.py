@@ -50,6 +50,9 @@ class FakeWorker(StreamWorker):
                 yield WorkResult(failures=[_fail(r, "RuntimeError: cannot run this model") for r in batch])
             elif task == "each":
                 yield WorkResult(failures=[_fail(r, f"ValueError: {r.entity_id} has a bad title") for r in batch])
+            elif task == "hang":  # takes its requests and never finishes one (a stuck engine)
+                while True:
+                    time.sleep(1)
             elif task == "raise":
                 yield WorkResult(rows=[_row(batch[0])])
                 raise RuntimeError("serve loop broke")
@@ -148,6 +151,17 @@ def test_one_error_for_every_request_stops_the_run_after_the_first_batch(tmp_pat
         taken = sum(ray.get(a.__ray_call__.remote(lambda self: self.taken)) for a in group.actors)
     assert not [f for r in yielded for f in r.failures]  # no per-entity failure records
     assert taken < 40  # stopped after the first batch, not after trying every entity
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_stops_making_progress_stops_the_run_within_the_deadline(tmp_path, ray_session):
+    from pipelines.workers import Stalled
+
+    group = WorkerGroup(FakeWorker, ModelSpec(str(tmp_path)), num_workers=1, address=ray_session, progress_timeout_s=3)
+    with group, pytest.raises(Stalled, match=r"worker 0 finished none of its \d+ requests for 3 s") as err:
+        t0 = time.monotonic()
+        _drain(group, "hang", 6)
+    assert time.monotonic() - t0 < 30 and "\n" not in str(err.value)
 
 
 @pytest.mark.timeout(90)
