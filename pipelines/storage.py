@@ -24,8 +24,6 @@ from typing import Any, Callable
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from laser.files import file_mode
-
 _LOCAL = LocalFileSystem()
 HINTS = {
     "s3": "install s3fs (the s3 extra)",
@@ -52,6 +50,8 @@ def atomic_write_local(path: Path, write: Callable[[str], Any]) -> None:
 
     ``mkstemp`` creates the temp file 0600; it gets the umask-derived mode of a normal write instead.
     """
+    from laser.files import file_mode  # here: importing the laser package loads torch, which `laser --help` never needs
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.fchmod(fd, file_mode())
     os.close(fd)

@@ -12,8 +12,13 @@ from pipelines.knowledge.generation import BatchResult
 class RecordingGroup:
     """Fails every request it gets (no model), remembering what each batch looked like when it was sent."""
 
+    startup_s = 0.0  # started before: nothing to wait for
+
     def __init__(self, requests: list[GenerationRequest]) -> None:
         self.all, self.sent = requests, []
+
+    def working(self) -> int:
+        return 1
 
     def stream(self, batch, task, *, slots, desc, unit="entity"):
         filled = {r.key for r in self.all if r.history is not None}
