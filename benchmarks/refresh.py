@@ -265,6 +265,9 @@ def _ratio(a: float, b: float) -> float | None:
     return a / b if a and b else None
 
 
+OUTSIDE = "process start and exit"  # the process's wall outside the job's time account
+
+
 def plot_time(runs: dict[str, Any], path: Path) -> None:
     """A stacked bar per run of its time account (the process's own start, before the job, on top)."""
     import matplotlib
@@ -280,7 +283,7 @@ def plot_time(runs: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     bottoms = [0.0] * len(names)
     colours = [plt.get_cmap("tab20")(i) for i in range(20)]
-    for i, phase in enumerate((*PHASES, "process start and exit")):
+    for i, phase in enumerate((*PHASES, OUTSIDE)):
         heights = [_phase_s(runs[n], phase) for n in names]
         if any(heights):
             ax.bar(names, heights, bottom=bottoms, label=phase, color=colours[i % len(colours)])
@@ -294,9 +297,9 @@ def plot_time(runs: dict[str, Any], path: Path) -> None:
 
 
 def _phase_s(run: dict[str, Any], phase: str) -> float:
-    """A run's seconds in ``phase``; ``process start``: the process's wall before and after the job."""
+    """A run's seconds in ``phase``; :data:`OUTSIDE`: the process's wall before and after the job."""
     account = run.get("time") or {}
-    if phase == "process start and exit":
+    if phase == OUTSIDE:
         return max(0.0, run["wall_s"] - float(account.get("wall_s", 0.0)))
     return float(account.get("seconds", {}).get(phase, 0.0))
 
@@ -314,7 +317,7 @@ def print_time(result: dict[str, Any], console: Any) -> None:
     table.add_column("phase")
     for name in runs:
         table.add_column(name, justify="right")
-    for phase in (*PHASES, "process start and exit"):
+    for phase in (*PHASES, OUTSIDE):
         cells = [_phase_s(r, phase) for r in runs.values()]
         if any(cells):
             table.add_row(phase, *(f"{c:.1f}" for c in cells))

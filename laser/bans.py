@@ -20,7 +20,6 @@ class BanIndex:
     """``words`` (token sequences) filed by prefix: :meth:`banned` gives the tokens banned after a text."""
 
     def __init__(self, words: Iterable[Sequence[int]]) -> None:
-        self.always: frozenset[int] = frozenset()
         after: dict[tuple[int, ...], set[int]] = {}
         always: set[int] = set()
         for word in words:

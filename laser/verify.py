@@ -55,20 +55,10 @@ class Verifier:
 
 
 def repeats(text: Sequence[int], path: Sequence[int], n: int) -> list[bool]:
-    """For each draft token of ``path`` (a chain after ``text``): whether it completes a token ``n``-gram
-    that ``text`` followed by the path before it already holds. ``n < 2``: never."""
-    if n < 2:
-        return [False] * len(path)
-    seq = list(text[-(n - 1) :]) if n > 1 else []
-    seen = {tuple(text[i : i + n]) for i in range(len(text) - n + 1)}
-    out = []
-    for token in path:
-        seq.append(int(token))
-        gram = tuple(seq[-n:])
-        out.append(len(gram) == n and gram in seen)
-        if len(gram) == n:
-            seen.add(gram)
-    return out
+    """For each draft token of ``path`` (a chain after ``text``, whose last token is the chain's root): whether
+    it completes a token ``n``-gram that ``text`` followed by the path before it already holds (:func:`tree_repeats`
+    on the chain). ``n < 2``: never."""
+    return tree_repeats(text, DraftTree.chain(text[-1] if text else 0, list(path)), n)[1:]
 
 
 def tree_repeats(text: Sequence[int], tree: DraftTree, n: int) -> list[bool]:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from laser.bans import BanIndex, ban_index, mask_banned
+from laser.vllm.sources import Bounded
 
 if TYPE_CHECKING:
     import torch
@@ -35,8 +36,21 @@ def take_words(sampling_metadata: SamplingMetadata) -> tuple[SamplingMetadata, d
     words = getattr(sampling_metadata, "bad_words_token_ids", None)
     if not words or not all(hasattr(sampling_metadata, f) for f in ("output_token_ids", "spec_token_ids")):
         return sampling_metadata, {}
-    indexes = {row: ban_index(tuple(tuple(w) for w in ws)) for row, ws in words.items()}
+    indexes = {row: _index_of(ws) for row, ws in words.items()}
     return dataclasses.replace(sampling_metadata, bad_words_token_ids={}), indexes
+
+
+_BY_LIST: Bounded[int, tuple[object, BanIndex]] = Bounded(4096)  # a request's word list -> its index
+
+
+def _index_of(words: list[list[int]]) -> BanIndex:
+    """The index of a request's word list, built at its first step: vLLM hands the same list object every
+    step of the request, so later steps cost one look-up (the list is kept, so its id is not reused)."""
+    hit = _BY_LIST.get(id(words))
+    if hit is None or hit[0] is not words:
+        hit = (words, ban_index(tuple(tuple(w) for w in words)))
+        _BY_LIST[id(words)] = hit
+    return hit[1]
 
 
 def ban_rows(
