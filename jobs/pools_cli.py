@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from contextlib import suppress
 from pathlib import Path
 from typing import Optional
 
@@ -42,27 +43,35 @@ def build(
     laser.vllm.request_args(pool="KEY", pool_store="OUT") (the key as a string). Null or blank texts and rows
     without a group are skipped and counted."""
     import laser
-    from pools.from_table import TableError, build_from_table
+    from pipelines.lock import output_lock
+    from pools.from_table import TableError, build_from_table, check_out
 
     try:
         tokenizer = laser.load_tokenizer(model)
-    except ValueError as exc:  # names the model
+        check_out(out)
+    except ValueError as exc:  # names the model or the folder
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+    made = not out.exists()
     try:
-        result = build_from_table(
-            table,
-            text_column,
-            group_column,
-            tokenizer,
-            out,
-            key_prefix=key_prefix,
-            max_pool_size=max_pool_size,
-            snapshot=snapshot,
-            seed=seed,
-            meta={"model": model},
-        )
+        with output_lock(out):  # one build of a store at a time (a second one exits 75 naming the first)
+            result = build_from_table(
+                table,
+                text_column,
+                group_column,
+                tokenizer,
+                out,
+                key_prefix=key_prefix,
+                max_pool_size=max_pool_size,
+                snapshot=snapshot,
+                seed=seed,
+                meta={"model": model},
+            )
     except TableError as exc:
+        if made:  # a build refused before it wrote anything leaves no folder behind (only the lock made it)
+            (out / ".run.lock").unlink(missing_ok=True)
+            with suppress(OSError):  # not empty: a part was written before the error
+                out.rmdir()
         typer.secho(str(exc), fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     typer.echo(

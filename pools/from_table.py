@@ -134,7 +134,7 @@ def build_from_table(
     name, directory = str(table), Path(out)
     if max_pool_size is not None and max_pool_size < 1:
         raise TableError(f"max_pool_size must be at least 1, got {max_pool_size}")
-    _check_out(directory)
+    check_out(directory)
     frame = scan_table(table)
     _checked(frame, name, text_column, group_column)
     counts_q, kept_q = _selected(frame, text_column, group_column, key_prefix, max_pool_size, seed)
@@ -154,11 +154,13 @@ def build_from_table(
     return build
 
 
-def _check_out(directory: Path) -> None:
-    """``directory`` may be new, empty or a pool store (replaced): never a folder of other files."""
+def check_out(directory: Path) -> None:
+    """``directory`` may be new, empty (hidden files aside: a lock) or a pool store (replaced): never a folder of
+    other files."""
     if directory.exists() and not directory.is_dir():
         raise TableError(f"{directory}: a file, not a folder for the pool store")
-    if directory.is_dir() and any(directory.iterdir()) and not (directory / MANIFEST).exists():
+    shown = directory.is_dir() and any(not p.name.startswith(".") for p in directory.iterdir())
+    if shown and not (directory / MANIFEST).exists():
         raise TableError(f"{directory}: a folder that is not empty and holds no pool store; choose an empty folder")
 
 

@@ -17,9 +17,15 @@ code). ``get`` loads the snapshot when there is one and builds the trie from the
 pool is used: the worker that drafts from it); ``laser bench pools`` measures both paths. Every file is plain
 data (Arrow IPC, Parquet, JSON): nothing in a pool store is unpickled, so a tampered store can give poor drafts
 but never run code. Files are written under new names, then the manifest atomically (temp file + rename):
-a reader sees either the old or the new store, and a build killed midway leaves the old one whole; files no
-manifest names are removed by the next commit. Stores of format 1 (one file per pool) are not read: the
-next build replaces them.
+a reader sees either the old or the new store, and a build killed midway leaves the old one whole. Each
+commit numbers its manifest (``generation``) and removes the files that neither it nor the manifest it
+replaces names: a reader that opened the previous generation (a vLLM server) still finds every file it
+names, and :meth:`PoolStore.changed` tells it to reopen. Stores of format 1 (one file per pool) are not
+read: the next build replaces them.
+
+A store is read as untrusted input (a server opens the stores its clients name): the manifest's shape is
+checked at open, every file it names must be a plain name of a regular file inside the store (no path, no
+link out of it, no device), and anything wrong is a :class:`PoolStoreError`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
+import stat
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -50,6 +59,8 @@ MANIFEST = "manifest.json"
 _COLUMN = "token_ids"
 SNAPSHOT_SUFFIX = ".trie.arrow"
 _POOL_SETTINGS = ("max_depth", "min_fraction", "max_trie_nodes", "texts")
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # what a manifest may name: a file of the store
+_FILE_KEYS = ("file", "snapshot")  # the file names of a manifest entry
 
 
 class PoolStoreError(ValueError):
@@ -125,24 +136,94 @@ def commit_store(
     the ``members`` table of this build; then remove the files no entry names."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    previous = _previous_manifest(directory)
     members_file = None
     if members is not None:
         members_file = f"members-{uuid.uuid4().hex[:12]}.parquet"
         atomic_write(directory / members_file, lambda tmp: pq.write_table(members, tmp))
     manifest = {
         "format_version": FORMAT_VERSION,
+        "generation": int(previous.get("generation", 0)) + 1,
         "tokenizer": asdict(tokenizer),
         "meta": dict(meta or {}),
         "members": members_file,
         "pools": {key: dict(entries[key]) for key in sorted(entries)},
     }
     atomic_write(directory / MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=1)))
-    keep = {e.get(f) for e in entries.values() for f in ("file", "snapshot")} | {members_file}
+    keep = _named_files(manifest) | _named_files(previous)  # a reader of the previous generation still finds its files
     for stale in [*directory.glob("p*-*.arrow"), *directory.glob("pool-*.pkl"), *directory.glob("members-*.parquet")]:
         if stale.name not in keep:  # this store's earlier files (and format 1's pool-*.arrow, .pkl)
             stale.unlink()
     log.info("wrote %d pools to %s", len(entries), directory)
-    return PoolStore(directory, manifest)
+    return PoolStore(directory, manifest, _signature(directory / MANIFEST))
+
+
+def _named_files(manifest: Mapping[str, Any]) -> set[str]:
+    """The files a manifest names."""
+    pools = manifest.get("pools") or {}
+    named = {e.get(f) for e in pools.values() if isinstance(e, dict) for f in _FILE_KEYS}
+    return {n for n in named | {manifest.get("members")} if isinstance(n, str)}
+
+
+def _previous_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest a commit replaces ({} when there is none or it is unreadable: nothing of it is kept)."""
+    try:
+        return _checked_manifest(directory / MANIFEST, (directory / MANIFEST).read_bytes())
+    except (OSError, PoolStoreError):
+        return {}
+
+
+def _checked_manifest(path: Path, raw: bytes) -> dict[str, Any]:
+    """The manifest in ``raw``, its shape checked: a :class:`PoolStoreError` naming ``path`` otherwise."""
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise PoolStoreError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise PoolStoreError(f"{path}: a JSON object expected, got {type(manifest).__name__}")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise PoolStoreError(
+            f"{path}: format version {manifest.get('format_version')!r}, this code reads version {FORMAT_VERSION}"
+        )
+    tok, pools = manifest.get("tokenizer"), manifest.get("pools")
+    if not (isinstance(tok, dict) and isinstance(tok.get("name"), str) and isinstance(tok.get("vocab_sha256"), str)):
+        raise PoolStoreError(f"{path}: 'tokenizer' must be {{'name': str, 'vocab_sha256': str}}")
+    if not isinstance(pools, dict):
+        raise PoolStoreError(f"{path}: 'pools' must be an object of pool entries")
+    if not isinstance(manifest.get("generation", 0), int):
+        raise PoolStoreError(f"{path}: 'generation' must be an integer")
+    for key, entry in pools.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("n_texts"), int) or entry["n_texts"] < 0:
+            raise PoolStoreError(f"{path}: pool {key!r}: an entry with an integer 'n_texts' expected")
+        if not isinstance(entry.get("offset", 0), int) or entry.get("offset", 0) < 0:
+            raise PoolStoreError(f"{path}: pool {key!r}: 'offset' must be an integer >= 0")
+        for name in [entry.get("file")] + [entry[k] for k in _FILE_KEYS[1:] if entry.get(k) is not None]:
+            _check_name(path, name, f"pool {key!r}")
+    if manifest.get("members") is not None:
+        _check_name(path, manifest["members"], "members")
+    return manifest
+
+
+def _check_name(path: Path, name: object, what: str) -> None:
+    """A file a manifest names is a plain file name of the store (never a path)."""
+    if not isinstance(name, str) or not _FILE_NAME.fullmatch(name) or ".." in name:
+        raise PoolStoreError(f"{path}: {what} names {str(name)[:80]!r}, not a file of the store")
+
+
+def _inside(directory: Path, name: str) -> Path:
+    """The regular file ``name`` of the store at ``directory``: a link out of the store, a device or a folder
+    is a :class:`PoolStoreError`."""
+    path = directory / name
+    real, root = Path(os.path.realpath(path)), Path(os.path.realpath(directory))
+    if real.parent != root:
+        raise PoolStoreError(f"{path}: links out of the pool store")
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise PoolStoreError(f"{path}: missing (the store was rebuilt or damaged)") from None
+    if not stat.S_ISREG(mode):
+        raise PoolStoreError(f"{path}: not a regular file")
+    return path
 
 
 def write_store(
@@ -186,15 +267,25 @@ def _read_snapshot(path: Path) -> RetrievalPool:
 
 
 def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _signature(path: Path) -> tuple[int, int, int]:
+    """What changes when a file is replaced: its inode, size and modification time."""
+    st = os.stat(path)
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class PoolStore:
     """A persisted set of pools; ``get(key)`` loads (and caches) one pool on first use."""
 
-    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+    def __init__(
+        self, directory: Path, manifest: dict[str, Any], signature: tuple[int, int, int] | None = None
+    ) -> None:
         self.directory = directory
         self.manifest = manifest
+        self.signature = signature  # the manifest file's (inode, size, mtime) when read
         self._pools: dict[str, RetrievalPool] = {}
         self._verified: set[str] = set()  # part files whose checksum matched once
 
@@ -206,11 +297,8 @@ class PoolStore:
         path = directory / MANIFEST
         if not path.exists():
             raise PoolStoreError(f"{directory}: no pool store ({MANIFEST} missing)")
-        manifest = json.loads(path.read_text())
-        if manifest.get("format_version") != FORMAT_VERSION:
-            raise PoolStoreError(
-                f"{path}: format version {manifest.get('format_version')!r}, this code reads version {FORMAT_VERSION}"
-            )
+        signature = _signature(_inside(directory, MANIFEST))
+        manifest = _checked_manifest(path, path.read_bytes())
         if tokenizer is not None:
             expected = tokenizer if isinstance(tokenizer, TokenizerFingerprint) else TokenizerFingerprint.of(tokenizer)
             stored = TokenizerFingerprint(**manifest["tokenizer"])
@@ -220,7 +308,19 @@ class PoolStore:
                     f"(vocab sha256 {stored.vocab_sha256[:12]}), not {expected.name!r} "
                     f"(vocab sha256 {expected.vocab_sha256[:12]}); rebuild the pools"
                 )
-        return cls(directory, manifest)
+        return cls(directory, manifest, signature)
+
+    @property
+    def generation(self) -> int:
+        """The number of the commit that wrote this manifest (0: a store from before generations)."""
+        return int(self.manifest.get("generation", 0))
+
+    def changed(self) -> bool:
+        """Whether the store on disk is no longer the one opened (a new commit, or gone): reopen it."""
+        try:
+            return _signature(self.directory / MANIFEST) != self.signature
+        except OSError:
+            return True
 
     def keys(self) -> list[str]:
         return list(self.manifest["pools"])
@@ -250,9 +350,9 @@ class PoolStore:
     def check(self, key: str) -> Path:
         """The part file of pool ``key``, its checksum checked (once per file); :class:`PoolStoreError` when corrupt."""
         entry = self.manifest["pools"][key]
-        path: Path = self.directory / entry["file"]
+        path = _inside(self.directory, entry["file"])
         if entry["file"] not in self._verified:
-            if entry.get("sha256") and (not path.exists() or _sha256(path) != entry["sha256"]):
+            if entry.get("sha256") and _sha256(path) != entry["sha256"]:
                 raise PoolStoreError(
                     f"{path}: checksum mismatch with {self.directory / MANIFEST}; the pool file is "
                     "corrupt: rebuild the pools (`laser build-pools`, or the next `laser run`)"
@@ -263,7 +363,7 @@ class PoolStore:
     def members(self) -> pa.Table | None:
         """Which entity's text each pool holds, as the build that wrote this store recorded it (or None)."""
         name = self.manifest.get("members")
-        return pq.read_table(self.directory / name) if name and (self.directory / name).exists() else None
+        return pq.read_table(_inside(self.directory, name)) if name and (self.directory / name).exists() else None
 
     def get(self, key: str) -> RetrievalPool:
         """Pool ``key``, built from its stored texts on first use and cached."""
@@ -275,7 +375,7 @@ class PoolStore:
             if (
                 snapshot
                 and entry.get("snapshot_sha256")
-                and _sha256(self.directory / snapshot) != entry["snapshot_sha256"]
+                and _sha256(_inside(self.directory, snapshot)) != entry["snapshot_sha256"]
             ):
                 log.error(
                     "%s: snapshot checksum mismatch; rebuilding pool %r from its texts", self.directory / snapshot, key
@@ -283,7 +383,7 @@ class PoolStore:
                 snapshot = None
             if snapshot:
                 try:
-                    self._pools[key] = _read_snapshot(self.directory / snapshot)
+                    self._pools[key] = _read_snapshot(_inside(self.directory, snapshot))
                 except (OSError, KeyError, ValueError, TypeError, pa.ArrowException) as exc:
                     log.error(
                         "%s: unreadable snapshot (%s); rebuilding pool %r from its texts",

@@ -5,7 +5,8 @@
 Two additions to an ordinary ``LLM(...)`` script: ``speculative_config=laser.vllm.speculative_config(...)``
 makes LASER the engine's drafter, and each request's ``SamplingParams(extra_args=laser.vllm.request_args(...))``
 names the pool it drafts from (here every prompt uses ``--pool``; a real job gives each request its entity's
-pool). ``POOLS`` is a pool store written by ``laser pools build`` with MODEL's tokenizer. Greedy decodes
+pool). ``POOLS`` is a pool store written by ``laser pools build`` with MODEL's tokenizer; the engine opens
+stores only inside the roots its owner lets in (``laser.vllm.add_pool_roots``, or ``LASER_POOL_ROOTS``). Greedy decodes
 exactly as plain vLLM; ``--relaxed`` accepts a draft token in the target's top-2 with probability above 0.1.
 Prints each answer, then the draft tokens vLLM verified and accepted (its own spec-decoding counters).
 """
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from vllm import LLM, SamplingParams
 
+    laser.vllm.add_pool_roots([args.pool_store])  # before the engine starts: its core opens stores only there
     llm = LLM(
         args.model,
         speculative_config=laser.vllm.speculative_config(MAX_DRAFT),

@@ -6,7 +6,8 @@ Two additions to an ordinary ``ray.data.llm`` pipeline: the engine gets LASER as
 ``engine_kwargs["speculative_config"]``, and each row names the pool it drafts from in its
 ``sampling_params["extra_args"]`` (here every row uses ``--pool``; a real pipeline gives each row its
 entity's routed pool). ``POOLS`` is a pool store written by ``laser pools build`` or the knowledge job with
-MODEL's tokenizer, on a path the engines can read. Greedy rows decode exactly as plain vLLM would;
+MODEL's tokenizer, on a path the engines can read and inside ``LASER_POOL_ROOTS`` of their environment
+(set here through the stage's ``runtime_env``). Greedy rows decode exactly as plain vLLM would;
 ``--relaxed`` accepts a draft token in the target's top-2 with probability above 0.1.
 """
 
@@ -63,8 +64,9 @@ def main(argv: list[str] | None = None) -> None:
 
     rule = {"k": 2, "p": 0.1} if args.relaxed else {}
     params = sampling_params(args.max_tokens, pool=args.pool, pool_store=args.pool_store, **rule)
+    roots = {"env_vars": {"LASER_POOL_ROOTS": args.pool_store}}  # the engines open stores only there
     processor = build_processor(
-        processor_config(args.model, cpu=args.cpu),
+        processor_config(args.model, cpu=args.cpu, runtime_env=roots),
         preprocess=lambda row: {
             "id": row["id"],
             "messages": [{"role": "user", "content": row["text"]}],

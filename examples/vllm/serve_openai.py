@@ -1,8 +1,9 @@
 """LASER behind a team's own ``vllm serve``, called with the ``openai`` client (docs/vllm-dropin.md).
 
-Start the server with LASER as its drafter (the JSON is ``laser.vllm.speculative_config(4)``)::
+Start the server with LASER as its drafter (the JSON is ``laser.vllm.speculative_config(4)``), saying where
+the pool stores requests may name lie (none opens elsewhere)::
 
-    vllm serve MODEL --speculative-config \
+    LASER_POOL_ROOTS=/srv/pools vllm serve MODEL --speculative-config \
         '{"method": "custom_class", "model": "laser.vllm.proposer.LaserProposer", "num_speculative_tokens": 4}'
 
 then::

@@ -20,11 +20,12 @@ from laser.vllm.engine import VllmEngine, VllmResult
 from laser.vllm.env import speculative_config, vllm_env
 from laser.vllm.proposer import RowStats
 from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
-from laser.vllm.sources import PromptLookup, get_source, register_source, unregister_source
+from laser.vllm.sources import PromptLookup, add_pool_roots, get_source, register_source, unregister_source
 
 __all__ = [
     "speculative_config",
     "request_args",
+    "add_pool_roots",
     "VllmEngine",
     "VllmResult",
     "vllm_env",

@@ -114,6 +114,10 @@ class VllmEngine:
             machine by :meth:`measure_cost` if cached, else the shipped prior; corrected online either way).
         on_start: called with a line of progress at each start-up stage (loading and compiling, ready in
             N s); the same lines go to this module's logger at INFO.
+        pool_roots: directories the pool stores this engine's requests name lie in, added to
+            ``LASER_POOL_ROOTS`` for vLLM's engine core (a store outside every root never opens,
+            :mod:`laser.vllm.sources`); with the engine core in this process, :meth:`submit` lets in the
+            store it is given, so only an engine core elsewhere needs them.
         vllm_kwargs: passed to ``vllm.LLM``.
 
     vLLM keeps per-request statistics (``disable_log_stats=False``: the queue, first-token and last-token
@@ -141,6 +145,7 @@ class VllmEngine:
         cost: ForwardCost | None = None,
         ngram: tuple[int, int] = (2, 4),
         on_start: Callable[[str], None] | None = None,
+        pool_roots: Sequence[str | os.PathLike[str]] = (),
         **vllm_kwargs: Any,
     ) -> None:
         spec = env.speculation_config(speculation, max_draft, ngram)
@@ -152,6 +157,7 @@ class VllmEngine:
         self.speculation, self.max_draft, self.draft_len = speculation, max_draft, draft_len
         self.threads, self.dtype, self.max_num_seqs = threads, dtype, max_num_seqs
         self._cost = cost
+        self.pool_roots = sources.add_pool_roots(pool_roots)  # before vLLM starts: its engine core reads them
         if speculation == "laser":
             os.environ[COST_ENV] = self.cost.to_json()  # the proposer's budget, in whichever process
             if not in_process or int(vllm_kwargs.get("tensor_parallel_size", 1)) > 1:
@@ -236,6 +242,19 @@ class VllmEngine:
     def unregister_pool(self, key: Hashable) -> None:
         sources.unregister_source(key)
 
+    def _let_in(self, pool_store: str | os.PathLike[str], pool_key: Hashable | None) -> None:
+        """The owner's own requests may name any store: trusted in this process's proposer; with the engine
+        core elsewhere, the store must lie in the roots it started with."""
+        if pool_key is None:
+            raise ValueError("pool_store needs a pool_key (the pool's key in the store)")
+        if self.proposer is not None:
+            self.proposer.store_pools.trust(pool_store)
+        elif self.speculation == "laser" and not sources.within(pool_store, self.pool_roots):
+            raise ValueError(
+                f"pool store {os.fspath(pool_store)} is outside the pool roots vLLM's engine core started with "
+                f"({sources.ROOTS_ENV}); pass pool_roots= when building the engine"
+            )
+
     # generation ----------------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A string is chat-templated (as our engine does); token ids are used as they are."""
@@ -288,8 +307,8 @@ class VllmEngine:
             raise ValueError("relaxed verification is deterministic: it needs temperature 0")
         rule_kw = rule_params(rules, self.tokenizer)
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
-        if pool_store is not None and pool_key is None:
-            raise ValueError("pool_store needs a pool_key (the pool's key in the store)")
+        if pool_store is not None:
+            self._let_in(pool_store, pool_key)
         self._serial += 1
         tag = f"r{self._serial}"
         relaxed = verification == "relaxed"

@@ -36,10 +36,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from laser.cost import ForwardCost
 from laser.defaults import RELAXED_FRESH_N
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from vllm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RETRIEVE_NODES = 2  # tree nodes asked of the drafter per chain token wanted (room for siblings)
 COST_ENV = "LASER_VLLM_STEP_COST"  # the budget's step-cost table (ForwardCost JSON) for every vLLM process
@@ -232,7 +233,7 @@ class LaserProposer:
                 row.context.extend(new)
                 if row.drafter is not None:
                     t0 = time.perf_counter()
-                    row.drafter.commit(new)
+                    self._guarded(rid, row, lambda d: d.commit(new))
                     row.draft_s += time.perf_counter() - t0
             if row.drafter is not None:
                 drafting.append((i, rid, row))
@@ -242,7 +243,9 @@ class LaserProposer:
         for (i, rid, row), L in zip(budgeted, lengths):
             if L > 0 and row.drafter is not None:
                 t0 = time.perf_counter()
-                out[i] = row.drafter.propose_chain(row.context, RETRIEVE_NODES * int(L))[: int(L)]
+                context, limit = row.context, RETRIEVE_NODES * int(L)
+                chain = self._guarded(rid, row, lambda d: d.propose_chain(context, limit))
+                out[i] = (chain or [])[: int(L)]
                 row.draft_s += time.perf_counter() - t0
         for i, _, row in drafting:
             if row.force_cycle:
@@ -262,7 +265,7 @@ class LaserProposer:
         """Each row's draft length from the budget, told how much of its text each drafter matched and
         whether prompts are still being prefilled in chunks."""
         t0 = time.perf_counter()
-        matches = [row.drafter.match_length(row.context) if row.drafter is not None else 0 for _, _, row in rows]
+        matches = [self._guarded(rid, row, lambda d: d.match_length(row.context) or 0) or 0 for _, rid, row in rows]
         share = (time.perf_counter() - t0) / len(rows)
         for _, _, row in rows:
             row.draft_s += share
@@ -273,6 +276,18 @@ class LaserProposer:
             prefilling=prefilling,
             fixed=[row.draft_len for _, _, row in rows],
         )
+
+    def _guarded(self, rid: str, row: _Row, call: Callable[[Drafter], T]) -> T | None:
+        """``call`` on the row's drafter; a drafter that raises (a damaged pool, a bug) is dropped, logged once:
+        the request decodes on without drafts and nothing reaches vLLM's engine loop."""
+        if row.drafter is None:
+            return None
+        try:
+            return call(row.drafter)
+        except Exception:
+            log.exception("request %s: its drafter failed; it decodes on without drafts", rid)
+            row.drafter = None
+            return None
 
     # the chain budget, owned here --------------------------------------------------------------------
     def fresh_budget(self, cost: ForwardCost | None = None) -> ChainBudget:
@@ -345,8 +360,13 @@ class LaserProposer:
         rule = args.rule
         if rule is not None:
             self._check_relaxed(rid, params)
+        try:
+            drafter = self._drafter(args, prompt)
+        except Exception:  # a pool that cannot be opened for this prompt: no drafts, never the engine loop
+            log.exception("request %s: its drafter could not be opened; it decodes without drafts", rid)
+            drafter = None
         row = _Row(
-            drafter=self._drafter(args, prompt),
+            drafter=drafter,
             context=prompt,
             tag=args.tag if args.tag is not None else rid,
             rule=rule,

@@ -13,6 +13,13 @@ A request names its pool in its :class:`laser.vllm.request_args.LaserArgs` (``ex
 
 A key found in neither place is not a silent fallback: the proposer counts it
 (``LaserProposer.unknown_pools``), logs a warning once per key, and the request decodes without drafts.
+
+A shared server trusts no path a client names: a store opens only inside the roots its operator lists in
+``LASER_POOL_ROOTS`` (directories separated by ``os.pathsep``, read when the engine starts; none by
+default, so no request opens a store until the operator says where they are). Whatever goes wrong while
+opening or reading a store (outside the roots, missing, foreign, damaged, rebuilt in place, a bug) gives
+that request no drafts and one warning per store; it never reaches vLLM's engine loop. A store rebuilt in
+place is reopened at its next pool load (its pools already loaded stay as they were read).
 """
 
 from __future__ import annotations
@@ -20,8 +27,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from pathlib import Path
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from laser.drafting import DraftSource, Drafter
@@ -38,6 +46,7 @@ STORE_OPENER = "pools"  # the entry point used when several are installed
 POOL_CACHE = 64  # pools kept loaded per proposer (LRU by store and key)
 STORE_CACHE = 16  # pool stores kept open per proposer (LRU by directory)
 REMEMBERED = 4096  # per-key records a server keeps (broken stores, warned keys, unclaimed statistics)
+ROOTS_ENV = "LASER_POOL_ROOTS"  # the directories request pool stores may lie in (os.pathsep-separated)
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -64,6 +73,8 @@ class PoolStore(Protocol):
     def __contains__(self, key: object) -> bool: ...
 
     def get(self, key: Hashable) -> DraftSource: ...
+
+    def changed(self) -> bool: ...
 
 
 StoreOpener = Callable[..., PoolStore]  # opener(directory, tokenizer=tokenizer)
@@ -117,6 +128,27 @@ def store_opener() -> StoreOpener:
     return opener
 
 
+def pool_roots(env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+    """The directories request pool stores may lie in: ``LASER_POOL_ROOTS``, links resolved (none: no store opens)."""
+    raw = (os.environ if env is None else env).get(ROOTS_ENV, "")
+    return tuple(Path(os.path.realpath(p)) for p in raw.split(os.pathsep) if p.strip())
+
+
+def add_pool_roots(roots: Sequence[str | os.PathLike[str]]) -> tuple[Path, ...]:
+    """Add ``roots`` to ``LASER_POOL_ROOTS`` of this process (and the engine processes it starts); returns all."""
+    known = [str(r) for r in pool_roots()]
+    more = [os.path.realpath(r) for r in roots if os.path.realpath(r) not in known]
+    if more:
+        os.environ[ROOTS_ENV] = os.pathsep.join(known + more)
+    return pool_roots()
+
+
+def within(directory: str | os.PathLike[str], roots: Sequence[Path]) -> bool:
+    """Whether ``directory`` (links and ``..`` resolved) is one of ``roots`` or lies under one."""
+    real = Path(os.path.realpath(directory))
+    return any(real == root or root in real.parents for root in roots)
+
+
 class StorePools:
     """Pool stores opened by directory (once each) and their pools loaded by key (an LRU of ``capacity``).
 
@@ -124,9 +156,13 @@ class StorePools:
         tokenizer: returns the model's tokenizer (called once, at the first store opened); the store
             checks its pools were built with the same one.
         capacity: pools kept loaded; the least recently used is released beyond it.
+        roots: the directories stores may lie in (default: :func:`pool_roots`); :meth:`trust` adds one.
     """
 
-    def __init__(self, tokenizer: Callable[[], object], capacity: int = POOL_CACHE) -> None:
+    def __init__(
+        self, tokenizer: Callable[[], object], capacity: int = POOL_CACHE, roots: Sequence[Path] | None = None
+    ) -> None:
+        self.roots = list(pool_roots() if roots is None else roots)
         self._tokenizer_fn: Callable[[], object] = tokenizer
         self._tokenizer: object = None
         self.capacity = capacity
@@ -136,36 +172,48 @@ class StorePools:
         self.broken: Bounded[str, str] = Bounded(REMEMBERED)  # directory -> why it could not be opened
         self._opener: StoreOpener | None = None
 
+    def trust(self, directory: str | os.PathLike[str]) -> None:
+        """Let requests open the store at ``directory`` (the engine's owner submits its own stores' pools)."""
+        if not within(directory, self.roots):
+            self.roots.append(Path(os.path.realpath(directory)))
+            self.broken.pop(os.fspath(directory), None)
+
     def store(self, directory: str) -> PoolStore | None:
-        """The store at ``directory``, opened once; None (logged once) when it cannot be opened: a request
-        naming a missing or foreign store decodes without drafts instead of taking vLLM's engine down."""
+        """The store at ``directory``, opened once (again when it was rebuilt); None (logged once) when it cannot
+        be opened: a request naming a store outside the roots, missing or foreign decodes without drafts."""
         store = self.stores.get(directory)
-        if store is None and directory not in self.broken:
+        if store is not None and not _changed(store):
+            return store
+        if directory in self.broken:
+            return None
+        try:
+            if not within(directory, self.roots):
+                raise PermissionError(
+                    f"outside the pool-store roots ({ROOTS_ENV}: {os.pathsep.join(map(str, self.roots)) or 'none set'})"
+                )
             if self._opener is None:
                 self._opener = store_opener()
             if self._tokenizer is None:
                 self._tokenizer = self._tokenizer_fn()
-            try:
-                store = self._opener(directory, tokenizer=self._tokenizer)
-            except (OSError, ValueError) as exc:  # PoolStoreError is a ValueError
-                self.broken[directory] = f"{type(exc).__name__}: {exc}"
-                log.warning("pool store %s cannot be opened (%s): its requests decode without drafts", directory, exc)
-                return None
-            self.stores[directory] = store
-            log.info("opened pool store %s", directory)
+            store = self._opener(directory, tokenizer=self._tokenizer)
+        except Exception as exc:  # whatever a client's path holds, never vLLM's engine loop
+            self._broke(directory, exc)
+            return None
+        self.stores[directory] = store
+        log.info("opened pool store %s", directory)
         return store
 
     def get(self, where: str | os.PathLike[str], key: Hashable) -> DraftSource | None:
-        """Pool ``key`` of the store at ``where`` (a directory), or None if the store has no such pool."""
+        """Pool ``key`` of the store at ``where`` (a directory), or None if the store has no such pool or cannot
+        be read (logged once per store)."""
         directory = os.fspath(where)
         pool = self.pools.get((directory, key))
         if pool is not None:
             self.pools.move_to_end((directory, key))
             return pool
-        store = self.store(directory)
-        if store is None or key not in store:
+        pool = self._load(directory, key)
+        if pool is None:
             return None
-        pool = store.get(key)
         self.loads += 1
         self.pools[(directory, key)] = pool
         while len(self.pools) > self.capacity:
@@ -174,6 +222,33 @@ class StorePools:
             if release is not None:
                 release(old_key)
         return pool
+
+    def _load(self, directory: str, key: Hashable) -> DraftSource | None:
+        """Pool ``key`` read from its store; a store rebuilt while it was read is reopened and read once more."""
+        for attempt in range(2):
+            store = self.store(directory)
+            if store is None:
+                return None
+            try:
+                return store.get(key) if key in store else None
+            except Exception as exc:  # a damaged or half-replaced store: this request drafts without it
+                self.stores.pop(directory, None)
+                if attempt or not _changed(store):
+                    self._broke(directory, exc)
+        return None
+
+    def _broke(self, directory: str, exc: Exception) -> None:
+        self.broken[directory] = f"{type(exc).__name__}: {exc}"
+        log.warning("pool store %s cannot be used (%s): its requests decode without drafts", directory, exc)
+
+
+def _changed(store: PoolStore) -> bool:
+    """Whether ``store`` was rebuilt since it was opened (stores without ``changed`` never are)."""
+    changed = getattr(store, "changed", None)
+    try:
+        return bool(changed()) if changed is not None else False
+    except Exception:
+        return True
 
 
 class PromptLookup:

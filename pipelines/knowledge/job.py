@@ -408,6 +408,7 @@ def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
     users and items, when known."""
     engine = job_engine(cfg)
     spec, num_workers = job_actors(cfg, entities, engine=engine)
+    spec = replace(spec, pool_roots=(str(JobPaths.of(cfg).work),))  # the job's pool stores lie under its work dir
     log.info("engine: %s (execution.engine: %s)", engine, cfg.execution.engine)
     return WorkerGroup(GenerationWorker, spec, num_workers, cfg.execution.address, cfg.execution.progress_timeout_s)
 

@@ -90,6 +90,7 @@ class ModelSpec:
     trust_remote_code: bool = False  # run the model repo's own code
     max_model_len: int | None = None  # vLLM's tokens per request; None: the model's own, within the KV cache
     engine_args: Mapping[str, Any] = field(default_factory=dict, hash=False)  # vLLM's own (model.engine_args)
+    pool_roots: tuple[str, ...] = ()  # where the job's pool stores lie (vLLM opens no store elsewhere)
 
     def loading(self) -> dict[str, Any]:
         """The keywords of ``laser.load_model``/``load_tokenizer`` beyond the model's name."""

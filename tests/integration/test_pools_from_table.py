@@ -108,12 +108,20 @@ def test_max_pool_size_caps_each_pool_and_keeps_its_picks(tmp_path, tokenizer):
 
 
 def test_a_rebuild_replaces_the_store(tmp_path, tokenizer):
+    """A rebuild replaces the store; the files of the generation it replaced stay for the readers that hold it,
+    and go with the next rebuild."""
     _rows().write_parquet(tmp_path / "t.parquet")
-    build_from_table(tmp_path / "t.parquet", "review", "genre", tokenizer, tmp_path / "store", snapshot=True)
+    first = build_from_table(tmp_path / "t.parquet", "review", "genre", tokenizer, tmp_path / "store", snapshot=True)
+    held = open_store(tmp_path / "store")
+    first_files = set((tmp_path / "store").glob("*.arrow"))
     _rows({"drama": TEXTS["drama"]}).write_parquet(tmp_path / "t.parquet")
     build_from_table(tmp_path / "t.parquet", "review", "genre", tokenizer, tmp_path / "store")
-    assert open_store(tmp_path / "store").keys() == ["drama"]
-    assert len(list((tmp_path / "store").glob("*.arrow"))) == 1  # the first build's part and snapshots are gone
+    again = open_store(tmp_path / "store")
+    assert again.keys() == ["drama"] and again.generation == held.generation + 1 and held.changed()
+    assert held.token_ids("comedy") and first_files <= set((tmp_path / "store").glob("*.arrow"))  # still readable
+    build_from_table(tmp_path / "t.parquet", "review", "genre", tokenizer, tmp_path / "store")
+    assert not first_files & set((tmp_path / "store").glob("*.arrow"))  # two generations on: gone
+    assert len(list((tmp_path / "store").glob("*.arrow"))) == 2 and first.pools
 
 
 def test_the_engine_s_store_opener_reads_it(tmp_path, tokenizer):
@@ -121,7 +129,7 @@ def test_the_engine_s_store_opener_reads_it(tmp_path, tokenizer):
 
     _rows().write_parquet(tmp_path / "t.parquet")
     build_from_table(tmp_path / "t.parquet", "review", "genre", tokenizer, tmp_path / "store")
-    pools = StorePools(lambda: tokenizer)
+    pools = StorePools(lambda: tokenizer, roots=[tmp_path])
     assert pools.get(tmp_path / "store", "drama") is not None
     assert pools.get(tmp_path / "store", "western") is None
 

@@ -34,11 +34,12 @@ ENGINE = dict(dtype="float32", enforce_eager=True, max_model_len=512, max_num_se
 DRAFTED, ACCEPTED = "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"
 
 
-def _env() -> dict[str, str]:
-    """vLLM's CPU environment (1 thread, 1 GiB of KV cache), engine core in its own process (vLLM's default)."""
+def _env(pool_root: str | Path) -> dict[str, str]:
+    """vLLM's CPU environment (1 thread, 1 GiB of KV cache), engine core in its own process (vLLM's default);
+    request pool stores may lie under ``pool_root``."""
     from laser.vllm import vllm_env
 
-    env = {**os.environ, **vllm_env(threads=1, kv_cache_gib=1, in_process=False)}
+    env = {**os.environ, **vllm_env(threads=1, kv_cache_gib=1, in_process=False), "LASER_POOL_ROOTS": str(pool_root)}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     env["PYTHONPATH"] = str(ROOT)
     return env
@@ -46,7 +47,7 @@ def _env() -> dict[str, str]:
 
 def _run_main(*args: str, timeout: int = 800) -> dict:
     proc = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env()
+        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env(args[1])
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("REPORT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
@@ -260,7 +261,9 @@ def test_vllm_serve_with_the_openai_client(reference):
     cmd += ["--port", str(port), "--speculative-config", json.dumps(laser.vllm.speculative_config(MAX_DRAFT))]
     cmd += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8"]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(workdir), cwd=ROOT, start_new_session=True
+        )
     try:
         _wait_ready(port, proc, log)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)

@@ -97,7 +97,7 @@ def _main(workdir: Path) -> dict[str, Any]:
 
     example = _example()
     model = str(save_tiny_model(workdir / "tiny", hidden_size=128))
-    env = vllm_env(threads=1, kv_cache_gib=1, in_process=False, bind=False)
+    env = {**vllm_env(threads=1, kv_cache_gib=1, in_process=False, bind=False), "LASER_POOL_ROOTS": str(workdir)}
     ctx = ray.init(
         num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False, runtime_env={"env_vars": env}
     )

@@ -44,6 +44,7 @@ def _main(workdir: str) -> None:
         enforce_eager=True,
         in_process=False,
         per_request_spec_decode_metrics="detailed",
+        pool_roots=[workdir],  # the engine core opens no store outside its roots
     )
     try:
         report = {"proposer_in_caller": eng.proposer is not None}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+from pathlib import Path
 
 import psutil
 import pytest
@@ -41,7 +42,7 @@ def _opener(directory: str, tokenizer: object = None) -> _Store:
 def test_100000_distinct_store_paths_leave_memory_flat(monkeypatch):
     monkeypatch.setattr(sources, "store_opener", lambda: _opener)
     monkeypatch.setattr(sources.log, "disabled", True)  # pytest keeps every record it captures
-    pools = StorePools(lambda: object())
+    pools = StorePools(lambda: object(), roots=[Path("/srv")])
     rss = psutil.Process(os.getpid()).memory_info().rss
 
     def burst(start: int) -> None:
@@ -76,7 +77,7 @@ def test_a_store_closed_by_the_lru_does_not_break_releasing_its_pools(monkeypatc
 
     monkeypatch.setattr(sources, "store_opener", lambda: lambda d, tokenizer=None: Store(d))
     monkeypatch.setattr(sources, "STORE_CACHE", cap)
-    pools = StorePools(lambda: object(), capacity=2)
+    pools = StorePools(lambda: object(), capacity=2, roots=[Path("/srv")])
     for i in range(40):
         assert pools.get(f"/srv/s{i % 20}", i) is not None
     assert len(pools.pools) == 2

@@ -167,7 +167,7 @@ def test_store_pools_open_each_store_once_and_keep_an_lru(tmp_path):
         calls.append(1)
         return TokenizerFingerprint("t", "0" * 64)
 
-    sp = StorePools(tokenizer, capacity=2)
+    sp = StorePools(tokenizer, capacity=2, roots=[tmp_path])
     assert sp.get(tmp_path / "s", "a") is sp.get(str(tmp_path / "s"), "a")
     assert sp.get(tmp_path / "s", "missing") is None
     sp.get(tmp_path / "s", "b")
@@ -184,13 +184,13 @@ def test_a_store_that_cannot_be_opened_gives_no_drafts_and_is_tried_once(tmp_pat
     from pools.store import TokenizerFingerprint, write_store
 
     write_store(tmp_path / "other", {"a": [[1, 2, 3]]}, TokenizerFingerprint("t", "1" * 64))
-    sp = StorePools(lambda: TokenizerFingerprint("t", "0" * 64))
+    sp = StorePools(lambda: TokenizerFingerprint("t", "0" * 64), roots=[tmp_path])
     for _ in range(2):
         assert sp.get(tmp_path / "missing", "a") is None
         assert sp.get(tmp_path / "other", "a") is None
     assert set(sp.broken) == {str(tmp_path / "missing"), str(tmp_path / "other")}
     assert "vocab" in sp.broken[str(tmp_path / "other")] or "tokenizer" in sp.broken[str(tmp_path / "other")]
-    assert caplog.text.count("cannot be opened") == 2
+    assert caplog.text.count("cannot be used") == 2
 
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")

@@ -136,6 +136,7 @@ class VllmAdapter:
                 dtype=dtype,
                 seed=spec.seed,
                 enforce_eager=not spec.compile,
+                pool_roots=spec.pool_roots,
                 **more,
             )
         return self.engine
