@@ -36,6 +36,7 @@ _VERSION_KEY = "v"
 
 DraftLen = int | Literal["auto"]
 INT64 = 2**63 - 1  # the largest value any integer argument may take anywhere (numpy's int64)
+PATH_MAX = 4096  # characters of a pool-store path (Linux's PATH_MAX): what a server remembers per store stays small
 
 
 @dataclass(frozen=True)
@@ -110,16 +111,21 @@ class LaserArgs:
                 f"pool must be a string of at most {LIMITS.tag} characters or an integer within int64, "
                 f"got {_short(self.pool)}"
             )
-        if self.pool_store is not None and (not isinstance(self.pool_store, str) or self.pool is None):
-            return f"pool_store must be a directory (a string) beside a pool key, got {self.pool_store!r}"
+        if self.pool_store is not None and (
+            not isinstance(self.pool_store, str) or self.pool is None or not 0 < len(self.pool_store) <= PATH_MAX
+        ):
+            return (
+                f"pool_store must be a directory (a string of at most {PATH_MAX} characters) beside a pool key, "
+                f"got {_short(self.pool_store)}"
+            )
         if (self.k is None) != (self.p is None):
-            return f"k and p go together (relaxed verification), got k={self.k!r}, p={self.p!r}"
+            return f"k and p go together (relaxed verification), got k={_short(self.k)}, p={_short(self.p)}"
         if self.k is not None and (not _is_int(self.k) or not 1 <= self.k <= INT64):
             return f"k must be an integer >= 1 (at most the vocabulary), got {_short(self.k)}"
         if self.p is not None and not _is_prob(self.p):
-            return f"p must be a probability in [0, 1], got {self.p!r}"
+            return f"p must be a probability in [0, 1], got {_short(self.p)}"
         if not isinstance(self.draft, bool):
-            return f"draft must be true or false, got {self.draft!r}"
+            return f"draft must be true or false, got {_short(self.draft)}"
         if self.draft_len != "auto" and (not _is_int(self.draft_len) or not 0 <= self.draft_len <= LIMITS.draft_len):
             return f"draft_len must be 'auto' or an integer in [0, {LIMITS.draft_len}], got {_short(self.draft_len)}"
         if self.earlier is not None and (
@@ -131,7 +137,7 @@ class LaserArgs:
         if not _is_int(self.n_max) or not 1 <= self.n_max <= LIMITS.n_max:
             return f"n_max must be an integer in [1, {LIMITS.n_max}], got {_short(self.n_max)}"
         if not _is_prob(self.min_prob):
-            return f"min_prob must be a probability in [0, 1], got {self.min_prob!r}"
+            return f"min_prob must be a probability in [0, 1], got {_short(self.min_prob)}"
         return None
 
     @property
@@ -174,13 +180,16 @@ class LaserArgs:
         version = raw.get(_VERSION_KEY)
         if version != VERSION:
             raise LaserArgsError(
-                f"request {request_id}: LASER arguments of version {version!r}, this proposer "
+                f"request {request_id}: LASER arguments of version {_short(version)}, this proposer "
                 f"reads version {VERSION} (the engine and vLLM's processes run different code?)"
             )
         known = {f.name for f in fields(cls)}
         unknown = sorted(str(key) for key in raw if key != _VERSION_KEY and key not in known)
         if unknown:
-            raise LaserArgsError(f"request {request_id}: unknown LASER argument(s) {unknown}; known: {sorted(known)}")
+            shown = ", ".join(_short(key, 40) for key in unknown[:5]) + (
+                f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            )
+            raise LaserArgsError(f"request {request_id}: unknown LASER argument(s) {shown}; known: {sorted(known)}")
         values = {str(key): value for key, value in raw.items() if key != _VERSION_KEY}
         if isinstance(values.get("earlier"), list):  # a list on the wire
             values["earlier"] = tuple(values["earlier"])

@@ -9,15 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from laser.vllm.request_args import LIMITS, VERSION, LaserArgs, LaserArgsError, Limits, check_admission
+from laser.vllm.request_args import LIMITS, PATH_MAX, VERSION, LaserArgs, LaserArgsError, Limits, check_admission
 
 # any value JSON (or msgpack) can carry, huge integers, NaN and infinities included
-_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=300)
+_scalars = (
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=300) | st.just("/" * 5000)
+)
 _values = st.recursive(
     _scalars, lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(), inner), max_leaves=8
 )
 _fields = ("tag", "pool", "pool_store", "k", "p", "draft", "draft_len", "earlier", "n_max", "min_prob")
-_args = st.dictionaries(st.sampled_from(_fields), _values | st.integers(min_value=-(2**80), max_value=2**80))
+_keys = st.sampled_from(_fields) | st.sampled_from(["v", "x" * 3000]) | st.text(max_size=20)
+_args = st.dictionaries(_keys, _values | st.integers(min_value=-(2**80), max_value=2**80))
 
 
 def _safe(args: LaserArgs) -> None:
@@ -27,6 +30,7 @@ def _safe(args: LaserArgs) -> None:
     assert 1 <= args.n_max <= LIMITS.n_max
     assert args.earlier is None or (len(args.earlier) <= LIMITS.earlier and all(0 <= t < 2**63 for t in args.earlier))
     assert args.tag is None or len(args.tag) <= LIMITS.tag
+    assert args.pool_store is None or 0 < len(args.pool_store) <= PATH_MAX  # a server remembers it per store
     assert args.p is None or 0.0 <= args.p <= 1.0
     assert 0.0 <= args.min_prob <= 1.0
 

@@ -54,7 +54,7 @@ def test_a_renamed_key_fails_where_it_is_written():
         LaserArgs(pool_key="user/collab/3")  # type: ignore[call-arg]
     extra = LaserArgs(pool="g").to_extra_args()
     extra["laser"]["pool_key"] = extra["laser"].pop("pool")  # a writer that renamed a key
-    with pytest.raises(LaserArgsError, match=r"request r3: unknown LASER argument\(s\) \['pool_key'\]"):
+    with pytest.raises(LaserArgsError, match=r"request r3: unknown LASER argument\(s\) 'pool_key'; known"):
         LaserArgs.from_extra_args(extra, "r3")
 
 
