@@ -27,12 +27,15 @@ entry fits, a ``PromptTooLongError`` names the user.
 Entity fields (titles, genres, categories) reach the model as text, never as control tokens: a
 tokenizer turns the exact text of its special tokens (``<|im_end|>``, ``</s>``, ``[INST]``) into their
 ids wherever it appears, so :func:`as_text` breaks any such marker in a field with a space after its
-opening bracket (``< |im_end|>``) before the field enters a prompt.
+opening bracket (``< |im_end|>``) before the field enters a prompt. Where the model's tokenizer is known
+(:func:`entity_prompt`), the message is also cleared of every text that tokenizer reads as one control
+token, whatever its shape (:func:`without_control`: its special and added special tokens).
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +75,31 @@ _CONTROL_OPENING = re.compile(
 def as_text(value: object) -> str:
     """``value`` as prompt text that no tokenizer reads as a control token (module docstring)."""
     return _CONTROL_OPENING.sub(lambda m: m.group(0) + " ", str(value))
+
+
+_CONTROL_TEXTS: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _control_pattern(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str] | None:
+    """A pattern of the texts ``tokenizer`` turns into one control token wherever they appear (None: none)."""
+    if tokenizer not in _CONTROL_TEXTS:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+        texts |= {t.content for t in added.values() if getattr(t, "special", False)}
+        texts = {t for t in texts if len(t) > 1 and not t.isspace()}  # one character cannot be broken
+        longest_first = sorted(texts, key=len, reverse=True)
+        _CONTROL_TEXTS[tokenizer] = re.compile("|".join(map(re.escape, longest_first))) if texts else None
+    return _CONTROL_TEXTS[tokenizer]
+
+
+def without_control(text: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """``text`` with each of ``tokenizer``'s control-token texts broken by a space after its first character."""
+    pattern = _control_pattern(tokenizer)
+    for _ in range(8):  # a break could join two halves into a new marker: repeat until none is left
+        if pattern is None or not pattern.search(text):
+            return text
+        text = pattern.sub(lambda m: m.group(0)[0] + " " + m.group(0)[1:], text)
+    raise ValueError(f"cannot clear the control tokens of {type(tokenizer).__name__} from a prompt")
 
 
 def _safe(value: Any) -> Any:
@@ -273,10 +301,10 @@ def task_template(task: DecodeTask) -> PromptTemplate:
 
 def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str:
     """The chat message for ``req`` (user histories truncated to ``max_prompt_tokens`` in ``tokenizer``'s
-    tokens)."""
+    tokens), holding no text ``tokenizer`` reads as a control token."""
     words, template = words_for_budget(task.max_new_tokens), task_template(task)
     if req.entity_type == "user":
-        return user_prompt(
+        text = user_prompt(
             req.history or [],
             user_id=req.entity_id,
             tokenizer=tokenizer,
@@ -285,9 +313,11 @@ def entity_prompt(task: DecodeTask, req: GenerationRequest, tokenizer: PreTraine
             template=template,
             user=req.user,
         )
-    if req.entity_type == "item":
-        return item_prompt(req.item or {"item_id": req.entity_id}, max_words=words, template=template)
-    raise ValueError(f"unknown entity_type {req.entity_type!r}")
+    elif req.entity_type == "item":
+        text = item_prompt(req.item or {"item_id": req.entity_id}, max_words=words, template=template)
+    else:
+        raise ValueError(f"unknown entity_type {req.entity_type!r}")
+    return without_control(text, tokenizer)
 
 
 def entity_input(task: DecodeTask, req: GenerationRequest, tokenizer: PreTrainedTokenizerBase) -> str | list[int]:

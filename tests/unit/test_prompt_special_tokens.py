@@ -76,3 +76,25 @@ def test_other_tokenizers_markers_and_plain_text(tiny_model):
     assert as_text("<<SYS>>x<</SYS>>") == "< < SYS>>x< < /SYS>>"  # Llama 2's system markers
     for plain in ("Love <3", "C++ [2001] (Remastered)", "a < b > c", "Heat (1995)", "x|y"):
         assert as_text(plain) == plain  # ordinary text is left alone
+
+
+def test_the_tokenizer_s_own_control_tokens_whatever_their_shape(tiny_model):
+    """Markers no bracket rule knows (a fairseq-style word, an at-sign marker) are cleared through the tokenizer's
+    own special-token list: the encoded message holds none of them, and the text is still there."""
+    from transformers import AutoTokenizer
+
+    from pipelines.knowledge.prompts import entity_prompt, without_control
+    from pipelines.knowledge.records import DecodeTask
+    from pipelines.workers import GenerationRequest
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tok.add_special_tokens({"additional_special_tokens": ["madeupword0000", "@@END@@"]})
+    special = set(tok.all_special_ids)
+    title = "Heat madeupword0000 @@END@@ </s>"
+    assert as_text(title) != title and "madeupword0000" in as_text(title)  # the bracket rules miss these two
+    task = DecodeTask("autoregressive", {}, max_new_tokens=16, max_prompt_tokens=512)
+    req = GenerationRequest("item", "1", item={"item_id": "1", "title": title, "genres": ["@@END@@x"]})
+    text = entity_prompt(task, req, tok)
+    assert not set(tok.encode(text, add_special_tokens=False)) & special
+    assert "m adeupword0000" in text and "@ @END@@" in text
+    assert without_control("no markers here", tok) == "no markers here"
