@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -60,3 +62,28 @@ def first_divergence(lm: LoadedModel, prompt: list[int], got: list[int], want: l
         return "identical"
     margin = argmax_margin(lm, prompt + want[:i])
     return f"diverged at new token {i}: got {got[i : i + 3]}, want {want[i : i + 3]}; fp32 argmax margin {margin:.3g}"
+
+
+def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
+    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model.
+
+    ``hidden_size=128`` gives 32-wide attention heads, the smallest vLLM's CPU attention supports.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<s>": 0, "</s>": 1}
+    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
+        vocab[ch] = i + 2
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    fast.chat_template = (
+        "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
+    )
+    lm = tiny_llama(vocab_size=len(fast), hidden_size=hidden_size, seed=0, eos_token_id=1)
+    lm.model.config.max_position_embeddings = 4096
+    lm.model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path

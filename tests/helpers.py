@@ -16,35 +16,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from laser.testing import save_tiny_model  # noqa: F401 - the tests' tiny hub-like model
+
 if TYPE_CHECKING:
     import pytest
-
-
-def save_tiny_model(path: Path, hidden_size: int = 64) -> Path:
-    """A tiny random Llama plus a byte-level tokenizer with a chat template, saved like a hub model.
-
-    ``hidden_size=128`` gives 32-wide attention heads, the smallest vLLM's CPU attention supports.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    import laser
-
-    vocab = {"<s>": 0, "</s>": 1}
-    for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())):
-        vocab[ch] = i + 2
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="</s>")
-    fast.chat_template = (
-        "{% for m in messages %}<s>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}\n>{% endif %}"
-    )
-    lm = laser.tiny_llama(vocab_size=len(fast), hidden_size=hidden_size, seed=0, eos_token_id=1)
-    lm.model.config.max_position_embeddings = 4096
-    lm.model.save_pretrained(path)
-    fast.save_pretrained(path)
-    return path
 
 
 def greedy_reference(lm, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
