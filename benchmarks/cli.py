@@ -404,6 +404,29 @@ def bench_store(
     run_store_bench(json_out, tuple(int(s) for s in sizes.split(",")), work)
 
 
+@bench_app.command("fuzz-server")
+def bench_fuzz_server(
+    json_out: Path = typer.Option(Path("docs/results/fuzz-server.json"), "--json", help="JSON output (PNG beside it)."),
+    work: Path = typer.Option(..., help="A folder for the tiny model, the pool stores and the server's log."),
+    hostile: int = typer.Option(2000, min=1, help="Hostile requests sent."),
+    concurrency: int = typer.Option(2, min=1, help="Threads sending them."),
+    seed: int = typer.Option(0, help="Seed of the hostile arguments and the stores' texts."),
+    open_roots: bool = typer.Option(
+        False, "--open-roots", help="The server's roots cover the other team's store too (the read check must fail)."
+    ),
+) -> None:
+    """A live vLLM OpenAI server with LASER's plug-in under generated hostile LASER arguments while a normal client
+    keeps asking: every answer 200 or 400, the engine alive, no stall, latency within 2x, memory flat, no store
+    outside LASER_POOL_ROOTS read. Exits 1 when a target is missed."""
+    from benchmarks.fuzz_server import FuzzSettings, run_fuzz_bench
+
+    report = run_fuzz_bench(
+        json_out, work, FuzzSettings(hostile=hostile, concurrency=concurrency, seed=seed, open_roots=open_roots)
+    )
+    if not all(report["passed"].values()):
+        raise typer.Exit(1)
+
+
 @bench_app.command("lightgcn")
 def bench_lightgcn(
     json_out: Path = typer.Option(Path("docs/results/lightgcn-ml100k.json"), "--json", help="JSON output."),

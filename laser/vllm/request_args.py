@@ -166,11 +166,17 @@ class LaserArgs:
         if raw is None:
             return cls()
         if isinstance(raw, str):  # request_args' JSON form (the OpenAI server takes flat values only)
+            longest = json_limit()
+            if len(raw) > longest:
+                raise LaserArgsError(
+                    f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] is {len(raw)} characters, at most {longest}"
+                )
             try:
                 raw = json.loads(raw)
-            except json.JSONDecodeError as exc:
+            except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: nesting deeper than Python's stack
+                why = str(exc) if isinstance(exc, json.JSONDecodeError) else "nested too deep"
                 raise LaserArgsError(
-                    f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] is not valid JSON ({exc})"
+                    f"request {request_id}: extra_args[{EXTRA_ARGS_KEY!r}] is not valid JSON ({why})"
                 ) from None
         if not isinstance(raw, Mapping):
             raise LaserArgsError(
@@ -271,6 +277,12 @@ def _is_key(value: object) -> bool:
     if isinstance(value, str):
         return len(value) <= LIMITS.tag
     return _is_int(value) and -INT64 - 1 <= value <= INT64  # type: ignore[operator]
+
+
+def json_limit() -> int:
+    """The longest JSON text of a record: room for the longest ``earlier`` (20 characters a token id at most)
+    and every other field at its limit."""
+    return 20 * LIMITS.earlier + 4 * LIMITS.tag + 2 * PATH_MAX + 1024
 
 
 def _short(value: object, limit: int = 60) -> str:

