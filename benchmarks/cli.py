@@ -14,6 +14,16 @@ import typer
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: each prints a table and writes JSON + a PNG plot.")
 
 
+@bench_app.callback()
+def _needs_research_extra() -> None:
+    """Every benchmark plots: without matplotlib, one line before anything is measured."""
+    from importlib.util import find_spec
+
+    if find_spec("matplotlib") is None:
+        typer.secho("laser bench: matplotlib is not installed: pip install 'laser-knowledge[research]'", err=True)
+        raise typer.Exit(1)
+
+
 @bench_app.command("pools")
 def bench_pools(
     json_out: Path = typer.Option(Path("bench-pools.json"), "--json", help="JSON output (PNG beside it)."),
@@ -425,6 +435,20 @@ def bench_fuzz_server(
     )
     if not all(report["passed"].values()):
         raise typer.Exit(1)
+
+
+@bench_app.command("own-text")
+def bench_own_text(
+    json_out: Path = typer.Option(Path("docs/results/own-text.json"), "--json", help="JSON output (PNG beside it)."),
+    length: int = typer.Option(6144, min=2, help="Tokens of each text (prompt plus earlier text at their limits)."),
+    n_max: int = typer.Option(32, min=1, help="How deep a request asks the index (LaserArgs.n_max; its limit: 32)."),
+    steps: int = typer.Option(50, min=1, help="Lookup steps timed per text."),
+) -> None:
+    """What one request's own-text index costs in vLLM's engine loop (build, memory, a step's lookup): capped
+    as built, and with the caps lifted, side by side."""
+    from benchmarks.own_text import run_own_text_bench
+
+    run_own_text_bench(json_out, length, n_max, steps)
 
 
 @bench_app.command("lightgcn")

@@ -55,15 +55,18 @@ class EarlierFirstDrafter(Drafter):
     def _continuation(self, context: Sequence[int], limit: int) -> list[int]:
         """What followed the context's longest suffix in the earlier text (the first occurrence at or after
         the cursor, else the last one), up to ``limit`` tokens."""
-        for n in range(min(self.n_max, len(context)), 0, -1):
-            ends = [e for e in self.text.ends(context[-n:]) if e < len(self.text)]
-            if n < MIN_MATCH:  # a single token: only where the new text is following the earlier one
-                ends = [e for e in ends if e == self.expect]
-            if ends:
-                end = next((e for e in ends if e >= self.cursor), ends[-1])
-                self.cursor = self.expect = end
-                return self.text.tokens[end : end + limit]
-        return []
+        n, ends = self.text.suffix_match(context, self.n_max)
+        if 0 < n < MIN_MATCH:  # a single token: only where the new text is following the earlier one
+            ends = [self.expect] if self._in_step(context) else []
+        if not ends:
+            return []
+        end = next((e for e in ends if e >= self.cursor), ends[-1])
+        self.cursor = self.expect = end
+        return self.text.tokens[end : end + limit]
+
+    def _in_step(self, context: Sequence[int]) -> bool:
+        """Whether the new text's last token is the one the earlier text has where it is being followed."""
+        return 0 < self.expect < len(self.text) and self.text.tokens[self.expect - 1] == context[-1]
 
     def propose(self, context: Sequence[int], budget: int | None = None) -> DraftTree:
         limit = self.max_nodes if budget is None else budget
@@ -95,12 +98,8 @@ class EarlierFirstDrafter(Drafter):
             self.inner.commit(new_tokens, hidden)
 
     def match_length(self, context: Sequence[int]) -> int | None:
-        own = 0
-        while own < min(self.n_max, len(context)) and any(
-            e < len(self.text) for e in self.text.ends(context[-own - 1 :])
-        ):
-            own += 1
-        if own < MIN_MATCH and self.expect not in self.text.ends(context[-1:]):
+        own = self.text.suffix_match(context, self.n_max)[0]
+        if own < MIN_MATCH and not self._in_step(context):
             own = 0
         theirs = self.inner.match_length(context) if self.inner is not None else None
         return max(own, theirs or 0)

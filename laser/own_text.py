@@ -6,9 +6,12 @@ ties broken by first occurrence. It pays a few dict appends per new token instea
 window: every engine step feeds every row its new tokens, so this is on the hot path. It also answers
 prompt lookup (:meth:`OwnText.latest_follow`).
 
-Each n-gram up to ``longest`` tokens (the longest prefix retrieval asks about, e.g. ``n_max``) maps to
-the end positions of its occurrences, in order; a longer key is found by checking the occurrences of its
-last ``longest`` tokens. The continuations of a prefix are read off the text at those positions.
+Each n-gram up to ``longest`` tokens (at most :data:`INDEXED`, whatever ``n_max`` a request asks) maps to
+the end positions of its occurrences, in order; a longer key is found by checking the latest :data:`SCAN`
+occurrences of its last ``longest`` tokens. The continuations of a prefix are read off the text at those
+positions. So building the index costs at most ``INDEXED`` keys a token, and a lookup at most ``SCAN``
+comparisons a token of the key: a request's drafting work a step is bounded whatever its text or arguments
+(a 6,000-token text indexed 32 deep took 1.5 s and 53 MB to build inside vLLM's engine loop).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from typing import Sequence
+
+INDEXED = 4  # n-grams indexed per token: the index grows linearly with the text
+SCAN = 64  # latest occurrences a key longer than the index is checked against (and suffix matches return)
 
 
 class OwnText:
@@ -25,7 +31,7 @@ class OwnText:
         if window < 2:
             raise ValueError(f"n-gram window must be >= 2 tokens, got {window}")
         self.window = window
-        self.longest = max(1, min(window, longest or window))
+        self.longest = max(1, min(window, longest or window, INDEXED))
         self.tokens: list[int] = []
         self._ends: dict[tuple[int, ...], list[int]] = {}  # n-gram -> end positions (exclusive), ascending
         self.extend(tokens)
@@ -49,16 +55,40 @@ class OwnText:
 
     def ends(self, key: Sequence[int]) -> list[int]:
         """End positions (exclusive) of the occurrences of ``key``, ascending; none for a key longer than
-        the window (as in the trie)."""
+        the window (as in the trie). A key longer than the index: among the latest :data:`SCAN` occurrences
+        of its last tokens."""
         key = tuple(key)
         if len(key) <= self.longest:
             return self._ends.get(key, [])
         if len(key) > self.window:
             return []
         text, n = self.tokens, len(key)
-        return [
-            end for end in self._ends.get(key[-self.longest :], []) if end >= n and tuple(text[end - n : end]) == key
-        ]
+        candidates = self._ends.get(key[-self.longest :], [])[-SCAN:]
+        return [end for end in candidates if end >= n and tuple(text[end - n : end]) == key]
+
+    def suffix_match(self, context: Sequence[int], n_max: int) -> tuple[int, list[int]]:
+        """The longest suffix of ``context`` (at most ``n_max`` tokens) that occurs in the text with a token
+        after it, and the ends of those occurrences, ascending (the latest :data:`SCAN` of them); ``(0, [])``
+        when not even its last token does. Suffixes longer than the index extend the latest occurrences of
+        the longest indexed one, token by token backwards."""
+        size, top = len(self.tokens), min(n_max, len(context), self.longest)
+        n, found = 0, []
+        for n in range(top, 0, -1):
+            found = [e for e in self._ends.get(tuple(context[-n:]), ())[-SCAN - 1 :] if e < size][-SCAN:]
+            if found:
+                break
+        if not found:
+            return 0, []
+        if n < self.longest or n >= min(n_max, len(context)):
+            return n, found
+        text, lengths = self.tokens, []
+        for end in found:
+            k = n
+            while k < n_max and k < len(context) and k < end and text[end - k - 1] == context[-k - 1]:
+                k += 1
+            lengths.append(k)
+        best = max(lengths)
+        return best, [end for end, k in zip(found, lengths) if k == best]
 
     def count(self, key: Sequence[int]) -> int:
         """Occurrences of ``key`` in the text."""
@@ -70,21 +100,14 @@ class OwnText:
         return bool(ends) and ends[0] < len(self.tokens) and len(key) < self.window
 
     def match_length(self, n_max: int) -> int:
-        """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier, with a token after it
-        (a suffix that occurred earlier makes every shorter one occur earlier too)."""
-        text, n = self.tokens, 0
-        while n < min(n_max, len(text) - 1) and len(self.ends(text[-n - 1 :])) > 1:
-            n += 1
-        return n
+        """Tokens (up to ``n_max``) of the text's longest suffix that occurred earlier, with a token after it."""
+        return self.suffix_match(self.tokens, n_max)[0]
 
     def latest_follow(self, n_max: int, limit: int) -> list[int]:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the text's longest suffix
         (``n_max`` tokens down to 1) that occurred before: prompt lookup."""
-        n = self.match_length(n_max)
-        if n == 0:
-            return []
-        start = self.ends(self.tokens[-n:])[-2]  # the last occurrence is the suffix itself
-        return self.tokens[start : start + limit]
+        n, ends = self.suffix_match(self.tokens, n_max)
+        return self.tokens[ends[-1] : ends[-1] + limit] if n else []
 
     def top_subtree(
         self, prefix: Sequence[int], limit: int, max_depth: int, min_prob: float = 0.0

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from laser.own_text import OwnText
+from laser.own_text import INDEXED, SCAN, OwnText
 from pools.trie import TokenTrie
 
 
@@ -56,3 +56,38 @@ def test_latest_follow_is_prompt_lookup(seed):
         n_max, limit = rng.randrange(1, 6), rng.randrange(1, 6)
         index = OwnText(max(2, n_max), tokens, longest=rng.randrange(1, n_max + 1))
         assert (index.match_length(n_max), index.latest_follow(n_max, limit)) == _scan(tokens, n_max, limit)
+
+
+def _longest_suffix(text, context, n_max):
+    """By brute force: the longest suffix of ``context`` (<= n_max) occurring in ``text`` with a token after it,
+    and every end of its occurrences."""
+    for n in range(min(n_max, len(context)), 0, -1):
+        ends = [e for e in range(n, len(text)) if text[e - n : e] == list(context[-n:])]
+        if ends:
+            return n, ends
+    return 0, []
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_suffix_match_beyond_the_index_is_the_longest_suffix(seed):
+    rng = random.Random(seed)
+    for _ in range(300):
+        vocab = rng.choice([2, 3, 8])
+        text = [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+        context = text[: rng.randrange(len(text) + 1)] + [rng.randrange(vocab) for _ in range(rng.randrange(1, 12))]
+        n_max = rng.randrange(1, 16)  # past INDEXED: extended backwards
+        index = OwnText(max(2, n_max + 1), text, longest=n_max)
+        want = _longest_suffix(text, context, n_max)
+        if len(want[1]) <= SCAN:  # more occurrences than that: the latest SCAN only
+            assert index.suffix_match(context, n_max) == want
+
+
+def test_a_request_s_index_and_lookups_are_bounded_whatever_its_text():
+    """A 6,000-token text asked 32 deep indexes at most INDEXED keys a token, and a suffix match on a text of
+    one token repeated checks at most SCAN occurrences."""
+    rng = random.Random(0)
+    text = [rng.randrange(50_000) for _ in range(6000)]
+    assert len(OwnText(33, text, longest=32)._ends) <= INDEXED * len(text)
+    same = OwnText(33, [7] * 6000, longest=32)
+    n, ends = same.suffix_match([7] * 40, 32)
+    assert n == 32 and len(ends) == SCAN and ends[-1] == 5999  # the latest occurrences, a token after each
