@@ -5,6 +5,8 @@ Registered on the `laser` app by :mod:`jobs.cli`.
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
@@ -63,6 +65,7 @@ def run(
             "tokens and time the run would take (estimated); writes nothing."
         ),
     ),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as one JSON object on stdout."),
 ) -> None:
     """Run the whole job: route, plan, build pools, generate knowledge, summary. Exits 3 when entities
     failed (`laser failures CONFIG` lists them; a re-run retries them)."""
@@ -73,8 +76,14 @@ def run(
     if dry_run:
         from pipelines.knowledge.dry_run import dry_run as plan_run, print_estimate
 
-        print_estimate(plan_run(_load(config, set_), keep_existing=keep_existing))
+        estimate = plan_run(_load(config, set_), keep_existing=keep_existing)
+        if as_json:
+            typer.echo(json.dumps(estimate.to_json(), default=str))
+        else:
+            print_estimate(estimate)
         return
+    if as_json:
+        raise typer.BadParameter("--json goes with --dry-run (a run writes summary.json)", param_hint="--json")
     if incremental:
         from jobs.scheduled import run_scheduled
 
@@ -163,7 +172,9 @@ def generate(
 def submit(
     config: Path = ConfigArg,
     set_: Optional[list[str]] = SetOpt,
-    address: str = typer.Option("http://127.0.0.1:8265", help="Ray dashboard address of the cluster."),
+    address: str = typer.Option(
+        "http://127.0.0.1:8265", envvar="RAY_ADDRESS", help="Ray dashboard address of the cluster (RAY_ADDRESS)."
+    ),
     pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env."),
     wait: bool = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status."),
     incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),

@@ -200,3 +200,17 @@ def test_submit_wait_exits_with_the_jobs_exit_code(tmp_path, monkeypatch, status
     res = CliRunner().invoke(app, ["submit", str(config), "--wait"])
     assert res.exit_code == want, res.output
     assert f"job raysubmit_7 finished with exit status {want}" in res.stderr
+
+
+def test_submit_takes_the_cluster_from_ray_address(tmp_path, monkeypatch):
+    config = tmp_path / "ml.yaml"
+    config.write_text(f"output:\n  path: {tmp_path / 'runs'}\n")
+    seen = {}
+    monkeypatch.setattr(submit_mod, "submit", lambda config, address, *a, **k: seen.setdefault("address", address))
+    monkeypatch.setenv("RAY_ADDRESS", "http://head.example:8265")
+    res = CliRunner().invoke(app, ["submit", str(config)])
+    assert res.exit_code == 0, res.output
+    assert seen["address"] == "http://head.example:8265" and "--address http://head.example:8265" in res.output
+    seen.clear()
+    res = CliRunner().invoke(app, ["submit", str(config), "--address", "http://other:8265"])  # the option wins
+    assert res.exit_code == 0 and seen["address"] == "http://other:8265"
