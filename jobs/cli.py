@@ -28,6 +28,7 @@ COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
     ("jobs.recommend", JOB, None),
     ("jobs.features", OPERATIONS, None),
     ("jobs.failures", OPERATIONS, None),
+    ("jobs.runs", OPERATIONS, None),
     ("jobs.decoders", OPERATIONS, None),
     ("jobs.pools_cli", OPERATIONS, None),
     ("jobs.ctr_eval", RESEARCH, None),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +15,7 @@ def failures(
     config: Path = ConfigArg,
     set_: Optional[list[str]] = SetOpt,
     old: bool = typer.Option(False, "--old", help="The old-knowledge store's failures instead."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line, one line per entity."),
 ) -> None:
     """List the entities with unresolved failures: status (failed: the next run retries it; given up: after
     generation.give_up_after identical failures), identical failures in a row, the last run, the reason."""
@@ -23,6 +25,10 @@ def failures(
     paths = JobPaths.of(_load(config, set_))
     store = paths.old_knowledge if old else paths.knowledge
     table = failure_table(store)
+    if as_json:
+        for rec in table.iter_rows(named=True):
+            typer.echo(json.dumps(rec, default=str))
+        return
     if not table.height:
         typer.echo(f"{store}: no unresolved failures")
         return

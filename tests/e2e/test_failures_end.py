@@ -50,6 +50,12 @@ def test_one_shot_run_with_failed_entities_exits_3(tiny_model, ray_session, tmp_
     assert "laser failures" in res.stderr
     listed = _listed(config_file)
     assert len(listed) == rec.failed and set(listed.values()) == {("failed", 1)}
+    res = CliRunner().invoke(app, ["failures", str(config_file), "--json"])
+    rows = [json.loads(line) for line in res.stdout.splitlines()]
+    assert {r["entity_id"]: (r["status"], r["count"]) for r in rows} == listed and all(r["reason"] for r in rows)
+    res = CliRunner().invoke(app, ["runs", str(cfg.output.path), "--json"])
+    [run] = [json.loads(line) for line in res.stdout.splitlines()]
+    assert run["run_id"] == rec.run_id and run["status"] == "partial" and run["failed"] == rec.failed
 
 
 @pytest.mark.slow

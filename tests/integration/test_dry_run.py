@@ -24,6 +24,12 @@ def test_dry_run_plans_every_entity_and_writes_nothing(tiny_model, tmp_path):
     assert est.prompt_tokens > est.planned  # every prompt counted in the model's tokens
     assert est.new_tokens == est.planned * cfg.generation.max_new_tokens  # no earlier rows: the upper bound
     assert est.seconds > 0 and "step-cost table" in est.basis
+    result = CliRunner().invoke(app, ["run", str(_write(cfg, tmp_path)), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)  # one JSON object, nothing else on stdout
+    assert plan["planned"] == est.planned and plan["entities"] == est.entities and not out.exists()
+    result = CliRunner().invoke(app, ["run", str(_write(cfg, tmp_path)), "--json"])
+    assert result.exit_code == 2 and "--json goes with --dry-run" in result.output
 
 
 def test_dry_run_after_a_run_counts_unchanged_and_uses_its_rate(tiny_model, ray_session, tmp_path):
