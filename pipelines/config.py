@@ -437,6 +437,19 @@ class OutputConfig(_Strict):
     run_id: str | None = Field(default=None, description="default: a hash of the config, stable across resumes")
 
 
+class MetricsConfig(_Strict):
+    """Where the run's figures go besides summary.json (pipelines/ops/metrics.py)."""
+
+    pushgateway: str | None = Field(
+        default=None,
+        description=(
+            "a Prometheus Pushgateway (host:port or URL) the run's figures are pushed to when it ends; "
+            "default $LASER_PUSHGATEWAY; none: no push"
+        ),
+    )
+    job: str = Field(default="laser_knowledge", min_length=1, description="the job name on the Pushgateway")
+
+
 class JobConfig(_Strict):
     """A whole knowledge-generation job."""
 
@@ -452,6 +465,7 @@ class JobConfig(_Strict):
     execution: ExecutionConfig = Field(default_factory=ExecutionConfig, validate_default=True)  # checked against model
     output: OutputConfig = Field(default_factory=OutputConfig)
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @field_validator("decoder")
     @classmethod
@@ -511,6 +525,7 @@ class JobConfig(_Strict):
             mode="json",
             exclude={
                 "execution": True,
+                "metrics": True,  # where figures go, not what the job writes
                 "output": {"run_id", "work_dir"},
                 "generation": default | {"give_up_after"},
                 "dataset": data_rules,

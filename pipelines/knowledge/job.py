@@ -359,6 +359,9 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
                     f"{type(exc).__name__}: {exc}"[:2000],
                 )
                 ledger.save(record)
+                _push_metrics(
+                    cfg, paths, {"record": asdict(record), "run_id": record.run_id, "time": account.to_json()}
+                )
                 raise
             account.engine_ready_s = max(workers.ready_s, default=0.0)
         record.status = "partial" if record.failed or record.old_failed else "succeeded"
@@ -374,7 +377,15 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     summary.time = account.close()
     summary.wall_s = account.wall_s
     paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
+    _push_metrics(cfg, paths, summary.to_json())
     return summary
+
+
+def _push_metrics(cfg: JobConfig, paths: JobPaths, figures: dict[str, object]) -> None:
+    """The run's figures to the Pushgateway, when one is configured (pipelines/ops/metrics.py)."""
+    from pipelines.ops.metrics import gateway, push_run
+
+    push_run(figures, gateway(cfg.metrics.pushgateway), cfg.metrics.job, str(paths.root))
 
 
 def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: str) -> tuple[RunRecord, bool]:
