@@ -54,12 +54,37 @@ def encode(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder
     typer.echo(f"{tables.root}: vectors of dim {tables.dim}")
 
 
-def ingest_feast(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt, encoder: str = EncoderOpt) -> None:
-    """Encode, write the Feast repository <output>/feast, apply it and materialize into its SQLite online store."""
+def ingest_feast(
+    config: Path = ConfigArg,
+    set_: Optional[list[str]] = SetOpt,
+    encoder: str = EncoderOpt,
+    repo: Optional[Path] = typer.Option(
+        None,
+        "--repo",
+        help=(
+            "Your own Feast repository (its feature_store.yaml: any online store): register the knowledge views "
+            "there and push the new rows to its online store. Default: a demo repository in <output>/feast."
+        ),
+    ),
+) -> None:
+    """Encode the latest view, then: with --repo, register the knowledge features in your Feast repository and push
+    the rows new since the last push to its online store; without, write the demo repository <output>/feast (SQLite
+    online store), apply it and materialize."""
+    output = _local_output(config, set_, "ingest feast")
+    if repo is not None:
+        from pipelines.ops.features.team_repo import RepoError, ingest_into
+
+        try:
+            pushed = ingest_into(repo, output, encoder)
+        except RepoError as exc:
+            typer.secho(str(exc), fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+        typer.echo(f"{repo.resolve()}: pushed " + ", ".join(f"{n} {view}" for view, n in pushed.items()))
+        return
     from pipelines.ops.features.feast_repo import ingest
 
-    repo, done = ingest(_local_output(config, set_, "ingest feast"), encoder)
-    typer.echo(f"feast repository {repo.path}: " + ", ".join(f"{v} {k}" for k, v in done.items()))
+    demo, done = ingest(output, encoder)
+    typer.echo(f"feast repository {demo.path}: " + ", ".join(f"{v} {k}" for k, v in done.items()))
 
 
 def register(app: typer.Typer) -> None:
