@@ -114,7 +114,7 @@ def _finished(rec: RunRecord, config: Path) -> int:
 
 def demo(set_: Optional[list[str]] = SetOpt) -> None:
     """Run the embedded demo (jobs/configs/demo.yaml): synthetic data, bundled model, local Ray."""
-    run(bundled_config("demo"), set_, incremental=False, keep_existing=False, dry_run=False)
+    run(bundled_config("demo"), set_, incremental=False, keep_existing=False, dry_run=False, as_json=False)
 
 
 def route(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:

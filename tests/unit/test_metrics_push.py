@@ -39,7 +39,9 @@ def pushgateway():
 
 
 def _summary() -> JobSummary:
-    new = GenerationReport(done=5, failed=1, n_tokens=300, decoded_tokens=420, decoded_forwards=200, decoded_accepted=180)
+    new = GenerationReport(
+        done=5, failed=1, n_tokens=300, decoded_tokens=420, decoded_forwards=200, decoded_accepted=180
+    )
     record = RunRecord("r7", "laser", "abc", status="partial", given_up=2)
     time = TimeAccount(seconds={"load": 1.5, "startup": 12.0, "prefill": 8.0}, wall_s=40.0)
     return JobSummary("runs/x/knowledge", "r7", GenerationReport(), new, 5, 1, 40.0, record=record, time=time)
@@ -48,7 +50,9 @@ def _summary() -> JobSummary:
 def test_a_run_s_figures_are_pushed_under_its_output(pushgateway):
     assert push_run(_summary().to_json(), pushgateway, "laser_knowledge", "s3://team/knowledge-job")
     [(method, path, body)] = _Gateway.pushes
-    assert method == "PUT" and path.startswith("/metrics/job/laser_knowledge/output@base64/")  # the run replaces its group
+    assert method == "PUT" and path.startswith(
+        "/metrics/job/laser_knowledge/output@base64/"
+    )  # the run replaces its group
     lines = set(body.splitlines())
     for want in (
         'laser_run_status{status="partial"} 1.0',

@@ -22,7 +22,9 @@ def _app(module: str) -> typer.Typer:
     return app
 
 
-@pytest.mark.parametrize("module, extra", [("peft", "research"), ("matplotlib.pyplot", "research"), ("feast", "features")])
+@pytest.mark.parametrize(
+    "module, extra", [("peft", "research"), ("matplotlib.pyplot", "research"), ("feast", "features")]
+)
 def test_a_missing_optional_module_names_its_extra(monkeypatch, module, extra):
     monkeypatch.setitem(sys.modules, module.split(".")[0], None)  # import raises ModuleNotFoundError
     res = CliRunner().invoke(_app(module), [])

@@ -16,8 +16,7 @@ T0 = datetime(2026, 11, 1, 2, 30, tzinfo=timezone.utc)
 def _ledger(out) -> list[RunRecord]:
     ledger = RunLedger(out)
     records = [
-        RunRecord(f"r{i}", "laser", "h", started=T0 + timedelta(days=i), seq=i, generated=10 * i)
-        for i in range(1, 4)
+        RunRecord(f"r{i}", "laser", "h", started=T0 + timedelta(days=i), seq=i, generated=10 * i) for i in range(1, 4)
     ]
     records[0].finished, records[0].status = T0 + timedelta(days=1, seconds=95), "succeeded"
     records[1].finished, records[1].status, records[1].failed = T0 + timedelta(days=2, seconds=80), "partial", 2
@@ -46,3 +45,18 @@ def test_runs_of_an_output_without_runs_or_with_a_broken_ledger(tmp_path):
     (tmp_path / LEDGER_FILE).write_text("not parquet")
     res = CliRunner().invoke(app, ["runs", str(tmp_path)])
     assert res.exit_code == 2 and "unreadable run ledger" in res.output and "Traceback" not in res.output
+
+
+def test_laser_demo_reaches_the_job(monkeypatch):
+    """`laser demo` calls `run` with every option given (an option left out is typer's default object, truthy)."""
+    import pipelines.knowledge.job as job
+
+    class Reached(Exception):
+        pass
+
+    def run_job(cfg, incremental=False, keep_existing=False):
+        raise Reached(cfg.output.path)
+
+    monkeypatch.setattr(job, "run_job", run_job)
+    res = CliRunner().invoke(app, ["demo"])
+    assert isinstance(res.exception, Reached), res.output
