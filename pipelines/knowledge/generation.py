@@ -27,7 +27,7 @@ from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
 from pipelines.knowledge.retry import LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.knowledge.time_account import EngineTime
-from pipelines.workers import GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
+from pipelines.workers import Failure, GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class GenerationWorker(StreamWorker):
         self.adapter.start(task, slots, self.pools)
         self.retries: deque[Attempt] = deque()
         held: dict[int, Attempt] = {}
-        failed: list[dict[str, str]] = []
+        failed: list[Failure] = []
         spent = self.adapter.clock()
 
         def admit(n: int) -> int:
@@ -207,7 +207,7 @@ class GenerationWorker(StreamWorker):
                 return BatchResult(rows=[kept], discarded=[dropped])
             plan = retry_plan(self.task, attempt.req, row, self.genre_ban)
         except Exception as exc:  # a verdict on a decoded text: the engine worked (the driver's FirstFailures)
-            return BatchResult(failures=[{**_failure(attempt.req, exc), "decoded": "yes"}])
+            return BatchResult(failures=[_failure(attempt.req, exc, decoded=True)])
         if plan is None:
             return BatchResult(rows=[row])
         retry = Attempt(
@@ -280,9 +280,9 @@ class GenerationWorker(StreamWorker):
         )
 
 
-def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
+def _failure(req: GenerationRequest, exc: Exception, decoded: bool = False) -> Failure:
     log.warning("%s %s failed: %s", req.entity_type, req.entity_id, exc)
-    return {"entity_type": req.entity_type, "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"}
+    return Failure.of(req, exc, decoded)
 
 
 @dataclass
@@ -391,6 +391,6 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
     report.decode_s += result.decode_s
     report.decode_tokens += result.decode_tokens
     for f in result.failures:
-        writer.add_failure(f["entity_type"], f["entity_id"], f["reason"])
+        writer.add_failure(f.entity_type, f.entity_id, f.reason)
     report.done += len(result.rows)
     report.failed += len(result.failures)

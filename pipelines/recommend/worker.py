@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, r
 from pipelines.sharded_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
-from pipelines.workers import GenerationRequest, ModelWorker, WorkResult
+from pipelines.workers import Failure, GenerationRequest, ModelWorker, WorkResult
 
 if TYPE_CHECKING:
     from laser.decoders.base import Prompt
@@ -139,8 +139,8 @@ class RecommendWorker(ModelWorker):
         ]
 
 
-def _failure(req: GenerationRequest, exc: Exception) -> dict[str, str]:
-    return {"entity_type": "user", "entity_id": req.entity_id, "reason": f"{type(exc).__name__}: {exc}"}
+def _failure(req: GenerationRequest, exc: Exception) -> Failure:
+    return Failure("user", req.entity_id, f"{type(exc).__name__}: {exc}")
 
 
 @dataclass
@@ -161,7 +161,7 @@ def record(result: WorkResult, writer: RecommendationWriter, report: RecommendRe
             report.target_forwards += ranking.rows[0]["target_forwards"]
             report.beam_steps += ranking.rows[0]["beam_steps"]
     for f in result.failures:
-        writer.add_failure("user", f["entity_id"], f["reason"])
+        writer.add_failure("user", f.entity_id, f.reason)
     report.done += len(result.rows)
     report.failed += len(result.failures)
     report.decode_s += result.decode_s

@@ -7,6 +7,7 @@ those actors with pool affinity, re-sends a dead actor's requests and yields res
 
 from pipelines.workers.actors import (
     DecoderCache,
+    Failure,
     GenerationRequest,
     HistoryEntry,
     ModelSpec,
@@ -33,6 +34,7 @@ __all__ = [
     "BatchScheduler",
     "DecoderCache",
     "EngineUnusable",
+    "Failure",
     "GenerationRequest",
     "HistoryEntry",
     "LocalGroup",

@@ -107,13 +107,30 @@ def actor_options(spec: ModelSpec) -> dict[str, float]:
     return {"num_cpus": spec.threads, "num_gpus": spec.gpus}
 
 
+@dataclass(frozen=True)
+class Failure:
+    """An entity a worker could not generate, and why. ``decoded``: its text was decoded and judged (a flaw
+    the quality guard refused), so the engine itself works: the driver's first-batch watch never takes it for
+    a broken engine."""
+
+    entity_type: str
+    entity_id: str
+    reason: str
+    decoded: bool = False
+
+    @classmethod
+    def of(cls, req: GenerationRequest, exc: BaseException, decoded: bool = False) -> Failure:
+        """The failure of ``req`` on ``exc`` (its type and message as the reason)."""
+        return cls(req.entity_type, req.entity_id, f"{type(exc).__name__}: {exc}", decoded)
+
+
 @dataclass
 class WorkResult:
-    """What finished: ``rows`` (the job kind's output per entity), failures ({entity_type, entity_id,
-    reason}) and the actor's decoding seconds for them (shared steps counted once)."""
+    """What finished: ``rows`` (the job kind's output per entity), failures and the actor's decoding seconds for
+    them (shared steps counted once)."""
 
     rows: list[Any] = field(default_factory=list)
-    failures: list[dict[str, str]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
     decode_s: float = 0.0
 
     def merge(self, other: "WorkResult") -> None:
@@ -128,7 +145,7 @@ class WorkResult:
 
     def keys(self) -> list[Key]:
         """Every entity this result finishes, written or failed."""
-        return [self.row_key(r) for r in self.rows] + [(f["entity_type"], f["entity_id"]) for f in self.failures]
+        return [self.row_key(r) for r in self.rows] + [(f.entity_type, f.entity_id) for f in self.failures]
 
 
 class DecoderCache:
@@ -259,7 +276,7 @@ class StreamWorker:
             self._taken.clear()
             while self._inbox and self._inbox[0][0] == task:
                 keys.append(self._inbox.popleft()[1].key)
-        return self.result_cls(failures=[{"entity_type": t, "entity_id": i, "reason": reason} for t, i in keys])
+        return self.result_cls(failures=[Failure(t, i, reason) for t, i in keys])
 
 
 class ModelWorker(StreamWorker):

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
 from pipelines.workers.actors import (
+    Failure,
     GenerationRequest,
     Key,
     ModelSpec,
@@ -96,9 +97,9 @@ class FirstFailures:
         """The results to hand on now (none while held back)."""
         if not self.watching:
             return [result]
-        reasons = {f["reason"] for f in result.failures} | ({self.reason} if self.reason else set())
-        if result.rows or len(reasons) > 1 or any(f.get("decoded") for f in result.failures):
-            return self.release() + [result]  # the engine works (a failure marked "decoded" judged its text)
+        reasons = {f.reason for f in result.failures} | ({self.reason} if self.reason else set())
+        if result.rows or len(reasons) > 1 or any(f.decoded for f in result.failures):
+            return self.release() + [result]  # the engine works (a decoded failure's text was judged)
         if not result.failures:
             return [result]
         reason = self.reason = reasons.pop()
@@ -347,11 +348,7 @@ class WorkerGroup:
                     losses[key] += 1
                     if losses[key] > ACTOR_RESTARTS:
                         result.failures.append(
-                            {
-                                "entity_type": key[0],
-                                "entity_id": key[1],
-                                "reason": f"worker died {losses[key]} times working on it",
-                            }
+                            Failure(key[0], key[1], f"worker died {losses[key]} times working on it")
                         )
                     else:
                         retry.append(req)

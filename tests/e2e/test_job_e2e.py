@@ -126,11 +126,11 @@ def test_bad_entity_is_a_failure_row_not_a_crash(tiny_model, tmp_path):
         ],
     )
     assert [r.entity_id for r in result.rows] == ["u1", "i2"]
-    assert [(f["entity_id"], f["reason"].split(":")[0]) for f in result.failures] == [
+    assert [(f.entity_id, f.reason.split(":")[0]) for f in result.failures] == [
         ("u2", "ValueError"),
         ("i1", "ValueError"),
     ]
-    assert "empty history" in result.failures[0]["reason"]
+    assert "empty history" in result.failures[0].reason
 
 
 KILL_SCRIPT = "import sys; from jobs.config import load_config; from pipelines.knowledge.job import run_job; run_job(load_config(sys.argv[1]))"
@@ -220,8 +220,8 @@ def test_batch_error_falls_back_to_one_by_one(tiny_model):
     alone = worker.generate(task, [reqs[0]]).rows[0]
     assert [r.entity_id for r in result.rows] == ["ok1", "ok2"]
     assert result.rows[0].knowledge == alone.knowledge
-    assert [f["entity_id"] for f in result.failures] == ["huge"]
-    assert "context" in result.failures[0]["reason"]
+    assert [f.entity_id for f in result.failures] == ["huge"]
+    assert "context" in result.failures[0].reason
 
 
 def test_actor_exchange_streams_results_and_reports_what_it_holds(tiny_model):

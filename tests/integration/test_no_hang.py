@@ -17,7 +17,15 @@ from pathlib import Path
 import pytest
 
 from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
-from pipelines.workers import EngineUnusable, GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkerGroup
+from pipelines.workers import (
+    EngineUnusable,
+    Failure,
+    GenerationRequest,
+    ModelSpec,
+    StreamWorker,
+    WorkerDead,
+    WorkerGroup,
+)
 from tests.helpers import save_tiny_model
 
 ray = pytest.importorskip("ray")
@@ -88,8 +96,8 @@ def _row(req: GenerationRequest) -> dict:
     }
 
 
-def _fail(req: GenerationRequest, reason: str) -> dict[str, str]:
-    return {"entity_type": req.entity_type, "entity_id": req.entity_id, "reason": reason}
+def _fail(req: GenerationRequest, reason: str) -> Failure:
+    return Failure(req.entity_type, req.entity_id, reason)
 
 
 def _users(n: int) -> list[GenerationRequest]:
@@ -113,10 +121,10 @@ def _drain(group: WorkerGroup, task: str, n: int, slots: int = 2):
 def test_a_serve_loop_that_raises_fails_its_requests_with_the_error(tmp_path, ray_session):
     with _group(tmp_path, ray_session) as group:
         rows, failures = _drain(group, "raise", 12)
-    keys = [r["entity_id"] for r in rows] + [f["entity_id"] for f in failures]
+    keys = [r["entity_id"] for r in rows] + [f.entity_id for f in failures]
     assert sorted(keys) == sorted(f"u{i}" for i in range(12))  # every request ends once: none stranded
     assert rows and failures
-    assert {f["reason"] for f in failures} == {"worker error: RuntimeError: serve loop broke"}
+    assert {f.reason for f in failures} == {"worker error: RuntimeError: serve loop broke"}
 
 
 @pytest.mark.timeout(90)

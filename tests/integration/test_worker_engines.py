@@ -193,7 +193,7 @@ def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
     monkeypatch.setattr(worker.adapter, "stream", failing_stream)
     monkeypatch.setattr(worker.adapter, "alone", alone_or_break)
     result = worker.generate(task, _users(3), slots=3)
-    assert [f["entity_id"] for f in result.failures] == ["u1"] and "breaks the engine" in result.failures[0]["reason"]
+    assert [f.entity_id for f in result.failures] == ["u1"] and "breaks the engine" in result.failures[0].reason
     assert {r.entity_id: r.knowledge for r in result.rows} == {k: v for k, v in expected.items() if k != "u1"}
 
 

@@ -187,8 +187,8 @@ def test_policy_retry_greedy_regenerates_with_autoregressive(worker, looper):
 def test_policy_fail_sends_the_row_to_failures(worker, looper):
     result = worker.generate(DecodeTask("looper", max_new_tokens=8, degenerate="fail"), REQS)
     assert not result.rows
-    assert [f["entity_id"] for f in result.failures] == ["u1", "i1"]
-    assert result.failures[0]["reason"].startswith("DegenerateTextError: degenerate text")
+    assert [f.entity_id for f in result.failures] == ["u1", "i1"]
+    assert result.failures[0].reason.startswith("DegenerateTextError: degenerate text")
 
 
 def _asked_words(prompt: str) -> int:

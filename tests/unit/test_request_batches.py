@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pipelines.knowledge.job as job_mod
 from jobs.config import load_config
-from pipelines.workers import GenerationRequest
+from pipelines.workers import Failure, GenerationRequest
 from pipelines.knowledge.generation import BatchResult
 
 
@@ -23,9 +23,7 @@ class RecordingGroup:
     def stream(self, batch, task, *, slots, desc, unit="entity"):
         filled = {r.key for r in self.all if r.history is not None}
         self.sent.append(([r.key for r in batch], filled, desc))
-        yield BatchResult(
-            failures=[{"entity_type": r.entity_type, "entity_id": r.entity_id, "reason": "test"} for r in batch]
-        )
+        yield BatchResult(failures=[Failure(r.entity_type, r.entity_id, "test") for r in batch])
 
 
 def test_payloads_are_attached_a_batch_at_a_time_in_pool_order(tmp_path, monkeypatch):
