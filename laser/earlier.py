@@ -6,8 +6,7 @@ request's draft source (its group's pool, prompt lookup, or none): each step it 
 longest suffix (``n_max`` tokens down to ``MIN_MATCH``) in the earlier text, from where the last match
 left off, and drafts what followed it there first; a one-token suffix counts only where the text is
 followed in step (the new text went on as the earlier one did). The wrapped drafter fills the rest of
-the tree (or the whole draft when the earlier text has no match); where one chain is drafted (vLLM), the
-wrapped drafter's chain replaces the earlier text's when it matched a longer suffix of the context. It counts the draft tokens the target accepted from the
+the tree (or the whole draft when the earlier text has no match). It counts the draft tokens the target accepted from the
 earlier text (``own_accepted``: accepted tokens that followed the earlier text's branch) for the report.
 """
 
@@ -51,7 +50,6 @@ class EarlierFirstDrafter(Drafter):
         self.cursor = 0  # where the last match's continuation began: the text is read forward from there
         self.expect = -1  # where the earlier text stands if the new text followed it since the last match
         self.chain: list[int] = []  # the earlier-text draft of the last proposal
-        self.matched = 0  # tokens of the context's suffix the last proposal matched in the earlier text
         self.own_accepted = 0
 
     def _continuation(self, context: Sequence[int], limit: int) -> list[int]:
@@ -60,7 +58,6 @@ class EarlierFirstDrafter(Drafter):
         n, ends = self.text.suffix_match(context, self.n_max)
         if 0 < n < MIN_MATCH:  # a single token: only where the new text is following the earlier one
             ends = [self.expect] if self._in_step(context) else []
-        self.matched = n if ends else 0
         if not ends:
             return []
         end = next((e for e in ends if e >= self.cursor), ends[-1])
@@ -84,16 +81,10 @@ class EarlierFirstDrafter(Drafter):
         return DraftTree.from_paths(context[-1], paths)
 
     def propose_chain(self, context: Sequence[int], budget: int | None = None) -> list[int]:
-        """One chain (vLLM verifies one): the earlier text's, unless the wrapped drafter matched a longer suffix
-        of the context (the longest match is the likelier continuation)."""
         self.chain = self._continuation(context, CHAIN if budget is None else budget)
-        if self.inner is None or (self.chain and self.matched >= (self.inner.match_length(context) or 0)):
+        if self.chain or self.inner is None:
             return self.chain
-        theirs = self.inner.propose_chain(context, budget)
-        if theirs:
-            self.chain = []  # not the earlier text's: its acceptance is not counted as its own
-            return theirs
-        return self.chain
+        return self.inner.propose_chain(context, budget)
 
     def commit(self, new_tokens: Sequence[int], hidden: torch.Tensor | None = None) -> None:
         # accepted drafts are new_tokens[:-1] (the last is the target's own token)

@@ -47,18 +47,6 @@ def test_earlier_branch_first_then_the_pool():
     assert {(3,), (30,)} <= set(paths) and len(paths) <= 6
 
 
-def test_one_chain_comes_from_the_longer_match():
-    """Where one chain is drafted (vLLM), the pool's replaces the earlier text's when it matched a longer suffix."""
-    pool = RetrievalPool.from_token_ids([[7, 8, 1, 2, 3, 4]])
-    drafter = EarlierFirst([9, 2, 3, 50, 60], pool).open([0], max_nodes=6, n_max=4)
-    assert drafter.propose_chain([0, 7, 8, 1, 2, 3], 2) == [4]  # the pool matched 5 tokens, the earlier text 2
-    drafter.commit([4, 5])
-    assert drafter.own_accepted == 0  # the pool's draft is not the earlier text's
-    assert drafter.propose_chain([0, 5, 2, 3], 2) == [50, 60]  # equal matches (2): the earlier text's
-    drafter.commit([50, 60, 1])
-    assert drafter.own_accepted == 2
-
-
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_with_earlier_text_equals_generate(tiny_lm, refresh_case, batch):
     prompts, refs, sources = refresh_case
