@@ -13,7 +13,7 @@ With ``engines`` ("hf", "vllm" or both) every method runs on each engine (labels
 when there are several), on the same entities, prompts and pools (old knowledge and pools come from the
 first engine).
 
-Per method (pipelines/quality.py): ended (EOS or sentence end), cut at the token limit,
+Per method (pipelines/quality/): ended (EOS or sentence end), cut at the token limit,
 degenerate, fragment, retried, mean words / asked words, grounding (matched / mentioned facts) with 95%
 Wilson intervals, and tokens/s. Differences come with a paired bootstrap 95% interval over the entities:
 relaxed minus greedy LASER on each engine, and, with two engines, the second minus the first for each

@@ -122,7 +122,7 @@ def day_two(data: Path, users: int, min_history: int, seed: int) -> tuple[list[s
 
 
 def text_quality(rows: pl.DataFrame) -> dict[str, Any]:
-    """How a run's texts read (pipelines/quality.py columns): rows, the share ended (by EOS or at a sentence
+    """How a run's texts read (pipelines/quality/ columns): rows, the share ended (by EOS or at a sentence
     end), degenerate, and grounding (mean over rows that mention facts)."""
     grounded = rows["grounding"].drop_nulls()
     return {

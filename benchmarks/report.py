@@ -142,7 +142,7 @@ def method_metrics(runs: Sequence[Run], reference: Sequence[Run]) -> dict[str, A
 
 
 def _quality(runs: Sequence[Run]) -> dict[str, Any] | None:
-    """EOS share, mean repeated-4-gram share and degenerate count (pipelines/quality.py) when texts are known."""
+    """EOS share, mean repeated-4-gram share and degenerate count (pipelines/quality/) when texts are known."""
     texts = [r.text for r in runs if r.text is not None]
     reasons = [r.finish_reason for r in runs if r.finish_reason is not None]
     if len(texts) < len(runs) or len(reasons) < len(runs):

@@ -377,7 +377,7 @@ def _median(values: list[Any]) -> float | None:
 
 def texts_quality(tokenizer: Any, max_new_tokens: int) -> Callable[[list[list[int]]], dict[str, Any]]:
     """Quality of one run's outputs (token ids; a text as long as ``max_new_tokens`` counts as cut at the
-    limit): how many loop (degenerate, pipelines/quality.py) and how many ended by EOS."""
+    limit): how many loop (degenerate, pipelines/quality/) and how many ended by EOS."""
 
     def quality(outputs: list[list[int]]) -> dict[str, Any]:
         texts = tokenizer.batch_decode(outputs, skip_special_tokens=True)
@@ -656,7 +656,7 @@ def markdown_vllm_throughput(report: dict[str, Any]) -> str:
         lines += [
             "",
             "Texts (first repeat): how many loop (degenerate: >= 20% of word 4-grams repeated, "
-            "pipelines/quality.py) and how many ended by EOS, of the prompts. Looping tokens are easy "
+            "pipelines/quality/) and how many ended by EOS, of the prompts. Looping tokens are easy "
             "to draft, so they flatter every speculative row's tokens/s:",
             "",
             *head,

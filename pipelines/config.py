@@ -110,7 +110,7 @@ class GenerationConfig(_Strict):
     )
     degenerate: Literal["retry", "keep", "retry_greedy", "fail"] = Field(
         default="retry",
-        description="a degenerate, cut or fragment text (pipelines/quality.py; docs/knowledge-quality.md): "
+        description="a degenerate, cut or fragment text (pipelines/quality/; docs/knowledge-quality.md): "
         "retry: regenerate it once, greedily with the retry_* rules, and keep the retry flagged; keep: keep it flagged; "
         "retry_greedy: regenerate a degenerate one with the greedy autoregressive decoder; fail: record it in "
         "failures.jsonl",

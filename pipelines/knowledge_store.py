@@ -84,7 +84,7 @@ class KnowledgeRow:
     generated_at: datetime | None = column(
         pa.timestamp("us", tz="UTC"), "the writer's (driver's) UTC clock", nullable=False, index=True, stamped=True
     )
-    # quality (pipelines/quality.py, computed from the text when absent) and timing detail
+    # quality (pipelines/quality/, computed from the text when absent) and timing detail
     finished_eos: bool | None = column(pa.bool_(), "ended by EOS")
     repeat_4gram: float | None = column(pa.float64(), "share of word 4-grams that repeat an earlier one")
     degenerate: bool | None = column(pa.bool_(), "too short or looping")
@@ -95,7 +95,7 @@ class KnowledgeRow:
         pa.string(), "hash of the prompt's inputs (staleness check)", feature=True, index=True
     )
     sampling: str | None = column(pa.string(), "JSON: temperature, top_p, top_k, the entity's seed")
-    # how the text ended and what it says (pipelines/quality.py)
+    # how the text ended and what it says (pipelines/quality/)
     ended: bool | None = column(pa.bool_(), "by EOS or at a sentence end")
     cut: bool | None = column(pa.bool_(), "at the token limit mid-sentence")
     fragment: bool | None = column(pa.bool_(), "not at a sentence end, unbalanced brackets/quotes or garbage")

@@ -36,7 +36,7 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
-    degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality.py)
+    degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality/)
     sampling: dict[str, float] | None = None  # temperature, top_p, top_k, seed; None = greedy (sampling.py)
     rules: dict[str, object] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
     retry_rules: dict[str, object] | None = None  # the rules of the ``retry`` policy's second attempt

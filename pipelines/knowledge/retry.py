@@ -1,7 +1,7 @@
 """The degenerate-text policies (``retry`` for flawed knowledge rows), and the generation rules of a decode task.
 
 A row that is degenerate, cut at the token limit or a fragment, or that names a genre its input does not
-have (pipelines/quality.py), is regenerated once: greedily (the task's decoder with its
+have (pipelines/quality/), is regenerated once: greedily (the task's decoder with its
 ``greedy_params()``, same pool; the autoregressive decoder when it has none) under the task's
 ``retry_rules`` (a stronger repetition penalty and a no-repeat n-gram size), with the unsupported genres'
 words banned (``bad_words_ids``). The retry replaces the row unless it reads worse (flawed or
@@ -28,7 +28,6 @@ from laser.rules import NO_RULES, GenerationRules
 from pipelines.knowledge.records import DecodeTask, Params
 from pipelines.knowledge_store import KnowledgeRow
 from pipelines.quality import (
-    GREEDY_RETRY_DECODER,
     entity_quality,
     genre_forms,
     surely_degenerate,
@@ -41,6 +40,8 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
+
+GREEDY_RETRY_DECODER = "autoregressive"  # what a retry that asks for the greedy text decodes with
 
 
 def task_rules(rules: Params | None) -> GenerationRules:
@@ -83,7 +84,7 @@ def banned_words(tokenizer: PreTrainedTokenizerBase | None, genres: list[str]) -
     return tuple(sorted({tuple(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in surfaces} - {()}))
 
 
-CENTURIES = ("18", "19", "20")  # the years item grounding counts: 1800-2099 (pipelines/quality.py)
+CENTURIES = ("18", "19", "20")  # the years item grounding counts: 1800-2099 (pipelines/quality/)
 
 
 def year_words(tokenizer: PreTrainedTokenizerBase, year: int) -> tuple[tuple[int, ...], ...]:

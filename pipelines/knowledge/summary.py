@@ -110,7 +110,7 @@ def print_summary(summary: JobSummary) -> None:
         "prompt tokens (cached)",
     ):
         speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
-    quality = Table(title="knowledge quality (pipelines/quality.py)")
+    quality = Table(title="knowledge quality (pipelines/quality/)")
     for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)"):
         quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
