@@ -148,9 +148,9 @@ def bench_size(n: int, root: Path) -> dict[str, Any]:
     ]
     old = old_commit(store, old_shards)
     time.sleep(2.1)  # files older than the slack of the checksum cache (a store written by an earlier run)
-    open_s, _ = _clock(lambda: ss.open_store(store, verify=False))
+    open_s, _ = _clock(lambda: ss.open_shards(store, verify=False))
     ss._VERIFIED.clear()
-    verify_s, _ = _clock(lambda: ss.open_store(store))
+    verify_s, _ = _clock(lambda: ss.open_shards(store))
     ss._VERIFIED.clear()
     index_cold_s, index = _clock(lambda: kn.read_index(store))
     index_warm_s, _ = _clock(lambda: kn.read_index(store))

@@ -39,12 +39,12 @@ shard is uncommitted (ignored, deleted by the next writer); after it, the replac
 deleted under it goes on from the same row in the merged shard.
 
 Checksums: each shard's sha256 is committed with it and checked when the shard is read (local files
-once per file version per process), not when a store is opened; ``open_store(verify=True)`` checks every
+once per file version per process), not when a store is opened; ``open_shards(verify=True)`` checks every
 shard and moves corrupt ones to ``quarantine/`` so that their entities are generated again. A torn
 checkpoint or log entry is rebuilt from the shards (sha256 computed) by the next writer; readers rebuild
 it in memory.
 
-One writer per store: a writer (and :func:`open_store`) holds the lock of the store's own folder
+One writer per store: a writer (and :func:`open_shards`) holds the lock of the store's own folder
 (``<store>/.run.lock``, :mod:`pipelines.lock`) besides the output's, so jobs that share a store (a shared
 ``old_knowledge.path``) never write it at once: the second stops with the lock's exit code (75).
 """
@@ -103,7 +103,7 @@ class CorruptShardError(ValueError):
 
 
 class TornManifestError(ValueError):
-    """A checkpoint or log entry that is no readable shard list (a torn or hand-edited file): :func:`open_store`
+    """A checkpoint or log entry that is no readable shard list (a torn or hand-edited file): :func:`open_shards`
     rebuilds the store's checkpoint from the shards, readers (:func:`scan_store`) rebuild it in memory."""
 
 
@@ -509,7 +509,7 @@ def _rebuild_torn(root: Location) -> None:
     )
 
 
-def open_store(
+def open_shards(
     store: str | Path | Location, key_columns: tuple[str, ...] = KEY_COLUMNS, verify: bool = True
 ) -> Manifest:
     """For a writer (one per store: the run lock): create ``store``, rebuild a torn checkpoint from the shards,
@@ -645,7 +645,7 @@ def compact_store(
     root = Location.of(store)
     root.mkdir(parents=True, exist_ok=True)
     with output_lock(root, run_id="compact"):
-        manifest = open_store(root, key_columns, verify=False)
+        manifest = open_shards(root, key_columns, verify=False)
         replaced = compact_shards(root, manifest, schema, target_rows)
         if manifest.pending:
             checkpoint(root, manifest)
@@ -687,7 +687,7 @@ class ShardedWriter:
         self._lock = ExitStack()  # the store folder's lock, held until close (module docstring)
         self._lock.enter_context(output_lock(self.store, run_id=run_id))
         try:
-            self.manifest = open_store(self.store, self.key_columns, verify=False)
+            self.manifest = open_shards(self.store, self.key_columns, verify=False)
         except BaseException:
             self._lock.close()
             raise

@@ -69,7 +69,7 @@ class PoolSources:
         return {key: len(texts) for key, texts in self.texts.items()}
 
 
-def read_knowledge(source: pa.Table | str | Path) -> pa.Table:
+def read_knowledge_texts(source: pa.Table | str | Path) -> pa.Table:
     """Old knowledge as an Arrow table (a Parquet file, a directory of Parquet files, or a table), checked."""
     if isinstance(source, pa.Table):
         table, name = source, "knowledge table"
@@ -163,7 +163,7 @@ def select_texts(
 ) -> Selection:
     """The texts of every pool (see the module docstring), as Arrow-backed columns: no Python object per text."""
     config = config or PoolBuildConfig()
-    frame, column = _frame(read_knowledge(knowledge))
+    frame, column = _frame(read_knowledge_texts(knowledge))
     empty = frame.filter(_is_empty(column))
     skipped = [(t, e, "empty knowledge") for t, e in empty.select("entity_type", "entity_id").iter_rows()]
     frame = frame.filter(~_is_empty(column))

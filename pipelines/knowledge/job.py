@@ -57,7 +57,7 @@ from pipelines.knowledge.requests import (
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, read_index, read_knowledge
-from pipelines.sharded_store import open_store, utc_now
+from pipelines.sharded_store import open_shards, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.time_account import TimeAccount
 from pipelines.knowledge.validation import load_inputs
@@ -328,7 +328,7 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     with output_lock(paths.root, run_id=cfg.resolved_run_id()):  # one writer per output (pipelines/lock.py)
         for store in (paths.knowledge, paths.old_knowledge):  # corrupt shards out, so their entities are redone
             if store.exists():
-                open_store(store)
+                open_shards(store)
         ledger = RunLedger(paths.root)
         previous = ledger.last_succeeded()
         record, resuming = _open_record(cfg, ledger, incremental, decoder.name)

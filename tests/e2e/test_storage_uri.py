@@ -83,7 +83,7 @@ def test_corrupt_shard_on_memory_uri_is_quarantined(mem_uri):
     first.write_bytes(bytes(data))
     with pytest.raises(ss.CorruptShardError, match="checksum mismatch"):
         kn.read_knowledge(store)
-    ss.open_store(store)  # the next run's verifying open moves it aside
+    ss.open_shards(store)  # the next run's verifying open moves it aside
     assert (Location.of(store) / "quarantine" / first.name).exists()
     assert ss.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
 

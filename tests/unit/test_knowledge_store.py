@@ -187,7 +187,7 @@ def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
         with pytest.raises(LockHeld, match=r"shared_old/\.run\.lock: another run holds"):
             kn.KnowledgeWriter(store)
         with pytest.raises(LockHeld):
-            ss.open_store(store)
+            ss.open_shards(store)
     assert not (store / "manifest.json").exists()  # nothing written while the other held it
     w = write_run(store, range(2), close=False)
     with pytest.raises(LockHeld):  # held while it writes
@@ -350,7 +350,7 @@ def test_opening_checks_no_checksum_reading_does(tmp_path, monkeypatch):
     assert hashed == []
     with pytest.raises(ss.CorruptShardError, match="part-00001.parquet: checksum mismatch"):
         kn.read_index(store)
-    ss.open_store(store)  # the run's verifying open moves it aside
+    ss.open_shards(store)  # the run's verifying open moves it aside
     assert (store / "quarantine" / "part-00001.parquet").exists()
     assert kn.read_index(store)["entity_id"].to_list() == ["u0", "u1", "u4", "u5"]
 
