@@ -21,7 +21,26 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from pipelines.config import ExecutionConfig, ModelConfig
+    from pipelines.data.config import DatasetConfig
+    from pipelines.workers.actors import ModelSpec
+
+
+class JobSettings(Protocol):
+    """What the actors of a job are made from: any job config with these sections (knowledge, recommendation)."""
+
+    @property
+    def execution(self) -> ExecutionConfig: ...
+
+    @property
+    def model(self) -> ModelConfig: ...
+
+    @property
+    def dataset(self) -> DatasetConfig: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +107,7 @@ def plan_layout(machine: Machine, num_workers: int | str, threads: int | str, gp
     return Layout(int(num_workers), int(threads), "configured")
 
 
-def job_layout(execution: Any) -> Layout:
+def job_layout(execution: ExecutionConfig) -> Layout:
     """The layout of a job's ``execution`` block on the machine it runs on (this one, or the Ray cluster
     at ``execution.address``); logged when anything was ``auto``."""
     num_workers, threads = execution.num_workers, execution.threads_per_worker
@@ -111,10 +130,13 @@ def job_layout(execution: Any) -> Layout:
     return layout
 
 
-def with_layout(cfg: Any) -> Any:
+Settings = TypeVar("Settings", bound="JobSettings")
+
+
+def with_layout(cfg: Settings) -> Settings:
     """A copy of the job config ``cfg`` with its ``execution`` layout resolved to numbers."""
     layout = job_layout(cfg.execution)
-    return cfg.model_copy(
+    return cfg.model_copy(  # type: ignore[attr-defined, no-any-return]  # a pydantic model
         update={
             "execution": cfg.execution.model_copy(
                 update={"num_workers": layout.num_workers, "threads_per_worker": layout.threads}
@@ -130,7 +152,7 @@ def with_layout(cfg: Any) -> Any:
 COMPILE_FROM_ENTITIES = 500
 
 
-def compile_model(execution: Any, entities: int | None) -> bool:
+def compile_model(execution: ExecutionConfig, entities: int | None) -> bool:
     """Whether the actors' vLLM engines compile the model: ``execution.compile``, where ``auto`` compiles
     for a run of ``entities`` >= :data:`COMPILE_FROM_ENTITIES` or of unknown size (None)."""
     if execution.compile != "auto":
@@ -138,7 +160,7 @@ def compile_model(execution: Any, entities: int | None) -> bool:
     return entities is None or entities >= COMPILE_FROM_ENTITIES
 
 
-def job_actors(cfg: Any, entities: int | None = None, engine: str = "hf") -> tuple[Any, int]:
+def job_actors(cfg: JobSettings, entities: int | None = None, engine: str = "hf") -> tuple[ModelSpec, int]:
     """The ``ModelSpec`` every actor of the job config ``cfg`` loads, and how many actors; ``entities``:
     the run's size, when known (it decides ``execution.compile: auto``); ``engine``: what a generation
     actor drives (resolved by the job)."""
