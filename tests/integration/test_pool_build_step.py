@@ -62,6 +62,7 @@ def test_pools_changed_beyond_the_refresh_share_are_written_again_the_rest_kept(
     sizes = step_build_pools(cfg, _knowledge(3, 20))
     assert sizes == {"user/attribute/u0": 20, "user/attribute/u1": 20, "user/attribute/u2": 20}
     first = _files(cfg)
+    first_members = PoolStore.open(JobPaths.of(cfg).pools).manifest["members"]
     # u0: 1 text of 20 changed (5%: kept); u1: 3 of 20 (15%: written again); u2 unchanged
     step_build_pools(cfg, _knowledge(3, 20, edit={"u0-1", "u1-1", "u1-2", "u1-3"}))
     second = _files(cfg)
@@ -75,7 +76,8 @@ def test_pools_changed_beyond_the_refresh_share_are_written_again_the_rest_kept(
         == laser.load_tokenizer(tiny_model)(texts, add_special_tokens=False)["input_ids"]
     )  # the new texts
     left = {p.name for p in JobPaths.of(cfg).pools.iterdir()}
-    assert left == {"manifest.json", *set(second.values()), store.manifest["members"]}  # nothing stale kept
+    previous = {*first.values(), first_members}  # the generation replaced stays for readers holding it
+    assert left == {"manifest.json", *second.values(), store.manifest["members"], *previous}  # nothing older
 
     exact = _config(tiny_model, tmp_path / "out", pool_refresh_share=0.0)  # any change: u0 written again too
     step_build_pools(exact, _knowledge(3, 20, edit={"u0-1", "u1-1", "u1-2", "u1-3", "u0-2"}))
