@@ -429,14 +429,14 @@ def train_lightgcn(
         if recall > best[0]:
             best = (recall, epoch, model.embedding.weight.detach().clone())
         elif epoch - best[1] >= config.patience:
-                log.info(
-                    "LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
-                    epoch,
-                    config.k,
-                    best[0],
-                    best[1],
-                )
-                break
+            log.info(
+                "LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
+                epoch,
+                config.k,
+                best[0],
+                best[1],
+            )
+            break
     bar.close()
     with torch.no_grad():
         model.embedding.weight.copy_(best[2])
