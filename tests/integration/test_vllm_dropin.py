@@ -13,15 +13,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.fuzz_server import free_port, serve_command
+from benchmarks.fuzz_server import laser_server
 
 pytest.importorskip("vllm")
 
@@ -206,22 +204,10 @@ def _get(url: str) -> str:
         return resp.read().decode()
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path, timeout: float = 700) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "vllm serve exited:\n" + log.read_text()[-4000:]
-        try:
-            _get(f"http://127.0.0.1:{port}/health")
-            return
-        except OSError:
-            time.sleep(2)
-    raise AssertionError("vllm serve not healthy in time:\n" + log.read_text()[-4000:])
-
-
-def _server_counts(port: int) -> dict[str, float]:
+def _server_counts(url: str) -> dict[str, float]:
     """Drafted and accepted tokens so far, from the server's Prometheus /metrics."""
     found = {DRAFTED: 0.0, ACCEPTED: 0.0}
-    for line in _get(f"http://127.0.0.1:{port}/metrics").splitlines():
+    for line in _get(f"{url}/metrics").splitlines():
         m = re.match(r"(vllm:spec_decode_num_(?:draft|accepted)_tokens)_total(?:\{[^}]*\})? (\S+)$", line)
         if m:
             found[m.group(1)] += float(m.group(2))
@@ -238,17 +224,8 @@ def test_vllm_serve_with_the_openai_client(reference):
     import laser.vllm
 
     workdir, ref = reference
-    port, log = free_port(), workdir / "serve.log"
-    cmd = [*serve_command(ref["model"]), "--host", "127.0.0.1"]
-    cmd += ["--port", str(port), "--speculative-config", json.dumps(laser.vllm.speculative_config(MAX_DRAFT))]
-    cmd += ["--enforce-eager", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8"]
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=_env(workdir), cwd=ROOT, start_new_session=True
-        )
-    try:
-        _wait_ready(port, proc, log)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+    with laser_server(Path(ref["model"]), _env(workdir), workdir / "serve.log", timeout_s=700) as (url, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
 
         def complete(xargs: dict[str, str]) -> list[list[int]]:
             resp = client.completions.create(
@@ -261,9 +238,9 @@ def test_vllm_serve_with_the_openai_client(reference):
             return [c.model_dump()["token_ids"] for c in sorted(resp.choices, key=lambda c: c.index)]
 
         store = str(workdir / "pools")
-        before = _server_counts(port)
+        before = _server_counts(url)
         got = complete(laser.vllm.request_args(pool="good", pool_store=store, draft_len=MAX_DRAFT))
-        after = _server_counts(port)
+        after = _server_counts(url)
         assert got == ref["ref"]  # greedy LASER through the server is plain vLLM's tokens
         assert after[ACCEPTED] - before[ACCEPTED] >= 0.5 * N_PROMPTS * NEW
         with pytest.raises(openai.BadRequestError, match="k and p go together"):
@@ -271,13 +248,6 @@ def test_vllm_serve_with_the_openai_client(reference):
         with pytest.raises(openai.BadRequestError, match="unknown LASER argument"):
             complete({"laser": '{"v":1,"pool":"good","pools":"x"}'})
         assert complete(laser.vllm.request_args(draft=False)) == ref["ref"]  # still serving
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 if __name__ == "__main__":
