@@ -37,6 +37,7 @@ from pipelines.storage import atomic_write_local
 log = logging.getLogger(__name__)
 
 PUSHED_FILE = "feast_pushed.json"
+PUSH_ROWS = 50_000  # rows read and pushed at a time
 
 
 class RepoError(ValueError):
@@ -99,7 +100,9 @@ def _pushed(tables: FeatureTables) -> dict[str, dict[str, str]]:
 
 
 def push_new_rows(store: Any, tables: FeatureTables, repo: str) -> dict[str, int]:
-    """Push each view's rows newer than the last push into ``repo`` to the online store; returns rows per view."""
+    """Push each view's rows newer than the last push into ``repo`` to the online store, ``PUSH_ROWS`` at a time
+    (memory bounded whatever the catalogue); returns rows per view. The mark moves once a view is pushed whole:
+    a push that breaks off is repeated by the next ingest (the online store keeps the newest value per key)."""
     from feast.data_source import PushMode
 
     marks, pushed = _pushed(tables), {}
@@ -108,19 +111,17 @@ def push_new_rows(store: Any, tables: FeatureTables, repo: str) -> dict[str, int
         view, path = f"{etype}_knowledge", tables.table(etype)
         if not path.exists():
             continue
-        table = pq.read_table(path)
-        since = mine.get(view)
-        if since is not None:
-            table = table.filter(
-                pc.greater(
-                    table["event_timestamp"],
-                    pa.scalar(datetime.fromisoformat(since), table.schema.field("event_timestamp").type),
-                )
-            )
-        if table.num_rows:
-            store.push(f"{view}_push", table.to_pandas(), to=PushMode.ONLINE)
-            mine[view] = pc.max(table["event_timestamp"]).as_py().isoformat()
-        pushed[view] = table.num_rows
+        since, newest, pushed[view] = mine.get(view), None, 0
+        for batch in pq.ParquetFile(path).iter_batches(PUSH_ROWS):
+            stamps = batch.column("event_timestamp")
+            if since is not None:
+                batch = batch.filter(pc.greater(stamps, pa.scalar(datetime.fromisoformat(since), stamps.type)))
+            if batch.num_rows:
+                store.push(f"{view}_push", batch.to_pandas(), to=PushMode.ONLINE)
+                top = pc.max(batch.column("event_timestamp")).as_py()
+                newest, pushed[view] = max(newest or top, top), pushed[view] + batch.num_rows
+        if newest is not None:
+            mine[view] = newest.isoformat()
     atomic_write_local(tables.root / PUSHED_FILE, lambda tmp: Path(tmp).write_text(json.dumps(marks, indent=1)))
     log.info("feast: pushed %s into %s", pushed, repo)
     return pushed
