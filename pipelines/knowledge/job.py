@@ -376,8 +376,9 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     )
     summary.time = account.close()
     summary.wall_s = account.wall_s
-    paths.summary.write_text(json.dumps(summary.to_json(), indent=1, default=str))
-    _push_metrics(cfg, paths, summary.to_json())
+    figures = summary.to_json()
+    paths.summary.write_text(json.dumps(figures, indent=1, default=str))
+    _push_metrics(cfg, paths, figures)
     return summary
 
 
