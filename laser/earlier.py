@@ -51,11 +51,12 @@ class EarlierFirstDrafter(Drafter):
         self.expect = -1  # where the earlier text stands if the new text followed it since the last match
         self.chain: list[int] = []  # the earlier-text draft of the last proposal
         self.own_accepted = 0
+        self._match: tuple[int, int, list[int]] | None = None  # (context length, suffix matched, its ends)
 
     def _continuation(self, context: Sequence[int], limit: int) -> list[int]:
         """What followed the context's longest suffix in the earlier text (the first occurrence at or after
         the cursor, else the last one), up to ``limit`` tokens."""
-        n, ends = self.text.suffix_match(context, self.n_max)
+        n, ends = self._suffix(context)
         if 0 < n < MIN_MATCH:  # a single token: only where the new text is following the earlier one
             ends = [self.expect] if self._in_step(context) else []
         if not ends:
@@ -63,6 +64,13 @@ class EarlierFirstDrafter(Drafter):
         end = next((e for e in ends if e >= self.cursor), ends[-1])
         self.cursor = self.expect = end
         return self.text.tokens[end : end + limit]
+
+    def _suffix(self, context: Sequence[int]) -> tuple[int, list[int]]:
+        """The context's suffix match in the earlier text, once per context (a step asks for the match
+        length, then for the draft, of the same context)."""
+        if self._match is None or self._match[0] != len(context):
+            self._match = (len(context), *self.text.suffix_match(context, self.n_max))
+        return self._match[1], self._match[2]
 
     def _in_step(self, context: Sequence[int]) -> bool:
         """Whether the new text's last token is the one the earlier text has where it is being followed."""
@@ -98,7 +106,7 @@ class EarlierFirstDrafter(Drafter):
             self.inner.commit(new_tokens, hidden)
 
     def match_length(self, context: Sequence[int]) -> int | None:
-        own = self.text.suffix_match(context, self.n_max)[0]
+        own = self._suffix(context)[0]
         if own < MIN_MATCH and not self._in_step(context):
             own = 0
         theirs = self.inner.match_length(context) if self.inner is not None else None
