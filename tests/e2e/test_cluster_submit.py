@@ -11,7 +11,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from benchmarks.fuzz_server import free_port
 import yaml
 
 from pipelines.knowledge_store import read_knowledge
@@ -31,19 +32,13 @@ RAY = str(Path(sys.executable).with_name("ray"))
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     def __init__(self) -> None:
         self.tmp = tempfile.mkdtemp(prefix="lray", dir="/tmp")  # short: Ray's unix socket paths must fit
         self.token = secrets.token_hex(16)
         self.token_file = Path(self.tmp) / "token"
         self.token_file.write_text(self.token)
-        self.port, self.dash = _free_port(), _free_port()
+        self.port, self.dash = free_port(), free_port()
         self.address = f"http://127.0.0.1:{self.dash}"
         bin_dir = str(Path(sys.executable).parent)  # the nodes' `python` is this venv's, as when it is activated
         self.env = {

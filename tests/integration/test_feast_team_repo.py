@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+
+from benchmarks.fuzz_server import free_port
 from typer.testing import CliRunner
 
 from pipelines.knowledge_store import KnowledgeWriter
@@ -39,16 +41,10 @@ entity_key_serialization_version: 3
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def redis_address() -> Iterator[str]:
     """A Redis server for the test: the real one when installed, else fakeredis over TCP."""
-    port = _free_port()
+    port = free_port()
     if shutil.which("redis-server"):
         proc = subprocess.Popen(
             ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
