@@ -24,7 +24,20 @@ def _missing(doc: Path) -> list[str]:
     return sorted(found)
 
 
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)\s]*)?\)")  # a Markdown link's target, without its anchor
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_link_between_docs_resolves():
+    broken = {
+        str(d.relative_to(ROOT)): targets
+        for d in DOCS
+        if (targets := [t for t in LINK.findall(d.read_text()) if ":" not in t and not (d.parent / t).exists()])
+    }
+    assert not broken, f"links to files that are not there (relative to the linking page): {broken}"
+
+
 def test_every_path_the_docs_name_exists():
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = DOCS
     missing = {str(d.relative_to(ROOT)): refs for d in docs if (refs := _missing(d))}
     assert not missing, f"docs name files that are not in the repository: {missing}"
