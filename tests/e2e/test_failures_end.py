@@ -1,6 +1,7 @@
 """Failures end: a one-shot run with failed entities exits 3; scheduled runs give an entity up after
 ``generation.give_up_after`` identical failures and exit 0; new inputs or another config try it again;
-`laser failures` lists them. Tiny random Llama (its texts are degenerate: ``degenerate=fail`` fails them)."""
+`laser failures` lists them. Tiny random Llama, two tokens a text: every text has fewer words than a
+non-degenerate one needs, so ``degenerate=fail`` fails every entity on every run, whatever the batching."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from pipelines.ops.schedule.failures import failure_table, streaks
 from pipelines.ops.schedule.ledger import RunLedger
 from test_schedule_incremental import edit_users, incremental_config, write_table_data
 
-FAILING = ("generation.degenerate=fail", "generation.give_up_after=3")
+FAILING = ("generation.degenerate=fail", "generation.give_up_after=3", "generation.max_new_tokens=2")
 
 
 def _job(tiny_model, tmp_path, *extra: str):
