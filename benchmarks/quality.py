@@ -155,7 +155,7 @@ def run_quality_bench(
             )
             t0 = time.perf_counter()
             result = worker.generate(task, reqs, cfg.execution.batch_size)
-            if not isinstance(result, BatchResult):  # a GenerationWorker's result_cls
+            if not isinstance(result, BatchResult):  # what a GenerationWorker yields
                 raise TypeError(f"{name}: the worker returned a {type(result).__name__}, not knowledge rows")
             seconds[name] = time.perf_counter() - t0
             rows[name] = [r.as_dict() for r in sorted(result.rows, key=lambda r: order[(r.entity_type, r.entity_id)])]

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class BatchResult(WorkResult):
+class BatchResult(WorkResult[KnowledgeRow]):
     """Knowledge rows (knowledge schema) and failures of finished requests; ``discarded``: the rows of
     attempts decoded and not written (of a retried entity, the text that read worse), which the pass's
     report counts as work done."""
@@ -43,24 +43,24 @@ class BatchResult(WorkResult):
     busy_s: float = 0.0  # the engine's seconds for them, every step (prefill included)
     decode_tokens: int = 0  # tokens of the steps that only decoded (``decode_s``: their seconds)
 
-    @staticmethod
-    def row_key(row: KnowledgeRow) -> tuple[str, str]:
+    def row_key(self, row: KnowledgeRow) -> tuple[str, str]:
         return row.entity_type, row.entity_id
 
-    def merge(self, other: WorkResult) -> None:
+    def merge(self, other: WorkResult[KnowledgeRow]) -> None:
         super().merge(other)
         self.discarded += getattr(other, "discarded", [])
         self.busy_s += getattr(other, "busy_s", 0.0)
         self.decode_tokens += getattr(other, "decode_tokens", 0)
 
 
-class GenerationWorker(StreamWorker):
+class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
     """A worker actor that writes knowledge: the serve skeleton (admission, the degenerate-text policy and
     its retries, failure handling, accounting) over the engine adapter of ``spec.engine``
     (:mod:`pipelines.knowledge.engines`). The same actor serves every pass of a job (old knowledge, new
     knowledge, retries), so its engine starts once."""
 
-    result_cls = BatchResult
+    def result(self, failures: list[Failure] | None = None) -> BatchResult:
+        return BatchResult(failures=failures or [])
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
@@ -355,7 +355,7 @@ class GenerationReport:
         return self.decode_tokens / self.decode_s if self.decode_s else 0.0
 
 
-def record_result(result: WorkResult, writer: KnowledgeWriter, report: GenerationReport) -> None:
+def record_result(result: WorkResult[KnowledgeRow], writer: KnowledgeWriter, report: GenerationReport) -> None:
     """Write one result's rows and failures (a knowledge worker's :class:`BatchResult`) and count them into
     ``report``."""
     if not isinstance(result, BatchResult):
@@ -369,9 +369,9 @@ def record_result(result: WorkResult, writer: KnowledgeWriter, report: Generatio
         report.greedy_retries += bool(row.greedy_retry)
         report.quality.add(row_quality(row.as_dict()))
     report.retries += len(result.discarded)  # each retry leaves one text unwritten
-    written = {BatchResult.row_key(r): r for r in result.rows}
+    written = {result.row_key(r): r for r in result.rows}
     for d in result.discarded:  # the first text is the unwritten one, or the one its retry lost to
-        kept = written.get(BatchResult.row_key(d))
+        kept = written.get(result.row_key(d))
         first = d if not d.greedy_retry else (kept or d)
         retry = d if d.greedy_retry else kept
         for reason in retry_reasons(first):

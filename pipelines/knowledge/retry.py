@@ -138,7 +138,7 @@ def item_year(req: GenerationRequest) -> int | None:
     """An item's year, which its text may name (no other): None for users and items without one."""
     year = (req.item or {}).get("year") if req.entity_type == "item" else None
     try:
-        return int(year) if year is not None else None
+        return int(year) if isinstance(year, (int, float, str)) else None
     except (TypeError, ValueError):
         return None
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, r
 from pipelines.sharded_store import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
-from pipelines.workers import Failure, GenerationRequest, ModelWorker, WorkResult
+from pipelines.workers import Failure, GenerationRequest, ModelSpec, ModelWorker, WorkResult
 
 if TYPE_CHECKING:
     from laser.decoders.base import Prompt
@@ -52,20 +52,20 @@ class UserRanking:
     rows: list[dict[str, Any]]
 
 
-class RecommendResult(WorkResult):
+class RecommendResult(WorkResult[UserRanking]):
     """Rankings (:class:`UserRanking`) and failures of finished users."""
 
-    @staticmethod
-    def row_key(row: UserRanking) -> tuple[str, str]:
+    def row_key(self, row: UserRanking) -> tuple[str, str]:
         return "user", row.user_id
 
 
-class RecommendWorker(ModelWorker):
+class RecommendWorker(ModelWorker[RecommendTask, UserRanking]):
     """A worker actor that ranks items; builds the item trie once per catalogue."""
 
-    result_cls = RecommendResult
+    def result(self, failures: list[Failure] | None = None) -> RecommendResult:
+        return RecommendResult(failures=failures or [])
 
-    def __init__(self, spec: Any) -> None:
+    def __init__(self, spec: ModelSpec) -> None:
         super().__init__(spec)
         self._tries: dict[int, Any] = {}
 
@@ -153,7 +153,7 @@ class RecommendReport:
     decode_s: float = 0.0
 
 
-def record(result: WorkResult, writer: RecommendationWriter, report: RecommendReport) -> None:
+def record(result: WorkResult[UserRanking], writer: RecommendationWriter, report: RecommendReport) -> None:
     """Write one result's rankings and failures and count them into ``report``."""
     for ranking in result.rows:
         writer.add_rows(ranking.rows)

@@ -17,7 +17,8 @@ import threading
 from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, NamedTuple
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, Mapping, NamedTuple, TypedDict, TypeVar
 
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (entity_type, entity_id)
+TaskT = TypeVar("TaskT", bound=Hashable)  # what a job kind's requests share (DecodeTask, RecommendTask): one per pass
+RowT = TypeVar("RowT")  # what a job kind writes per entity (KnowledgeRow, UserRanking)
 
 
 class WorkerDead(RuntimeError):
@@ -62,14 +65,21 @@ class GenerationRequest:
     pool_kind: str | None = None
     group_id: str | None = None
     history: list[HistoryEntry] | None = None
-    item: dict[str, Any] | None = None
-    user: dict[str, Any] | None = None  # a user's attribute columns (the prompt template may show them)
+    item: dict[str, object] | None = None
+    user: dict[str, object] | None = None  # a user's attribute columns (the prompt template may show them)
     source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
     earlier: str | None = None  # the entity's newest earlier knowledge: its first draft source (refresh)
 
     @property
     def key(self) -> Key:
         return self.entity_type, self.entity_id
+
+
+class Loading(TypedDict):
+    """The keywords of ``laser.load_model``/``load_tokenizer`` beyond the model's name."""
+
+    revision: str | None
+    trust_remote_code: bool
 
 
 @dataclass(frozen=True)
@@ -85,14 +95,14 @@ class ModelSpec:
     compile: bool = True  # engines that compile the model (vLLM) do; pipelines/workers/layout.compile_model
     gpu_memory_utilization: float | None = None  # vLLM's share of each GPU; None: 0.9 of the actor's share
     engine: str = "hf"  # the engine a generation worker drives (pipelines/knowledge/engines: its registry)
-    engine_options: Mapping[str, Any] = field(default_factory=dict, hash=False)  # more keywords for its engine
+    engine_options: Mapping[str, object] = field(default_factory=dict, hash=False)  # more keywords for its engine
     revision: str | None = None  # the model's hub revision (transformers and vLLM)
     trust_remote_code: bool = False  # run the model repo's own code
     max_model_len: int | None = None  # vLLM's tokens per request; None: the model's own, within the KV cache
-    engine_args: Mapping[str, Any] = field(default_factory=dict, hash=False)  # vLLM's own (model.engine_args)
+    engine_args: Mapping[str, object] = field(default_factory=dict, hash=False)  # vLLM's own (model.engine_args)
     pool_roots: tuple[str, ...] = ()  # where the job's pool stores lie (vLLM opens no store elsewhere)
 
-    def loading(self) -> dict[str, Any]:
+    def loading(self) -> Loading:
         """The keywords of ``laser.load_model``/``load_tokenizer`` beyond the model's name."""
         return {"revision": self.revision, "trust_remote_code": self.trust_remote_code}
 
@@ -125,23 +135,25 @@ class Failure:
 
 
 @dataclass
-class WorkResult:
+class WorkResult(Generic[RowT]):
     """What finished: ``rows`` (the job kind's output per entity), failures and the actor's decoding seconds for
     them (shared steps counted once)."""
 
-    rows: list[Any] = field(default_factory=list)
+    rows: list[RowT] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     decode_s: float = 0.0
 
-    def merge(self, other: "WorkResult") -> None:
+    def merge(self, other: "WorkResult[RowT]") -> None:
         self.rows += other.rows
         self.failures += other.failures
         self.decode_s += other.decode_s
 
-    @staticmethod
-    def row_key(row: Any) -> Key:
-        """The entity a row belongs to (knowledge rows: a dict with entity_type and entity_id)."""
-        return row["entity_type"], row["entity_id"]
+    def row_key(self, row: RowT) -> Key:
+        """The entity a row belongs to; job kinds whose rows are not mappings with ``entity_type`` and
+        ``entity_id`` say how."""
+        if not isinstance(row, Mapping):
+            raise TypeError(f"{type(self).__name__} cannot tell the entity of a {type(row).__name__} row")
+        return str(row["entity_type"]), str(row["entity_id"])
 
     def keys(self) -> list[Key]:
         """Every entity this result finishes, written or failed."""
@@ -166,10 +178,9 @@ class DecoderCache:
         return self._built[key]
 
 
-class StreamWorker:
-    """Base of the worker actors: subclasses write :meth:`serve`; this class streams requests through it."""
-
-    result_cls: ClassVar[type[WorkResult]] = WorkResult  # what ``serve`` yields
+class StreamWorker(Generic[TaskT, RowT]):
+    """Base of the worker actors, generic over the task their requests share and the row they write:
+    subclasses write :meth:`serve`; this class streams requests through it."""
 
     def __init__(self, spec: ModelSpec) -> None:
         import torch
@@ -180,27 +191,33 @@ class StreamWorker:
             raise RuntimeError(f"execution.gpus_per_worker={spec.gpus} but this node has no usable CUDA GPU")
         self.spec = spec
         self._lock = threading.Lock()
-        self._inbox: deque[tuple[Any, GenerationRequest]] = deque()
-        self._outbox: queue.Queue[WorkResult] = queue.Queue()
+        self._inbox: deque[tuple[TaskT, GenerationRequest]] = deque()
+        self._outbox: queue.Queue[WorkResult[RowT]] = queue.Queue()
         self._held: set[Key] = set()
         self._taken: set[Key] = set()  # held keys the serve loop took from the inbox and has not finished
         self._dead: str | None = None  # why the worker can serve nothing more (:class:`WorkerDead`)
         self._worker: threading.Thread | None = None
 
-    def ready(self, slots: int) -> dict[str, Any]:
+    def result(self, failures: list[Failure] | None = None) -> WorkResult[RowT]:
+        """An empty result of this worker's kind (``failures`` in it): what :meth:`serve` yields."""
+        return WorkResult(failures=failures or [])
+
+    def ready(self, slots: int) -> dict[str, object]:
         """Ready the engine for ``slots`` requests in flight (the driver calls it once, right after the actor
         starts); returns what the start did, for the log."""
         return {"model": self.spec.model}
 
-    def serve(self, task: Any, take: Callable[[int], list[GenerationRequest]], slots: int) -> Iterator[WorkResult]:
+    def serve(
+        self, task: TaskT, take: Callable[[int], list[GenerationRequest]], slots: int
+    ) -> Iterator[WorkResult[RowT]]:
         """Work on requests pulled with ``take(n)`` (at most ``slots`` at a time), yielding what finishes.
         A request that fails becomes a failure record in a result; it never stops the stream."""
         raise NotImplementedError
 
-    def generate(self, task: Any, requests: list[GenerationRequest], slots: int | None = None) -> WorkResult:
+    def generate(self, task: TaskT, requests: list[GenerationRequest], slots: int | None = None) -> WorkResult[RowT]:
         """Every request's result, worked on in this thread with ``slots`` in flight (default: all)."""
         waiting = deque(requests)
-        out = self.result_cls()
+        out = self.result()
         for part in self.serve(
             task, lambda n: [waiting.popleft() for _ in range(min(n, len(waiting)))], slots or max(1, len(requests))
         ):
@@ -210,8 +227,8 @@ class StreamWorker:
     # ---- the driver's streaming call ------------------------------------------------------------
 
     def exchange(
-        self, task: Any, requests: list[GenerationRequest], slots: int, wait_s: float = 0.5
-    ) -> tuple[WorkResult, set[Key]]:
+        self, task: TaskT, requests: list[GenerationRequest], slots: int, wait_s: float = 0.5
+    ) -> tuple[WorkResult[RowT], set[Key]]:
         """Queue ``requests`` for the background thread, wait up to ``wait_s`` for finished ones, and return
         them with the keys of every request this actor still holds (queued or in work). The driver calls
         it once at a time per actor; a key it sent that is neither returned nor held was lost (restart).
@@ -225,7 +242,7 @@ class StreamWorker:
             if self._dead is None and (self._worker is None or not self._worker.is_alive()):
                 self._worker = threading.Thread(target=self._serve_inbox, args=(slots,), daemon=True)
                 self._worker.start()
-        out = self.result_cls()
+        out = self.result()
         try:
             out.merge(self._outbox.get(timeout=wait_s))
             while True:
@@ -260,7 +277,7 @@ class StreamWorker:
                 log.exception("serving a task failed; its %d requests fail with the error", len(self._taken))
                 self._outbox.put(self._fail_task(task, f"worker error: {type(exc).__name__}: {exc}"))
 
-    def _take(self, task: Any, n: int) -> list[GenerationRequest]:
+    def _take(self, task: TaskT, n: int) -> list[GenerationRequest]:
         """Up to ``n`` queued requests of ``task`` (the serve loop's ``take``)."""
         with self._lock:
             got: list[GenerationRequest] = []
@@ -269,17 +286,17 @@ class StreamWorker:
             self._taken.update(r.key for r in got)
             return got
 
-    def _fail_task(self, task: Any, reason: str) -> WorkResult:
+    def _fail_task(self, task: TaskT, reason: str) -> WorkResult[RowT]:
         """A result failing every request of ``task`` the worker holds: in work or still queued."""
         with self._lock:
             keys = sorted(self._taken)
             self._taken.clear()
             while self._inbox and self._inbox[0][0] == task:
                 keys.append(self._inbox.popleft()[1].key)
-        return self.result_cls(failures=[Failure(t, i, reason) for t, i in keys])
+        return self.result([Failure(t, i, reason) for t, i in keys])
 
 
-class ModelWorker(StreamWorker):
+class ModelWorker(StreamWorker[TaskT, RowT]):
     """A worker actor that loads ``spec``'s transformers model once and builds decoders on it."""
 
     def __init__(self, spec: ModelSpec) -> None:

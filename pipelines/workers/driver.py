@@ -18,7 +18,7 @@ import logging
 import re
 import time
 from collections import Counter, defaultdict, deque
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, Iterable, Iterator, cast
 
 from tqdm.auto import tqdm
 
@@ -28,11 +28,17 @@ from pipelines.workers.actors import (
     GenerationRequest,
     Key,
     ModelSpec,
+    RowT,
     StreamWorker,
+    TaskT,
     WorkerDead,
     WorkResult,
     actor_options,
 )
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+    from ray.actor import ActorHandle
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +84,7 @@ def error_line(exc: BaseException) -> str:
     return one_line(f"{type(exc).__name__}: {exc}")
 
 
-class FirstFailures:
+class FirstFailures(Generic[RowT]):
     """Holds back a stream's failures while nothing has succeeded and every failure has one reason; raises
     :class:`EngineUnusable` once each actor sent work failed its first ``slots`` (or all it was sent) so.
 
@@ -88,12 +94,12 @@ class FirstFailures:
     def __init__(self, slots: int) -> None:
         self.slots = slots
         self.reason: str | None = None
-        self.held: list[WorkResult] = []
+        self.held: list[WorkResult[RowT]] = []
         self.watching = True
         self.sent: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
 
-    def see(self, actor: int, result: WorkResult, alive: set[int]) -> list[WorkResult]:
+    def see(self, actor: int, result: WorkResult[RowT], alive: set[int]) -> list[WorkResult[RowT]]:
         """The results to hand on now (none while held back)."""
         if not self.watching:
             return [result]
@@ -109,7 +115,7 @@ class FirstFailures:
             raise EngineUnusable("every request of the first batch failed with one error", reason)
         return []
 
-    def release(self) -> list[WorkResult]:
+    def release(self) -> list[WorkResult[RowT]]:
         """What was held back; the watch ends."""
         out, self.held, self.watching = self.held, [], False
         return out
@@ -194,12 +200,12 @@ class BatchScheduler:
         return batch
 
 
-class WorkerGroup:
+class WorkerGroup(Generic[TaskT, RowT]):
     """``num_workers`` actors of ``worker_cls`` sharing one model spec; serves several passes, then ``close``."""
 
     def __init__(
         self,
-        worker_cls: type[StreamWorker],
+        worker_cls: type[StreamWorker[TaskT, RowT]],
         spec: ModelSpec,
         num_workers: int,
         address: str | None = None,
@@ -207,8 +213,8 @@ class WorkerGroup:
     ) -> None:
         self.worker_cls, self.spec, self.num_workers, self.address = worker_cls, spec, num_workers, address
         self.progress_timeout_s = progress_timeout_s
-        self.actors: list[Any] = []
-        self.starting: dict[Any, int] = {}  # ready() calls not yet collected -> actor
+        self.actors: list[ActorHandle[StreamWorker[TaskT, RowT]]] = []
+        self.starting: dict[ObjectRef[dict[str, object]], int] = {}  # ready() calls not yet collected -> actor
         self.broken: dict[int, str] = {}  # actors that failed to start or died -> why
         self.resent = 0  # requests a dead actor lost and the driver sent again
         self.startup_s = 0.0  # the driver blocked on Ray, actor start and engine start (``start`` + waits)
@@ -240,7 +246,7 @@ class WorkerGroup:
             **actor_options(self.spec), max_restarts=ACTOR_RESTARTS, max_task_retries=ACTOR_RESTARTS
         )
         while len(self.actors) < n:
-            self.actors.append(remote_cls.remote(self.spec))
+            self.actors.append(cast("ActorHandle[StreamWorker[TaskT, RowT]]", remote_cls.remote(self.spec)))
             self.starting[self.actors[-1].ready.remote(slots)] = len(self.actors) - 1
         self.startup_s += time.perf_counter() - t0
 
@@ -274,8 +280,8 @@ class WorkerGroup:
         return max(1, len(self.actors) - len(self.broken))
 
     def stream(
-        self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str, unit: str = "entity"
-    ) -> Iterator[WorkResult]:
+        self, requests: list[GenerationRequest], task: TaskT, *, slots: int, desc: str, unit: str = "entity"
+    ) -> Iterator[WorkResult[RowT]]:
         """Work on ``requests`` with ``slots`` in flight per actor; yield results as they finish, under a
         progress bar. Every request ends in exactly one yielded row or failure, unless the workers cannot
         run at all: then :class:`EngineUnusable` (the failures held back are not yielded)."""
@@ -295,8 +301,8 @@ class WorkerGroup:
         alive = set(range(len(self.actors))) - set(self.broken)
         if not alive:  # every actor failed to start or died in an earlier pass
             raise EngineUnusable("no worker is left", next(iter(self.broken.values())))
-        calls: dict[Any, int] = {}
-        first = FirstFailures(slots)
+        calls: dict[ObjectRef[tuple[WorkResult[RowT], set[Key]]], int] = {}
+        first: FirstFailures[RowT] = FirstFailures(slots)
         progress = {a: time.monotonic() for a in alive}  # when each actor last finished a request
 
         def call(a: int) -> None:
@@ -330,7 +336,7 @@ class WorkerGroup:
                         self.broken[a],
                         len(outstanding[a]),
                     )
-                    result, held = WorkResult(), set()
+                    result, held = WorkResult[RowT](), set()
                     alive.discard(a)
                     ray.kill(self.actors[a])  # a worker that declared itself dead still holds its resources
                 if result.keys() or not outstanding[a]:
@@ -376,20 +382,20 @@ class WorkerGroup:
         self.starting.clear()
         self.broken.clear()
 
-    def __enter__(self) -> "WorkerGroup":
+    def __enter__(self) -> "WorkerGroup[TaskT, RowT]":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-class LocalGroup:
+class LocalGroup(Generic[TaskT, RowT]):
     """The driver's interface on one worker in this process (no Ray): tools and tests."""
 
     startup_s = 0.0  # the worker is the caller's, started before
     ready_s: list[float] = []
 
-    def __init__(self, worker: StreamWorker) -> None:
+    def __init__(self, worker: StreamWorker[TaskT, RowT]) -> None:
         self.worker = worker
 
     @property
@@ -403,15 +409,15 @@ class LocalGroup:
         return 1
 
     def stream(
-        self, requests: list[GenerationRequest], task: Any, *, slots: int, desc: str = "", unit: str = "entity"
-    ) -> Iterator[WorkResult]:
+        self, requests: list[GenerationRequest], task: TaskT, *, slots: int, desc: str = "", unit: str = "entity"
+    ) -> Iterator[WorkResult[RowT]]:
         if requests:
             yield self.worker.generate(task, requests, slots)
 
     def close(self) -> None:
         """Nothing to stop: the worker belongs to the caller."""
 
-    def __enter__(self) -> "LocalGroup":
+    def __enter__(self) -> "LocalGroup[TaskT, RowT]":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -8,19 +8,22 @@ process died is retried by Ray; one that raises ends the map with its error.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tqdm.auto import tqdm
 
 from pipelines.interrupts import ray_wait
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
 
 T = TypeVar("T")
 
 
 def map_tasks(
     fn: Callable[..., T],
-    calls: Sequence[tuple[Any, ...]],
-    shared: dict[str, Any] | None = None,
+    calls: Sequence[tuple[object, ...]],
+    shared: dict[str, object] | None = None,
     *,
     desc: str,
     unit: str = "task",
@@ -31,8 +34,8 @@ def map_tasks(
 
     remote = ray.remote(fn).options(num_cpus=0, scheduling_strategy="SPREAD", max_retries=2)
     limit = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    results: list[Any] = [None] * len(calls)
-    running: dict[Any, int] = {}
+    results: dict[int, T] = {}
+    running: dict[ObjectRef[T], int] = {}
     todo = list(enumerate(calls))[::-1]
     with tqdm(total=len(calls), desc=desc, unit=unit) as bar:
         while todo or running:
@@ -43,4 +46,4 @@ def map_tasks(
             for ref in done:
                 results[running.pop(ref)] = ray.get(ref)
                 bar.update(1)
-    return results
+    return [results[i] for i in range(len(calls))]
