@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipelines.knowledge.decoders import ENGINES as JOB_ENGINES
+from pipelines.knowledge.engines import ENGINES as JOB_ENGINES
 
 RAY_DATA_ROWS = {"ray-data-llm": "none", "ray-data-llm-ngram": "ngram", "ray-data-llm-suffix": "suffix"}
 ENGINES = (*JOB_ENGINES, "ray-data-llm")  # the default rows

@@ -37,7 +37,8 @@ from laser.decoders import available_decoders
 from laser.defaults import RELAXED_K, RELAXED_P
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import BatchResult, GenerationWorker
-from pipelines.knowledge.decoders import ENGINES, new_knowledge_decoder
+from pipelines.knowledge.decoders import new_knowledge_decoder
+from pipelines.knowledge.engines import ENGINES
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import knowledge_task, step_old_knowledge
 from pipelines.knowledge.paths import JobPaths

@@ -56,7 +56,7 @@ from pipelines.knowledge.requests import (
 )
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
-from pipelines.knowledge_store import KnowledgeWriter, knowledge_at, read_index, read_knowledge
+from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter, knowledge_at, read_index, read_knowledge
 from pipelines.sharded_store import open_shards, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.time_account import TimeAccount
@@ -74,6 +74,9 @@ from pipelines.workers.layout import compile_model, job_actors
 
 log = logging.getLogger(__name__)
 
+# the job's generation workers: actors on Ray, or one worker in this process (tools and tests)
+Workers = WorkerGroup[DecodeTask, KnowledgeRow] | LocalGroup[DecodeTask, KnowledgeRow]
+
 
 @dataclass
 class JobRun:
@@ -84,7 +87,7 @@ class JobRun:
     incremental: bool
     record: RunRecord
     decoder: DecoderChoice
-    workers: WorkerGroup | LocalGroup
+    workers: Workers
     data: JobData | None = None
     routing: pl.DataFrame | None = None
     keep_existing: bool = False  # keep rows another config wrote (inputs unchanged) instead of regenerating
@@ -414,7 +417,7 @@ def _open_record(cfg: JobConfig, ledger: RunLedger, incremental: bool, decoder: 
 # ---- steps alone (`laser generate`, tools) and their parts ------------------------------------------
 
 
-def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup:
+def worker_group(cfg: JobConfig, entities: int | None = None) -> WorkerGroup[DecodeTask, KnowledgeRow]:
     """The job's generation actors (one model load each, shared by every pass of the job), each driving the
     engine the job resolves (:func:`~pipelines.knowledge.decoders.job_engine`); ``entities``: the run's
     users and items, when known."""
@@ -472,7 +475,7 @@ def write_knowledge(
     task: DecodeTask,
     store: Path | Location,
     desc: str,
-    workers: WorkerGroup | LocalGroup | None,
+    workers: Workers | None,
     run_seq: int | None = None,
     report: GenerationReport | None = None,
     payloads: Callable[[list[GenerationRequest]], None] | None = None,
@@ -520,7 +523,7 @@ def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
 
 
 def step_old_knowledge(
-    cfg: JobConfig, data: JobData, workers: WorkerGroup | LocalGroup | None = None, run_seq: int | None = None
+    cfg: JobConfig, data: JobData, workers: Workers | None = None, run_seq: int | None = None
 ) -> GenerationReport:
     """Old knowledge for every user with an old history and every existing item, where missing."""
     paths = JobPaths.of(cfg)
@@ -541,7 +544,7 @@ def step_old_knowledge(
 
 
 def step_generate(
-    cfg: JobConfig, data: JobData, routing: pl.DataFrame, workers: WorkerGroup | LocalGroup | None = None
+    cfg: JobConfig, data: JobData, routing: pl.DataFrame, workers: Workers | None = None
 ) -> GenerationReport:
     """New knowledge alone (`laser generate`) for the entities not yet written, after route and pools."""
     paths = JobPaths.of(cfg)

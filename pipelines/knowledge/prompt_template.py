@@ -89,7 +89,8 @@ def _compiled(name: str, source: str) -> Template:
             f"{name}: no {' or '.join(repr(b) for b in missing)} block; a prompt template needs "
             "{% block user %}...{% endblock %} and {% block item %}...{% endblock %}"
         )
-    return env.from_string(ast)
+    template: Template = env.from_string(ast)
+    return template
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,7 +6,8 @@ from typing import Sequence
 
 import polars as pl
 
-from pipelines.knowledge.prompts import HistoryEntry, action, check_domain, as_text, display_title, format_rating
+from pipelines.workers import HistoryEntry
+from pipelines.knowledge.prompts import action, check_domain, as_text, display_title, format_rating
 from pipelines.knowledge.validation import JobInputError
 
 RECOMMEND_PROMPT_VERSION = "rec-v1"
