@@ -136,7 +136,7 @@ def _corrupt(path: Path) -> None:
 
 
 def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
-    from pipelines.sharded_store import CorruptShardError, done_keys, open_store
+    from pipelines.sharded_store import CorruptShardError, done_keys, open_shards
     from tests.helpers import run_row as _row
 
     store = tmp_path / "knowledge"
@@ -149,7 +149,7 @@ def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
     with pytest.raises(CorruptShardError, match="part-00001.parquet: checksum mismatch"):
         read_knowledge(store)
     assert {i for _, i in done_keys(store)} == {"u0", "u1", "u4", "u5"}  # u2, u3 count as not done
-    open_store(store)  # a writer opening the store moves the shard aside
+    open_shards(store)  # a writer opening the store moves the shard aside
     assert (store / "quarantine" / "part-00001.parquet").exists()
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1", "u4", "u5"]
 
