@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 import pyarrow as pa
 
-from pipelines.config import JobConfig, RoutingConfig
+from pipelines.config import JobConfig
 from pipelines.frames import as_frame
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
@@ -82,13 +82,6 @@ def _lightgcn_vectors(cfg: JobConfig, data: JobData, write: bool) -> dict[str, E
     return {"user": emb.users if emb else None, "item": emb.items if emb else None}
 
 
-def n_groups(rc: RoutingConfig, n: int) -> int:
-    """How many collaborative groups ``n`` entities make: ``n_clusters``, or ceil(n / ``target_group_size``)
-    when that is set; never more than ``n``."""
-    k = rc.n_clusters if rc.target_group_size is None else -(-n // rc.target_group_size)
-    return min(k, n)
-
-
 def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tuple[pl.DataFrame, pl.DataFrame | None]]:
     """Per entity type: (attribute groups, collaborative groups or None), over every user and item. The
     collaborative groups cluster the team's vectors (``routing.embeddings``) or else LightGCN's."""
@@ -102,7 +95,12 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
         collab = None
         uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
         if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
-            collab = router.collaborative_groups(vectors, n_clusters=n_groups(rc, len(vectors)), seed=rc.seed)
+            sizing = (  # router.collaborative_groups makes ceil(n / size) groups for a target size
+                {"n_clusters": min(rc.n_clusters, len(vectors))}
+                if rc.target_group_size is None
+                else {"target_group_size": rc.target_group_size}
+            )
+            collab = router.collaborative_groups(vectors, seed=rc.seed, **sizing)
         out[etype] = (attr, collab)
     return out
 
