@@ -15,17 +15,18 @@ ingest_app = typer.Typer(no_args_is_help=True, help="Load the job's knowledge in
 
 
 def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None:
-    """Rebuild <output>/latest.parquet: one row per entity, its newest knowledge."""
+    """Rebuild the latest view whole (<output>/latest/, a Delta table; as a new version): one row per entity,
+    its newest knowledge."""
     from pipelines.knowledge.paths import JobPaths
     from pipelines.lock import output_lock
-    from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
+    from pipelines.ops.schedule.latest import LATEST_TABLE, update_latest
 
     paths = JobPaths.of(_load(config, set_))
     if not paths.root.exists():
         raise FileNotFoundError(f"{paths.root}: no job output here; run `laser run CONFIG` first")
     with output_lock(paths.root, run_id="latest"):
-        view = latest_view(paths.knowledge, paths.old_knowledge)
-        typer.echo(f"{write_latest(paths.root / LATEST_FILE, view)}: {view.height} entities")
+        entities = update_latest(paths.root, paths.knowledge, paths.old_knowledge, run_id="latest", rebuild=True)
+        typer.echo(f"{paths.root / LATEST_TABLE}: {entities} entities")
 
 
 def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:

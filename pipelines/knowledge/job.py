@@ -66,7 +66,7 @@ from pipelines.knowledge.plan import earlier_texts, new_run_id, plan_run, split_
 from pipelines.knowledge.provenance import generation_hash
 from pipelines.quality import catalogue_brands
 from pipelines.ops.schedule.failures import drop_given_up
-from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
+from pipelines.ops.schedule.latest import delta_target, latest_view, update_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
 from pipelines.storage import Location
@@ -281,7 +281,8 @@ def _payloads(job: JobRun) -> Callable[[list[GenerationRequest]], None]:
 
 
 def _latest(job: JobRun) -> None:
-    write_latest(job.paths.root / LATEST_FILE, latest_view(job.paths.knowledge, job.paths.old_knowledge))
+    paths = job.paths
+    update_latest(paths.root, paths.knowledge, paths.old_knowledge, run_id=job.record.run_id)
 
 
 @dataclass(frozen=True)
@@ -306,10 +307,11 @@ STEPS = (
 
 
 def check_job(cfg: JobConfig) -> DecoderChoice:
-    """The checks of every step, before any work: decoders and their parameters, the output location.
+    """The checks of every step, before any work: decoders and their parameters, the output location (one
+    the stores and the latest view's Delta table can be written to).
     Returns the new-knowledge decoder."""
     decoder = check_job_decoders(cfg)
-    JobPaths.of(cfg)  # an output URI whose filesystem is not installed
+    delta_target(JobPaths.of(cfg).root)  # an output URI whose filesystem is not installed, or not Delta's
     return decoder
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 from pipelines.lock import output_lock  # noqa: E402
 from pipelines.ops.schedule import exitcodes  # noqa: E402
-from pipelines.ops.schedule.latest import LATEST_FILE  # noqa: E402
+from pipelines.ops.schedule.latest import LATEST_TABLE  # noqa: E402
 from pipelines.ops.schedule.ledger import RunLedger  # noqa: E402
 from tests.helpers import save_tiny_model  # noqa: E402
 from test_schedule_incremental import incremental_config, write_table_data  # noqa: E402
@@ -49,6 +49,6 @@ def test_an_engine_that_cannot_run_the_model_ends_the_run_with_its_error(tmp_pat
     assert "Traceback" not in run.stderr
     [record] = RunLedger(out).records()
     assert record.status == "failed" and REFUSAL in record.error
-    assert not (out / LATEST_FILE).exists()  # no empty latest view
+    assert not (out / LATEST_TABLE).exists()  # no empty latest view
     with output_lock(out):  # released: the next run can take it
         pass

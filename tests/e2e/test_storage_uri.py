@@ -1,5 +1,6 @@
-"""Knowledge stores, run ledger, latest view and run lock on fsspec URIs: the in-process ``memory://``
-filesystem (an object store without rename), ``file://`` URIs, and S3 served locally by moto's server."""
+"""Knowledge stores, run ledger and run lock on fsspec URIs: the in-process ``memory://`` filesystem (an
+object store without rename), ``file://`` URIs, and S3 served locally by moto's server, where the latest
+view (a Delta table, which delta-rs cannot keep in ``memory://``) is written too."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 import pipelines.knowledge_store as kn
 import pipelines.sharded_store as ss
-from pipelines.ops.schedule.latest import latest_view, read_latest, write_latest
+from pipelines.lock import output_lock
+from pipelines.ops.schedule.latest import read_latest, update_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.lock import LOCK_FILE, LockHeld, RunLock
 from pipelines.storage import Location, StorageError
@@ -88,7 +90,7 @@ def test_corrupt_shard_on_memory_uri_is_quarantined(mem_uri):
     assert ss.done_keys(store) == {("user", f"u{i}") for i in range(3, 6)}
 
 
-def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
+def test_failures_and_ledger_on_memory_uri(mem_uri):
     store = f"{mem_uri}/knowledge"
     with kn.KnowledgeWriter(store, run_id="r1") as w:
         w.add(row(1))
@@ -99,9 +101,6 @@ def test_failures_ledger_and_latest_on_memory_uri(mem_uri):
     ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h"))
     ledger.save(RunRecord(run_id="a", decoder="laser", config_hash="h", status="succeeded", watermark=5))
     assert [(r.run_id, r.status) for r in RunLedger(mem_uri).records()] == [("a", "succeeded")]
-    out = write_latest(Location.of(mem_uri) / "latest.parquet", latest_view(store))
-    assert out == Location.of(f"{mem_uri}/latest.parquet")
-    assert read_latest(mem_uri)["entity_id"].to_list() == ["u1"]
 
 
 def test_file_uri_is_a_local_path(tmp_path):
@@ -196,10 +195,28 @@ def test_store_ledger_and_lock_on_local_s3(s3_uri):
         assert lock.stale is None
 
 
+def test_latest_view_is_a_delta_table_on_local_s3(s3_uri, s3_endpoint):
+    """The latest view on S3: written whole, then merged; polars reads it with S3 options alone."""
+    import polars as pl
+
+    store = f"{s3_uri}/knowledge"
+    write(store, range(3), run_id="r1")
+    with output_lock(s3_uri, run_id="test"):
+        assert update_latest(s3_uri, store, run_id="r1") == 3
+    write(store, [1, 5], run_id="r2")
+    with output_lock(s3_uri, run_id="test"):
+        assert update_latest(s3_uri, store, run_id="r2") == 2
+    assert read_latest(s3_uri)["entity_id"].to_list() == ["u0", "u1", "u2", "u5"]
+    options = {"AWS_ENDPOINT_URL": s3_endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1"}
+    view = pl.read_delta(f"{s3_uri}/latest", storage_options=options)
+    assert dict(zip(view["entity_id"], view["run_id"]))["u1"] == "r2"
+    assert read_latest(s3_uri, version=0)["run_id"].to_list() == ["r1"] * 3
+
+
 @pytest.mark.slow
-def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_session, tmp_path, mem_uri):
-    """`laser run` then a scheduled run, output on ``memory://`` (no rename): the scheduled run regenerates
-    only the edited user; stores, summary, ledger and latest view live at the URI, the pools in
+def test_one_shot_then_scheduled_run_on_an_s3_output(tiny_model, ray_session, tmp_path, s3_uri):
+    """`laser run` then a scheduled run, output on S3 (no rename): the scheduled run regenerates only the
+    edited user; stores, summary, ledger and latest view live at the URI, the pools in
     ``output.work_dir``."""
     import polars as pl
 
@@ -207,18 +224,18 @@ def test_one_shot_then_scheduled_run_on_a_memory_uri_output(tiny_model, ray_sess
     from test_schedule_incremental import edit_users, incremental_config, write_table_data
 
     data = write_table_data(tmp_path / "data", n_users=10)
-    cfg = incremental_config(tiny_model, data, mem_uri, f"output.work_dir={tmp_path / 'work'}")
+    cfg = incremental_config(tiny_model, data, s3_uri, f"output.work_dir={tmp_path / 'work'}")
     first = run_job(cfg)
     assert first.new.done > 0 and first.new.failed == 0
-    assert json.loads((Location.of(mem_uri) / "summary.json").read_text())["total_rows"] == first.new.done
-    users = sorted(kn.read_knowledge(f"{mem_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
+    assert json.loads((Location.of(s3_uri) / "summary.json").read_text())["total_rows"] == first.new.done
+    users = sorted(kn.read_knowledge(f"{s3_uri}/knowledge").filter(pl.col("entity_type") == "user")["entity_id"])
     edit_users(data, users[:1])
     second = run_job(cfg, incremental=True).record
     assert (second.entities_changed, second.generated, second.entities_new) == (1, 1, 0)
-    assert [r.status for r in RunLedger(mem_uri).records()] == ["succeeded", "succeeded"]  # every run is recorded
-    latest = read_latest(mem_uri)
+    assert [r.status for r in RunLedger(s3_uri).records()] == ["succeeded", "succeeded"]  # every run is recorded
+    latest = read_latest(s3_uri)
     assert latest.filter(pl.col("run_id") == second.run_id)["entity_id"].to_list() == users[:1]
-    assert not (Location.of(mem_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
+    assert not (Location.of(s3_uri) / LOCK_FILE).exists()  # the lease object is gone after the run
     assert (tmp_path / "work" / "pools" / "manifest.json").exists()
 
 

@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 from pipelines.knowledge_store import KnowledgeWriter
 from pipelines.ops.features.feast_repo import online_features
 from pipelines.ops.features.team_repo import RepoError, ingest_into
-from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
+from pipelines.lock import output_lock
+from pipelines.ops.schedule.latest import update_latest
 from tests.helpers import run_row
 
 pytest.importorskip("feast")
@@ -97,8 +98,13 @@ def _output(tmp: Path, users: list[str], items: list[str], run_id: str, text: st
             w.add(run_row("user", e, f"User {e} {text} film {k}.", run_id))
         for k, e in enumerate(items):
             w.add(run_row("item", e, f"A {text} film called {e} ({k}).", run_id))
-    write_latest(out / LATEST_FILE, latest_view(out / "knowledge", out / "old_knowledge"))
+    _refresh_latest(out)
     return out
+
+
+def _refresh_latest(out: Path) -> None:
+    with output_lock(out, run_id="test"):
+        update_latest(out, out / "knowledge", out / "old_knowledge")
 
 
 def _served(repo: Path, out: Path) -> int:
@@ -138,7 +144,7 @@ def test_the_knowledge_goes_into_the_team_s_own_repo_and_online_store(tmp_path, 
     with KnowledgeWriter(out / "knowledge", shard_rows=4, run_id="r2") as w:
         for u in ("u2", "u5"):
             w.add(run_row("user", u, f"User {u} now prefers documentaries.", "r2"))
-    write_latest(out / LATEST_FILE, latest_view(out / "knowledge", out / "old_knowledge"))
+    _refresh_latest(out)
     assert ingest_into(repo, out) == {"user_knowledge": 2, "item_knowledge": 0}
     assert _served(repo, out) == 12
     assert "documentaries" in online_features(store, "user", ["u5"])["knowledge"][0]

@@ -14,8 +14,9 @@ import pytest
 
 from pipelines.ops.features.encode import encode_latest
 from pipelines.ops.features.feast_repo import PROJECT, ingest, online_features
-from pipelines.knowledge_store import KnowledgeWriter
-from pipelines.ops.schedule.latest import LATEST_FILE, latest_view, write_latest
+from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
+from pipelines.lock import output_lock
+from pipelines.ops.schedule.latest import latest_view, update_latest
 from tests.helpers import run_row as _row
 
 pytest.importorskip("feast")
@@ -29,8 +30,9 @@ def _write_run(store, rows: list[dict], run_id: str) -> None:
             w.add(r)
 
 
-def _refresh_latest(out) -> None:
-    write_latest(out / LATEST_FILE, latest_view(out / "knowledge", out / "old_knowledge"))
+def _refresh_latest(out, row_type=KnowledgeRow) -> None:
+    with output_lock(out, run_id="test"):
+        update_latest(out, out / "knowledge", out / "old_knowledge", row_type=row_type)
 
 
 def _assert_online_equals_parquet(out, store) -> int:
@@ -90,7 +92,7 @@ def test_feast_ingest_reads_back_every_entity_then_incremental_changes(tmp_path)
 
 
 def test_encode_requires_a_latest_view(tmp_path):
-    with pytest.raises(FileNotFoundError, match="latest.parquet: no latest view"):
+    with pytest.raises(FileNotFoundError, match="latest: no latest view"):
         encode_latest(tmp_path)
 
 
@@ -102,7 +104,7 @@ def test_cli_ingest_feast(tmp_path):
     out = tmp_path / "job"
     _write_run(out / "knowledge", [_row("user", "u1", "Likes noir.", "r1")], "r1")
     res = CliRunner().invoke(app, ["ingest", "feast", "jobs/configs/demo.yaml", "--set", f"output.path={out}"])
-    assert res.exit_code == 2 and "no latest view" in res.output  # latest.parquet not written yet
+    assert res.exit_code == 2 and "no latest view" in res.output  # the latest view not written yet
     assert CliRunner().invoke(app, ["latest", "jobs/configs/demo.yaml", "--set", f"output.path={out}"]).exit_code == 0
     res = CliRunner().invoke(app, ["ingest", "feast", "jobs/configs/demo.yaml", "--set", f"output.path={out}"])
     assert res.exit_code == 0, res.output
@@ -135,7 +137,7 @@ def test_a_column_added_to_the_row_reaches_the_store_the_latest_view_and_feast(t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.knowledge_store import KnowledgeRow, column, read_knowledge
+    from pipelines.knowledge_store import column, read_knowledge
 
     @dataclass(slots=True, kw_only=True)
     class MoodRow(KnowledgeRow):
@@ -156,7 +158,7 @@ def test_a_column_added_to_the_row_reaches_the_store_the_latest_view_and_feast(t
 
     view = latest_view(out / "knowledge", row_type=MoodRow)
     assert dict(zip(view["entity_id"], view["mood"])) == {"u1": "grim", "i1": "tense"}
-    write_latest(out / LATEST_FILE, view)
+    _refresh_latest(out, MoodRow)
     repo, _ = ingest(out, row_type=MoodRow)
     assert 'Field(name="mood", dtype=String)' in repo.definitions.read_text()
     store = repo.store()

@@ -32,7 +32,7 @@ def test_the_decoding_core_sample_runs(capsys):
 def test_the_output_snippet_reads_the_latest_view(tmp_path, monkeypatch):
     (tmp_path / "runs" / "demo").mkdir(parents=True)
     rows = [knowledge_row(i, entity_type="user" if i % 2 else "item") for i in range(4)]
-    pl.DataFrame(rows).write_parquet(tmp_path / "runs" / "demo" / "latest.parquet")
+    pl.DataFrame(rows).write_delta(tmp_path / "runs" / "demo" / "latest")
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
     exec(compile(_block("What the job writes"), "README.md", "exec"), namespace)

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.knowledge_store import KnowledgeRow, row_spec
-from pipelines.ops.schedule.latest import LATEST_FILE, read_latest
+from pipelines.ops.schedule.latest import LATEST_TABLE, read_latest
 from pipelines.storage import atomic_write_local
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def encode_latest(
     batch_size: int = 32,
     row_type: type[KnowledgeRow] = KnowledgeRow,
 ) -> FeatureTables:
-    """Encode ``<output>/latest.parquet`` (only texts not encoded before) and write the feature tables (the
+    """Encode the latest view ``<output>/latest/`` (only texts not encoded before) and write the feature tables (the
     feature fields of ``row_type``), under the output's run lock."""
     from pipelines.lock import output_lock
 
@@ -71,8 +71,8 @@ def _encode_latest(output: str | Path, encoder: str, batch_size: int, row_type: 
 
     out = features_dir(output)
     out.mkdir(parents=True, exist_ok=True)
-    latest_path = Path(output) / LATEST_FILE
-    latest = read_latest(latest_path)
+    latest_path = Path(output) / LATEST_TABLE
+    latest = read_latest(output)
     vectors_path = encode_knowledge(
         latest_path, encoder, out_path=out / "latest.vectors.parquet", batch_size=batch_size, progress=False
     )

@@ -115,7 +115,8 @@ def vectors_path_for(knowledge_path: str | Path) -> Path:
 
 
 def load_knowledge_texts(path: str | Path) -> pl.DataFrame:
-    """Read (entity_type, entity_id, knowledge) from a knowledge store folder or one Parquet file.
+    """Read (entity_type, entity_id, knowledge) from a knowledge store folder, the latest view's Delta table
+    or one Parquet file.
 
     Rows with empty knowledge are skipped (logged); when an entity appears more than once (several
     runs) its last row is kept.
@@ -123,7 +124,12 @@ def load_knowledge_texts(path: str | Path) -> pl.DataFrame:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"knowledge Parquet {path} does not exist")
-    frame = read_knowledge(path) if path.is_dir() else pl.read_parquet(path)
+    if (path / "_delta_log").is_dir():  # the latest view's Delta table
+        from pipelines.ops.schedule.latest import read_latest
+
+        frame = read_latest(path)
+    else:
+        frame = read_knowledge(path) if path.is_dir() else pl.read_parquet(path)
     missing = [c for c in KNOWLEDGE_COLUMNS if c not in frame.columns]
     if missing:
         raise ValueError(f"knowledge Parquet {path} lacks column(s) {missing}; has {frame.columns}")
