@@ -312,14 +312,21 @@ class RoutingConfig(_Strict):
             "it at first use)"
         ),
     )
+    online_pools: bool = Field(
+        default=True,
+        description=(
+            "groups with no earlier knowledge (a first run) draft from a pool that grows in each worker as it "
+            "writes their texts (no wave waits for another); false: in waves (routing.first_wave)"
+        ),
+    )
     first_wave: float = Field(
         default=0.1,
         ge=0.0,
         le=1.0,
         description=(
-            "groups with no earlier knowledge (a first run): this share of their entities (at least one a group) "
-            "decodes first, drafting from its own prompt; the pools are then rebuilt from their texts for the rest; "
-            "0 = one wave"
+            "with routing.online_pools false, groups with no earlier knowledge: this share of their entities (at "
+            "least one a group) decodes first, drafting from its own prompt; the pools are then rebuilt from "
+            "their texts for the rest; 0 = one wave"
         ),
     )
     lightgcn: dict[str, Any] = Field(default_factory=dict, description="LightGCN overrides: dim, layers, epochs, lr")

@@ -204,12 +204,12 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             if attempt.first is not None:  # a retry finished: the better of the two
                 first = attempt.first
                 kept, dropped = (first, row) if attempt.compare and worse(row, first) else (row, first)
-                return BatchResult(rows=[kept], discarded=[dropped])
+                return self._written(attempt, BatchResult(rows=[kept], discarded=[dropped]))
             plan = retry_plan(self.task, attempt.req, row, self.genre_ban)
         except Exception as exc:  # a verdict on a decoded text: the engine worked (the driver's FirstFailures)
             return BatchResult(failures=[_failure(attempt.req, exc, decoded=True)])
         if plan is None:
-            return BatchResult(rows=[row])
+            return self._written(attempt, BatchResult(rows=[row]))
         retry = Attempt(
             attempt.req,
             attempt.prompt,
@@ -226,6 +226,12 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             return self._alone(retry)
         self.retries.append(retry)
         return None
+
+    def _written(self, attempt: Attempt, part: BatchResult) -> BatchResult:
+        """``part``, whose row the worker writes: its text joins its group's pool where that grows here."""
+        for row in part.rows:
+            self.pools.grow(self.task, attempt.req.pool_key, row.knowledge)
+        return part
 
     def _row(self, a: Attempt, res: Decoded) -> KnowledgeRow:
         st, req, task = res.stats, a.req, self.task

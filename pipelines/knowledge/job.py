@@ -12,9 +12,8 @@ Under the output's lock, recorded in the run ledger:
                   wrote it: yesterday's new knowledge is today's old), or old knowledge (paper, full run);
   new knowledge   the configured decoder, rows streamed into the knowledge store as they finish. Each
                   entity drafts from its own earlier text first, then its group's pool. Groups with no
-                  earlier knowledge at all (a first run) go in two waves: a first share of their entities
-                  drafts from its own prompt, then the pools are rebuilt from what it wrote and the rest
-                  drafts from them (``routing.first_wave``);
+                  earlier knowledge at all (a first run) draft from pools that grow in each worker as it
+                  writes their texts (``routing.online_pools``; or in two waves, ``routing.first_wave``);
   latest view     one row per entity, the newest run's, for CTR training and the feature store.
 
 Every run, one-shot or scheduled, takes these steps; they differ in the run id and in the ledger's
@@ -226,7 +225,11 @@ def _pools(job: JobRun) -> None:
     if job.decoder.cls.pool == "none":  # a decoder that drafts from no pool: none to build
         return
     sizes = step_build_pools(job.cfg, _earlier_knowledge(job), pool_need=job.decoder.cls.pool)
-    if job.decoder.cls.pool == "routed":
+    if job.decoder.cls.pool != "routed":
+        return
+    if job.cfg.routing.online_pools:  # groups without a pool get one growing in the workers as they write
+        job.task = replace(job.new_pass, online_pools=True)
+    else:
         job.todo, job.first_wave = split_first_wave(job.todo, set(sizes), job.cfg.routing.first_wave)
 
 

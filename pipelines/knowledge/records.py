@@ -36,6 +36,7 @@ class DecodeTask:
     run_id: str = ""
     pool_store: str | None = None
     pool_cache_size: int = 8
+    online_pools: bool = False  # a group the store has no pool for drafts from one growing in the worker
     degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality/)
     sampling: dict[str, float] | None = None  # temperature, top_p, top_k, seed; None = greedy (sampling.py)
     rules: dict[str, object] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)
@@ -57,7 +58,7 @@ class Attempt:
     prompt: str | list[int]  # the message text, or chat-templated token ids (a system prompt: prompts.py)
     decoder: str
     params: Params
-    pool_key: str | None  # a pool the store holds, else None (no drafting)
+    pool_key: str | None  # a pool the store holds or one growing in the worker, else None (no drafting)
     sampling: SamplingParams
     rules: Params | None
     first: KnowledgeRow | None = None  # the first row, when this is its retry

@@ -137,6 +137,50 @@ def test_a_request_without_a_pool_drafts_nothing(worker, own_pool):
     assert {r.entity_id: r.knowledge for r in rows} == {"u0": greedy["u0"], "u1": greedy["u1"]}
 
 
+@pytest.mark.parametrize("online", [True, False])
+def test_a_group_without_a_pool_drafts_from_the_texts_the_worker_wrote_before(worker, own_pool, online):
+    """Online pools (a first run): three entities with the same prompt, in a group the store lacks, one
+    after another; each text written joins the group's pool, and every text stays greedy's."""
+    store, _ = own_pool
+
+    def twins(pool_key: str | None) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(
+                "user",
+                f"t{i}",
+                pool_key=pool_key,
+                pool_kind="global" if pool_key else None,
+                group_id="none" if pool_key else None,
+                history=[("Heat", 4.0), ("Alien 1", 5.0)],
+            )
+            for i in range(3)
+        ]
+
+    plain = DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000)
+    greedy = _texts(worker.generate(plain, twins(None)[:1]))["t0"]
+    task = DecodeTask(
+        "laser",
+        {"verification": "greedy", "K": 4},
+        max_new_tokens=24,
+        max_prompt_tokens=2000,
+        pool_store=store,
+        online_pools=online,
+        run_id=f"online-{online}",
+    )
+    rows = {r.entity_id: r for r in worker.generate(task, twins("user/global/none"), slots=1).rows}
+    assert {r.knowledge for r in rows.values()} == {greedy}  # lossless, whatever the pool
+    pool = worker.pools.online.get((task.run_id, "user/global/none"))
+    if online:  # every text written joined the group's pool, the one the engine drafts from
+        assert all(r.pool_kind == "global" for r in rows.values()) and pool is not None and pool.texts == 3
+        if worker.adapter.name == "vllm":
+            from laser.vllm import sources
+
+            assert sources.get_source(f"online:{task.run_id}:user/global/none") is pool
+    else:  # no pool: nothing drafted (the failure online pools mend)
+        assert pool is None
+        assert all(r.pool_kind is None and r.target_forwards == r.n_tokens for r in rows.values())
+
+
 @pytest.mark.parametrize("decoder, params", [("autoregressive", {}), ("laser", {"verification": "relaxed", "K": 4})])
 def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, own_pool, monkeypatch, decoder, params):
     """A flawed row's greedy retry joins the pass's engine as an ordinary request, never decoded alone while

@@ -109,6 +109,7 @@ class VllmAdapter:
         self.draft_len: DraftLen | None = None
         self.restarts = 0
         self.dead_clock = EngineClock()  # decoding of engines that died
+        self.registered: set[str] = set()  # the pools growing in this worker, registered with the engine
 
     def clock(self) -> EngineClock:
         seconds, tokens = (self.engine.decode_clock if self.engine is not None else None) or (0.0, 0)
@@ -179,18 +180,33 @@ class VllmAdapter:
         if attempt.first is not None:  # a retry's stronger rules: those with no vLLM form are left out
             rules = with_vllm_form(rules)
         engine: VllmEngine = self._engine(self.slots)
+        pool_key, pool_store = self._pool(engine, attempt.pool_key) if opts["draft"] else (None, None)
         tag = engine.submit(
             attempt.prompt,
             self.task.max_new_tokens,
             sampling=_sampling(attempt.sampling),
-            pool_key=attempt.pool_key if opts["draft"] else None,
-            pool_store=self.task.pool_store if opts["draft"] else None,
+            pool_key=pool_key,
+            pool_store=pool_store,
             rules=rules,
             halt=attempt.halt(),
             earlier=attempt.earlier,
             **opts,
         )
         self.live[tag] = attempt
+
+    def _pool(self, engine: VllmEngine, key: str | None) -> tuple[str | None, str | None]:
+        """The pool key and store a request of group ``key`` names: the task's store, or a pool growing in
+        this worker, registered with the engine under a key of the run's own (none where the engine core
+        runs in another process and cannot see it)."""
+        if key is None or not self.pools.is_online(self.task, key):
+            return key, self.task.pool_store if key is not None else None
+        if engine.proposer is None:
+            return None, None
+        online = f"online:{self.task.run_id}:{key}"
+        if online not in self.registered:
+            engine.register_pool(online, self.pools.get(self.task, key))  # type: ignore[arg-type]  # is_online
+            self.registered.add(online)
+        return online, None
 
     def _step(self) -> list[tuple[str, VllmResult]]:
         t0 = time.perf_counter()
