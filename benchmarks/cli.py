@@ -508,6 +508,28 @@ def bench_refresh(
     )
 
 
+@bench_app.command("first-run")
+def bench_first_run(
+    a: list[str] = typer.Option(..., "--a", help="A config override of side A (repeatable)."),
+    b: list[str] = typer.Option(..., "--b", help="A config override of side B (repeatable)."),
+    json_out: Path = typer.Option(
+        Path("docs/results/first-run.json"), "--json", help="JSON output (run logs and the plot beside it)."
+    ),
+    config: Path | None = typer.Option(None, help="Job config (default: the demo job)."),
+    work: Path = typer.Option(..., help="A fresh directory for the data tables and the outputs."),
+    set_: list[str] | None = typer.Option(None, "--set", "-s", help="Override a config key in every run (repeatable)."),
+    repeats: int = typer.Option(2, "--repeats", help="First runs each side (order alternating)."),
+) -> None:
+    """A first run on the same tables under two configs (A and B overrides), alternating: walls, time
+    accounts, decode tok/s, AAL, retries and text quality side by side; the ratio of median walls."""
+    from jobs.config import bundled_config, load_config
+    from benchmarks.first_run import run_first_run_bench
+
+    config = config or bundled_config("demo")
+    dataset = load_config(config, set_ or []).dataset
+    run_first_run_bench(json_out, config, dataset, work, list(set_ or []), list(a), list(b), repeats)
+
+
 @bench_app.command("engines")
 def bench_engines(
     json_out: Path = typer.Option(
