@@ -459,6 +459,7 @@ def knowledge_task(
         run_id=run_id,
         pool_store=str(pool_store) if pool_store else None,
         pool_cache_size=cfg.execution.pool_cache_size,
+        pool_max_size=cfg.routing.max_pool_size,
         degenerate=cfg.generation.degenerate,
         sampling=None if greedy else cfg.generation.sampling(),
         rules=cfg.generation.rules(),

@@ -21,8 +21,8 @@ class PoolCache:
 
     With ``task.online_pools``, a group the store has no pool for gets one here, empty at first: every text
     the worker writes for the group is added to it (:meth:`grow`), so the group's later entities, and the
-    ones still decoding, draft from the texts written before them. They live as long as the worker, one
-    set per pass's run id, and are never evicted (a first run's groups, each of its texts once)."""
+    ones still decoding, draft from the texts written before them, up to ``task.pool_max_size`` texts (as
+    the store's pools). They live as long as the worker, one set per pass's run id."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
@@ -60,8 +60,9 @@ class PoolCache:
         """Add a text the worker wrote for group ``key`` to the group's pool when it grows here."""
         if not text or not self.is_online(task, key):
             return
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else text
-        self._online(task, key).add(ids)  # type: ignore[arg-type]  # is_online: key is a str
+        pool = self._online(task, key)  # type: ignore[arg-type]  # is_online: key is a str
+        if pool.texts < task.pool_max_size:  # as the store's pools: a group's first texts, at most so many
+            pool.add(self.tokenizer(text, add_special_tokens=False)["input_ids"] if isinstance(text, str) else text)
 
     def _online(self, task: DecodeTask, key: str) -> RetrievalPool:
         pool = self.online.get((task.run_id, key))

@@ -14,7 +14,16 @@ import json
 from typing import Mapping
 
 # DecodeTask fields that do not shape the text: provenance, pool locations and caches, what grounding counts
-_NOT_TEXT = ("run_id", "pool_store", "pool_cache_size", "config_hash", "prompts", "brands")  # prompts: prompt_version
+_NOT_TEXT = (  # prompts: prompt_version
+    "run_id",
+    "pool_store",
+    "pool_cache_size",
+    "online_pools",
+    "pool_max_size",
+    "config_hash",
+    "prompts",
+    "brands",
+)
 
 
 def generation_hash(model: str, dtype: str, task_fields: Mapping[str, object]) -> str:

@@ -37,6 +37,7 @@ class DecodeTask:
     pool_store: str | None = None
     pool_cache_size: int = 8
     online_pools: bool = False  # a group the store has no pool for drafts from one growing in the worker
+    pool_max_size: int = 2000  # texts a pool growing in the worker takes at most (as the store's pools)
     degenerate: str = "keep"  # retry | keep | retry_greedy | fail (pipelines/quality/)
     sampling: dict[str, float] | None = None  # temperature, top_p, top_k, seed; None = greedy (sampling.py)
     rules: dict[str, object] | None = None  # laser.GenerationRules keywords (repetition penalty, stop strings, ...)

@@ -143,3 +143,19 @@ def test_config_file_that_is_not_utf8_is_named(tmp_path):
     path.write_bytes("dataset:\n  name: caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin1.yaml: not UTF-8 text \(byte 20"):
         load_config(path)
+
+
+def test_where_pools_live_leaves_the_config_hash_alone():
+    """Online pools and their size place drafts, not text: the hash stays that of a task from before they
+    existed, so an upgrade regenerates nothing."""
+    import dataclasses
+
+    from pipelines.knowledge.provenance import generation_hash
+    from pipelines.knowledge.records import DecodeTask
+
+    task = DecodeTask("laser")
+    fields = dataclasses.asdict(task)
+    older = {k: v for k, v in fields.items() if k not in ("online_pools", "pool_max_size")}
+    online = dataclasses.asdict(dataclasses.replace(task, online_pools=True, pool_max_size=5))
+    assert generation_hash("m", "auto", fields) == generation_hash("m", "auto", older)
+    assert generation_hash("m", "auto", online) == generation_hash("m", "auto", fields)
