@@ -19,7 +19,7 @@ from typing import Any
 import polars as pl
 
 from pipelines.data.readers import DataFileError
-from pipelines.data.sources import TableSource, _dataset, locate
+from pipelines.data.table_files import TableSource, _dataset, locate
 
 SAMPLE_ROWS = 20_000  # rows read from a table at most
 SAMPLE_FILES = 8  # files the sample is spread over

@@ -144,7 +144,7 @@ def _load_full(cfg: DatasetConfig) -> Dataset:
         from pipelines.data.synthetic import synthetic_dataset
 
         return synthetic_dataset(cfg.synthetic, seed=cfg.seed)
-    if cfg.format == "table":  # a file, folder, glob or URI (pipelines/data/sources.py)
+    if cfg.format == "table":  # a file, folder, glob or URI (pipelines/data/table_files.py)
         from pipelines.data.table import load_table
 
         return load_table(cfg.path or "", cfg)

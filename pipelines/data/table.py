@@ -2,7 +2,7 @@
 
 ``path`` is either the interactions table or a directory holding ``interactions_file`` (plus optional
 ``items_file`` and ``users_file``). Each table is a file, a folder of Parquet files, a glob or Hive
-partitions, locally or behind a URI (pipelines/data/sources.py); Parquet interactions read only the mapped
+partitions, locally or behind a URI (pipelines/data/table_files.py); Parquet interactions read only the mapped
 columns, items and users every column. ``columns`` maps canonical names to the file's names. Interactions
 need user_id, item_id, rating and timestamp (unix seconds, a date/datetime column, or text read by
 ``dataset.timestamp_format``: epoch by default, iso, or a strftime format). Items need item_id and
@@ -44,7 +44,7 @@ from pipelines.data.readers import (
     read_checked_csv,
     read_json_table,
 )
-from pipelines.data.sources import TableSource, columns_of, locate, read_parquet, resolve
+from pipelines.data.table_files import TableSource, columns_of, locate, read_parquet, resolve
 from pipelines.data.schema import (
     IMPLICIT_COLUMNS,
     INTERACTIONS_SCHEMA,

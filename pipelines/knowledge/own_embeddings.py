@@ -1,7 +1,7 @@
 """A team's own user/item vectors (``routing.embeddings``): read, matched to the data's entities, and
 fingerprinted so that an incremental run routes afresh when the files change.
 
-The files are read as ``dataset.path`` is (pipelines/data/sources.py): one Parquet file, a folder, a glob or
+The files are read as ``dataset.path`` is (pipelines/data/table_files.py): one Parquet file, a folder, a glob or
 an fsspec URI. Entities without a vector get no collaborative group: the router sends them to their attribute
 pool, as cold ones, and a counted note says how many. A file none of whose ids is an entity of the data is an
 error naming it (usually the wrong id column or the other entity type's file).
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import polars as pl
 
 from pipelines.config import EmbeddingsConfig, JobConfig
-from pipelines.data.sources import TableSource, columns_of, locate, read_parquet
+from pipelines.data.table_files import TableSource, columns_of, locate, read_parquet
 from pipelines.knowledge.inputs import JobData
 
 if TYPE_CHECKING:  # router (torch) is imported when vectors are read, not with this module

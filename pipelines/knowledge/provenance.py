@@ -1,6 +1,6 @@
 """What decided a knowledge row's text besides its inputs: a hash of the generation config.
 
-Each row stores ``config_hash`` (this) beside ``source_hash`` (its inputs: pipelines/knowledge/sources.py).
+Each row stores ``config_hash`` (this) beside ``source_hash`` (its inputs: pipelines/knowledge/source_hash.py).
 A run regenerates an entity whose newest row differs in either, so a changed model, decoder, decoder
 parameter, generation rule, limit or prompt version never leaves rows of another config in place
 silently (``--keep-existing`` keeps them and says how many). Where the actors run (engine, workers,

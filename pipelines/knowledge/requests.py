@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 from pipelines.data import Dataset, Split
 from pipelines.frames import as_frame
 from pipelines.knowledge.prompts import PROMPT_VERSION, ItemRow, user_histories
-from pipelines.knowledge.sources import source_hash
+from pipelines.knowledge.source_hash import source_hash
 from pipelines.sharded_store import done_keys
 from pipelines.storage import Location, atomic_write_local
 from pipelines.workers import GenerationRequest, HistoryEntry

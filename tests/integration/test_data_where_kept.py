@@ -1,4 +1,4 @@
-"""Format "table" reads data where teams keep it (pipelines/data/sources.py): one file, a folder of Parquet
+"""Format "table" reads data where teams keep it (pipelines/data/table_files.py): one file, a folder of Parquet
 files, globs, Hive partitions, and object-store URIs (fsspec ``memory://``; ``s3://`` on moto's local S3),
 each loading the same tables as the single file; messages keep the URI as written."""
 
