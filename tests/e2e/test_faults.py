@@ -176,6 +176,7 @@ def test_incremental_run_rebuilds_corrupt_shard_and_pools(tiny_model, ray_sessio
     out = tmp_path / "job"
     cfg = incremental_config(tiny_model, data, out, "output.shard_rows=4")
     first = run_incremental(cfg)
+    run_incremental(cfg)  # nothing to generate; the pools are built from what the first run wrote
     victim = out / "knowledge" / "part-00001.parquet"
     import pyarrow.parquet as pq
 

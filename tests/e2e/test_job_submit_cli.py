@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from jobs import submit as submit_mod
 from jobs.cli import app
+from pipelines.storage import StorageError
 from pipelines.workers import BatchScheduler, GenerationRequest, make_batches
 
 
@@ -75,9 +76,12 @@ def test_submit_builds_the_job_without_a_cluster(tmp_path, monkeypatch):
         submit_mod.submit(config, "http://head:8265", ["output.path=nosuchfs://b/x"])
     with pytest.raises(submit_mod.SubmitError, match=r"is a URI, so the derived files .* need output\.work_dir"):
         submit_mod.submit(config, "http://head:8265", ["output.path=memory://b/x"])
+    with pytest.raises(StorageError, match=r"memory:///?b/x: the latest view is a Delta Lake table"):
+        submit_mod.submit(config, "http://head:8265", ["output.path=memory://b/x", f"output.work_dir={tmp_path / 'w'}"])
     calls.clear()
-    submit_mod.submit(config, "http://head:8265", ["output.path=memory://b/x", f"output.work_dir={tmp_path / 'w'}"])
-    assert "output.path=memory://b/x" in calls["entrypoint"]  # a URI output with a shared work dir is sent
+    pytest.importorskip("s3fs")
+    submit_mod.submit(config, "http://head:8265", ["output.path=s3://b/x", f"output.work_dir={tmp_path / 'w'}"])
+    assert "output.path=s3://b/x" in calls["entrypoint"]  # a URI output with a shared work dir is sent
 
 
 def test_cli_names_the_bad_key(tmp_path):
