@@ -27,7 +27,8 @@ def worker(request, model_path):
         w.adapter.engine.close()
 
 
-def _users(n: int, pool_key: str | None = None, start: int = 0) -> list[GenerationRequest]:
+def _users(n: int, pool_key: str | None = None, start: int = 0, same: bool = False) -> list[GenerationRequest]:
+    """``n`` users of the global pool ``pool_key`` (None: no pool); ``same``: all with one history (one prompt)."""
     return [
         GenerationRequest(
             "user",
@@ -35,7 +36,9 @@ def _users(n: int, pool_key: str | None = None, start: int = 0) -> list[Generati
             pool_key=pool_key,
             pool_kind="global" if pool_key else None,
             group_id="all" if pool_key else None,
-            history=[(f"Film {i}", 4.0), ("Heat", 3.0), (f"Alien {i % 3}", 5.0)],
+            history=[("Heat", 4.0), ("Alien 1", 5.0)]
+            if same
+            else [(f"Film {i}", 4.0), ("Heat", 3.0), (f"Alien {i % 3}", 5.0)],
         )
         for i in range(start, start + n)
     ]
@@ -144,21 +147,8 @@ def test_a_group_without_a_pool_drafts_from_the_texts_the_worker_wrote_before(wo
     greedy's."""
     store, _ = own_pool
 
-    def twins(pool_key: str | None) -> list[GenerationRequest]:
-        return [
-            GenerationRequest(
-                "user",
-                f"t{i}",
-                pool_key=pool_key,
-                pool_kind="global" if pool_key else None,
-                group_id="none" if pool_key else None,
-                history=[("Heat", 4.0), ("Alien 1", 5.0)],
-            )
-            for i in range(3)
-        ]
-
     plain = DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000)
-    greedy = _texts(worker.generate(plain, twins(None)[:1]))["t0"]
+    greedy = _texts(worker.generate(plain, _users(1, same=True)))["u0"]
     task = DecodeTask(
         "laser",
         {"verification": "greedy", "K": 4},
@@ -169,7 +159,7 @@ def test_a_group_without_a_pool_drafts_from_the_texts_the_worker_wrote_before(wo
         pool_max_size=2,
         run_id=f"online-{online}",
     )
-    rows = {r.entity_id: r for r in worker.generate(task, twins("user/global/none"), slots=1).rows}
+    rows = {r.entity_id: r for r in worker.generate(task, _users(3, "user/global/none", same=True), slots=1).rows}
     assert {r.knowledge for r in rows.values()} == {greedy}  # lossless, whatever the pool
     pool = worker.pools.online.get((task.run_id, "user/global/none"))
     if online:  # the texts written joined the group's pool (up to its size), the one the engine drafts from
