@@ -200,7 +200,7 @@ def update_latest(
     commit = CommitProperties(custom_metadata={MARKS: json.dumps(new_marks), RUN_ID: run_id})
     uri, options = delta_target(output)
     with _naming(uri):
-        return _write(output, stores, indexes, table, marks, commit, row_type)
+        return _write(output, (uri, options), stores, indexes, table, marks, commit, row_type)
 
 
 @contextmanager
@@ -216,6 +216,7 @@ def _naming(uri: str) -> Iterator[None]:
 
 def _write(
     output: str | Path | Location,
+    target: tuple[str, dict[str, str]],
     stores: Mapping[str, str | Path | Location],
     indexes: pl.DataFrame,
     table: DeltaTable | None,
@@ -226,7 +227,7 @@ def _write(
     """The whole view as a new version (no ``marks``), or a merge of the rows after them."""
     from deltalake import write_deltalake
 
-    uri, options = delta_target(output)
+    uri, options = target  # delta_target(output)
     if table is None or marks is None:
         view = _view_rows(stores, newest_per_entity(indexes), None, row_type).to_arrow()
         write_deltalake(
