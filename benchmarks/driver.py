@@ -30,7 +30,7 @@ import numpy as np
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport, GenerationWorker, record_result
 from pipelines.knowledge.records import DecodeTask
-from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+from pipelines.store.knowledge import KnowledgeWriter, read_knowledge
 from benchmarks.report import machine_info, versions, wide_console, save_report
 from pipelines.workers import GenerationRequest, ModelSpec, WorkerGroup, ensure_ray, make_batches
 

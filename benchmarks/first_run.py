@@ -30,7 +30,7 @@ def run_first_run_bench(
     from benchmarks.incremental import write_tables
     from benchmarks.refresh import plot_time
     from benchmarks.report import machine_info, save_report, versions
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
 
     if work.exists() and any(work.iterdir()):
         raise FileExistsError(f"{work}: not empty; pass a fresh --work directory")

@@ -118,7 +118,7 @@ def run_incremental_bench(
     """Full run, edit ``share`` of the users, incremental run; prints a table, writes ``json_out``.
     ``dataset`` is the config's ``DatasetConfig`` (loaded by the caller)."""
     from benchmarks.report import machine_info, save_report, versions
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
 
     out = work / "out"
     if out.exists():

@@ -40,7 +40,7 @@ from pipelines.data.split import split_old_new
 from pipelines.knowledge.prompts import user_histories
 from pipelines.recommend.items import item_identifiers, recommend_prompt
 from pipelines.recommend.metrics import user_metrics
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 

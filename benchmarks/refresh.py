@@ -135,7 +135,7 @@ def text_quality(rows: pl.DataFrame) -> dict[str, Any]:
 
 def run_quality(work: Path, runs: dict[str, Any]) -> dict[str, Any]:
     """:func:`text_quality` of each run's rows, read from its output."""
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
 
     outs = {
         "day1_plain": "plain",
@@ -169,7 +169,7 @@ def run_refresh_bench(
     ``day1_from``: the work directory of an earlier run of this bench, whose day 1 (data, output and figures)
     is taken as it was, so only day 2 runs again (e.g. after a change to drafting). Day 2 runs
     ``day2_repeats`` times each way, alternating the order; the ratio is of the medians."""
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
     from benchmarks.report import machine_info, save_report, versions
 
     if work.exists() and any(work.iterdir()):

@@ -32,7 +32,7 @@ import laser
 from laser import DecodeStats
 from pipelines.knowledge.prompts import PROMPT_VERSION
 from pipelines.quality import summarise_quality
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 STAGES = ("prefill_s", "retrieval_s", "tree_s", "forward_s", "verify_s", "cache_s")
 

@@ -194,7 +194,7 @@ class Ctx:
         )
 
     def routing(self) -> pl.DataFrame | None:
-        from pipelines.frames import as_frame
+        from pipelines.store.frames import as_frame
         from pipelines.knowledge.paths import JobPaths
         from router import read_routing
 
@@ -365,7 +365,7 @@ def _plan(ds: Any, split: Any, routing: pl.DataFrame | None, store: Path, cache:
     """The job's plan step (``plan_run``): hashes from ``cache`` where inputs did not change, requests for the
     planned entities alone."""
     from pipelines.knowledge.plan import plan_run
-    from pipelines.knowledge_store import read_index
+    from pipelines.store.knowledge import read_index
 
     return plan_run(ds, split, routing, "routed", read_index(store), _CONFIG_HASH, cache)
 
@@ -432,7 +432,7 @@ def fake_rows(todo: pl.DataFrame, words: int, seed: int) -> pl.DataFrame:
 
 def _write_rows(store: Path, rows: pl.DataFrame, run_id: str, run_seq: int, shard_rows: int) -> int:
     """One knowledge row per planned entity through the job's writer (lock, shards, commits, compaction)."""
-    from pipelines.knowledge_store import KnowledgeWriter
+    from pipelines.store.knowledge import KnowledgeWriter
 
     fixed = {
         "model": "bench",

@@ -30,8 +30,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipelines import knowledge_store as kn, sharded_store as ss
-from pipelines.storage import Location
+from pipelines.store import knowledge as kn, shards as ss
+from pipelines.store.location import Location
 
 log = logging.getLogger(__name__)
 

@@ -69,7 +69,7 @@ from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.schema import Dataset
 from pipelines.data.split import split_old_new
-from pipelines.frames import as_frame
+from pipelines.store.frames import as_frame
 from pipelines.knowledge.routing import ITEM_ATTRIBUTES
 from pools.build import PoolBuildConfig, collect_sources, group_key, materialize
 from pools.retrieval import RetrievalPool

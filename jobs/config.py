@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pipelines.config import ConfigError, JobConfig
-from pipelines.engine_args import engine_arg_problem, vllm_engine_arg_names
+from pipelines.config import engine_arg_problem, vllm_engine_arg_names
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 _INT = re.compile(r"^[-+]?\d+$")

@@ -59,17 +59,17 @@ def input_error_types() -> tuple[type[Exception], ...]:
     """Exceptions that mean "the input is wrong": bad config, decoder, parameter, output URI, missing or bad data file."""
     from pipelines.config import ConfigError
     from pipelines.data.readers import DataFileError
-    from pipelines.storage import StorageError
+    from pipelines.store.location import StorageError
     from pipelines.knowledge.validation import JobInputError
-    from pipelines.lock import LockError
+    from pipelines.store.lock import LockError
 
     return ConfigError, JobInputError, DataFileError, StorageError, LockError
 
 
 def clean_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a typer command: an input error becomes its one-line message on stderr and exit code 2."""
-    from pipelines.interrupts import JobInterrupted, catch_signals
-    from pipelines.lock import LockHeld, LockLost
+    from pipelines.workers.interrupts import JobInterrupted, catch_signals
+    from pipelines.store.lock import LockHeld, LockLost
     from pipelines.workers import EngineUnusable
 
     @functools.wraps(fn)
@@ -108,7 +108,7 @@ def interrupt_report(signal_name: str, kwargs: dict[str, Any]) -> str:
     """What an interrupted command kept (rows per knowledge store) and the command that resumes it."""
     from jobs.config import bundled_config, load_config
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.sharded_store import done_keys
+    from pipelines.store.shards import done_keys
 
     lines = [f"interrupted by {signal_name}: the rows already generated were flushed to disk"]
     try:

@@ -18,7 +18,7 @@ def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None
     """Rebuild the latest view whole (<output>/latest/, a Delta table; as a new version): one row per entity,
     its newest knowledge."""
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
     from pipelines.ops.schedule.latest import LATEST_TABLE, update_latest
 
     paths = JobPaths.of(_load(config, set_))
@@ -32,7 +32,7 @@ def latest(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) -> None
 def _local_output(config: Path, set_: Optional[list[str]], command: str) -> str:
     """The job's output.path as a local path (``file://`` URIs too); exit 2 on an object store URI (the feature
     tables and Feast's file offline store are local)."""
-    from pipelines.storage import Location
+    from pipelines.store.location import Location
 
     path = _load(config, set_).output.path
     location = Location.of(path)

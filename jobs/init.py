@@ -37,14 +37,14 @@ def _line(indent: int, key: str, value: Any, why: str = "") -> str:
 
 def _where(path: str) -> str:
     """A local path made absolute (the config then runs from any folder); a URI as written."""
-    from pipelines.storage import is_uri
+    from pipelines.store.location import is_uri
 
     return path if is_uri(path) else str(Path(path).resolve())
 
 
 def _name(data: str) -> str:
     """The dataset's name: the table's file or folder name, or the folder above a generic one (ratings/)."""
-    from pipelines.storage import Location
+    from pipelines.store.location import Location
 
     loc = Location.of(data)
     path = loc.path.split("*")[0].rstrip("/")

@@ -43,7 +43,7 @@ def build(
     laser.vllm.request_args(pool="KEY", pool_store="OUT") (the key as a string). Null or blank texts and rows
     without a group are skipped and counted."""
     import laser
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
     from pools.from_table import TableError, build_from_table, check_out
 
     try:

@@ -31,9 +31,9 @@ def _load(config: Path | None, overrides: list[str] | None) -> JobConfig:
 
 
 def _output_lock(cfg: JobConfig):
-    """The output's run lock (pipelines/lock.py): a step run alone writes the same files as a whole run."""
+    """The output's run lock (pipelines/store/lock.py): a step run alone writes the same files as a whole run."""
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
 
     return output_lock(JobPaths.of(cfg).root, run_id=cfg.resolved_run_id())
 

@@ -38,7 +38,7 @@ def run_scheduled(cfg: JobConfig, keep_existing: bool = False) -> int:
     from pipelines.knowledge.plan import exit_code
     from pipelines.knowledge.summary import print_summary
     from pipelines.knowledge.validation import JobInputError
-    from pipelines.lock import LockError, LockHeld
+    from pipelines.store.lock import LockError, LockHeld
     from pipelines.workers import EngineUnusable
 
     try:  # configuration errors first, before the lock and hours of work

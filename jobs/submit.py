@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from jobs.config import JobConfig, load_config
-from pipelines.storage import is_uri
+from pipelines.store.location import is_uri
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +277,7 @@ def validate(config: Path, overrides: list[str]) -> JobConfig:
 
 def check_uri_output(cfg: JobConfig) -> None:
     """An output URI needs its filesystem here and a work directory every node sees (actors read the pools)."""
-    from pipelines.storage import Location, StorageError
+    from pipelines.store.location import Location, StorageError
 
     try:
         Location.of(cfg.output.path)

@@ -1,6 +1,6 @@
 """Atomic file writes for the layers under the pipeline (laser, pools, router): a file is either its old
 version or its whole new one, never a partly written one. (The pipeline's own, with fsync and object stores,
-is :func:`pipelines.storage.atomic_write_local`.)"""
+is :func:`pipelines.store.location.atomic_write_local`.)"""
 
 from __future__ import annotations
 

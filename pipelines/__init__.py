@@ -1,5 +1,5 @@
-"""Everything between the data and the decoder: ``data`` (inputs, old/new split), ``knowledge`` (the
-knowledge job), ``recommend`` (the recommendation job), ``ops`` (lock, ledger, latest view, feature
-store), ``ctr`` (downstream evaluation); ``knowledge_store`` (the
-knowledge Parquet), ``quality`` (text quality measures), ``config``, ``storage`` and ``interrupts`` serve
-them all."""
+"""Everything between the data and the decoder, a room each: ``data`` (inputs, old/new split),
+``knowledge`` (the knowledge job), ``workers`` (Ray actors and the driver that feeds them), ``store`` (the
+knowledge store, its lock, local and object-store files), ``quality`` (text checks), ``recommend`` (the
+recommendation job), ``ops`` (ledger, latest view, feature store, metrics), ``ctr`` (downstream
+evaluation). ``config`` is the job config every room reads."""

@@ -66,7 +66,7 @@ def knowledge_row(i: int, entity_type: str = "user", run_id: str = "r1") -> dict
 
 def run_row(etype: str, eid: str, text: str, run_id: str, offset_s: float = 0.0) -> dict:
     """A knowledge-store row of run ``run_id`` generated now (+ ``offset_s``), with a source hash."""
-    from pipelines.sharded_store import utc_now
+    from pipelines.store.shards import utc_now
 
     return {
         "entity_type": etype,
@@ -107,7 +107,7 @@ def check_killed_actor_loses_no_row(
 
     from pipelines.knowledge.generation import GenerationReport, GenerationWorker, record_result
     from pipelines.knowledge.records import DecodeTask
-    from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+    from pipelines.store.knowledge import KnowledgeWriter, read_knowledge
     from pipelines.workers import ModelSpec, WorkerGroup
 
     assert len(requests) >= after_rows + 16 * workers, "too few requests: the kill could land at the tail"

@@ -50,7 +50,7 @@ from training.rec_examples import (
     valid_mask,
 )
 from pipelines.knowledge.validation import JobInputError
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from laser.decoders.draft_model.drafter import truncated_copy
 from laser.models import LoadedModel, cached_model_dir
 from pipelines.config import JobConfig
 from training.loop import LoopSettings, batch_indices, load_plain, run_steps, start_run
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,7 @@ def training_pairs(cfg: JobConfig, lm: LoadedModel, s: DraftTrainSettings) -> li
     answers to a seeded sample of the job's other old prompts."""
     from benchmarks.fixture import greedy_knowledge
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
 
     requests, domain = _old_requests(cfg)
     encode = laser.get_decoder("autoregressive", lm).encode

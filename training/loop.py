@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 

@@ -396,8 +396,8 @@ def job_examples(
     from pipelines.knowledge.inputs import load_job_data
     from pipelines.knowledge.paths import JobPaths
     from pipelines.knowledge.requests import item_requests, user_requests
-    from pipelines.knowledge_store import knowledge_texts
-    from pipelines.sharded_store import MANIFEST
+    from pipelines.store.knowledge import knowledge_texts
+    from pipelines.store.shards import MANIFEST
     from pipelines.knowledge.prompts import item_prompt, user_prompt, words_for_budget
 
     if source not in ("auto", "greedy", "store"):

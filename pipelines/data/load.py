@@ -10,7 +10,7 @@ import polars as pl
 from pipelines.data.config import DatasetConfig
 from pipelines.data.readers import DataFileError
 from pipelines.data.schema import Dataset, is_implicit
-from pipelines.storage import is_uri
+from pipelines.store.location import is_uri
 
 log = logging.getLogger(__name__)
 

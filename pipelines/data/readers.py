@@ -18,7 +18,7 @@ from typing import Any, TypeAlias, Union
 import polars as pl
 
 from pipelines.data.schema import DType
-from pipelines.storage import Location
+from pipelines.store.location import Location
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import polars as pl
 
-from pipelines.storage import Location
+from pipelines.store.location import Location
 from pipelines.data.config import DatasetConfig
 from pipelines.data.readers import (
     MAX_BAD_FRACTION,

@@ -1,7 +1,7 @@
 """Where a table's data can be (format "table"): one file, a folder of Parquet files, a glob
 (``events/*.parquet``, ``events/**/*.parquet``) or Hive-partitioned folders (``day=2024-01-01/``: the
 partition keys become columns), on the local disk or behind an fsspec URI (``s3://``, ``gs://``,
-``memory://``), the filesystems output URIs use (:class:`pipelines.storage.Location`).
+``memory://``), the filesystems output URIs use (:class:`pipelines.store.location.Location`).
 
 Parquet is read through a pyarrow dataset, only the columns asked for, so memory follows what the job
 keeps rather than the files' size. CSV, TSV and JSON lines are read one file at a time, whole, by the
@@ -24,7 +24,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 
 from pipelines.data.readers import DataFileError
-from pipelines.storage import Location, is_uri
+from pipelines.store.location import Location, is_uri
 
 PARQUET = (".parquet", ".parq", ".pq")
 TEXT = (".csv", ".tsv", ".jsonl", ".ndjson")

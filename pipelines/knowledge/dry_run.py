@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import polars as pl
 
 from pipelines.config import JobConfig
-from pipelines.frames import as_frame
+from pipelines.store.frames import as_frame
 from pipelines.knowledge.decoders import check_job_decoders
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
@@ -36,9 +36,9 @@ from pipelines.knowledge.pool_build import load_tokenizer
 from pipelines.knowledge.routing import step_route
 from pipelines.knowledge.time_account import TimeAccount
 from pipelines.knowledge.validation import load_inputs
-from pipelines.knowledge_store import iter_knowledge, read_index
+from pipelines.store.knowledge import iter_knowledge, read_index
 from pipelines.ops.schedule.ledger import RunLedger
-from pipelines.storage import Location
+from pipelines.store.location import Location
 from pipelines.workers.layout import job_actors
 
 if TYPE_CHECKING:

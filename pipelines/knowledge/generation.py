@@ -4,7 +4,7 @@ A :class:`GenerationWorker` runs the continuous engine: up to ``slots`` requests
 different pools share a batch, each drafting from its own pool, loaded through an LRU), a finished request
 leaves at once and a waiting one takes its slot. The one driver (:mod:`pipelines.workers.driver`) feeds
 it; :func:`record_result` writes what comes back into a
-:class:`~pipelines.knowledge_store.KnowledgeWriter`. A request that fails (prompt too long, bad item,
+:class:`~pipelines.store.knowledge.KnowledgeWriter`. A request that fails (prompt too long, bad item,
 decoder error) becomes a failure record; it never takes down the others.
 """
 
@@ -18,7 +18,7 @@ from functools import cached_property, partial
 from typing import Callable, Iterator
 
 from laser.sampling import GREEDY
-from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
+from pipelines.store.knowledge import KnowledgeRow, KnowledgeWriter
 from pipelines.knowledge.prompts import entity_input, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, row_quality, words_per_token
 from pipelines.knowledge.engines import build_adapter

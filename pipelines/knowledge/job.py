@@ -55,12 +55,12 @@ from pipelines.knowledge.requests import (
 )
 from pipelines.knowledge.pool_build import step_build_pools
 from pipelines.knowledge.routing import read_routing, step_route
-from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter, knowledge_at, read_index, read_knowledge
-from pipelines.sharded_store import open_shards, utc_now
+from pipelines.store.knowledge import KnowledgeRow, KnowledgeWriter, knowledge_at, read_index, read_knowledge
+from pipelines.store.shards import open_shards, utc_now
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.time_account import TimeAccount
 from pipelines.knowledge.validation import load_inputs
-from pipelines.lock import output_lock
+from pipelines.store.lock import output_lock
 from pipelines.knowledge.plan import earlier_texts, new_run_id, plan_run, split_first_wave, users_after
 from pipelines.knowledge.provenance import generation_hash
 from pipelines.quality import catalogue_brands
@@ -68,7 +68,7 @@ from pipelines.ops.schedule.failures import drop_given_up
 from pipelines.ops.schedule.latest import delta_target, latest_view, update_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
-from pipelines.storage import Location
+from pipelines.store.location import Location
 from pipelines.workers.layout import compile_model, job_actors
 
 log = logging.getLogger(__name__)
@@ -333,7 +333,7 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
     paths = JobPaths.of(cfg)
     paths.root.mkdir(parents=True, exist_ok=True)
     paths.work.mkdir(parents=True, exist_ok=True)
-    with output_lock(paths.root, run_id=cfg.resolved_run_id()):  # one writer per output (pipelines/lock.py)
+    with output_lock(paths.root, run_id=cfg.resolved_run_id()):  # one writer per output (pipelines/store/lock.py)
         for store in (paths.knowledge, paths.old_knowledge):  # corrupt shards out, so their entities are redone
             if store.exists():
                 open_shards(store)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipelines.config import JobConfig
-from pipelines.storage import Location
+from pipelines.store.location import Location
 
 
 @dataclass(frozen=True)

@@ -137,7 +137,7 @@ def plan_changes(
 ) -> ChangePlan:
     """Split requests by their entity's newest row in ``rows`` (module docstring; :func:`classify`); rows of
     run ``resuming`` (a killed run being resumed) with the same hashes are done. A row without a hash differs.
-    ``rows`` may be the store's index (no ``knowledge``: pipelines/knowledge_store.py ``read_index``); ``texts``
+    ``rows`` may be the store's index (no ``knowledge``: pipelines/store/knowledge.py ``read_index``); ``texts``
     then reads the newest rows of the planned entities' texts (``knowledge_at``)."""
     keys = pl.DataFrame(
         [(*r.key, r.source_hash) for r in requests],

@@ -19,9 +19,9 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.config import JobConfig
-from pipelines.frames import as_frame
+from pipelines.store.frames import as_frame
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from pipelines.workers.tasks import map_tasks
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@
 A :class:`DecodeTask` says how one generation pass decodes (it travels to every worker actor); an
 :class:`Attempt` is one decoding of one entity, built by the worker and handed to its engine adapter
 (:mod:`pipelines.knowledge.engines`); a :class:`Decoded` is what the adapter hands back. The knowledge
-row the worker then writes is :class:`pipelines.knowledge_store.KnowledgeRow`.
+row the worker then writes is :class:`pipelines.store.knowledge.KnowledgeRow`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from laser.request import DecodeStats, Halt
 from laser.sampling import SamplingParams
-from pipelines.knowledge_store import KnowledgeRow
+from pipelines.store.knowledge import KnowledgeRow
 from pipelines.workers import GenerationRequest
 
 if TYPE_CHECKING:

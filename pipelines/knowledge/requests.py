@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.data import Dataset, Split
-from pipelines.frames import as_frame
+from pipelines.store.frames import as_frame
 from pipelines.knowledge.prompts import PROMPT_VERSION, ItemRow, user_histories
 from pipelines.knowledge.source_hash import source_hash
-from pipelines.sharded_store import done_keys
-from pipelines.storage import Location, atomic_write_local
+from pipelines.store.shards import done_keys
+from pipelines.store.location import Location, atomic_write_local
 from pipelines.workers import GenerationRequest, HistoryEntry
 from pools.build import group_key
 

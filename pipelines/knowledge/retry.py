@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from laser.rules import NO_RULES, GenerationRules
 from pipelines.knowledge.records import DecodeTask, Params
-from pipelines.knowledge_store import KnowledgeRow
+from pipelines.store.knowledge import KnowledgeRow
 from pipelines.quality import (
     entity_quality,
     genre_forms,

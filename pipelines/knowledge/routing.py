@@ -12,12 +12,12 @@ import polars as pl
 import pyarrow as pa
 
 from pipelines.config import JobConfig
-from pipelines.frames import as_frame
+from pipelines.store.frames import as_frame
 from pipelines.knowledge.accounting import lightgcn_notes, pool_kind_notes
 from pipelines.knowledge.inputs import JobData
 from pipelines.knowledge.own_embeddings import fingerprint, own_vectors
 from pipelines.knowledge.paths import JobPaths
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 if TYPE_CHECKING:
     from router import Embeddings

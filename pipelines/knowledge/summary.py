@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from pipelines.config import JobConfig
 from pipelines.knowledge.generation import GenerationReport
 from pipelines.knowledge.time_account import TimeAccount
-from pipelines.sharded_store import done_keys, read_failures
+from pipelines.store.shards import done_keys, read_failures
 from pipelines.ops.schedule.ledger import RunRecord
-from pipelines.storage import Location
+from pipelines.store.location import Location
 
 if TYPE_CHECKING:
     from rich.table import Table

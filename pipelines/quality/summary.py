@@ -31,7 +31,7 @@ def entity_quality(
 
 
 def quality_columns(q: TextQuality) -> dict[str, object]:
-    """The knowledge-store quality columns of one row (pipelines/knowledge_store.py, ``KnowledgeRow``)."""
+    """The knowledge-store quality columns of one row (pipelines/store/knowledge.py, ``KnowledgeRow``)."""
     g = q.grounding
     return {
         "finished_eos": q.finished_eos,

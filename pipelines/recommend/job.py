@@ -24,8 +24,8 @@ from pipelines.recommend.metrics import evaluate
 from pipelines.recommend.store import RecommendationWriter, done_users, read_recommendations
 from pipelines.recommend.worker import RecommendReport, RecommendTask, RecommendWorker, record
 from pipelines.knowledge.validation import JobInputError, load_inputs
-from pipelines.lock import output_lock
-from pipelines.storage import Location
+from pipelines.store.lock import output_lock
+from pipelines.store.location import Location
 from pipelines.workers import GenerationRequest, LocalGroup, WorkerGroup
 from pipelines.workers.layout import job_actors
 
@@ -72,7 +72,7 @@ def check_catalogue(cfg: RecommendJobConfig, identifiers: dict[str, str]) -> Non
 
 
 def run_recommend_job(cfg: RecommendJobConfig, group: WorkerGroup | LocalGroup | None = None) -> RecommendSummary:
-    """Check the inputs, then recommend under the output's lock (one writer per output, pipelines/lock.py;
+    """Check the inputs, then recommend under the output's lock (one writer per output, pipelines/store/lock.py;
     a ``recommend.path`` elsewhere is also held by its own folder's lock while written). Raises
     ``LockHeld`` when another run holds it."""
     check_recommend_decoder(cfg)

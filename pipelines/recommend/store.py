@@ -1,5 +1,5 @@
 """Recommendation Parquet: one row per (user, rank), a sharded store
-(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.sharded_store`). A user's K rows are always
+(atomic shards + manifest + failures.jsonl, see :mod:`pipelines.store.shards`). A user's K rows are always
 written in one shard, so a resumed run skips exactly the users already written."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, Mapping
 import polars as pl
 import pyarrow as pa
 
-from pipelines.frames import as_frame
-from pipelines.sharded_store import ShardedWriter, done_keys, read_shard, scan_store
+from pipelines.store.frames import as_frame
+from pipelines.store.shards import ShardedWriter, done_keys, read_shard, scan_store
 
 log = logging.getLogger(__name__)
 

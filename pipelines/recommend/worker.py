@@ -8,7 +8,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
-from pipelines.sharded_store import utc_now
+from pipelines.store.shards import utc_now
 from pipelines.recommend.items import recommend_prompt
 from pipelines.recommend.store import RecommendationWriter
 from pipelines.workers import Failure, GenerationRequest, ModelSpec, ModelWorker, WorkResult

@@ -67,7 +67,7 @@ class GenerationRequest:
     history: list[HistoryEntry] | None = None
     item: dict[str, object] | None = None
     user: dict[str, object] | None = None  # a user's attribute columns (the prompt template may show them)
-    source_hash: str | None = None  # what the knowledge is generated from (pipelines.ops.schedule.source_hash)
+    source_hash: str | None = None  # what the knowledge is generated from (pipelines/knowledge/source_hash.py)
     earlier: str | None = None  # the entity's newest earlier knowledge: its first draft source (refresh)
 
     @property

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Generic, Iterable, Iterator, cast
 
 from tqdm.auto import tqdm
 
-from pipelines.interrupts import ray_wait
+from pipelines.workers.interrupts import ray_wait
 from pipelines.workers.actors import (
     Failure,
     GenerationRequest,
@@ -141,7 +141,7 @@ def ensure_ray(address: str | None, num_cpus: int) -> None:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
         finally:
             notice.setLevel(level)
-    from pipelines.interrupts import reassert
+    from pipelines.workers.interrupts import reassert
 
     reassert()  # ray.init replaced the SIGTERM handler of an interruptible job
 

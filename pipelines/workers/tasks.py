@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tqdm.auto import tqdm
 
-from pipelines.interrupts import ray_wait
+from pipelines.workers.interrupts import ray_wait
 
 if TYPE_CHECKING:
     from ray import ObjectRef

@@ -23,7 +23,7 @@ import pytest
 from benchmarks.fuzz_server import free_port
 import yaml
 
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from test_job_e2e import expected_new_entities, job_config
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from jobs import submit as submit_mod
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from test_cluster_submit import RAY, Cluster, _laser, _pids_mentioning
 from test_job_e2e import expected_new_entities, job_config
 

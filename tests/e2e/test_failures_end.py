@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from jobs.scheduled import run_scheduled
-from pipelines.knowledge_store import KnowledgeWriter
-from pipelines.sharded_store import read_failures
+from pipelines.store.knowledge import KnowledgeWriter
+from pipelines.store.shards import read_failures
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.failures import failure_table, streaks
 from pipelines.ops.schedule.ledger import RunLedger

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipelines.workers import GenerationRequest
-from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+from pipelines.store.knowledge import KnowledgeWriter, read_knowledge
 from pipelines.ops.schedule import exitcodes
 from pipelines.knowledge.job import run_job
 from pipelines.ops.schedule.ledger import RunLedger
@@ -110,15 +110,15 @@ def test_write_failing_part_way_leaves_store_readable_and_resumable(tmp_path, mo
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(table, where, *a, **k)
 
-    monkeypatch.setattr("pipelines.sharded_store.pq.write_table", disk_full_from_second_shard)
+    monkeypatch.setattr("pipelines.store.shards.pq.write_table", disk_full_from_second_shard)
     with pytest.raises(OSError, match="No space left"):
         with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:
             for r in rows:
                 w.add(r)
     assert not list(store.glob(".*.tmp"))  # the partial temp file is gone
     assert sorted(read_knowledge(store)["entity_id"]) == ["u0", "u1"]  # readable: the complete shard only
-    monkeypatch.setattr("pipelines.sharded_store.pq.write_table", real)
-    from pipelines.sharded_store import done_keys
+    monkeypatch.setattr("pipelines.store.shards.pq.write_table", real)
+    from pipelines.store.shards import done_keys
 
     done = {i for _, i in done_keys(store)}
     with KnowledgeWriter(store, shard_rows=2, run_id="r") as w:  # resume: the rest
@@ -136,7 +136,7 @@ def _corrupt(path: Path) -> None:
 
 
 def test_corrupt_shard_is_detected_never_read_and_quarantined(tmp_path):
-    from pipelines.sharded_store import CorruptShardError, done_keys, open_shards
+    from pipelines.store.shards import CorruptShardError, done_keys, open_shards
     from tests.helpers import run_row as _row
 
     store = tmp_path / "knowledge"
@@ -205,7 +205,7 @@ CRASH = """
 import os, signal, sys
 from pathlib import Path
 import deltalake, pyarrow.parquet as pq
-import pipelines.storage as storage, pipelines.sharded_store as store
+import pipelines.store.location as storage, pipelines.store.shards as store
 config, part, nth = sys.argv[1], sys.argv[2], int(sys.argv[3])
 def dying(uri, data, **kwargs):
     Path(uri, "entity_type=user").mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +77,7 @@ def test_ray_wait_lets_an_interrupt_through_the_compiled_wait(monkeypatch):
     """A signal handled inside Ray's compiled wait surfaces as SystemError; ray_wait re-raises the interrupt."""
     import ray
 
-    from pipelines.interrupts import JobInterrupted, ray_wait
+    from pipelines.workers.interrupts import JobInterrupted, ray_wait
 
     def interrupted_wait(*args, **kwargs):
         try:

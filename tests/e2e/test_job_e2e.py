@@ -25,8 +25,8 @@ from pipelines.knowledge.requests import new_requests
 from pipelines.knowledge.generation import GenerationWorker
 from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
-from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_knowledge
-from pipelines.sharded_store import read_failures
+from pipelines.store.knowledge import KNOWLEDGE_SCHEMA, read_knowledge
+from pipelines.store.shards import read_failures
 
 pytestmark = pytest.mark.slow
 

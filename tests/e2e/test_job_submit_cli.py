@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from jobs import submit as submit_mod
 from jobs.cli import app
-from pipelines.storage import StorageError
+from pipelines.store.location import StorageError
 from pipelines.workers import BatchScheduler, GenerationRequest, make_batches
 
 

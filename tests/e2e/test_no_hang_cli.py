@@ -13,7 +13,7 @@ import yaml
 
 pytest.importorskip("vllm")
 
-from pipelines.lock import output_lock  # noqa: E402
+from pipelines.store.lock import output_lock  # noqa: E402
 from pipelines.ops.schedule import exitcodes  # noqa: E402
 from pipelines.ops.schedule.latest import LATEST_TABLE  # noqa: E402
 from pipelines.ops.schedule.ledger import RunLedger  # noqa: E402

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from pipelines.knowledge.job import run_job
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from pipelines.ops.schedule.latest import read_latest
 from tests.e2e.test_schedule_incremental import incremental_config, write_table_data
 

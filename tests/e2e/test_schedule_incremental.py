@@ -11,7 +11,7 @@ from jobs.config import load_config
 from pipelines.data.config import DatasetConfig
 from pipelines.ops.features.feast_repo import ingest, online_features
 from pipelines.data.load import load_dataset
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from pipelines.knowledge.job import run_job
 from pipelines.ops.schedule.latest import read_latest
 from pipelines.ops.schedule.ledger import RunLedger

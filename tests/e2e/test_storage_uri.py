@@ -11,13 +11,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-import pipelines.knowledge_store as kn
-import pipelines.sharded_store as ss
-from pipelines.lock import output_lock
+import pipelines.store.knowledge as kn
+import pipelines.store.shards as ss
+from pipelines.store.lock import output_lock
 from pipelines.ops.schedule.latest import read_latest, update_latest
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.lock import LOCK_FILE, LockHeld, RunLock
-from pipelines.storage import Location, StorageError
+from pipelines.store.lock import LOCK_FILE, LockHeld, RunLock
+from pipelines.store.location import Location, StorageError
 from tests.helpers import knowledge_row as row
 from tests.helpers import local_s3, use_s3
 
@@ -145,7 +145,7 @@ def test_expired_lease_is_taken_over_and_a_live_one_renewed(mem_uri):
 
 
 def test_a_lost_lease_stops_the_run_before_its_next_write(mem_uri):
-    from pipelines.lock import LockLost
+    from pipelines.store.lock import LockLost
 
     lock_obj = Location.of(mem_uri) / LOCK_FILE
     with RunLock(mem_uri, run_id="slow", lease_s=0.6):

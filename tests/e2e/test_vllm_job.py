@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from pipelines.knowledge import job as jobmod  # noqa: E402
-from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, read_knowledge  # noqa: E402
+from pipelines.store.knowledge import KNOWLEDGE_SCHEMA, read_knowledge  # noqa: E402
 from tests.helpers import save_tiny_model  # noqa: E402
 from test_job_e2e import expected_new_entities, job_config  # noqa: E402
 

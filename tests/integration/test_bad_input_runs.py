@@ -11,8 +11,8 @@ from typer.testing import CliRunner
 
 from jobs.cli import app
 from pipelines.workers import encode_params
-from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
-from pipelines.lock import RunLock
+from pipelines.store.knowledge import KnowledgeWriter, read_knowledge
+from pipelines.store.lock import RunLock
 
 SMALL = ["--set", "dataset.synthetic.n_users=12", "--set", "dataset.synthetic.n_items=16"]
 

@@ -21,10 +21,10 @@ import pytest
 from benchmarks.fuzz_server import free_port
 from typer.testing import CliRunner
 
-from pipelines.knowledge_store import KnowledgeWriter
+from pipelines.store.knowledge import KnowledgeWriter
 from pipelines.ops.features.feast_repo import online_features
 from pipelines.ops.features.team_repo import RepoError, ingest_into
-from pipelines.lock import output_lock
+from pipelines.store.lock import output_lock
 from pipelines.ops.schedule.latest import update_latest
 from tests.helpers import run_row
 

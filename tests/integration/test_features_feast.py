@@ -14,8 +14,8 @@ import pytest
 
 from pipelines.ops.features.encode import encode_latest
 from pipelines.ops.features.feast_repo import PROJECT, ingest, online_features
-from pipelines.knowledge_store import KnowledgeRow, KnowledgeWriter
-from pipelines.lock import output_lock
+from pipelines.store.knowledge import KnowledgeRow, KnowledgeWriter
+from pipelines.store.lock import output_lock
 from pipelines.ops.schedule.latest import latest_view, update_latest
 from tests.helpers import run_row as _row
 
@@ -137,7 +137,7 @@ def test_a_column_added_to_the_row_reaches_the_store_the_latest_view_and_feast(t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.knowledge_store import column, read_knowledge
+    from pipelines.store.knowledge import column, read_knowledge
 
     @dataclass(slots=True, kw_only=True)
     class MoodRow(KnowledgeRow):

@@ -21,7 +21,7 @@ from pipelines.knowledge.routing import read_routing, step_route
 from pipelines.knowledge.summary import JobSummary, print_summary
 from pipelines.knowledge.time_account import TimeAccount
 from pipelines.workers import encode_params
-from pipelines.knowledge_store import KnowledgeWriter
+from pipelines.store.knowledge import KnowledgeWriter
 
 
 def write_config(tmp_path, model: str):

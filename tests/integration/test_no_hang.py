@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.knowledge_store import KnowledgeWriter, read_knowledge
+from pipelines.store.knowledge import KnowledgeWriter, read_knowledge
 from pipelines.workers import (
     EngineUnusable,
     Failure,

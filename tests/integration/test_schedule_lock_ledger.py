@@ -13,12 +13,12 @@ import pytest
 
 from pipelines.ops.schedule import exitcodes
 from pipelines.ops.schedule.ledger import RunLedger, RunRecord
-from pipelines.lock import LOCK_FILE, LockHeld, RunLock
+from pipelines.store.lock import LOCK_FILE, LockHeld, RunLock
 
 REPO = Path(__file__).resolve().parents[2]
 LASER = [sys.executable, "-c", "from jobs.cli import app; app(prog_name='laser')"]  # this checkout's CLI
 HOLD = (
-    "import sys, time; from pipelines.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
+    "import sys, time; from pipelines.store.lock import RunLock; l = RunLock(sys.argv[1], 'holder').acquire();"
     " print('held', flush=True); time.sleep(600)"
 )
 
@@ -184,7 +184,7 @@ def test_every_writer_exits_75_while_another_run_holds_the_output(command, tmp_p
 
 
 def test_output_lock_is_reentrant_in_one_process_and_exclusive_across(tmp_path):
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
 
     with output_lock(tmp_path, "outer") as outer:
         with output_lock(tmp_path, "inner") as inner:  # a writer called by a writer (ingest -> encode)
@@ -196,7 +196,7 @@ def test_output_lock_is_reentrant_in_one_process_and_exclusive_across(tmp_path):
 
 
 def test_lock_never_follows_a_symlink_nor_shows_what_it_points_to(tmp_path, caplog):
-    from pipelines.lock import LockError
+    from pipelines.store.lock import LockError
 
     secret = tmp_path / "token"
     secret.write_text("s3cr3t-token-value")

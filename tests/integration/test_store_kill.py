@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import knowledge_store as kn, sharded_store as ss
+from pipelines.store import knowledge as kn, shards as ss
 from tests.helpers import knowledge_row as row
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import os, signal, sys
 from pathlib import Path
-import pipelines.storage as storage, pipelines.sharded_store as ss
-import pipelines.knowledge_store as kn
+import pipelines.store.location as storage, pipelines.store.shards as ss
+import pipelines.store.knowledge as kn
 from tests.helpers import knowledge_row as row
 store, action, hook, match, nth = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
 seen = [0]

@@ -7,7 +7,7 @@ import pytest
 
 from jobs.config import ConfigError, load_config
 from pipelines.config import JobConfig
-from pipelines.engine_args import vllm_engine_arg_names
+from pipelines.config import vllm_engine_arg_names
 from pipelines.workers.layout import job_actors
 
 

@@ -94,7 +94,7 @@ def test_plugin_runs_in_a_job(plugin_dir, tmp_path):
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
 
     new, old = read_knowledge(out / "knowledge"), read_knowledge(out / "old_knowledge")
     assert new.height > 0 and set(new["decoder"]) == {"prompt_lookup"} and set(new["pool_kind"]) == {None}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from pipelines.ops.schedule.failures import same_reason, streaks
-from pipelines.sharded_store import append_failures, read_failures
+from pipelines.store.shards import append_failures, read_failures
 
 
 def _rec(reason: str, run: str) -> dict[str, object]:

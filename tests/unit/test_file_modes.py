@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from pipelines import knowledge_store as kn
+from pipelines.store import knowledge as kn
 from pools.store import TokenizerFingerprint, write_store
 from tests.helpers import knowledge_row as row
 

@@ -12,7 +12,7 @@ from jobs.config import ConfigError, load_config
 from pipelines.knowledge import job as jobmod
 from pipelines.knowledge.generation import GenerationWorker
 from pipelines.workers import LocalGroup, ModelSpec
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 from pipelines.knowledge.sampling import entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
 from pipelines.knowledge.decoders import new_knowledge_decoder

@@ -13,7 +13,7 @@ from jobs.config import ConfigError, load_config
 from pipelines.knowledge.generation import GenerationWorker
 from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
-from pipelines.knowledge_store import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
+from pipelines.store.knowledge import KNOWLEDGE_SCHEMA, KnowledgeWriter, read_knowledge
 from pipelines.knowledge.sampling import entity_sampling, entity_seed
 from pipelines.knowledge.decoders import check_job_decoders as check_job_decoder
 from pipelines.knowledge.decoders import resolve_job_decoder as check_decoder

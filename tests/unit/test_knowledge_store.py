@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import knowledge_store as kn, sharded_store as ss
+from pipelines.store import knowledge as kn, shards as ss
 from tests.helpers import knowledge_row as row
 
 
@@ -180,7 +180,7 @@ def test_writer_killed_while_rebuilding_leaves_the_manifest_torn_for_the_next(tm
 
 
 def test_a_writer_holds_its_store_lock_until_closed(tmp_path):
-    from pipelines.lock import LockHeld, RunLock
+    from pipelines.store.lock import LockHeld, RunLock
 
     store = tmp_path / "shared_old"
     with RunLock(store, run_id="other job"):  # another job writing the shared store

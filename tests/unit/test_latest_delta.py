@@ -7,10 +7,10 @@ import polars as pl
 import pytest
 from deltalake import DeltaTable
 
-from pipelines import knowledge_store as kn
-from pipelines.lock import output_lock
+from pipelines.store import knowledge as kn
+from pipelines.store.lock import output_lock
 from pipelines.ops.schedule import latest as lt
-from pipelines.storage import StorageError
+from pipelines.store.location import StorageError
 from tests.helpers import knowledge_row as row
 
 

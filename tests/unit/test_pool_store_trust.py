@@ -162,7 +162,7 @@ def test_pools_build_takes_the_store_s_lock(tmp_path):
     pl.DataFrame({"text": ["a b", "c d"], "g": ["x", "y"]}).write_parquet(tmp_path / "t.parquet")
     out = tmp_path / "store"
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"from pipelines.lock import RunLock; RunLock({str(out)!r}).acquire(); input()"],
+        [sys.executable, "-c", f"from pipelines.store.lock import RunLock; RunLock({str(out)!r}).acquire(); input()"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         cwd=Path(__file__).resolve().parents[2],

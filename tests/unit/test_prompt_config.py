@@ -215,7 +215,7 @@ def test_a_job_writes_knowledge_from_the_template_and_system_message(tiny_model,
     from pipelines.knowledge import job as jobmod
     from pipelines.knowledge.generation import GenerationWorker
     from pipelines.knowledge.paths import JobPaths
-    from pipelines.knowledge_store import read_knowledge
+    from pipelines.store.knowledge import read_knowledge
     from pipelines.workers import LocalGroup, ModelSpec
 
     sets = [f"model.name={tiny_model}", "model.dtype=float32", f"output.path={tmp_path}", "decoder.name=autoregressive"]

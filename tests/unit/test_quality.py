@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from laser.decoders.builtin import Autoregressive
-from pipelines import knowledge_store as kn
+from pipelines.store import knowledge as kn
 from pipelines.knowledge.generation import GenerationReport, GenerationWorker
 from pipelines.knowledge.records import DecodeTask
 from pipelines.workers import GenerationRequest, ModelSpec
@@ -410,7 +410,7 @@ def test_policy_retry_keeps_the_first_text_when_the_retry_reads_worse(worker, li
 
 def test_worse_orders_flawed_then_grounding():
     from pipelines.knowledge.retry import worse
-    from pipelines.knowledge_store import KnowledgeRow
+    from pipelines.store.knowledge import KnowledgeRow
 
     def row(**flags) -> KnowledgeRow:
         return KnowledgeRow(

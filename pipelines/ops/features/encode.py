@@ -4,7 +4,7 @@ Files under ``<output>/features/`` (each written atomically):
 ``latest.vectors.parquet`` (the encoder's cache, see :mod:`pipelines.ops.features.encoding`), and
 ``user_knowledge.parquet`` / ``item_knowledge.parquet`` with the join key (``user_id`` / ``item_id``),
 ``event_timestamp`` (= ``generated_at``), the knowledge row's feature columns (its fields marked ``feature``:
-``knowledge``, ``run_id``, ``source_hash``; pipelines/knowledge_store.py) and ``knowledge_vector``
+``knowledge``, ``run_id``, ``source_hash``; pipelines/store/knowledge.py) and ``knowledge_vector``
 (list<float32>): what the Feast file sources read.
 """
 
@@ -18,9 +18,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge_store import KnowledgeRow, row_spec
+from pipelines.store.knowledge import KnowledgeRow, row_spec
 from pipelines.ops.schedule.latest import LATEST_TABLE, read_latest
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def encode_latest(
 ) -> FeatureTables:
     """Encode the latest view ``<output>/latest/`` (only texts not encoded before) and write the feature tables (the
     feature fields of ``row_type``), under the output's run lock."""
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
 
     if not Path(output).is_dir():
         raise FileNotFoundError(f"{output}: no job output here; run `laser run CONFIG` first")

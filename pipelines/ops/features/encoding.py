@@ -24,7 +24,7 @@ import polars as pl
 import torch
 from tqdm.auto import tqdm
 
-from pipelines.knowledge_store import read_knowledge
+from pipelines.store.knowledge import read_knowledge
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.knowledge_store import KnowledgeRow, row_spec
+from pipelines.store.knowledge import KnowledgeRow, row_spec
 from pipelines.ops.features.encode import ENTITY_TYPES, VECTOR, FeatureTables
 
 log = logging.getLogger(__name__)
@@ -199,7 +199,7 @@ def ingest(
     """Encode the latest view, write and apply the repository, materialize (under the run lock); the features
     are ``row_type``'s fields marked ``feature``."""
     from pipelines.ops.features.encode import encode_latest
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
 
     with output_lock(output, run_id="ingest-feast"):
         tables = encode_latest(output, encoder, row_type=row_type)

@@ -29,10 +29,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.knowledge_store import KnowledgeRow, row_spec
+from pipelines.store.knowledge import KnowledgeRow, row_spec
 from pipelines.ops.features.encode import ENTITY_TYPES, VECTOR, FeatureTables
 from pipelines.ops.features.feast_repo import feast_dtype
-from pipelines.storage import atomic_write_local
+from pipelines.store.location import atomic_write_local
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ def ingest_into(
     and push the new rows to its online store (under the output's lock); returns rows pushed per view."""
     from feast import FeatureStore
 
-    from pipelines.lock import output_lock
+    from pipelines.store.lock import output_lock
     from pipelines.ops.features.encode import encode_latest
 
     repo = Path(repo_dir).resolve()

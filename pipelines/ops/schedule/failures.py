@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 
 import polars as pl
 
-from pipelines.sharded_store import append_failures, read_failures, utc_now
-from pipelines.storage import Location
+from pipelines.store.shards import append_failures, read_failures, utc_now
+from pipelines.store.location import Location
 
 if TYPE_CHECKING:
     from pipelines.workers import GenerationRequest

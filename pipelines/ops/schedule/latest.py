@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 import polars as pl
 import pyarrow as pa
 
-from pipelines.frames import as_frame
-from pipelines.knowledge_store import POSITION, KnowledgeRow, iter_knowledge, read_index, row_spec
-from pipelines.sharded_store import KEY_COLUMNS
-from pipelines.lock import check_held
-from pipelines.storage import Location, StorageError
+from pipelines.store.frames import as_frame
+from pipelines.store.knowledge import POSITION, KnowledgeRow, iter_knowledge, read_index, row_spec
+from pipelines.store.shards import KEY_COLUMNS
+from pipelines.store.lock import check_held
+from pipelines.store.location import Location, StorageError
 
 if TYPE_CHECKING:
     from deltalake import CommitProperties, DeltaTable

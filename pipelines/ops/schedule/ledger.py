@@ -19,9 +19,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.sharded_store import parquet_bytes, utc_now
-from pipelines.lock import check_held
-from pipelines.storage import Location
+from pipelines.store.shards import parquet_bytes, utc_now
+from pipelines.store.lock import check_held
+from pipelines.store.location import Location
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Knowledge Parquet, the job's output format: the knowledge row (:class:`KnowledgeRow`, every column defined
-once), its writer and its readers, on the generic sharded store (:mod:`pipelines.sharded_store`: atomic
+once), its writer and its readers, on the generic sharded store (:mod:`pipelines.store.shards`: atomic
 shards, append-only log, checkpoints, compaction, checksums, quarantine, done keys, failures.jsonl).
 
 The Arrow schema (:data:`KNOWLEDGE_SCHEMA`), the columns a row may omit, the index columns
@@ -20,8 +20,8 @@ from typing import Any, Iterator, Mapping, Sequence
 import polars as pl
 import pyarrow as pa
 
-from pipelines.frames import as_frame
-from pipelines.sharded_store import (
+from pipelines.store.frames import as_frame
+from pipelines.store.shards import (
     COMPACT_AFTER,
     COMPACT_ROWS,
     KEY_COLUMNS,
@@ -30,7 +30,7 @@ from pipelines.sharded_store import (
     scan_store,
     utc_now,
 )
-from pipelines.storage import Location
+from pipelines.store.location import Location
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class KnowledgeRow:
         if unknown:
             raise ValueError(
                 f"row for {key} has unknown column(s) {unknown}; the knowledge row's columns are "
-                f"KnowledgeRow's fields (pipelines/knowledge_store.py)"
+                f"KnowledgeRow's fields (pipelines/store/knowledge.py)"
             )
         if missing:
             raise ValueError(f"row for {key} lacks {missing}")
@@ -199,7 +199,7 @@ def with_quality(row: Mapping[str, Any]) -> dict[str, Any]:
 
 class KnowledgeWriter(ShardedWriter):
     """Writes knowledge rows (:class:`KnowledgeRow`, or a Mapping of its columns converted at the door) as
-    shards of a sharded store (:class:`pipelines.sharded_store.ShardedWriter`): quality computed from the text
+    shards of a sharded store (:class:`pipelines.store.shards.ShardedWriter`): quality computed from the text
     when absent, each row stamped with the driver's clock and run sequence. ``row_type``: the row class whose
     fields are the store's columns (a subclass may add columns)."""
 

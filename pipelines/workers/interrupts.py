@@ -56,7 +56,7 @@ def reassert() -> None:
         _install()
 
 
-def ray_wait(refs: list, **kwargs: Any) -> tuple[list, list]:
+def ray_wait(refs: list[Any], **kwargs: Any) -> tuple[list[Any], list[Any]]:
     """``ray.wait`` that lets a signal's :class:`JobInterrupted` through: raised by the handler while Ray's
     compiled wait is running, it comes out wrapped in a ``SystemError`` ("returned a result with an
     exception set"), which would otherwise unwind as an ordinary error."""

@@ -1,9 +1,9 @@
 """A sharded Parquet store: rows of one schema written in atomic shards committed to an append-only log.
 
 The store knows a row schema and key columns, given by its user (the knowledge store,
-:mod:`pipelines.knowledge_store`; recommendations, :mod:`pipelines.recommend.store`); nothing here knows
+:mod:`pipelines.store.knowledge`; recommendations, :mod:`pipelines.recommend.store`); nothing here knows
 what a row means. A store is a directory, local or at an fsspec URI (``s3://``, ``gs://``, ``memory://``;
-:mod:`pipelines.storage`)::
+:mod:`pipelines.store.location`)::
 
     <store>/part-00000.parquet ...      one shard per ``shard_rows`` rows (``part-00000-<8 hex>.parquet``
                                         off local disks); ``part-00063-c-<8 hex>.parquet``: a compaction
@@ -45,7 +45,7 @@ checkpoint or log entry is rebuilt from the shards (sha256 computed) by the next
 it in memory.
 
 One writer per store: a writer (and :func:`open_shards`) holds the lock of the store's own folder
-(``<store>/.run.lock``, :mod:`pipelines.lock`) besides the output's, so jobs that share a store (a shared
+(``<store>/.run.lock``, :mod:`pipelines.store.lock`) besides the output's, so jobs that share a store (a shared
 ``old_knowledge.path``) never write it at once: the second stops with the lock's exit code (75).
 """
 
@@ -69,8 +69,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.lock import check_held, output_lock
-from pipelines.storage import Location, StorageError, atomic_write_local, fsync_dir
+from pipelines.store.lock import check_held, output_lock
+from pipelines.store.location import Location, StorageError, atomic_write_local, fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from pipelines.storage import Location
+from pipelines.store.location import Location
 
 log = logging.getLogger(__name__)
 
