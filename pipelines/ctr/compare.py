@@ -19,14 +19,13 @@ import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
+from pipelines.ctr.config import NO_KNOWLEDGE
 from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
 from pipelines.ctr.models import ModelConfig, build_model
 from pipelines.ctr.samples import split_by_user
 from pipelines.ctr.train import TrainConfig, evaluate, fit
 
 log = logging.getLogger(__name__)
-
-NO_KNOWLEDGE = "none"
 
 
 @dataclass

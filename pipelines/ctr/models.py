@@ -171,7 +171,6 @@ class DCNv2(_CtrBase):
 
 
 MODELS: dict[str, type[_CtrBase]] = {"din": DIN, "dcnv2": DCNv2}
-MODEL_LABELS = {"din": "DIN", "dcnv2": "DCNv2"}
 
 
 def build_model(

@@ -1,4 +1,4 @@
-"""Markdown and PNG of a `laser ctr-eval` result (the dict :func:`jobs.ctr_eval.run_ctr_eval` returns).
+"""Markdown and PNG of a `laser ctr-eval` result (the dict :func:`pipelines.ctr.evaluate.run_ctr_eval` returns).
 
 The Markdown holds the sample, one row per (knowledge source, model) with test AUC and log loss as
 mean [95% interval] over the seeds, the paired differences vs no knowledge and vs the reference, and
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-MODEL_LABELS = {"din": "DIN", "dcnv2": "DCNv2"}
+from pipelines.ctr.config import MODEL_LABELS
 
 
 def _num(x: float | None, signed: bool = False) -> str:

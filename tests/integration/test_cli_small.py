@@ -32,12 +32,11 @@ def test_version_comes_from_the_distribution():
     assert result.exit_code == 0 and result.output.strip() == f"laser {version('laser-knowledge')}"
 
 
-def test_ctr_eval_names_match_the_modules_they_stand_for():
-    import jobs.ctr_eval as ce
-    from pipelines.ctr import MODEL_LABELS, NO_KNOWLEDGE
-    from pipelines.ops.features.encoding import DEFAULT_ENCODER
+def test_ctr_eval_default_encoder_is_the_encoding_module_s():
+    from pipelines.ctr.config import DEFAULT_ENCODER
+    from pipelines.ops.features.encoding import DEFAULT_ENCODER as ENCODING_DEFAULT
 
-    assert (ce.NO_KNOWLEDGE, ce.DEFAULT_ENCODER, ce.MODEL_LABELS) == (NO_KNOWLEDGE, DEFAULT_ENCODER, MODEL_LABELS)
+    assert DEFAULT_ENCODER == ENCODING_DEFAULT
 
 
 @pytest.mark.parametrize("policy, built", [("attribute", False), ("warm_cold", True)])

@@ -7,22 +7,11 @@ import polars as pl
 import pytest
 import torch
 
-from pipelines.ctr import (
-    ItemCatalog,
-    KnowledgeVectors,
-    MoEConverter,
-    RunResult,
-    TrainConfig,
-    build_model,
-    build_samples,
-    compare_sources,
-    fit,
-    selection_loss,
-    split_by_user,
-    summarise,
-    to_tensors,
-    train_and_test,
-)
+from pipelines.ctr.compare import RunResult, compare_sources, summarise, train_and_test
+from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
+from pipelines.ctr.models import MoEConverter, build_model
+from pipelines.ctr.samples import build_samples, split_by_user
+from pipelines.ctr.train import TrainConfig, fit, selection_loss
 from pipelines.ctr import train as train_module
 
 FAST = TrainConfig(lr=3e-3, batch_size=128, max_epochs=20, patience=3)

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from jobs.ctr_eval import _nan_to_none, verdict_text
-from pipelines.ctr import RunResult, summarise
+from pipelines.ctr.compare import RunResult, summarise
+from pipelines.ctr.evaluate import nan_to_none, verdict_text
 from pipelines.ctr.compare import mean_ci95
 from pipelines.ctr.report import markdown, plot
 
@@ -69,7 +69,7 @@ def test_verdict_sentence_reads_the_intervals():
 
 def _result():
     summary = summarise(_runs(), reference="greedy")
-    return _nan_to_none(
+    return nan_to_none(
         {
             "dataset": "toy",
             "sample": {"users": 3, "items": 4, "interactions": 12},

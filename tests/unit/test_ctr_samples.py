@@ -10,7 +10,8 @@ import polars as pl
 import pytest
 import torch
 
-from pipelines.ctr import ItemCatalog, KnowledgeVectors, build_samples, split_by_user, to_tensors
+from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
+from pipelines.ctr.samples import build_samples, split_by_user
 
 SCHEMA = {"user_id": pl.Utf8, "item_id": pl.Utf8, "rating": pl.Float64, "timestamp": pl.Int64}
 
