@@ -553,12 +553,9 @@ class JobConfig(_Strict):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
 
-# ---- vLLM's own engine arguments (model.engine_args) ---------------------------------------------------
-# The names vLLM accepts are the fields of its ``EngineArgs``, read from the installed vLLM's source (parsed,
-# never imported) and only when a config names one; without vLLM they cannot be checked. The arguments the
-# job sets itself are refused either way (JOB_SETS), naming the config key that sets them.
-
-# vLLM arguments the job's engine sets itself -> what sets them (a config key, or the engine's reason)
+# ---- vLLM's own engine arguments (model.engine_args): the fields of the installed vLLM's EngineArgs, read
+# from its source (never imported) when a config names one. JOB_SETS: what the job sets itself (refused either
+# way) -> the config key or the engine's reason that sets it.
 JOB_SETS: dict[str, str] = {
     "model": "model.name",
     "tokenizer": "model.name",
@@ -581,8 +578,7 @@ JOB_SETS: dict[str, str] = {
 
 @functools.cache
 def vllm_engine_arg_names() -> frozenset[str] | None:
-    """The fields of the installed vLLM's ``EngineArgs`` (None: no vLLM, or its source has no such class).
-    Read by laser's vLLM requirements reader, imported here only when a name must be checked."""
+    """The fields of the installed vLLM's ``EngineArgs``, parsed from its source (None: no vLLM, or no such class)."""
     from laser.vllm.requirements import class_fields, installed_source
 
     source = installed_source()

@@ -16,7 +16,8 @@ lengths and what a step costs), ``sources`` (where a request's pool comes from i
 vLLM's terms).
 """
 
-from laser.vllm.engine import VllmEngine, VllmResult
+from laser.vllm.engine import VllmEngine
+from laser.vllm.results import VllmResult
 from laser.vllm.env import speculative_config, vllm_env
 from laser.vllm.proposer import RowStats
 from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args

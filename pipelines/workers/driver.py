@@ -260,13 +260,14 @@ class WorkerGroup(Generic[TaskT, RowT]):
         t0 = time.perf_counter()
         with tqdm(total=len(self.starting), desc="workers: load model, start engine", unit="worker") as bar:
             while self.starting:
-                ready, _ = ray_wait(list(self.starting), num_returns=1, timeout=0.5)
+                ready, _ = ray_wait(list(self.starting))
                 for ref in ready:
                     a = self.starting.pop(ref)
                     try:
                         info = ray.get(ref)
                         log.info("worker %d ready: %s", a, info)
-                        self.ready_s.append(float(info.get("ready_s", 0.0)) if isinstance(info, dict) else 0.0)
+                        took = info.get("ready_s")
+                        self.ready_s.append(float(took) if isinstance(took, (int, float)) else 0.0)
                     except Exception as exc:  # noqa: BLE001 - left out; the run stops if none started
                         self.broken[a] = error_line(exc)
                         log.error("worker %d failed to start: %s", a, self.broken[a])
@@ -321,7 +322,7 @@ class WorkerGroup(Generic[TaskT, RowT]):
             for a in alive:
                 call(a)
             while calls:
-                ready, _ = ray_wait(list(calls), num_returns=1, timeout=0.5)  # short: signals get handled
+                ready, _ = ray_wait(list(calls))
                 if not ready:
                     continue
                 [ref] = ready

@@ -15,7 +15,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from ray import ObjectRef
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +61,15 @@ def reassert() -> None:
         _install()
 
 
-def ray_wait(refs: list[Any], **kwargs: Any) -> tuple[list[Any], list[Any]]:
+def ray_wait(refs: list[ObjectRef[T]], timeout: float = 0.5) -> tuple[list[ObjectRef[T]], list[ObjectRef[T]]]:
     """``ray.wait`` that lets a signal's :class:`JobInterrupted` through: raised by the handler while Ray's
-    compiled wait is running, it comes out wrapped in a ``SystemError`` ("returned a result with an
-    exception set"), which would otherwise unwind as an ordinary error."""
+        compiled wait is running, it comes out wrapped in a ``SystemError`` ("returned a result with an
+        exception set"), which would otherwise unwind as an ordinary error. Returns the first ready ref (or none
+    after ``timeout`` seconds: short, so that signals get handled) and the others."""
     import ray
 
     try:
-        return ray.wait(refs, **kwargs)
+        return ray.wait(refs, num_returns=1, timeout=timeout)
     except SystemError as exc:
         inner = exc.__cause__ or exc.__context__
         if isinstance(inner, JobInterrupted):
@@ -78,7 +84,7 @@ def catch_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
     _active, _stopping = True, False
     _install()
     try:

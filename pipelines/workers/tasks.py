@@ -42,7 +42,7 @@ def map_tasks(
             while todo and len(running) < limit:
                 index, call = todo.pop()
                 running[remote.remote(*call, **(shared or {}))] = index
-            done, _ = ray_wait(list(running), num_returns=1, timeout=0.5)
+            done, _ = ray_wait(list(running))
             for ref in done:
                 results[running.pop(ref)] = ray.get(ref)
                 bar.update(1)

@@ -1,4 +1,4 @@
-"""What a vLLM request's result reports (laser.vllm.engine): timings from vLLM's own per-request
+"""What a vLLM request's result reports (laser.vllm.results): timings from vLLM's own per-request
 timestamps and per-step counts from LASER's proposer, never filled in. No vLLM needed: the request
 output and the proposer are stand-ins with the fields vLLM 0.32 and the proposer give."""
 
@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from laser.vllm.engine import VllmEngine, _timings
+from laser.vllm.engine import VllmEngine
+from laser.vllm.results import timings as _timings
 from laser.vllm.proposer import RowStats
 
 

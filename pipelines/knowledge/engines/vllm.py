@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
 from laser.sampling import SamplingParams
-from laser.vllm.engine import VllmEngine, VllmResult  # vLLM itself loads when an engine starts
+from laser.vllm.engine import VllmEngine  # vLLM itself loads when an engine starts
+from laser.vllm.results import VllmResult
 from laser.vllm.request_args import DraftLen
 from pipelines.knowledge.engines.base import Admit, EngineClock
 from pipelines.knowledge.records import Attempt, DecodeTask, Params
