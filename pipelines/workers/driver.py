@@ -289,88 +289,27 @@ class WorkerGroup(Generic[TaskT, RowT]):
         if not requests:
             return
         import ray
-        from ray.exceptions import RayActorError
 
         self.start(slots, len(requests))
         self._wait_ready()
-        task_ref = ray.put(task)  # large tasks (a catalogue) travel once
-        chunk = max(1, slots // 2)
-        scheduler = BatchScheduler(make_batches(requests, chunk))
-        outstanding: list[dict[Key, GenerationRequest]] = [{} for _ in self.actors]
-        retry: deque[GenerationRequest] = deque()
-        losses: Counter[Key] = Counter()
         alive = set(range(len(self.actors))) - set(self.broken)
         if not alive:  # every actor failed to start or died in an earlier pass
             raise EngineUnusable("no worker is left", next(iter(self.broken.values())))
-        calls: dict[ObjectRef[tuple[WorkResult[RowT], set[Key]]], int] = {}
-        first: FirstFailures[RowT] = FirstFailures(slots)
-        progress = {a: time.monotonic() for a in alive}  # when each actor last finished a request
-
-        def call(a: int) -> None:
-            new: list[GenerationRequest] = []
-            while retry and len(outstanding[a]) + len(new) < slots + chunk:
-                new.append(retry.popleft())
-            while scheduler and len(outstanding[a]) + len(new) < slots + chunk:
-                new += scheduler.next_for(a) or []
-            for req in new:
-                outstanding[a][req.key] = req
-            first.sent[a] += len(new)
-            if outstanding[a]:
-                calls[self.actors[a].exchange.remote(task_ref, new, slots)] = a
-
+        run = _Pass(self, ray.put(task), requests, slots, alive)  # large tasks (a catalogue) travel once
         with tqdm(total=len(requests), desc=desc, unit=unit) as bar:
             for a in alive:
-                call(a)
-            while calls:
-                ready, _ = ray_wait(list(calls))
+                run.call(a)
+            while run.calls:
+                ready, _ = ray_wait(list(run.calls))
                 if not ready:
                     continue
                 [ref] = ready
-                a = calls.pop(ref)
-                try:
-                    result, held = ray.get(ref)
-                except (RayActorError, WorkerDead) as exc:  # dead for good: the others take over its requests
-                    self.broken[a] = error_line(exc)
-                    log.error(
-                        "worker actor %d died (%s); %d requests go to the others",
-                        a,
-                        self.broken[a],
-                        len(outstanding[a]),
-                    )
-                    result, held = WorkResult[RowT](), set()
-                    alive.discard(a)
-                    ray.kill(self.actors[a])  # a worker that declared itself dead still holds its resources
-                if result.keys() or not outstanding[a]:
-                    progress[a] = time.monotonic()
-                elif time.monotonic() - progress[a] > self.progress_timeout_s:
-                    raise Stalled(
-                        f"worker {a} finished none of its {len(outstanding[a])} requests for "
-                        f"{self.progress_timeout_s:g} s (execution.progress_timeout_s)",
-                        self.broken.get(a, "no row, no failure and no error from its engine"),
-                    )
-                for key in result.keys():
-                    outstanding[a].pop(key, None)
-                for key in [k for k in outstanding[a] if k not in held]:  # lost with a dead process
-                    req = outstanding[a].pop(key)
-                    losses[key] += 1
-                    if losses[key] > ACTOR_RESTARTS:
-                        result.failures.append(
-                            Failure(key[0], key[1], f"worker died {losses[key]} times working on it")
-                        )
-                    else:
-                        retry.append(req)
-                        self.resent += 1
-                for part in first.see(a, result, alive):
+                a = run.calls.pop(ref)
+                for part in run.collect(a, ref):
                     yield part
                     bar.update(len(part.rows) + len(part.failures))
-                for b in ([a] if a in alive else []) + [b for b in alive if b not in calls.values() and b != a]:
-                    call(b)
-                if not calls and (scheduler or retry):
-                    raise EngineUnusable(
-                        f"every worker died, {len(retry) + scheduler.left()} requests left",
-                        self.broken.get(a, "unknown"),
-                    )
-            for part in first.release():
+                run.refill(a)
+            for part in run.first.release():
                 yield part
                 bar.update(len(part.failures))
 
@@ -423,3 +362,94 @@ class LocalGroup(Generic[TaskT, RowT]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Pass(Generic[TaskT, RowT]):
+    """One :meth:`WorkerGroup.stream`: what each actor holds, what waits to be sent again, the calls in
+    flight and the first failures held back."""
+
+    def __init__(
+        self,
+        group: WorkerGroup[TaskT, RowT],
+        task_ref: ObjectRef[TaskT],
+        requests: list[GenerationRequest],
+        slots: int,
+        alive: set[int],
+    ) -> None:
+        self.group, self.task_ref, self.slots, self.alive = group, task_ref, slots, alive
+        self.chunk = max(1, slots // 2)
+        self.scheduler = BatchScheduler(make_batches(requests, self.chunk))
+        self.outstanding: list[dict[Key, GenerationRequest]] = [{} for _ in group.actors]
+        self.retry: deque[GenerationRequest] = deque()
+        self.losses: Counter[Key] = Counter()
+        self.calls: dict[ObjectRef[tuple[WorkResult[RowT], set[Key]]], int] = {}
+        self.first: FirstFailures[RowT] = FirstFailures(slots)
+        self.progress = {a: time.monotonic() for a in alive}  # when each actor last finished a request
+
+    def call(self, a: int) -> None:
+        """Send actor ``a`` requests (re-sends first) to keep it ``chunk`` ahead of its slots, and ask for
+        what it finished."""
+        held = self.outstanding[a]
+        new: list[GenerationRequest] = []
+        while self.retry and len(held) + len(new) < self.slots + self.chunk:
+            new.append(self.retry.popleft())
+        while self.scheduler and len(held) + len(new) < self.slots + self.chunk:
+            new += self.scheduler.next_for(a) or []
+        for req in new:
+            held[req.key] = req
+        self.first.sent[a] += len(new)
+        if held:
+            self.calls[self.group.actors[a].exchange.remote(self.task_ref, new, self.slots)] = a
+
+    def collect(self, a: int, ref: ObjectRef[tuple[WorkResult[RowT], set[Key]]]) -> list[WorkResult[RowT]]:
+        """What actor ``a``'s finished call gave, to hand on now: its requests lost with a dead process are
+        sent again (or fail after ``ACTOR_RESTARTS`` losses)."""
+        result, held = self._result(a, ref)
+        self._check_progress(a, result)
+        for key in result.keys():
+            self.outstanding[a].pop(key, None)
+        for key in [k for k in self.outstanding[a] if k not in held]:  # lost with a dead process
+            req = self.outstanding[a].pop(key)
+            self.losses[key] += 1
+            if self.losses[key] > ACTOR_RESTARTS:
+                result.failures.append(Failure(key[0], key[1], f"worker died {self.losses[key]} times working on it"))
+            else:
+                self.retry.append(req)
+                self.group.resent += 1
+        return self.first.see(a, result, self.alive)
+
+    def refill(self, a: int) -> None:
+        """Call ``a`` again (if alive) and every idle actor; stop when every worker is dead with work left."""
+        for b in ([a] if a in self.alive else []) + [b for b in self.alive if b not in self.calls.values() and b != a]:
+            self.call(b)
+        if not self.calls and (self.scheduler or self.retry):
+            raise EngineUnusable(
+                f"every worker died, {len(self.retry) + self.scheduler.left()} requests left",
+                self.group.broken.get(a, "unknown"),
+            )
+
+    def _result(self, a: int, ref: ObjectRef[tuple[WorkResult[RowT], set[Key]]]) -> tuple[WorkResult[RowT], set[Key]]:
+        """The call's result and the keys the actor still holds; an actor dead for good gives nothing, and
+        the others take over its requests."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        try:
+            return ray.get(ref)
+        except (RayActorError, WorkerDead) as exc:
+            broken = self.group.broken[a] = error_line(exc)
+            log.error("worker actor %d died (%s); %d requests go to the others", a, broken, len(self.outstanding[a]))
+            self.alive.discard(a)
+            ray.kill(self.group.actors[a])  # a worker that declared itself dead still holds its resources
+            return WorkResult[RowT](), set()
+
+    def _check_progress(self, a: int, result: WorkResult[RowT]) -> None:
+        """Raise :class:`Stalled` when ``a`` holds requests and finished none for the progress timeout."""
+        if result.keys() or not self.outstanding[a]:
+            self.progress[a] = time.monotonic()
+        elif time.monotonic() - self.progress[a] > self.group.progress_timeout_s:
+            raise Stalled(
+                f"worker {a} finished none of its {len(self.outstanding[a])} requests for "
+                f"{self.group.progress_timeout_s:g} s (execution.progress_timeout_s)",
+                self.group.broken.get(a, "no row, no failure and no error from its engine"),
+            )

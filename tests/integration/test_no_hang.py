@@ -202,7 +202,7 @@ def _task():
     return DecodeTask("autoregressive", max_new_tokens=24, max_prompt_tokens=2000, run_id="r")
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(200)
 def test_a_vllm_engine_that_cannot_start_stops_the_run(vllm_model, ray_session, tmp_path):
     broken = tmp_path / "unknown-architecture"
     shutil.copytree(vllm_model, broken)
@@ -214,7 +214,7 @@ def test_a_vllm_engine_that_cannot_start_stops_the_run(vllm_model, ray_session, 
     assert "NoSuchModelForCausalLM" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(200)
 def test_a_vllm_engine_that_cannot_run_the_model_stops_the_run(ray_session, tmp_path):
     pytest.importorskip("vllm")
     model = save_tiny_model(tmp_path / "head-dim-16", hidden_size=64)  # 16-wide heads: vLLM's CPU attention refuses
@@ -226,7 +226,7 @@ def test_a_vllm_engine_that_cannot_run_the_model_stops_the_run(ray_session, tmp_
     assert not [f for r in yielded for f in r.failures]
 
 
-@pytest.mark.timeout(115)
+@pytest.mark.timeout(240)
 def test_a_killed_vllm_engine_core_is_restarted_once_then_the_worker_is_dead(vllm_model):
     """vLLM's engine core in its own process: killed mid-pass, a new engine takes over what it held and
     every row is written; killed again, the worker is dead (the driver then hands its requests on)."""
