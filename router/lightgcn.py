@@ -408,53 +408,90 @@ def train_lightgcn(
     init = init.layer0 if isinstance(init, LightGCNResult) else init
     warm = init is not None and config.warm_epochs > 0 and _warm_start(model, graph, init, config.embedding_dim)
     max_epochs = config.warm_epochs if warm else config.max_epochs
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     train = torch.as_tensor(graph.train, dtype=torch.long, device=device)
+    fit = _fit(model, adjacency, train, eval_sample(graph, config.eval_users, config.seed), config, max_epochs)
+    return _result(model, adjacency, graph, fit, started, warm)
+
+
+@dataclass
+class _Fit:
+    """A training run's early-stopping bookkeeping: the best evaluation so far and the trace."""
+
+    best_recall: float
+    best_epoch: int
+    best_weight: torch.Tensor  # layer-0 embeddings of the best epoch
+    history: list[tuple[int, float]] = field(default_factory=list)
+    epochs: int = 0  # epochs trained
+    epoch_time: float = 0.0  # seconds in training epochs (evaluation excluded)
+
+
+def _fit(
+    model: LightGCN,
+    adjacency: torch.Tensor,
+    train: torch.Tensor,
+    sample: EvalSample,
+    config: LightGCNConfig,
+    max_epochs: int,
+) -> _Fit:
+    """Train up to ``max_epochs`` epochs, evaluating every ``eval_every`` (and the last), until early stop."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
     generator = torch.Generator().manual_seed(config.seed)
-    sample = eval_sample(graph, config.eval_users, config.seed)
-    best = (-1.0, 0, model.embedding.weight.detach().clone())
-    history: list[tuple[int, float]] = []
-    epoch_time, epoch = 0.0, 0
+    fit = _Fit(-1.0, 0, model.embedding.weight.detach().clone())
     bar = tqdm(range(1, max_epochs + 1), desc="LightGCN", disable=not config.progress, leave=False)
     for epoch in bar:
+        fit.epochs = epoch
         model.train()
         tick = time.perf_counter()
         loss = _train_epoch(model, adjacency, train, optimizer, config, generator)
-        epoch_time += time.perf_counter() - tick
+        fit.epoch_time += time.perf_counter() - tick
         if epoch % config.eval_every and epoch != max_epochs:
             continue
         recall = _evaluate(model, adjacency, sample, config)
-        history.append((epoch, recall))
         bar.set_postfix(loss=f"{loss:.4f}", recall=f"{recall:.4f}")
-        if recall > best[0]:
-            best = (recall, epoch, model.embedding.weight.detach().clone())
-        elif epoch - best[1] >= config.patience:
-            log.info(
-                "LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
-                epoch,
-                config.k,
-                best[0],
-                best[1],
-            )
+        if _record(fit, model, epoch, recall, config):
             break
     bar.close()
+    return fit
+
+
+def _record(fit: _Fit, model: LightGCN, epoch: int, recall: float, config: LightGCNConfig) -> bool:
+    """Add an evaluation to ``fit``, keeping the best epoch's weights; True when patience has run out."""
+    fit.history.append((epoch, recall))
+    if recall > fit.best_recall:
+        fit.best_recall, fit.best_epoch, fit.best_weight = recall, epoch, model.embedding.weight.detach().clone()
+    elif epoch - fit.best_epoch >= config.patience:
+        log.info(
+            "LightGCN early stop at epoch %d (best recall@%d %.4f at epoch %d)",
+            epoch,
+            config.k,
+            fit.best_recall,
+            fit.best_epoch,
+        )
+        return True
+    return False
+
+
+def _result(
+    model: LightGCN, adjacency: torch.Tensor, graph: InteractionGraph, fit: _Fit, started: float, warm: bool
+) -> LightGCNResult:
+    """The best epoch's final embeddings and layer-0 warm start, with the training trace."""
     with torch.no_grad():
-        model.embedding.weight.copy_(best[2])
+        model.embedding.weight.copy_(fit.best_weight)
         user_final, item_final = (t.cpu().numpy() for t in model(adjacency))
-    layer0 = best[2].cpu().numpy()
+    layer0 = fit.best_weight.cpu().numpy()
     start = WarmStart(
         Embeddings(graph.user_ids, layer0[: graph.num_users]), Embeddings(graph.item_ids, layer0[graph.num_users :])
     )
     return LightGCNResult(
         Embeddings(graph.user_ids, user_final),
         Embeddings(graph.item_ids, item_final),
-        best_recall=best[0],
-        best_epoch=best[1],
-        history=history,
+        best_recall=fit.best_recall,
+        best_epoch=fit.best_epoch,
+        history=fit.history,
         train_seconds=time.perf_counter() - started,
         layer0=start,
-        epochs=epoch,
-        epoch_seconds=epoch_time / max(epoch, 1),
+        epochs=fit.epochs,
+        epoch_seconds=fit.epoch_time / max(fit.epochs, 1),
         warm_started=warm,
     )
 

@@ -8,9 +8,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pipelines.ctr.config import MODEL_LABELS, NO_KNOWLEDGE, CtrEvalConfig
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from pipelines.data.schema import Dataset, Split
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +34,37 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 
 
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
-    from pipelines.ctr.compare import as_float, compare_sources, summarise
-    from pipelines.ctr.features import ItemCatalog, KnowledgeVectors
+    from pipelines.ctr.compare import compare_sources, summarise
+    from pipelines.ctr.features import ItemCatalog
     from pipelines.ctr.models import ModelConfig
-    from pipelines.ctr.samples import build_samples
     from pipelines.ctr.train import TrainConfig
-    from pipelines.data import load_dataset, split_old_new
-    from pipelines.ops.features.encoding import encode_knowledge
 
     started = time.perf_counter()
+    ds, split, samples = _prepare(cfg)
+    catalog = ItemCatalog.build(ds.items, extra_item_ids=ds.interactions["item_id"].unique().to_list())
+    sources, vector_files, knowledge_rows = _encode_sources(cfg, samples, progress)
+    model_cfg = ModelConfig(**{**cfg.model.model_dump(), "mlp": tuple(cfg.model.mlp)})
+    runs = compare_sources(
+        samples,
+        catalog,
+        sources,
+        tuple(cfg.models),
+        tuple(cfg.seeds),
+        model_cfg,
+        TrainConfig(**cfg.train.model_dump()),
+        cfg.history_len,
+        cfg.split_fractions,
+        progress,
+    )
+    summary = summarise(runs, cfg.reference, cfg.lossless_tolerance)
+    return _result(cfg, ds, split, samples, vector_files, knowledge_rows, summary, started)
+
+
+def _prepare(cfg: CtrEvalConfig) -> tuple[Dataset, Split, pl.DataFrame]:
+    """The dataset, its old/new split and the CTR samples built from it (an error when there are none)."""
+    from pipelines.ctr.samples import build_samples
+    from pipelines.data import load_dataset, split_old_new
+
     ds = load_dataset(cfg.dataset)
     split = split_old_new(
         ds,
@@ -58,7 +85,17 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     )
     if samples.height == 0:
         raise ValueError(f"dataset {ds.name!r} has no new interactions to build CTR samples from")
-    catalog = ItemCatalog.build(ds.items, extra_item_ids=ds.interactions["item_id"].unique().to_list())
+    return ds, split, samples
+
+
+def _encode_sources(
+    cfg: CtrEvalConfig, samples: pl.DataFrame, progress: bool
+) -> tuple[dict[str, Any], dict[str, str], dict[str, dict[str, int]]]:
+    """Each knowledge source encoded (vectors cached beside it): the sources by name (no knowledge first),
+    their vector files and their user/item row counts."""
+    from pipelines.ctr.features import KnowledgeVectors
+    from pipelines.ops.features.encoding import encode_knowledge
+
     sources: dict[str, Any] = {NO_KNOWLEDGE: None}
     vector_files: dict[str, str] = {}
     knowledge_rows: dict[str, dict[str, int]] = {}
@@ -68,20 +105,22 @@ def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
         sources[name] = KnowledgeVectors.from_parquet(vectors)
         knowledge_rows[name] = {"user": len(sources[name].user), "item": len(sources[name].item)}
         _log_coverage(name, sources[name], samples)
-    model_cfg = ModelConfig(**{**cfg.model.model_dump(), "mlp": tuple(cfg.model.mlp)})
-    runs = compare_sources(
-        samples,
-        catalog,
-        sources,
-        tuple(cfg.models),
-        tuple(cfg.seeds),
-        model_cfg,
-        TrainConfig(**cfg.train.model_dump()),
-        cfg.history_len,
-        cfg.split_fractions,
-        progress,
-    )
-    summary = summarise(runs, cfg.reference, cfg.lossless_tolerance)
+    return sources, vector_files, knowledge_rows
+
+
+def _result(
+    cfg: CtrEvalConfig,
+    ds: Dataset,
+    split: Split,
+    samples: pl.DataFrame,
+    vector_files: dict[str, str],
+    knowledge_rows: dict[str, dict[str, int]],
+    summary: dict,
+    started: float,
+) -> dict:
+    """The JSON-ready summary of a run: sample sizes, sources, config, the comparison and its verdict."""
+    from pipelines.ctr.compare import as_float
+
     sample = {
         "users": ds.users.height,
         "items": ds.items.height,

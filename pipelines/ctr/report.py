@@ -29,6 +29,18 @@ def markdown(result: dict, title: str | None = None) -> str:
     """The result as Markdown: sample, table with 95% intervals, paired differences, verdicts."""
     cfg = result["config"]
     models, seeds, ref = cfg["models"], cfg["seeds"], result["reference"]
+    lines = _intro_lines(result, title, seeds)
+    lines += _table_lines(result, models)
+    lines += _delta_lines(result.get("deltas", {}), models)
+    lines += _lossless_lines(result, ref)
+    if result.get("verdict"):
+        lines += ["", f"Verdict: {result['verdict']}"]
+    return "\n".join(lines) + "\n"
+
+
+def _intro_lines(result: dict, title: str | None, seeds: list[int]) -> list[str]:
+    """The title and the run's setting: sample, CTR samples and split, knowledge rows, wall time."""
+    cfg = result["config"]
     lines = [f"# {title or 'Downstream CTR on ' + str(result['dataset'])}", ""]
     sample = result.get("sample", {})
     if sample:
@@ -47,7 +59,12 @@ def markdown(result: dict, title: str | None = None) -> str:
         )
     if result.get("wall_s") is not None:
         lines.append(f"Wall time of ctr-eval: {result['wall_s']:.0f} s.")
-    lines += [
+    return lines
+
+
+def _table_lines(result: dict, models: list[str]) -> list[str]:
+    """Test AUC and log loss per (source, model) with their 95% intervals."""
+    lines = [
         "",
         "Test AUC and log loss: mean over seeds [Student-t 95% interval].",
         "",
@@ -63,37 +80,46 @@ def markdown(result: dict, title: str | None = None) -> str:
                 f"| {source} | {MODEL_LABELS.get(m, m)} | {_num(r['auc_mean'])} | {_ci(r.get('auc_ci95'))} | "
                 f"{_num(r['logloss_mean'])} | {_ci(r.get('logloss_ci95'))} |"
             )
-    deltas = result.get("deltas", {})
-    if deltas:
-        lines += [
-            "",
-            "Paired differences (same seed: same user split, initial weights and batch order), mean [95% interval]:",
-            "",
-            "| knowledge | vs | model | ΔAUC | ΔAUC 95% CI | Δlog loss | Δlog loss 95% CI |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for source, per_base in deltas.items():
-            for base, per_model in per_base.items():
-                for m in models:
-                    if m not in per_model:
-                        continue
-                    d = per_model[m]
-                    lines.append(
-                        f"| {source} | {base.removeprefix('vs_')} | {MODEL_LABELS.get(m, m)} | "
-                        f"{_num(d['auc'], True)} | {_ci(d['auc_ci95'], True)} | {_num(d['logloss'], True)} | "
-                        f"{_ci(d['logloss_ci95'], True)} |"
-                    )
-    if result["verdicts"]:
-        lines += ["", f"Lossless vs {ref} (|mean paired ΔAUC| <= {result['tolerance']} for every model):", ""]
-        for source, v in result["verdicts"].items():
-            lines.append(
-                f"- {source}: {'lossless' if v['lossless'] else 'differs'} ("
-                + ", ".join(f"{MODEL_LABELS.get(m, m)} {_num(d, True)}" for m, d in v["delta_auc"].items())
-                + ")"
-            )
-    if result.get("verdict"):
-        lines += ["", f"Verdict: {result['verdict']}"]
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _delta_lines(deltas: dict, models: list[str]) -> list[str]:
+    """The paired differences per (source, baseline, model); none without deltas."""
+    if not deltas:
+        return []
+    lines = [
+        "",
+        "Paired differences (same seed: same user split, initial weights and batch order), mean [95% interval]:",
+        "",
+        "| knowledge | vs | model | ΔAUC | ΔAUC 95% CI | Δlog loss | Δlog loss 95% CI |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for source, per_base in deltas.items():
+        for base, per_model in per_base.items():
+            for m in models:
+                if m not in per_model:
+                    continue
+                d = per_model[m]
+                lines.append(
+                    f"| {source} | {base.removeprefix('vs_')} | {MODEL_LABELS.get(m, m)} | "
+                    f"{_num(d['auc'], True)} | {_ci(d['auc_ci95'], True)} | {_num(d['logloss'], True)} | "
+                    f"{_ci(d['logloss_ci95'], True)} |"
+                )
+    return lines
+
+
+def _lossless_lines(result: dict, ref: str) -> list[str]:
+    """One lossless-or-not line per source vs the reference; none without verdicts."""
+    if not result["verdicts"]:
+        return []
+    lines = ["", f"Lossless vs {ref} (|mean paired ΔAUC| <= {result['tolerance']} for every model):", ""]
+    for source, v in result["verdicts"].items():
+        lines.append(
+            f"- {source}: {'lossless' if v['lossless'] else 'differs'} ("
+            + ", ".join(f"{MODEL_LABELS.get(m, m)} {_num(d, True)}" for m, d in v["delta_auc"].items())
+            + ")"
+        )
+    return lines
 
 
 def plot(result: dict, path: Path) -> Path:

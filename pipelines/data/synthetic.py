@@ -10,6 +10,8 @@ Structure the pipeline can exploit, planted on purpose:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
@@ -177,48 +179,77 @@ def _rating(rng: np.random.Generator, item_genres: set[int], primary: int, liked
     return float(np.clip(np.rint(mean + rng.normal(0.0, 0.6)), 1, 5))
 
 
+@dataclass
+class _Planted:
+    """The planted structure ``generate`` draws interactions from (indices into GENRES, items, users)."""
+
+    item_genres: list[set[int]]  # each item's genres
+    primary: list[int]  # each item's primary genre
+    cold_items: set[int]
+    warm_items: np.ndarray
+    popularity: np.ndarray  # pick weight of each warm item
+    liked: list[set[int]]  # each cluster's liked genres
+    clusters: np.ndarray  # each user's cluster
+    cold_users: set[int]
+
+
+def _plant(rng: np.random.Generator, p: SyntheticParams, items: pl.DataFrame) -> _Planted:
+    """Cold items, warm item popularity, cluster tastes, user clusters and cold users (in this draw order)."""
+    g_index = {g: k for k, g in enumerate(GENRES)}
+    item_genres = [{g_index[g] for g in gs} for gs in items["genres"].to_list()]
+    primary = [g_index[g] for g in items["category"].to_list()]
+    n_cold_items = int(round(p.cold_item_fraction * p.n_items))
+    cold_items = set(rng.choice(p.n_items, size=n_cold_items, replace=False).tolist())
+    warm_items = np.array([k for k in range(p.n_items) if k not in cold_items])
+    popularity = 1.0 / (1.0 + rng.permutation(len(warm_items))) ** 0.6  # mild long tail
+    liked = _cluster_genres(rng, p.n_clusters)
+    clusters = rng.integers(p.n_clusters, size=p.n_users)
+    n_cold_users = int(round(p.cold_user_fraction * p.n_users))
+    cold_users = set(rng.choice(p.n_users, size=n_cold_users, replace=False).tolist())
+    return _Planted(item_genres, primary, cold_items, warm_items, popularity, liked, clusters, cold_users)
+
+
+def _user_rows(rng: np.random.Generator, p: SyntheticParams, s: _Planted) -> list[tuple[str, str, float, int]]:
+    """Every user's history: mostly warm items of their cluster's genres, at increasing timestamps."""
+    rows: list[tuple[str, str, float, int]] = []
+    for u in range(p.n_users):
+        like = s.liked[s.clusters[u]]
+        in_cluster = np.array([s.primary[k] in like for k in s.warm_items])
+        n = int(rng.integers(1, 4)) if u in s.cold_users else int(rng.integers(p.min_history, p.max_history + 1))
+        w = s.popularity * np.where(
+            in_cluster,
+            p.in_cluster_share / max(in_cluster.sum(), 1),
+            (1 - p.in_cluster_share) / max((~in_cluster).sum(), 1),
+        )
+        picks = rng.choice(s.warm_items, size=min(n, len(s.warm_items)), replace=False, p=w / w.sum())
+        t = _T0 + int(rng.integers(0, 3 * 365 * 86_400))
+        for k in picks:
+            t += int(rng.integers(60, 7 * 86_400))
+            rows.append((f"u{u:04d}", f"i{k:04d}", _rating(rng, s.item_genres[k], s.primary[k], like), t))
+    return rows
+
+
+def _cold_item_rows(rng: np.random.Generator, p: SyntheticParams, s: _Planted) -> list[tuple[str, str, float, int]]:
+    """Cold items: about half get one or two ratings from random warm users, the rest stay unseen."""
+    rows: list[tuple[str, str, float, int]] = []
+    warm_users = [u for u in range(p.n_users) if u not in s.cold_users] or list(range(p.n_users))
+    for k in sorted(s.cold_items):
+        for _ in range(int(rng.integers(0, 3))):
+            u = int(rng.choice(warm_users))
+            ts = _T0 + 3 * 365 * 86_400 + int(rng.integers(0, 365 * 86_400))
+            rating = _rating(rng, s.item_genres[k], s.primary[k], s.liked[s.clusters[u]])
+            rows.append((f"u{u:04d}", f"i{k:04d}", rating, ts))
+    return rows
+
+
 def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Dataset, pl.DataFrame]:
     """The dataset and the planted truth (user_id, cluster, liked_genres); same seed, same tables."""
     p = params or SyntheticParams()
     rng = np.random.default_rng(seed)
     items = _items(rng, p)
-    g_index = {g: k for k, g in enumerate(GENRES)}
-    item_genres = [{g_index[g] for g in gs} for gs in items["genres"].to_list()]
-    primary = [g_index[g] for g in items["category"].to_list()]
-
-    n_cold_items = int(round(p.cold_item_fraction * p.n_items))
-    cold_items = set(rng.choice(p.n_items, size=n_cold_items, replace=False).tolist())
-    warm_items = np.array([k for k in range(p.n_items) if k not in cold_items])
-    popularity = 1.0 / (1.0 + rng.permutation(len(warm_items))) ** 0.6  # mild long tail
-
-    liked = _cluster_genres(rng, p.n_clusters)
-    clusters = rng.integers(p.n_clusters, size=p.n_users)
-    n_cold_users = int(round(p.cold_user_fraction * p.n_users))
-    cold_users = set(rng.choice(p.n_users, size=n_cold_users, replace=False).tolist())
-
-    rows: list[tuple[str, str, float, int]] = []
-    for u in range(p.n_users):
-        like = liked[clusters[u]]
-        in_cluster = np.array([primary[k] in like for k in warm_items])
-        n = int(rng.integers(1, 4)) if u in cold_users else int(rng.integers(p.min_history, p.max_history + 1))
-        w = popularity * np.where(
-            in_cluster,
-            p.in_cluster_share / max(in_cluster.sum(), 1),
-            (1 - p.in_cluster_share) / max((~in_cluster).sum(), 1),
-        )
-        picks = rng.choice(warm_items, size=min(n, len(warm_items)), replace=False, p=w / w.sum())
-        t = _T0 + int(rng.integers(0, 3 * 365 * 86_400))
-        for k in picks:
-            t += int(rng.integers(60, 7 * 86_400))
-            rows.append((f"u{u:04d}", f"i{k:04d}", _rating(rng, item_genres[k], primary[k], like), t))
-    # cold items: about half get one or two ratings from random warm users, the rest stay unseen
-    warm_users = [u for u in range(p.n_users) if u not in cold_users] or list(range(p.n_users))
-    for k in sorted(cold_items):
-        for _ in range(int(rng.integers(0, 3))):
-            u = int(rng.choice(warm_users))
-            ts = _T0 + 3 * 365 * 86_400 + int(rng.integers(0, 365 * 86_400))
-            rows.append((f"u{u:04d}", f"i{k:04d}", _rating(rng, item_genres[k], primary[k], liked[clusters[u]]), ts))
-
+    planted = _plant(rng, p, items)
+    rows = _user_rows(rng, p, planted)
+    rows += _cold_item_rows(rng, p, planted)
     interactions = (
         pl.DataFrame(rows, schema=INTERACTIONS_SCHEMA, orient="row")
         .unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
@@ -233,6 +264,7 @@ def generate(params: SyntheticParams | None = None, seed: int = 0) -> tuple[Data
         },
         schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8},
     )
+    clusters, liked = planted.clusters, planted.liked
     truth = pl.DataFrame(
         {
             "user_id": users["user_id"],
@@ -313,6 +345,32 @@ def scale_catalogue(
         )
     rng = np.random.default_rng(seed)
     items = _scale_items(rng, n_items)
+    user_ids, item_ids = _ids("u", n_users), _ids("i", n_items)
+    interactions = _scale_interactions(
+        rng, items, user_ids, item_ids, mean_history, popularity_exponent, activity_sigma
+    )
+    return Dataset(
+        name=f"scale-{n_users}u-{n_items}i",
+        domain="movie",
+        interactions=interactions,
+        items=items,
+        users=_scale_users(rng, user_ids),
+        notes={"generator": "scale_catalogue", "seed": seed, "mean_history": mean_history},
+    )
+
+
+def _scale_interactions(
+    rng: np.random.Generator,
+    items: pl.DataFrame,
+    user_ids: pl.Series,
+    item_ids: pl.Series,
+    mean_history: float,
+    popularity_exponent: float,
+    activity_sigma: float,
+) -> pl.DataFrame:
+    """Lognormal activity per user, power-law item picks, rated by user bias, item quality and favourite
+    genre (see :func:`scale_catalogue`); a user's repeated picks of one item keep the first."""
+    n_users, n_items = len(user_ids), len(item_ids)
     mu = np.log(mean_history) - activity_sigma**2 / 2  # lognormal mean = exp(mu + sigma^2 / 2)
     counts = np.clip(np.rint(rng.lognormal(mu, activity_sigma, size=n_users)), 1, n_items).astype(np.int64)
     total = int(counts.sum())
@@ -328,22 +386,30 @@ def scale_catalogue(
         + 0.8 * (primary.to_numpy()[item] == favourite[user])
         + rng.normal(0, 0.7, total)
     )
-    gaps = rng.integers(60, 7 * 86_400, size=total)
-    clock = np.cumsum(gaps)
-    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    start = _T0 + rng.integers(0, 3 * 365 * 86_400, size=n_users)
-    timestamp = start[user] + clock - (clock - gaps)[first][user]  # each user's clock from their own start
-    user_ids, item_ids = _ids("u", n_users), _ids("i", n_items)
-    interactions = pl.DataFrame(
+    return pl.DataFrame(
         {
             "user_id": user_ids.gather(user),
             "item_id": item_ids.gather(item),
             "rating": np.clip(np.rint(score), 1, 5),
-            "timestamp": timestamp,
+            "timestamp": _scale_timestamps(rng, counts, user),
         },
         schema=INTERACTIONS_SCHEMA,
     ).unique(subset=["user_id", "item_id"], keep="first", maintain_order=True)
-    users = pl.DataFrame(
+
+
+def _scale_timestamps(rng: np.random.Generator, counts: np.ndarray, user: np.ndarray) -> np.ndarray:
+    """Strictly increasing timestamps per user: random gaps summed from each user's random start."""
+    gaps = rng.integers(60, 7 * 86_400, size=len(user))
+    clock = np.cumsum(gaps)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    start = _T0 + rng.integers(0, 3 * 365 * 86_400, size=len(counts))
+    return start[user] + clock - (clock - gaps)[first][user]  # each user's clock from their own start
+
+
+def _scale_users(rng: np.random.Generator, user_ids: pl.Series) -> pl.DataFrame:
+    """User attributes: age, gender and occupation drawn uniformly."""
+    n_users = len(user_ids)
+    return pl.DataFrame(
         {
             "user_id": user_ids,
             "age": rng.integers(16, 70, size=n_users).astype(np.int32),
@@ -351,12 +417,4 @@ def scale_catalogue(
             "occupation": np.array(OCCUPATIONS)[rng.integers(len(OCCUPATIONS), size=n_users)],
         },
         schema={"user_id": pl.Utf8, "age": pl.Int32, "gender": pl.Utf8, "occupation": pl.Utf8},
-    )
-    return Dataset(
-        name=f"scale-{n_users}u-{n_items}i",
-        domain="movie",
-        interactions=interactions,
-        items=items,
-        users=users,
-        notes={"generator": "scale_catalogue", "seed": seed, "mean_history": mean_history},
     )

@@ -14,6 +14,7 @@ from pipelines.ops.schedule.ledger import RunRecord
 from pipelines.store.location import Location
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.table import Table
 
 
@@ -91,71 +92,75 @@ def _rate(tokens_per_s: float) -> str:
     return f"{tokens_per_s:.1f}" if tokens_per_s else "-"
 
 
-def print_summary(summary: JobSummary) -> None:
-    """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
-    from rich.console import Console
+_SPEED_COLUMNS = (
+    "step",
+    "done",
+    "failed",
+    "tokens (decoded)",
+    "tok/s wall",
+    "tok/s engine",
+    "tok/s decode",
+    "AAL",
+    "forwards saved",
+    "prompt tokens (cached)",
+)
+_QUALITY_COLUMNS = ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)")
+_SPEED_NOTE = (
+    "tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
+    "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
+    "start-up, model load, pool loads, prefill, decoding and writing; tok/s engine = every attempt's "
+    "tokens over the actors' engine seconds (every step, prefill included; a shared step once; "
+    "actors run in parallel); tok/s decode = tokens over seconds of the engine steps in which no "
+    "request prefilled (prefill excluded on both engines); AAL, forwards saved: of every attempt; "
+    "prompt tokens (cached) = prompt tokens of every attempt "
+    "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
+    "(kept) = flawed texts decoded again (those whose retry was written)."
+)
+
+
+def _table(title: str, columns: tuple[str, ...]) -> "Table":
+    """An empty table with ``columns``: the first ("step") left-aligned, the figures right-aligned."""
     from rich.table import Table
 
-    speed = Table(title=f"laser job {summary.run_id}")
-    for col in (
-        "step",
-        "done",
-        "failed",
-        "tokens (decoded)",
-        "tok/s wall",
-        "tok/s engine",
-        "tok/s decode",
-        "AAL",
-        "forwards saved",
-        "prompt tokens (cached)",
-    ):
-        speed.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
-    quality = Table(title="knowledge quality (pipelines/quality/)")
-    for col in ("step", "rows", "EOS", "repeat 4-grams", "degenerate", "retries (kept)"):
-        quality.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
-    for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
-        if rep.done == rep.failed == 0:
-            speed.add_row(name, "0", "0", "-", "-", "-", "-", "-", "-", "-")  # nothing generated in this pass
-            continue
-        # every accepted draft token is a target forward saved against one forward per token
-        share = f" ({rep.decoded_accepted / rep.decoded_tokens:.0%})" if rep.decoded_tokens else ""
-        speed.add_row(
-            name,
-            str(rep.done),
-            str(rep.failed),
-            f"{rep.n_tokens} ({rep.decoded_tokens})",
-            f"{rep.tokens_per_s:.1f}",
-            _rate(rep.engine_tokens_per_s),
-            _rate(rep.decode_tokens_per_s),
-            f"{rep.aal:.2f}",
-            f"{rep.decoded_accepted}{share}",
-            _prompt_cell(rep),
-        )
-        q = rep.quality
-        quality.add_row(
-            name,
-            str(q.n),
-            f"{q.finished_eos} ({q.eos_share:.0%})",
-            f"{q.mean_repeat_4gram:.1%}",
-            str(q.degenerate),
-            f"{rep.retries} ({rep.greedy_retries})",
-        )
-    console = Console()
-    if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
-        console = Console(width=max(console.width, 160))
-    console.print(speed)
-    console.print(
-        "tokens = generated tokens of the rows written (decoded: of every attempt, a retried entity's "
-        "two texts both); tok/s wall = tokens written / wall seconds of the pass, including actor "
-        "start-up, model load, pool loads, prefill, decoding and writing; tok/s engine = every attempt's "
-        "tokens over the actors' engine seconds (every step, prefill included; a shared step once; "
-        "actors run in parallel); tok/s decode = tokens over seconds of the engine steps in which no "
-        "request prefilled (prefill excluded on both engines); AAL, forwards saved: of every attempt; "
-        "prompt tokens (cached) = prompt tokens of every attempt "
-        "and the share vLLM's prefix cache served instead of prefilling (hf has none); retries "
-        "(kept) = flawed texts decoded again (those whose retry was written)."
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="right" if col != "step" else "left", no_wrap=True)
+    return table
+
+
+def _add_pass_rows(speed: "Table", quality: "Table", name: str, rep: GenerationReport) -> None:
+    """A pass's speed row and quality row (only a zero speed row when the pass generated nothing)."""
+    if rep.done == rep.failed == 0:
+        speed.add_row(name, "0", "0", "-", "-", "-", "-", "-", "-", "-")  # nothing generated in this pass
+        return
+    # every accepted draft token is a target forward saved against one forward per token
+    share = f" ({rep.decoded_accepted / rep.decoded_tokens:.0%})" if rep.decoded_tokens else ""
+    speed.add_row(
+        name,
+        str(rep.done),
+        str(rep.failed),
+        f"{rep.n_tokens} ({rep.decoded_tokens})",
+        f"{rep.tokens_per_s:.1f}",
+        _rate(rep.engine_tokens_per_s),
+        _rate(rep.decode_tokens_per_s),
+        f"{rep.aal:.2f}",
+        f"{rep.decoded_accepted}{share}",
+        _prompt_cell(rep),
     )
-    console.print(quality)
+    q = rep.quality
+    quality.add_row(
+        name,
+        str(q.n),
+        f"{q.finished_eos} ({q.eos_share:.0%})",
+        f"{q.mean_repeat_4gram:.1%}",
+        str(q.degenerate),
+        f"{rep.retries} ({rep.greedy_retries})",
+    )
+
+
+def _print_notes(console: "Console", summary: JobSummary) -> None:
+    """The lines under the tables: retry reasons, skipped entities, input notes, the ledger row, rows of
+    other configs and drafts from the entities' own texts (each only when there is something to say)."""
     for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
         if rep.retry_reasons:
             console.print(f"{name}: retried because " + retry_line(rep))
@@ -179,6 +184,23 @@ def print_summary(summary: JobSummary) -> None:
             f"{own_share(summary.new):.0%} of the accepted drafts"
             + (f"; first wave {summary.first_wave} entities" if summary.first_wave else "")
         )
+
+
+def print_summary(summary: JobSummary) -> None:
+    """The closing summary as rich tables: per pass speed (wall and decode-only), then text quality."""
+    from rich.console import Console
+
+    speed = _table(f"laser job {summary.run_id}", _SPEED_COLUMNS)
+    quality = _table("knowledge quality (pipelines/quality/)", _QUALITY_COLUMNS)
+    for name, rep in (("old knowledge", summary.old), ("new knowledge", summary.new)):
+        _add_pass_rows(speed, quality, name, rep)
+    console = Console()
+    if not console.is_terminal:  # logs and pipes: wide enough that no figure is cut
+        console = Console(width=max(console.width, 160))
+    console.print(speed)
+    console.print(_SPEED_NOTE)
+    console.print(quality)
+    _print_notes(console, summary)
     if summary.time.wall_s:
         console.print(time_table(summary.time))
     console.print(
