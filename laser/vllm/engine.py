@@ -47,7 +47,7 @@ from laser.vllm.requirements import installed_has
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-    from vllm import LLM, RequestOutput
+    from vllm import LLM, RequestOutput, SamplingParams
 
     from laser.vllm.proposer import LaserProposer
 
@@ -250,27 +250,17 @@ class VllmEngine:
     ) -> str:
         """Hand one request to vLLM (it schedules it with the others in flight); returns its tag.
 
-        ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (accept a draft
-        token that is the argmax, or in the target's top-``k`` with probability > ``p``; temperature 0).
-        ``sampling``: ``temperature``/``top_p``/``top_k``/``seed`` (default: greedy).
-        ``rules``: :class:`laser.GenerationRules` keywords vLLM has (``repetition_penalty``,
-        ``min_new_tokens``, ``stop_strings``); others are refused. ``draft=False``: the request drafts
-        nothing (plain decoding inside a laser engine). ``n_max``, ``min_prob``: retrieval knobs.
-        ``halt``: a stop check on the request's new tokens after each step (:data:`laser.request.Halt`); when
-        it says stop, the request is aborted in vLLM and :meth:`step` returns its first ``keep`` new tokens
-        with the check's finish reason. ``earlier``: the entity's earlier text (token ids), drafted first
-        (:mod:`laser.earlier`). A malformed LASER argument is refused here
-        (:class:`laser.vllm.request_args.LaserArgsError`), not in vLLM's process.
+        ``verification``: ``"greedy"`` (vLLM's own rule, lossless) or ``"relaxed"`` (a draft token that is the
+        argmax, or in the target's top-``k`` with probability > ``p``; temperature 0). ``sampling``:
+        ``temperature``/``top_p``/``top_k``/``seed`` (default greedy). ``rules``: :class:`laser.GenerationRules`
+        keywords vLLM has. ``draft=False``: plain decoding. ``halt``: a stop check on the new tokens after each
+        step (:data:`laser.request.Halt`); when it says stop, the request is aborted and :meth:`step` returns
+        its first ``keep`` tokens. ``earlier``: the entity's earlier text (token ids), drafted first. A
+        malformed LASER argument is refused here (:class:`~laser.vllm.request_args.LaserArgsError`).
         """
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
-        from vllm.sampling_params import RequestOutputKind
 
-        if verification not in ("greedy", "relaxed"):
-            raise ValueError(f"verification must be 'greedy' or 'relaxed', got {verification!r}")
-        s = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **(sampling or {})}
-        if verification == "relaxed" and s["temperature"] > 0:
-            raise ValueError("relaxed verification is deterministic: it needs temperature 0")
+        s = _checked_sampling(verification, sampling)
         rule_kw = rule_params(rules, self.tokenizer)
         stops = list(stop or []) + list(rule_kw.pop("stop", []))
         if pool_store is not None:
@@ -290,18 +280,7 @@ class VllmEngine:
             n_max=int(n_max),
             min_prob=float(min_prob),
         )
-        params = SamplingParams(
-            max_tokens=max_new_tokens,
-            temperature=float(s["temperature"]),
-            top_p=float(s["top_p"]),
-            top_k=int(s["top_k"] or 0),
-            seed=s["seed"] if s["temperature"] > 0 else None,
-            stop=stops or None,
-            ignore_eos=ignore_eos,
-            extra_args=args.to_extra_args(),
-            output_kind=RequestOutputKind.CUMULATIVE if halt else RequestOutputKind.FINAL_ONLY,
-            **rule_kw,
-        )
+        params = _vllm_params(max_new_tokens, s, stops, ignore_eos, args, cumulative=halt is not None, **rule_kw)
         ids = self.encode(prompt)
         self._vllm.llm_engine.add_request(tag, TokensPrompt(prompt_token_ids=ids), params)
         self._pending[tag] = (len(ids), time.perf_counter())
@@ -534,6 +513,44 @@ def _say(on_start: Callable[[str], None] | None, line: str) -> None:
     log.info("%s", line)
     if on_start is not None:
         on_start(line)
+
+
+def _checked_sampling(verification: str, sampling: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's sampling with its defaults (greedy), refused where ``verification`` cannot honour it."""
+    if verification not in ("greedy", "relaxed"):
+        raise ValueError(f"verification must be 'greedy' or 'relaxed', got {verification!r}")
+    s = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, **(sampling or {})}
+    if verification == "relaxed" and s["temperature"] > 0:
+        raise ValueError("relaxed verification is deterministic: it needs temperature 0")
+    return s
+
+
+def _vllm_params(
+    max_new_tokens: int,
+    s: dict[str, Any],
+    stops: list[str],
+    ignore_eos: bool,
+    args: LaserArgs,
+    cumulative: bool,
+    **rule_kw: Any,
+) -> SamplingParams:
+    """vLLM's sampling parameters of one request: its sampling ``s``, stops, LASER arguments and rules;
+    ``cumulative``: every step's output (a halt checks it), else the final one only."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        max_tokens=max_new_tokens,
+        temperature=float(s["temperature"]),
+        top_p=float(s["top_p"]),
+        top_k=int(s["top_k"] or 0),
+        seed=s["seed"] if s["temperature"] > 0 else None,
+        stop=stops or None,
+        ignore_eos=ignore_eos,
+        extra_args=args.to_extra_args(),
+        output_kind=RequestOutputKind.CUMULATIVE if cumulative else RequestOutputKind.FINAL_ONLY,
+        **rule_kw,
+    )
 
 
 def _check_draft_len(draft_len: object) -> None:
