@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 import typer
 
@@ -169,47 +170,54 @@ def generate(
             print_summary(JobSummary.of(cfg, GenerationReport(), rep, out, rep.wall_s))
 
 
+AddressOpt = typer.Option(
+    "http://127.0.0.1:8265", envvar="RAY_ADDRESS", help="Ray dashboard address of the cluster (RAY_ADDRESS)."
+)
+PipOpt = typer.Option(None, help="Extra pip packages for the runtime env.")
+WaitOpt = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status.")
+SubmitIncrementalOpt = typer.Option(False, "--incremental", help="Submit a scheduled incremental run.")
+TokenFileOpt = typer.Option(
+    None,
+    "--token-file",
+    help=("File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH."),
+)
+WorkingDirOpt = typer.Option(
+    None,
+    "--working-dir",
+    help=(
+        "Folder to upload as the job's working directory (the config must be inside); dotfiles and "
+        "secret-looking files are never uploaded. Default: the config file alone."
+    ),
+)
+WheelOpt = typer.Option(
+    None,
+    "--wheel",
+    help=(
+        "A built wheel of the project to ship (Ray installs it on every node); default: one built from "
+        "this source tree."
+    ),
+)
+
+
 def submit(
     config: Path = ConfigArg,
     set_: Optional[list[str]] = SetOpt,
-    address: str = typer.Option(
-        "http://127.0.0.1:8265", envvar="RAY_ADDRESS", help="Ray dashboard address of the cluster (RAY_ADDRESS)."
-    ),
-    pip: Optional[list[str]] = typer.Option(None, help="Extra pip packages for the runtime env."),
-    wait: bool = typer.Option(False, "--wait", help="Stream the job's logs and exit with its status."),
-    incremental: bool = typer.Option(False, "--incremental", help="Submit a scheduled incremental run."),
-    token_file: Optional[Path] = typer.Option(
-        None,
-        "--token-file",
-        help=(
-            "File with the cluster's auth token (token authentication); default: RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH."
-        ),
-    ),
-    working_dir: Optional[Path] = typer.Option(
-        None,
-        "--working-dir",
-        help=(
-            "Folder to upload as the job's working directory (the config must be inside); dotfiles and "
-            "secret-looking files are never uploaded. Default: the config file alone."
-        ),
-    ),
-    wheel: Optional[Path] = typer.Option(
-        None,
-        "--wheel",
-        help=(
-            "A built wheel of the project to ship (Ray installs it on every node); default: one built from "
-            "this source tree."
-        ),
-    ),
+    address: str = AddressOpt,
+    pip: Optional[list[str]] = PipOpt,
+    wait: bool = WaitOpt,
+    incremental: bool = SubmitIncrementalOpt,
+    token_file: Optional[Path] = TokenFileOpt,
+    working_dir: Optional[Path] = WorkingDirOpt,
+    wheel: Optional[Path] = WheelOpt,
 ) -> None:
     """Submit the job to a Ray cluster (Ray Jobs); prints the submission id (with --wait: follows it). Uploads the
     config (or --working-dir) and the project as a wheel (its entry points registered on every node), and logs the
     list of files."""
-    from jobs.submit import AuthError, SubmitError, follow
     from jobs.submit import submit as submit_job
 
-    try:
-        job_id = submit_job(
+    job_id = _submitted(
+        partial(
+            submit_job,
             config,
             address,
             set_,
@@ -219,18 +227,34 @@ def submit(
             working_dir=working_dir,
             wheel=wheel,
         )
-    except (ConfigError, SubmitError, ValueError) as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
-    except AuthError as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(77) from None
+    )
     if not wait:
         typer.echo(
             f"submitted {job_id}; follow with: laser submit ... --wait, or ray job logs --address {address} "
             f"-f {job_id} (which exits 0 even when the job fails; check `ray job status`)"
         )
         return
+    _follow(address, job_id, token_file)
+
+
+def _submitted(send: Callable[[], str]) -> str:
+    """The submission id ``send()`` returns; a refused submission is one red line, exit 2 (77: auth)."""
+    from jobs.submit import AuthError, SubmitError
+
+    try:
+        return send()
+    except (ConfigError, SubmitError, ValueError) as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    except AuthError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(77) from None
+
+
+def _follow(address: str, job_id: str, token_file: Path | None) -> NoReturn:
+    """Stream the submitted job's logs; exit with its status."""
+    from jobs.submit import follow
+
     typer.echo(f"submitted {job_id}; following its logs", err=True)
     code = follow(address, job_id, token_file)
     typer.echo(f"job {job_id} finished with exit status {code}", err=True)

@@ -22,6 +22,7 @@ from pipelines.store.knowledge import KnowledgeRow, KnowledgeWriter
 from pipelines.knowledge.prompts import entity_input, words_for_budget
 from pipelines.quality import QualitySummary, entity_quality, row_quality, words_per_token
 from pipelines.knowledge.engines import build_adapter
+from pipelines.knowledge.engines.base import EngineClock
 from pipelines.knowledge.pool_cache import PoolCache
 from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
 from pipelines.knowledge.retry import LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons, worse
@@ -51,6 +52,18 @@ class BatchResult(WorkResult[KnowledgeRow]):
         self.discarded += getattr(other, "discarded", [])
         self.busy_s += getattr(other, "busy_s", 0.0)
         self.decode_tokens += getattr(other, "decode_tokens", 0)
+
+
+@dataclass
+class _Stream:
+    """One serve stream's state: its pass, where its requests come from, the attempts the engine holds (by
+    id), failures not yet yielded, and the engine's clock at the last result yielded."""
+
+    task: DecodeTask
+    take: Callable[[int], list[GenerationRequest]]
+    spent: EngineClock
+    held: dict[int, Attempt] = field(default_factory=dict)
+    failed: list[Failure] = field(default_factory=list)
 
 
 class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
@@ -132,60 +145,64 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
         self.task = task
         self.adapter.start(task, slots, self.pools)
         self.retries: deque[Attempt] = deque()
-        held: dict[int, Attempt] = {}
-        failed: list[Failure] = []
-        spent = self.adapter.clock()
-
-        def admit(n: int) -> int:
-            made = 0
-            while made < n:
-                todo: list[Attempt | GenerationRequest] = [
-                    self.retries.popleft() for _ in range(min(n - made, len(self.retries)))
-                ]
-                todo = todo or list(take(n - made))
-                if not todo:
-                    break
-                for item in todo:
-                    try:  # one bad entity never takes down the others
-                        attempt = item if isinstance(item, Attempt) else self.first_attempt(task, item)
-                        self.adapter.make(attempt)
-                        held[id(attempt)] = attempt
-                        made += 1
-                    except WorkerDead:
-                        raise
-                    except Exception as exc:
-                        failed.append(_failure(item.req if isinstance(item, Attempt) else item, exc))
-            return made
-
-        def settle(part: BatchResult) -> BatchResult:
-            nonlocal spent
-            now = self.adapter.clock()  # shared steps once, retries decoded alone too
-            took, spent = now - spent, now
-            part.busy_s += took.busy_s
-            part.decode_s += took.decode_s
-            part.decode_tokens += took.decode_tokens
-            part.failures[:0], failed[:] = failed, []
-            return part
-
+        st = _Stream(task, take, self.adapter.clock())
         while True:
             try:
-                for attempt, gen in self.adapter.stream(admit, slots):
-                    held.pop(id(attempt), None)
+                for attempt, gen in self.adapter.stream(partial(self._admit, st), slots):
+                    st.held.pop(id(attempt), None)
                     part = self._finish(attempt, gen)
-                    if part is not None or failed:
-                        yield settle(part or BatchResult())
+                    if part is not None or st.failed:
+                        yield self._settle(st, part or BatchResult())
                 break
             except WorkerDead:
                 raise
             except Exception as exc:
-                log.warning("decoding %d requests together failed (%s); decoding them one by one", len(held), exc)
-                self.adapter.abort()
-                stranded = list(held.values())
-                held.clear()
-                for attempt in stranded:
-                    yield settle(self._alone(attempt))
-        if failed:  # retries never remain: each stream admits the queued ones first and runs until none is left
-            yield settle(BatchResult())
+                yield from self._one_by_one(st, exc)
+        if st.failed:  # retries never remain: each stream admits the queued ones first and runs until none is left
+            yield self._settle(st, BatchResult())
+
+    def _admit(self, st: _Stream, n: int) -> int:
+        """Hand up to ``n`` attempts to the engine, queued retries first; how many it took. A request whose
+        attempt cannot be made becomes a failure of ``st``."""
+        made = 0
+        while made < n:
+            todo: list[Attempt | GenerationRequest] = [
+                self.retries.popleft() for _ in range(min(n - made, len(self.retries)))
+            ]
+            todo = todo or list(st.take(n - made))
+            if not todo:
+                break
+            for item in todo:
+                try:  # one bad entity never takes down the others
+                    attempt = item if isinstance(item, Attempt) else self.first_attempt(st.task, item)
+                    self.adapter.make(attempt)
+                    st.held[id(attempt)] = attempt
+                    made += 1
+                except WorkerDead:
+                    raise
+                except Exception as exc:
+                    st.failed.append(_failure(item.req if isinstance(item, Attempt) else item, exc))
+        return made
+
+    def _settle(self, st: _Stream, part: BatchResult) -> BatchResult:
+        """``part`` with the engine time since the last one (shared steps once, retries decoded alone too)
+        and the failures not yet yielded (first)."""
+        now = self.adapter.clock()
+        took, st.spent = now - st.spent, now
+        part.busy_s += took.busy_s
+        part.decode_s += took.decode_s
+        part.decode_tokens += took.decode_tokens
+        part.failures[:0], st.failed[:] = st.failed, []
+        return part
+
+    def _one_by_one(self, st: _Stream, exc: Exception) -> Iterator[BatchResult]:
+        """After the engine failed mid-stream: the attempts it held, decoded one by one."""
+        log.warning("decoding %d requests together failed (%s); decoding them one by one", len(st.held), exc)
+        self.adapter.abort()
+        stranded = list(st.held.values())
+        st.held.clear()
+        for attempt in stranded:
+            yield self._settle(st, self._alone(attempt))
 
     def _alone(self, attempt: Attempt) -> BatchResult:
         try:

@@ -354,29 +354,41 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
                 previous=previous,
                 account=account,
             )
-            try:
-                for step in STEPS:
-                    log.info("step: %s", step.name)
-                    with account.phase(step.phase) if step.phase else nullcontext():
-                        step.run(job)
-                    ledger.save(record)  # what the run has done so far, should it be killed
-            except BaseException as exc:
-                record.status, record.finished, record.error = (
-                    "failed",
-                    utc_now(),
-                    f"{type(exc).__name__}: {exc}"[:2000],
-                )
-                ledger.save(record)
-                _push_metrics(
-                    cfg, paths, {"record": asdict(record), "run_id": record.run_id, "time": account.to_json()}
-                )
-                raise
+            _run_steps(job, ledger, record, account)
             account.engine_ready_s = max(workers.ready_s, default=0.0)
         record.status = "partial" if record.failed or record.old_failed else "succeeded"
         record.finished = utc_now()
         ledger.save(record)
+    return _close_run(job, record, account)
+
+
+def _run_steps(job: JobRun, ledger: RunLedger, record: RunRecord, account: TimeAccount) -> None:
+    """The steps in order, the ledger row saved after each; a step that raises marks the run failed (ledger
+    row and metrics) and the error goes on."""
+    try:
+        for step in STEPS:
+            log.info("step: %s", step.name)
+            with account.phase(step.phase) if step.phase else nullcontext():
+                step.run(job)
+            ledger.save(record)  # what the run has done so far, should it be killed
+    except BaseException as exc:
+        record.status, record.finished, record.error = (
+            "failed",
+            utc_now(),
+            f"{type(exc).__name__}: {exc}"[:2000],
+        )
+        ledger.save(record)
+        _push_metrics(
+            job.cfg, job.paths, {"record": asdict(record), "run_id": record.run_id, "time": account.to_json()}
+        )
+        raise
+
+
+def _close_run(job: JobRun, record: RunRecord, account: TimeAccount) -> JobSummary:
+    """The closing summary of a finished run, written to ``summary.json`` and pushed as metrics."""
+    cfg, paths = job.cfg, job.paths
     summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, 0.0)
-    summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if incremental else "full", record
+    summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if job.incremental else "full", record
     summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
     summary.skipped, summary.input_notes = (
         skipped_entities(job.inputs.dataset, job.inputs.split),
