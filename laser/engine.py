@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar, cast
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from laser.kv_cache import SlotKVCache
 from laser.drafting import Drafter
 from laser.request import Request
 from laser.rules import TokenText, apply_rules, stop_string_hit
-from laser.tree import DraftTree, pack_trees
+from laser.tree import DraftTree, TreeBatch, pack_trees
 from laser.verify import Outcome, Verifier
 
 if TYPE_CHECKING:
@@ -289,10 +289,35 @@ class TreeDecodingEngine:
         batch = self.clock.timed(
             seqs, "tree_s", lambda: pack_trees(trees, [s.cache_len for s in seqs], offset, self.dtype, self.device)
         )
+        out, forward_s = self._forward(seqs, batch, cache, offset)
+        outcomes: list[Outcome] = self.clock.timed(
+            seqs, "verify_s", lambda: self.verifier.verify(self._logits(out.logits, trees, seqs), batch, seqs)
+        )
+        self.clock.timed(
+            seqs,
+            "cache_s",
+            lambda: cache.keep_slots(
+                [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, trees, outcomes)]
+            ),
+        )
+        finished = [s for row, s in enumerate(seqs) if self._advance(s, trees[row], outcomes[row], out, row)]
+        step_s = time.perf_counter() - step_t0
+        for s in seqs:
+            s.stats.decode_s += step_s
+        self.log.decode_s += step_s
+        accepted = sum(max(len(o.path) - 1, 0) for o in outcomes)
+        drafted = sum(len(t) - 1 for t in trees)
+        self.log.steps.append(StepRecord(len(seqs), batch.input_ids.shape[1], forward_s, step_s, drafted, accepted))
+        if self.budget is not None:
+            self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
+        return finished
+
+    def _forward(self, seqs: list[Request], batch: TreeBatch, cache: SlotKVCache, offset: int) -> tuple[Any, float]:
+        """The target's forward over the step's packed trees: its output and seconds."""
         # One token per row over fully valid caches needs no mask (SDPA's fast path), as in plain decoding.
         plain = batch.input_ids.shape[1] == 1 and all(s.kv_len == offset and s.kept is None for s in seqs)
         want_hidden = any(s.drafter.needs_hidden for s in seqs)
-        forward_t0 = time.perf_counter()
+        t0 = time.perf_counter()
         out = self.clock.timed(
             seqs,
             "forward_s",
@@ -305,56 +330,29 @@ class TreeDecodingEngine:
                 output_hidden_states=want_hidden,
             ),
         )
-        forward_s = time.perf_counter() - forward_t0
-        outcomes: list[Outcome] = self.clock.timed(
-            seqs, "verify_s", lambda: self.verifier.verify(self._logits(out.logits, trees, seqs), batch, seqs)
-        )
-        self.clock.timed(
-            seqs,
-            "cache_s",
-            lambda: cache.keep_slots(
-                [s.cache_len for s in seqs], [kept_slots(s, t, o, offset) for s, t, o in zip(seqs, trees, outcomes)]
-            ),
-        )
-        finished = []
-        for row, (s, tree, o) in enumerate(zip(seqs, trees, outcomes)):
-            s.cache_len += len(o.path)
-            s.kept = subtree(tree, o.keep) if o.keep else None
-            s.stats.target_forwards += 1
-            s.stats.accepted_per_step.append(max(len(o.path) - 1, 0))
-            s.stats.drafted_per_step.append(len(tree) - 1)
-            new = self._clip(s, o.tokens)
-            s.tokens.extend(new)
-            self.log.decode_tokens += len(new)
-            if not s.stats.finish_reason and s.halt is not None and (stop := s.halt(s.new_tokens)) is not None:
-                s.stats.finish_reason, keep = stop
-                del s.tokens[s.prompt_len + keep :]
-            if o.finished and not s.stats.finish_reason:
-                s.stats.finish_reason = "verifier"
-            if s.stats.finish_reason:
-                finished.append(s)
-            else:
-                hidden = (
-                    out.hidden_states[-1][row, o.path[-1] - tree.cached] if s.drafter.needs_hidden and o.path else None
-                )
-                self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
-        step_s = time.perf_counter() - step_t0
-        for s in seqs:
-            s.stats.decode_s += step_s
-        self.log.decode_s += step_s
-        self.log.steps.append(
-            StepRecord(
-                len(seqs),
-                batch.input_ids.shape[1],
-                forward_s,
-                step_s,
-                sum(len(t) - 1 for t in trees),
-                sum(max(len(o.path) - 1, 0) for o in outcomes),
-            )
-        )
-        if self.budget is not None:
-            self.budget.observe(seqs, trees, outcomes, step_s=step_s, forward_s=forward_s)
-        return finished
+        return out, time.perf_counter() - t0
+
+    def _advance(self, s: Request, tree: DraftTree, o: Outcome, out: Any, row: int) -> bool:
+        """Take request ``s``'s verified tokens (clipped by its limits and its halt) and tell its drafter;
+        True when it finished."""
+        s.cache_len += len(o.path)
+        s.kept = subtree(tree, o.keep) if o.keep else None
+        s.stats.target_forwards += 1
+        s.stats.accepted_per_step.append(max(len(o.path) - 1, 0))
+        s.stats.drafted_per_step.append(len(tree) - 1)
+        new = self._clip(s, o.tokens)
+        s.tokens.extend(new)
+        self.log.decode_tokens += len(new)
+        if not s.stats.finish_reason and s.halt is not None and (stop := s.halt(s.new_tokens)) is not None:
+            s.stats.finish_reason, keep = stop
+            del s.tokens[s.prompt_len + keep :]
+        if o.finished and not s.stats.finish_reason:
+            s.stats.finish_reason = "verifier"
+        if s.stats.finish_reason:
+            return True
+        hidden = out.hidden_states[-1][row, o.path[-1] - tree.cached] if s.drafter.needs_hidden and o.path else None
+        self.clock.timed([s], "retrieval_s", lambda: s.drafter.commit(new, hidden))
+        return False
 
     def _logits(self, logits: torch.Tensor, trees: list[DraftTree], seqs: list[Request]) -> torch.Tensor:
         """The target's logits with each request's generation rules applied (unchanged when none)."""
