@@ -26,7 +26,7 @@ COMMANDS: tuple[tuple[str, str, dict[str, str] | None], ...] = (
     ("jobs.run", JOB, None),
     ("jobs.init", JOB, None),
     ("jobs.recommend", JOB, None),
-    ("jobs.features", OPERATIONS, None),
+    ("jobs.feature_store", OPERATIONS, None),
     ("jobs.failures", OPERATIONS, None),
     ("jobs.runs", OPERATIONS, None),
     ("jobs.decoders", OPERATIONS, None),

@@ -454,7 +454,7 @@ class OutputConfig(_Strict):
 
 
 class MetricsConfig(_Strict):
-    """Where the run's figures go besides summary.json (pipelines/ops/metrics.py)."""
+    """Where the run's figures go besides summary.json (pipelines/ops/pushgateway.py)."""
 
     pushgateway: str | None = Field(
         default=None,

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from pipelines.ctr.config import NO_KNOWLEDGE
 from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
-from pipelines.ctr.models import ModelConfig, build_model
+from pipelines.ctr.networks import ModelConfig, build_model
 from pipelines.ctr.samples import split_by_user
 from pipelines.ctr.train import TrainConfig, evaluate, fit
 

@@ -36,7 +36,7 @@ def run_ctr_eval(cfg: CtrEvalConfig, progress: bool = True) -> dict:
 def _run(cfg: CtrEvalConfig, progress: bool) -> dict:
     from pipelines.ctr.compare import compare_sources, summarise
     from pipelines.ctr.features import ItemCatalog
-    from pipelines.ctr.models import ModelConfig
+    from pipelines.ctr.networks import ModelConfig
     from pipelines.ctr.train import TrainConfig
 
     started = time.perf_counter()

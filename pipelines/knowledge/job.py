@@ -403,8 +403,8 @@ def _close_run(job: JobRun, record: RunRecord, account: TimeAccount) -> JobSumma
 
 
 def _push_metrics(cfg: JobConfig, paths: JobPaths, figures: dict[str, object]) -> None:
-    """The run's figures to the Pushgateway, when one is configured (pipelines/ops/metrics.py)."""
-    from pipelines.ops.metrics import gateway, push_run
+    """The run's figures to the Pushgateway, when one is configured (pipelines/ops/pushgateway.py)."""
+    from pipelines.ops.pushgateway import gateway, push_run
 
     push_run(figures, gateway(cfg.metrics.pushgateway), cfg.metrics.job, str(paths.root))
 

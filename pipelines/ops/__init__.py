@@ -1,2 +1,2 @@
-"""Operations around the knowledge: the run's lock, ledger and latest view, scheduler exit codes
-(``schedule``), and the feature store (``features``)."""
+"""Operations around the knowledge: the run's ledger and latest view, scheduler exit codes (``schedule``),
+the feature store (``features``) and the run's figures pushed to Prometheus (``pushgateway``)."""

@@ -1,7 +1,7 @@
 """Text-quality figures of generated knowledge: how it ended, repetition, fragments, length and grounding.
 
 Rooms: ``text_shape`` (how a text ended, repeats, fragments, length), ``facts`` (the grounding record),
-``movies`` (titles, genres, ratings, years), ``commerce`` (brands, prices), ``summary`` (a row's quality
+``movies`` (titles, genres, ratings, years), ``commerce`` (brands, prices), ``scores`` (a row's quality
 columns and the quality over many texts).
 
 Rules (documented in docs/knowledge-quality.md):
@@ -33,7 +33,7 @@ from pipelines.quality.movies import (
     unsupported_genres,
     user_grounding,
 )
-from pipelines.quality.summary import QualitySummary, entity_quality, quality_columns, row_quality, summarise_quality
+from pipelines.quality.scores import QualitySummary, entity_quality, quality_columns, row_quality, summarise_quality
 from pipelines.quality.text_shape import (
     MAX_REPEAT_4GRAM,
     MIN_LETTER_SHARE,

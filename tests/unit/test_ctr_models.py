@@ -9,7 +9,7 @@ import torch
 
 from pipelines.ctr.compare import RunResult, compare_sources, summarise, train_and_test
 from pipelines.ctr.features import ItemCatalog, KnowledgeVectors, to_tensors
-from pipelines.ctr.models import MoEConverter, build_model
+from pipelines.ctr.networks import MoEConverter, build_model
 from pipelines.ctr.samples import build_samples, split_by_user
 from pipelines.ctr.train import TrainConfig, fit, selection_loss
 from pipelines.ctr import train as train_module

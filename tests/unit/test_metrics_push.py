@@ -1,4 +1,4 @@
-"""A run's figures reach a Prometheus Pushgateway (pipelines/ops/metrics.py), and a gateway that is down never
+"""A run's figures reach a Prometheus Pushgateway (pipelines/ops/pushgateway.py), and a gateway that is down never
 fails the run."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from pipelines.knowledge.generation import GenerationReport
 from pipelines.knowledge.summary import JobSummary
 from pipelines.knowledge.time_account import TimeAccount
-from pipelines.ops.metrics import GATEWAY_ENV, gateway, push_run
+from pipelines.ops.pushgateway import GATEWAY_ENV, gateway, push_run
 from pipelines.ops.schedule.ledger import RunRecord
 
 
