@@ -202,8 +202,30 @@ class LaserProposer:
         self._log_step(now, req_ids)
         self._drop_finished(req_ids)
         self.steps += 1
-        n = len(req_ids)
-        out: list[list[int]] = [[] for _ in range(n)]
+        out: list[list[int]] = [[] for _ in req_ids]
+        drafting, chunked = self._take_verified(req_ids, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, now)
+        budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
+        lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
+        for (i, rid, row), L in zip(budgeted, lengths):
+            if L > 0 and row.drafter is not None:
+                out[i] = self._chain(rid, row, int(L))
+        self._settle(drafting, out)
+        if self.step_log is not None:
+            self.step_log.last_shape = (tuple(req_ids), tuple(len(o) for o in out))
+        end = time.perf_counter()
+        self._last = (end, end - now)
+        return out
+
+    def _take_verified(
+        self,
+        req_ids: list[str],
+        sampled_token_ids: Sequence[Sequence[int]],
+        num_tokens_no_spec: npt.NDArray[np.int32],
+        token_ids_cpu: torch.Tensor,
+        now: float,
+    ) -> tuple[list[tuple[int, str, _Row]], bool]:
+        """Count what each row's last drafts gave and tell its drafter the new tokens; returns the rows
+        that draft (index, request id, row) and whether a prompt is being prefilled in chunks."""
         rows_decoded, verified, produced, prefill, chunked = 0, 0, 0, False, False
         drafting: list[tuple[int, str, _Row]] = []
         for i, rid in enumerate(req_ids):
@@ -219,34 +241,39 @@ class LaserProposer:
             got = len(sampled) - 1 if row.drafted else 0
             if row.drafted:
                 self.budget.observe(rid, row.drafted, got)
+                row.accepted_per_step.append(got)
+                row.drafted_total += row.drafted
             rows_decoded += 1
             produced += len(sampled)
             verified += row.drafted
-            if row.drafted:
-                row.accepted_per_step.append(got)
-                row.drafted_total += row.drafted
             row.steps += 1
             row.drafted = 0
-            seen = len(row.context)
-            if length > seen:
-                new = token_ids_cpu[i, seen:length].tolist()
-                row.context.extend(new)
-                if row.drafter is not None:
-                    t0 = time.perf_counter()
-                    self._guarded(rid, row, lambda d: d.commit(new))
-                    row.draft_s += time.perf_counter() - t0
+            if length > len(row.context):
+                self._commit(rid, row, token_ids_cpu[i, len(row.context) : length].tolist())
             if row.drafter is not None:
                 drafting.append((i, rid, row))
         self._observe_step(now, rows_decoded, verified, produced, prefill)
-        budgeted = [(i, rid, row) for i, rid, row in drafting if not row.force_cycle]
-        lengths = self._lengths(budgeted, prefilling=chunked) if budgeted else []
-        for (i, rid, row), L in zip(budgeted, lengths):
-            if L > 0 and row.drafter is not None:
-                t0 = time.perf_counter()
-                context, limit = row.context, RETRIEVE_NODES * int(L)
-                chain = self._guarded(rid, row, lambda d: d.propose_chain(context, limit))
-                out[i] = (chain or [])[: int(L)]
-                row.draft_s += time.perf_counter() - t0
+        return drafting, chunked
+
+    def _commit(self, rid: str, row: _Row, new: list[int]) -> None:
+        """The row's new tokens, into its context and its drafter."""
+        row.context.extend(new)
+        if row.drafter is not None:
+            t0 = time.perf_counter()
+            self._guarded(rid, row, lambda d: d.commit(new))
+            row.draft_s += time.perf_counter() - t0
+
+    def _chain(self, rid: str, row: _Row, length: int) -> list[int]:
+        """The row's draft chain of at most ``length`` tokens (none when its drafter fails)."""
+        t0 = time.perf_counter()
+        context, limit = row.context, RETRIEVE_NODES * length
+        chain = self._guarded(rid, row, lambda d: d.propose_chain(context, limit))
+        row.draft_s += time.perf_counter() - t0
+        return (chain or [])[:length]
+
+    def _settle(self, drafting: list[tuple[int, str, _Row]], out: list[list[int]]) -> None:
+        """Record each drafting row's drafts (calibration rows get their forced junk) and, under the relaxed
+        rule, which of them would extend a repetition of the row's own text."""
         for i, _, row in drafting:
             if row.force_cycle:
                 cycle = row.force_cycle
@@ -254,11 +281,6 @@ class LaserProposer:
             row.drafted = len(out[i])
             if row.rule is not None:  # relaxed acceptance never extends a repetition of the row's own text
                 row.stale = tuple(repeats(row.context[row.prompt_len :], out[i], RELAXED_FRESH_N))
-        if self.step_log is not None:
-            self.step_log.last_shape = (tuple(req_ids), tuple(len(o) for o in out))
-        end = time.perf_counter()
-        self._last = (end, end - now)
-        return out
 
     # helpers ------------------------------------------------------------------------------------
     def _lengths(self, rows: list[tuple[int, str, _Row]], prefilling: bool) -> list[int]:
