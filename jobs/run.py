@@ -70,27 +70,28 @@ def run(
 ) -> None:
     """Run the whole job: route, plan, build pools, generate knowledge, summary. Exits 3 when entities
     failed (`laser failures CONFIG` lists them; a re-run retries them)."""
-    from jobs.scheduled import run_record
-    from pipelines.knowledge.job import run_job
-    from pipelines.knowledge.summary import print_summary
-
+    if as_json and not dry_run:
+        raise typer.BadParameter("--json goes with --dry-run (a run writes summary.json)", param_hint="--json")
+    cfg = _load(config, set_)  # a config error is one line, before the decoding stack loads (seconds)
     if dry_run:
         from pipelines.knowledge.dry_run import dry_run as plan_run, print_estimate
 
-        estimate = plan_run(_load(config, set_), keep_existing=keep_existing)
+        estimate = plan_run(cfg, keep_existing=keep_existing)
         if as_json:
             typer.echo(json.dumps(estimate.to_json(), default=str))
         else:
             print_estimate(estimate)
         return
-    if as_json:
-        raise typer.BadParameter("--json goes with --dry-run (a run writes summary.json)", param_hint="--json")
     if incremental:
         from jobs.scheduled import run_scheduled
 
-        raise typer.Exit(run_scheduled(_load(config, set_), keep_existing=keep_existing))
+        raise typer.Exit(run_scheduled(cfg, keep_existing=keep_existing))
+    from jobs.scheduled import run_record
+    from pipelines.knowledge.job import run_job
+    from pipelines.knowledge.summary import print_summary
+
     # a held lock: one line, exit 75 (jobs/errors.py)
-    summary = run_job(_load(config, set_), keep_existing=keep_existing)
+    summary = run_job(cfg, keep_existing=keep_existing)
     print_summary(summary)
     code = _finished(run_record(summary), config)
     if code:

@@ -14,14 +14,42 @@ boundary), ``proposer`` (the drafter inside vLLM), ``chain_budget`` and ``step_c
 lengths and what a step costs), ``sources`` (where a request's pool comes from in vLLM's process),
 ``relaxed`` and ``plugin`` (the relaxed rule inside vLLM's verification), ``forms`` (decoders and rules in
 vLLM's terms).
+
+Its names load on first use (PEP 562), so importing one of its modules loads only that module.
 """
 
-from laser.vllm.engine import VllmEngine
-from laser.vllm.results import VllmResult
-from laser.vllm.env import speculative_config, vllm_env
-from laser.vllm.proposer import RowStats
-from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
-from laser.vllm.sources import PromptLookup, add_pool_roots, get_source, register_source, unregister_source
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from laser.lazy import lazy_attributes
+
+if TYPE_CHECKING:
+    from laser.vllm.engine import VllmEngine
+    from laser.vllm.results import VllmResult
+    from laser.vllm.env import speculative_config, vllm_env
+    from laser.vllm.proposer import RowStats
+    from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
+    from laser.vllm.sources import PromptLookup, add_pool_roots, get_source, register_source, unregister_source
+
+_HOME = {  # each name -> the module that defines it (laser/lazy.py imports it on first use)
+    "VllmEngine": "laser.vllm.engine",
+    "VllmResult": "laser.vllm.results",
+    "speculative_config": "laser.vllm.env",
+    "vllm_env": "laser.vllm.env",
+    "RowStats": "laser.vllm.proposer",
+    "LaserArgs": "laser.vllm.request_args",
+    "LaserArgsError": "laser.vllm.request_args",
+    "request_args": "laser.vllm.request_args",
+    "PromptLookup": "laser.vllm.sources",
+    "add_pool_roots": "laser.vllm.sources",
+    "get_source": "laser.vllm.sources",
+    "register_source": "laser.vllm.sources",
+    "unregister_source": "laser.vllm.sources",
+}
+
+
+__getattr__ = lazy_attributes(__name__, _HOME)
 
 __all__ = [
     "speculative_config",

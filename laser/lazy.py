@@ -1,0 +1,30 @@
+"""Package faces that load on first use (PEP 562): ``from laser import load_model`` imports
+:mod:`laser.models` only then, and ``laser.models`` after a bare ``import laser`` is the submodule,
+imported on demand. Importing one light module of a package (a parser, a check) loads nothing else."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def lazy_attributes(package: str, homes: dict[str, str]) -> Callable[[str], Any]:
+    """The module ``__getattr__`` of ``package``: a name of ``homes`` (name -> defining module) or a
+    submodule, imported the first time it is read and kept as a plain attribute after."""
+
+    def __getattr__(name: str) -> Any:
+        if name in homes:
+            value = getattr(importlib.import_module(homes[name]), name)
+        else:
+            try:
+                value = importlib.import_module(f"{package}.{name}")
+            except ModuleNotFoundError as exc:
+                if exc.name != f"{package}.{name}":
+                    raise
+                raise AttributeError(f"module {package!r} has no attribute {name!r}") from None
+        setattr(sys.modules[package], name, value)
+        return value
+
+    return __getattr__
