@@ -221,7 +221,7 @@ class PromptsConfig(_Strict):
     @classmethod
     def _template_parses(cls, v: str | None) -> str | None:
         if v is not None:  # a missing file or a syntax error fails at config load, naming the file and line
-            from pipelines.knowledge.prompt_template import load_template
+            from pipelines.prompts.template import load_template
 
             load_template(v)
         return v

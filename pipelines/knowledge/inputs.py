@@ -9,7 +9,7 @@ from pipelines.config import JobConfig
 from pipelines.data import Dataset, Split
 from pipelines.data.load import load_dataset
 from pipelines.data.split import split_old_new
-from pipelines.knowledge.prompt_template import check_columns, load_template
+from pipelines.prompts.template import check_columns, load_template
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ from pipelines.knowledge.generation import GenerationReport, GenerationWorker, r
 from pipelines.knowledge.records import DecodeTask
 from pipelines.knowledge.inputs import JobData, load_job_data
 from pipelines.knowledge.paths import JobPaths
-from pipelines.knowledge.prompt_template import load_template
+from pipelines.prompts.template import load_template
 from pipelines.knowledge.requests import (
     SOURCE_CACHE,
     attach_payloads,

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import polars as pl
 
-from pipelines.knowledge.prompt_template import ITEM_FIELDS, PromptTemplate, shipped_template
+from pipelines.prompts.template import ITEM_FIELDS, PromptTemplate, shipped_template
 from pipelines.workers import GenerationRequest, HistoryEntry
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from pipelines.store.knowledge import KnowledgeRow
 from pipelines.workers import GenerationRequest
 
 if TYPE_CHECKING:
-    from pipelines.knowledge.prompt_template import PromptTemplate
+    from pipelines.prompts.template import PromptTemplate
 
 Params = Mapping[str, object]
 """A decoder's parameters, or a task's rules (keywords of :class:`laser.GenerationRules`): JSON-like."""

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from jobs.cli import app
 from jobs.config import load_config
 from pipelines.knowledge.inputs import load_job_data
-from pipelines.knowledge.prompt_template import shipped_template
+from pipelines.prompts.template import shipped_template
 from pipelines.knowledge.prompts import user_prompt
 from pipelines.knowledge.requests import new_requests
 from pipelines.knowledge.routing import groups_of

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from pipelines.data import DatasetConfig, load_dataset, split_old_new
 from pipelines.data.readers import DataFileError
-from pipelines.knowledge.prompt_template import shipped_template
+from pipelines.prompts.template import shipped_template
 from pipelines.knowledge.prompts import user_histories, user_prompt
 from pipelines.knowledge.requests import payload_hash, request_keys
 from pipelines.workers import HistoryEntry

@@ -15,7 +15,7 @@ from laser.models import chat_ids
 from pipelines.knowledge.decoders import new_knowledge_decoder
 from pipelines.knowledge.inputs import load_job_data
 from pipelines.knowledge.job import knowledge_task
-from pipelines.knowledge.prompt_template import SHIPPED, PromptTemplateError, load_template, shipped_template
+from pipelines.prompts.template import SHIPPED, PromptTemplateError, load_template, shipped_template
 from pipelines.knowledge.prompts import (
     HistoryEntry,
     entity_input,
@@ -25,7 +25,7 @@ from pipelines.knowledge.prompts import (
 )
 from pipelines.knowledge.requests import new_requests
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "pipelines" / "knowledge" / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "pipelines" / "prompts" / "templates"
 # a shipped template's wording changes only with its version line: edit both, then this pin
 PINNED = {  # movie, book, ecommerce: implicit histories added; explicit prompts byte-identical, versions kept
     "movie": ("kar-v5", "c146b741f1a63739"),

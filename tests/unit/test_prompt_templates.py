@@ -14,7 +14,7 @@ from pipelines.data.config import DatasetConfig
 from pipelines.data.load import load_dataset
 from pipelines.data.synthetic import synthetic_dataset
 from pipelines.data.config import SyntheticParams
-from pipelines.knowledge.prompt_template import shipped_template
+from pipelines.prompts.template import shipped_template
 from pipelines.knowledge.prompts import (
     PROMPT_VERSION,
     HistoryEntry,

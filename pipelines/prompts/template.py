@@ -116,7 +116,7 @@ def shipped_template(name: str, system: str | None = None) -> PromptTemplate:
 
 @functools.lru_cache(maxsize=16)
 def _shipped(name: str, system: str | None) -> PromptTemplate:
-    source = resources.files("pipelines.knowledge").joinpath("templates", f"{name}.j2").read_text(encoding="utf-8")
+    source = resources.files("pipelines.prompts").joinpath("templates", f"{name}.j2").read_text(encoding="utf-8")
     return PromptTemplate(name, source, system, shipped=True)
 
 
