@@ -1,6 +1,9 @@
 """Package faces that load on first use (PEP 562): ``from laser import load_model`` imports
 :mod:`laser.models` only then, and ``laser.models`` after a bare ``import laser`` is the submodule,
-imported on demand. Importing one light module of a package (a parser, a check) loads nothing else."""
+imported on demand. Importing one light module of a package (a parser, a check) loads nothing else.
+
+A name that is also a submodule's (``laser.vllm.request_args``, the function and its module) is bound by
+the package itself: importing the submodule sets the package's attribute of that name to the module."""
 
 from __future__ import annotations
 

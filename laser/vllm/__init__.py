@@ -24,12 +24,14 @@ from typing import TYPE_CHECKING
 
 from laser.lazy import lazy_attributes
 
+# bound now: importing the module laser.vllm.request_args would set the package's attribute of that name to it
+from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
+
 if TYPE_CHECKING:
     from laser.vllm.engine import VllmEngine
     from laser.vllm.results import VllmResult
     from laser.vllm.env import speculative_config, vllm_env
     from laser.vllm.proposer import RowStats
-    from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
     from laser.vllm.sources import PromptLookup, add_pool_roots, get_source, register_source, unregister_source
 
 _HOME = {  # each name -> the module that defines it (laser/lazy.py imports it on first use)
@@ -38,9 +40,6 @@ _HOME = {  # each name -> the module that defines it (laser/lazy.py imports it o
     "speculative_config": "laser.vllm.env",
     "vllm_env": "laser.vllm.env",
     "RowStats": "laser.vllm.proposer",
-    "LaserArgs": "laser.vllm.request_args",
-    "LaserArgsError": "laser.vllm.request_args",
-    "request_args": "laser.vllm.request_args",
     "PromptLookup": "laser.vllm.sources",
     "add_pool_roots": "laser.vllm.sources",
     "get_source": "laser.vllm.sources",
