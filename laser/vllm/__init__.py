@@ -24,15 +24,13 @@ from typing import TYPE_CHECKING
 
 from laser.lazy import lazy_attributes
 
-# bound now: importing the module laser.vllm.request_args would set the package's attribute of that name to it
-from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
-
 if TYPE_CHECKING:
     from laser.vllm.engine import VllmEngine
     from laser.vllm.results import VllmResult
     from laser.vllm.env import speculative_config, vllm_env
     from laser.vllm.proposer import RowStats
     from laser.vllm.sources import PromptLookup, add_pool_roots, get_source, register_source, unregister_source
+    from laser.vllm.request_args import LaserArgs, LaserArgsError, request_args
 
 _HOME = {  # each name -> the module that defines it (laser/lazy.py imports it on first use)
     "VllmEngine": "laser.vllm.engine",
@@ -45,6 +43,9 @@ _HOME = {  # each name -> the module that defines it (laser/lazy.py imports it o
     "get_source": "laser.vllm.sources",
     "register_source": "laser.vllm.sources",
     "unregister_source": "laser.vllm.sources",
+    "LaserArgs": "laser.vllm.request_args",
+    "LaserArgsError": "laser.vllm.request_args",
+    "request_args": "laser.vllm.request_args",
 }
 
 
