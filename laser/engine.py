@@ -162,7 +162,10 @@ class TreeDecodingEngine:
             pass
         return seqs
 
-    @torch.inference_mode()
+    def batch(self, slots: int, capacity: int = 1024) -> "ContinuousBatch":
+        """An empty continuous batch of up to ``slots`` rows on this engine (see :class:`ContinuousBatch`)."""
+        return ContinuousBatch(self, slots, capacity)
+
     def stream(self, take: Callable[[int], list[Request]], slots: int, capacity: int = 1024) -> Iterator[Request]:
         """Decode requests pulled from ``take(n)`` (up to n waiting ones; [] when none is waiting) in up to
         ``slots`` rows; yields each request as it finishes. Ends when no row is active and none is waiting.
@@ -170,46 +173,14 @@ class TreeDecodingEngine:
         ``capacity`` is the KV positions preallocated per slot (prompt + new tokens + one draft tree); a
         longer request grows the buffers once.
         """
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
-        cache = SlotKVCache(slots, capacity)
-        active: list[Request | None] = []
+        batch = self.batch(slots, capacity)
         while True:
-            free = slots - sum(s is not None for s in active)
-            new = take(free) if free else []
+            new = take(batch.free) if batch.free else []
             if new:
-                self._admit(new, active, cache)
-            self._compact(active, cache)
-            if not active:
+                batch.add(new)
+            if not batch.live:
                 return
-            finished = self._step(cast(list[Request], active), cache)  # _compact left no holes
-            done = {id(s) for s in finished}
-            for row, s in enumerate(active):
-                if s is not None and id(s) in done:
-                    active[row] = None
-                    s.drafter.close()
-                    s.stats.new_tokens = len(s.new_tokens)
-                    s.stats.prompt_tokens, s.stats.cached_prompt_tokens = s.prompt_len, 0  # no prefix cache here
-                    s.stats.own_accepted = getattr(s.drafter, "own_accepted", None)  # laser/earlier.py
-                    if self.budget is not None:
-                        self.budget.forget(s)
-            yield from finished
-
-    def _admit(self, new: list[Request], active: list[Request | None], cache: SlotKVCache) -> None:
-        """Prefill ``new`` requests into free rows (holes first), several per padded forward."""
-        holes = [r for r, s in enumerate(active) if s is None]
-        rows = holes[: len(new)] + list(range(len(active), len(active) + len(new) - len(holes)))
-        active.extend([None] * (max(rows) + 1 - len(active)))
-        group: list[int] = []
-        for i, s in enumerate(new):
-            width = max([len(new[j].tokens) - 1 for j in group] + [len(s.tokens) - 1])
-            if group and width * (len(group) + 1) > self.prefill_tokens:
-                self._prefill([new[j] for j in group], [rows[j] for j in group], cache)
-                group = []
-            group.append(i)
-        self._prefill([new[j] for j in group], [rows[j] for j in group], cache)
-        for s, row in zip(new, rows):
-            active[row] = s
+            yield from batch.step()
 
     def _prefill(self, seqs: list[Request], rows: list[int], cache: SlotKVCache) -> None:
         """Cache every prompt token but the last (the first step's root) in slot rows ``rows``.
@@ -249,20 +220,6 @@ class TreeDecodingEngine:
         self.clock.timed(seqs, "prefill_s", forward)
         self.log.prefill_s += time.perf_counter() - t0
         self.log.prefill_forwards += 1
-
-    def _compact(self, active: list[Request | None], cache: SlotKVCache) -> None:
-        """Close the holes finished requests left: the last live rows move into them."""
-        row = 0
-        while row < len(active):
-            last = active[-1]
-            if last is None:
-                active.pop()
-            elif active[row] is None:
-                cache.move_row(len(active) - 1, row, last.kv_len)
-                active[row] = active.pop()
-            else:
-                row += 1
-        cache.resize(len(active), max((s.kv_len for s in active if s is not None), default=0))
 
     def _propose(self, seqs: list[Request]) -> list[DraftTree]:
         """Every request's tree; drafters of one class propose together (one draft forward for a batch)."""
@@ -381,3 +338,89 @@ class TreeDecodingEngine:
         if len(new) == room:
             s.stats.finish_reason = "length"
         return new
+
+
+class ContinuousBatch:
+    """Requests decoding together on one :class:`TreeDecodingEngine`, in up to ``slots`` rows of one KV
+    cache: :meth:`add` prefills waiting requests into free rows, :meth:`step` runs one speculative step for
+    every row and returns the requests that finished (their rows free at once). The pull-style form of
+    :meth:`TreeDecodingEngine.stream`, for a caller that admits work between steps."""
+
+    def __init__(self, engine: TreeDecodingEngine, slots: int, capacity: int = 1024) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.engine, self.slots = engine, slots
+        self.cache = SlotKVCache(slots, capacity)
+        self.active: list[Request | None] = []  # one per cache row; None: a row freed since the last step
+
+    @property
+    def live(self) -> int:
+        """Requests decoding."""
+        return sum(s is not None for s in self.active)
+
+    @property
+    def free(self) -> int:
+        """Rows a new request may take."""
+        return self.slots - self.live
+
+    @torch.inference_mode()
+    def add(self, new: list[Request]) -> None:
+        """Prefill ``new`` into free rows (at most :attr:`free` of them)."""
+        if len(new) > self.free:
+            raise ValueError(f"{len(new)} requests for {self.free} free rows")
+        if new:
+            self._admit(new)
+
+    @torch.inference_mode()
+    def step(self) -> list[Request]:
+        """One step for every live request; the requests that finished (none when none is live)."""
+        self._compact()
+        if not self.active:
+            return []
+        finished = self.engine._step(cast(list[Request], self.active), self.cache)  # _compact left no holes
+        done = {id(s) for s in finished}
+        self.active = [None if s is not None and id(s) in done else s for s in self.active]
+        for s in finished:
+            self._retire(s)
+        return finished
+
+    def _retire(self, s: Request) -> None:
+        """A finished request's last stats; its drafter and budget let go."""
+        s.drafter.close()
+        s.stats.new_tokens = len(s.new_tokens)
+        s.stats.prompt_tokens, s.stats.cached_prompt_tokens = s.prompt_len, 0  # no prefix cache here
+        s.stats.own_accepted = getattr(s.drafter, "own_accepted", None)  # laser/earlier.py
+        if self.engine.budget is not None:
+            self.engine.budget.forget(s)
+
+    def _admit(self, new: list[Request]) -> None:
+        """Prefill ``new`` requests into free rows (holes first), several per padded forward."""
+        active, cache, engine = self.active, self.cache, self.engine
+        holes = [r for r, s in enumerate(active) if s is None]
+        rows = holes[: len(new)] + list(range(len(active), len(active) + len(new) - len(holes)))
+        active.extend([None] * (max(rows) + 1 - len(active)))
+        group: list[int] = []
+        for i, s in enumerate(new):
+            width = max([len(new[j].tokens) - 1 for j in group] + [len(s.tokens) - 1])
+            if group and width * (len(group) + 1) > engine.prefill_tokens:
+                engine._prefill([new[j] for j in group], [rows[j] for j in group], cache)
+                group = []
+            group.append(i)
+        engine._prefill([new[j] for j in group], [rows[j] for j in group], cache)
+        for s, row in zip(new, rows):
+            active[row] = s
+
+    def _compact(self) -> None:
+        """Close the holes finished requests left: the last live rows move into them."""
+        active, cache = self.active, self.cache
+        row = 0
+        while row < len(active):
+            last = active[-1]
+            if last is None:
+                active.pop()
+            elif active[row] is None:
+                cache.move_row(len(active) - 1, row, last.kv_len)
+                active[row] = active.pop()
+            else:
+                row += 1
+        cache.resize(len(active), max((s.kv_len for s in active if s is not None), default=0))

@@ -24,13 +24,15 @@ from pipelines.quality import QualitySummary, entity_quality, row_quality, words
 from pipelines.knowledge.engines import build_adapter
 from pipelines.knowledge.engines.base import EngineClock
 from pipelines.knowledge.pool_cache import PoolCache
-from pipelines.knowledge.records import Attempt, Decoded, DecodeTask
+from pipelines.knowledge.records import Attempt, DecodeTask, Finished
 from pipelines.knowledge.retry import LOOP_POLICIES, GenreBan, LoopStop, first_rules, retry_plan, retry_reasons, worse
 from pipelines.knowledge.sampling import encode_sampling, entity_sampling
 from pipelines.knowledge.time_account import EngineTime
 from pipelines.workers import Failure, GenerationRequest, ModelSpec, StreamWorker, WorkerDead, WorkResult
 
 log = logging.getLogger(__name__)
+
+ALONE_STEPS = 8  # engine steps per token an attempt decoded alone may take before it is failed (a lost attempt)
 
 
 @dataclass
@@ -84,7 +86,7 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
     def ready(self, slots: int) -> dict[str, object]:
         """Start the engine now (it would start on the first pass): what the start did, for the log."""
         t0 = time.perf_counter()
-        info = self.adapter.ready(slots)
+        info = self.adapter.start(slots)
         return {"model": self.spec.model, **info, "ready_s": round(time.perf_counter() - t0, 1)}
 
     def prompt(self, task: DecodeTask, req: GenerationRequest) -> str | list[int]:
@@ -143,22 +145,26 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
         worker dead (:class:`~pipelines.workers.WorkerDead`) ends the stream: the driver re-sends its work.
         """
         self.task = task
-        self.adapter.start(task, slots, self.pools)
+        self.adapter.start(slots, task, self.pools)
         self.retries: deque[Attempt] = deque()
         st = _Stream(task, take, self.adapter.clock())
         while True:
-            try:
-                for attempt, gen in self.adapter.stream(partial(self._admit, st), slots):
-                    st.held.pop(id(attempt), None)
-                    part = self._finish(attempt, gen)
-                    if part is not None or st.failed:
-                        yield self._settle(st, part or BatchResult())
+            self._admit(st, slots - len(st.held))
+            if not st.held:
                 break
+            try:
+                finished = self.adapter.step()
             except WorkerDead:
                 raise
             except Exception as exc:
                 yield from self._one_by_one(st, exc)
-        if st.failed:  # retries never remain: each stream admits the queued ones first and runs until none is left
+                continue
+            for fin in finished:
+                st.held.pop(id(fin.attempt), None)
+                part = self._finish(fin)
+                if part is not None or st.failed:
+                    yield self._settle(st, part or BatchResult())
+        if st.failed:  # retries never remain: the loop admits the queued ones first and runs until none is left
             yield self._settle(st, BatchResult())
 
     def _admit(self, st: _Stream, n: int) -> int:
@@ -175,7 +181,7 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             for item in todo:
                 try:  # one bad entity never takes down the others
                     attempt = item if isinstance(item, Attempt) else self.first_attempt(st.task, item)
-                    self.adapter.make(attempt)
+                    self.adapter.submit(attempt)
                     st.held[id(attempt)] = attempt
                     made += 1
                 except WorkerDead:
@@ -205,19 +211,28 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             yield self._settle(st, self._alone(attempt))
 
     def _alone(self, attempt: Attempt) -> BatchResult:
+        """``attempt`` decoded with nothing else in flight (after a failed step); a failure of its own."""
         try:
-            gen = self.adapter.alone(attempt)
+            self.adapter.submit(attempt)
+            for _ in range(ALONE_STEPS * (self.task.max_new_tokens + 1)):
+                fin = next((f for f in self.adapter.step() if f.attempt is attempt), None)
+                if fin is not None:
+                    break
+            else:
+                raise RuntimeError("the engine never finished it")
         except WorkerDead:
             raise
         except Exception as exc:
+            self.adapter.abort()
             return BatchResult(failures=[_failure(attempt.req, exc)])
-        return self._finish(attempt, gen, alone=True) or BatchResult()
+        return self._finish(fin, alone=True) or BatchResult()
 
-    def _finish(self, attempt: Attempt, gen: Decoded, alone: bool = False) -> BatchResult | None:
+    def _finish(self, fin: Finished, alone: bool = False) -> BatchResult | None:
         """The row of one finished attempt after the degenerate-text policy, its failure, or None when
         its retry was queued (the row comes when the retry finishes)."""
+        attempt = fin.attempt
         try:
-            row = self._row(attempt, gen)
+            row = self._row(fin)
             if attempt.first is not None:  # a retry finished: the better of the two
                 first = attempt.first
                 kept, dropped = (first, row) if attempt.compare and worse(row, first) else (row, first)
@@ -239,7 +254,7 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             compare=plan.compare,
             earlier=attempt.earlier if plan.keep_pool else None,
         )
-        if alone or not self.adapter.joins(retry):
+        if alone:
             return self._alone(retry)
         self.retries.append(retry)
         return None
@@ -250,7 +265,8 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             self.pools.grow(self.task, attempt.req.pool_key, row.knowledge)
         return part
 
-    def _row(self, a: Attempt, res: Decoded) -> KnowledgeRow:
+    def _row(self, fin: Finished) -> KnowledgeRow:
+        a, res = fin.attempt, fin.decoded
         st, req, task = res.stats, a.req, self.task
         q = entity_quality(
             res.text,
@@ -269,7 +285,7 @@ class GenerationWorker(StreamWorker[DecodeTask, KnowledgeRow]):
             knowledge=res.text,
             model=self.adapter.model_name,
             decoder=a.decoder,
-            decoder_params=self.adapter.params_json(a.decoder, a.params),
+            decoder_params=fin.decoder_params,
             prompt_version=task.prompt_version,
             pool_kind=req.pool_kind if pooled else None,
             group_id=req.group_id if pooled else None,

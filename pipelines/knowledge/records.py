@@ -84,3 +84,13 @@ class Decoded(Protocol):
 
     @property
     def stats(self) -> DecodeStats: ...
+
+
+@dataclass(frozen=True)
+class Finished:
+    """An attempt its engine finished: the decoding, and the decoder parameters that made it as the row
+    records them (JSON, keys sorted)."""
+
+    attempt: Attempt
+    decoded: Decoded
+    decoder_params: str

@@ -182,15 +182,23 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, ow
     rules = {"repetition_penalty": 1.3}
     first = worker.generate(DecodeTask("autoregressive", max_new_tokens=8, max_prompt_tokens=2000), _users(4)).rows
     assert all(r.cut or r.fragment for r in first)  # random tiny model: nothing ends at a sentence
-    in_flight, make = [], worker.adapter.make
+    submit, step, out = worker.adapter.submit, worker.adapter.step, {"retries": 0, "most": 0}
 
-    def spy(attempt):
-        out = make(attempt)
-        in_flight.append((attempt.first is not None, worker.adapter.in_flight))
-        return out
+    def spy_submit(attempt):
+        submit(attempt)
+        if attempt.first is not None:  # a retry, in flight until a step hands it back
+            out["retries"] += 1
+            out["most"] = max(out["most"], out["retries"])
 
-    monkeypatch.setattr(worker.adapter, "make", spy)
-    monkeypatch.setattr(worker.adapter, "alone", lambda attempt: pytest.fail("a retry was decoded alone"))
+    def spy_step():
+        finished = step()
+        out["retries"] -= sum(f.attempt.first is not None for f in finished)
+        return finished
+
+    monkeypatch.setattr(worker.adapter, "submit", spy_submit)
+    monkeypatch.setattr(worker.adapter, "step", spy_step)
+    if worker.adapter.name == "hf":
+        monkeypatch.setattr(worker.adapter, "_alone", lambda *a: pytest.fail("a retry was decoded alone"))
     task = DecodeTask(
         decoder,
         params,
@@ -206,7 +214,7 @@ def test_flawed_rows_are_retried_on_the_same_engine_beside_the_others(worker, ow
     )
     assert {r.entity_id: r.knowledge for r in rows} == expected
     assert all(r.greedy_retry for r in rows)
-    assert max(n for retry, n in in_flight if retry) == 4  # the retries decode together, as ordinary requests
+    assert out["most"] == 4  # the retries decode together, as ordinary requests
 
 
 def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
@@ -214,20 +222,21 @@ def test_a_failed_engine_step_fails_only_the_bad_request(worker, monkeypatch):
     the request that breaks the engine fails, and the others keep their text."""
     task = DecodeTask("autoregressive", max_new_tokens=6, max_prompt_tokens=2000)
     expected = _texts(worker.generate(task, _users(3)))
-    alone = worker.adapter.alone
+    submit, step, broken = worker.adapter.submit, worker.adapter.step, []
 
-    def failing_stream(admit, slots):
-        if admit(slots):  # the engine holds every request, then its step fails
+    def failing_step():
+        if not broken:  # the engine holds every request, then its step fails
+            broken.append(True)
             raise RuntimeError("engine step failed")
-        yield from ()
+        return step()
 
-    def alone_or_break(attempt):
-        if attempt.req.entity_id == "u1":
+    def submit_or_break(attempt):
+        if broken and attempt.req.entity_id == "u1":  # decoded by itself, u1 breaks the engine
             raise RuntimeError("u1 breaks the engine")
-        return alone(attempt)
+        submit(attempt)
 
-    monkeypatch.setattr(worker.adapter, "stream", failing_stream)
-    monkeypatch.setattr(worker.adapter, "alone", alone_or_break)
+    monkeypatch.setattr(worker.adapter, "step", failing_step)
+    monkeypatch.setattr(worker.adapter, "submit", submit_or_break)
     result = worker.generate(task, _users(3), slots=3)
     assert [f.entity_id for f in result.failures] == ["u1"] and "breaks the engine" in result.failures[0].reason
     assert {r.entity_id: r.knowledge for r in result.rows} == {k: v for k, v in expected.items() if k != "u1"}

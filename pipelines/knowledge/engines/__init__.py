@@ -11,7 +11,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING
 
-from pipelines.knowledge.engines.base import Admit, EngineAdapter, EngineClock
+from pipelines.knowledge.engines.base import EngineAdapter, EngineClock
 
 if TYPE_CHECKING:
     from pipelines.knowledge.engines.hf import HfAdapter
@@ -35,4 +35,4 @@ def build_adapter(spec: ModelSpec) -> EngineAdapter:
     return adapter
 
 
-__all__ = ["Admit", "ENGINES", "EngineAdapter", "EngineClock", "build_adapter"]
+__all__ = ["ENGINES", "EngineAdapter", "EngineClock", "build_adapter"]

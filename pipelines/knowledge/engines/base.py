@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from pipelines.knowledge.records import Attempt, Decoded, DecodeTask, Params
+from pipelines.knowledge.records import Attempt, DecodeTask, Finished
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -34,61 +34,36 @@ class EngineClock:
         )
 
 
-Admit = Callable[[int], int]
-"""The worker's admission: hand the adapter up to ``n`` more attempts (through ``make``); returns how many."""
-
-
 class EngineAdapter(Protocol):
-    """One engine as the worker's serve skeleton drives it (one adapter per worker actor).
+    """One engine as the knowledge worker drives it, pull-style (one adapter per worker actor).
 
-    An adapter is built from the actor's :class:`~pipelines.workers.ModelSpec` and loads what its engine
-    needs (``tokenizer`` is the model's; ``model_name`` goes in the rows' ``model`` column). ``start``
-    readies it for a pass; ``make`` hands it one attempt (raising for a bad one, which then fails alone);
-    ``stream`` runs the engine while ``admit(n)`` gives it work, yielding ``(attempt, decoded)`` as each
-    finishes; ``alone`` decodes one attempt by itself; ``abort`` drops what a failed engine held.
+    Built from the actor's :class:`~pipelines.workers.ModelSpec`, it loads what its engine needs
+    (``tokenizer`` is the model's; ``model_name`` goes in the rows' ``model`` column, ``name`` in their
+    ``engine`` column). The worker starts it, submits attempts (a bad one raises, and fails alone), steps
+    it until what it submitted has come back, and aborts what a failed step left.
     """
 
-    name: str  # the ``engine`` column of the rows it decodes
+    name: str
     tokenizer: PreTrainedTokenizerBase
     model_name: str
 
-    def ready(self, slots: int) -> dict[str, object]:
-        """Build what the engine needs before its first request; what it did, for the log."""
+    def start(self, slots: int, task: DecodeTask | None = None, pools: PoolCache | None = None) -> dict[str, object]:
+        """Start the engine for ``slots`` attempts in flight (once; what it did, for the log) and, given a
+        ``task``, ready it for that pass, drafting from ``pools``."""
         ...
 
-    def start(self, task: DecodeTask, slots: int, pools: PoolCache) -> None:
-        """Ready the engine for a pass of ``task`` with ``slots`` attempts in flight, drafting from ``pools``."""
+    def submit(self, attempt: Attempt) -> None:
+        """Hand one attempt to the engine; it decodes in the steps that follow."""
         ...
 
-    def clock(self) -> EngineClock:
-        """The engine's time so far."""
-        ...
-
-    def joins(self, attempt: Attempt) -> bool:
-        """Whether ``attempt`` can share the pass's engine (else the worker decodes it alone)."""
-        ...
-
-    def make(self, attempt: Attempt) -> None:
-        """Hand one attempt to the engine."""
-        ...
-
-    def stream(self, admit: Admit, slots: int) -> Iterator[tuple[Attempt, Decoded]]:
-        """Run the engine until it holds nothing and ``admit`` gives nothing more."""
-        ...
-
-    def alone(self, attempt: Attempt) -> Decoded:
-        """Decode one attempt by itself (nothing else in flight)."""
+    def step(self) -> list[Finished]:
+        """Run the engine one step: the attempts that finished in it."""
         ...
 
     def abort(self) -> None:
         """Drop every attempt the engine holds."""
         ...
 
-    @property
-    def in_flight(self) -> int:
-        """Attempts handed to the engine and not yet finished."""
-        ...
-
-    def params_json(self, decoder: str, params: Params) -> str:
-        """The decoder parameters a row records (JSON, keys sorted)."""
+    def clock(self) -> EngineClock:
+        """The engine's time so far."""
         ...

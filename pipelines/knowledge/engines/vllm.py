@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from laser.decoders import available_decoders
 from laser.request import DecodeStats
@@ -29,8 +29,8 @@ from laser.sampling import SamplingParams
 from laser.vllm.engine import VllmEngine  # vLLM itself loads when an engine starts
 from laser.vllm.results import VllmResult
 from laser.vllm.request_args import DraftLen
-from pipelines.knowledge.engines.base import Admit, EngineClock
-from pipelines.knowledge.records import Attempt, DecodeTask, Params
+from pipelines.knowledge.engines.base import EngineClock
+from pipelines.knowledge.records import Attempt, DecodeTask, Finished, Params
 from pipelines.workers import ModelSpec, WorkerDead, encode_params
 
 if TYPE_CHECKING:
@@ -116,9 +116,6 @@ class VllmAdapter:
         seconds, tokens = (self.engine.decode_clock if self.engine is not None else None) or (0.0, 0)
         return EngineClock(self.seconds, seconds, tokens) + self.dead_clock
 
-    def ready(self, slots: int) -> dict[str, object]:
-        return {"engine": "vllm", "engine_start_s": round(self._engine(slots).start_seconds, 1)}
-
     def _engine(self, slots: int) -> VllmEngine:
         """The actor's engine, started on first use."""
         if self.engine is None:
@@ -143,27 +140,28 @@ class VllmAdapter:
             )
         return self.engine
 
-    def start(self, task: DecodeTask, slots: int, pools: PoolCache) -> None:
+    def start(self, slots: int, task: DecodeTask | None = None, pools: PoolCache | None = None) -> dict[str, object]:
+        engine = self._engine(slots)
+        info: dict[str, object] = {"engine": "vllm", "engine_start_s": round(engine.start_seconds, 1)}
+        if task is None or pools is None:
+            return info
         from laser.vllm.forms import draft_length
 
         self.task, self.slots, self.pools = task, slots, pools
-        engine = self._engine(slots)
         if engine.in_flight or self.live:  # left by a pass that broke off
             self.abort()
         want = draft_length(self._settings(task.decoder, task.decoder_params)[1])
         if want != self.draft_len:
             engine.set_draft_len(want)
             self.draft_len = want
+        return info
 
     @staticmethod
     def _settings(decoder: str, params: Params) -> tuple[type[Decoder], dict[str, object]]:
         cls = available_decoders()[decoder]
         return cls, cls.settings(dict(params))
 
-    def joins(self, attempt: Attempt) -> bool:
-        return True  # every decoder and rule of a vLLM job is a per-request setting
-
-    def make(self, attempt: Attempt) -> None:
+    def submit(self, attempt: Attempt) -> None:
         try:
             self._submit(attempt)
         except Exception as exc:
@@ -239,32 +237,19 @@ class VllmAdapter:
             old.close()
         self.engine, self.draft_len, self.live = None, None, {}
         try:
-            self.start(self.task, self.slots, self.pools)
+            self.start(self.slots, self.task, self.pools)
         except Exception as err:
             raise WorkerDead(f"the vLLM engine died ({reason}) and could not start again: {err}") from err
         for attempt in held:
             self._submit(attempt)
 
-    def stream(self, admit: Admit, slots: int) -> Iterator[tuple[Attempt, VllmGeneration]]:
-        while True:
-            admit(slots - len(self.live))
-            if not self.live:
-                return
-            for tag, res in self._step():
-                yield self.live.pop(tag), VllmGeneration(res, self.tokenizer)
-
-    def alone(self, attempt: Attempt) -> VllmGeneration:
-        self.make(attempt)
-        try:
-            while True:
-                for done, res in self._step():  # nothing else is in flight (after abort)
-                    if self.live.pop(done, None) is attempt:  # its tag changes if the engine restarts
-                        return VllmGeneration(res, self.tokenizer)
-        except WorkerDead:
-            raise
-        except Exception:
-            self.abort()
-            raise
+    def step(self) -> list[Finished]:
+        finished = []
+        for tag, res in self._step():
+            attempt = self.live.pop(tag)
+            params = encode_params(self._settings(attempt.decoder, attempt.params)[1])
+            finished.append(Finished(attempt, VllmGeneration(res, self.tokenizer), params))
+        return finished
 
     def abort(self) -> None:
         self.live.clear()
@@ -276,13 +261,6 @@ class VllmAdapter:
             if not self._died():
                 raise
             self._restart(exc)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.live)
-
-    def params_json(self, decoder: str, params: Params) -> str:
-        return encode_params(self._settings(decoder, params)[1])
 
 
 def _sampling(sampling: SamplingParams) -> dict[str, float] | None:
