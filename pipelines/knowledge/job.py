@@ -27,10 +27,11 @@ import json
 import logging
 import shutil
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from functools import partial
+from typing import Callable, Iterator
 
 import polars as pl
 import pyarrow as pa
@@ -78,96 +79,107 @@ Workers = WorkerGroup[DecodeTask, KnowledgeRow] | LocalGroup[DecodeTask, Knowled
 
 
 @dataclass
-class JobRun:
-    """One run's state as the steps fill it."""
+class RunContext:
+    """What every step of one run reads besides its config: paths, decoder, workers and time account, and
+    the run's ledger row, into which the steps count what they did (it is saved after each)."""
 
-    cfg: JobConfig
     paths: JobPaths
     incremental: bool
     record: RunRecord
     decoder: DecoderChoice
     workers: Workers
-    data: JobData | None = None
-    routing: pl.DataFrame | None = None
+    account: TimeAccount
     keep_existing: bool = False  # keep rows another config wrote (inputs unchanged) instead of regenerating
     resuming: bool = False  # a killed run of this config, resumed under its id
-    task: DecodeTask | None = None  # the new-knowledge pass (its config hash decides what is stale)
-    todo: list[GenerationRequest] = field(default_factory=list)
-    first_wave: list[GenerationRequest] = field(default_factory=list)  # decoded before the pools are rebuilt
-    resumed: int = 0  # entities this run (resumed after a kill) had already written
-    other_config: int = 0  # entities whose newest row another config wrote
-    old: GenerationReport = field(default_factory=GenerationReport)
-    new: GenerationReport = field(default_factory=GenerationReport)
     previous: RunRecord | None = None  # the output's last succeeded run
-    account: TimeAccount = field(default_factory=TimeAccount)  # where the run's wall time went
 
-    @property
-    def inputs(self) -> JobData:
-        """The loaded inputs (the load step's; a step that reads them runs after it)."""
-        if self.data is None:
-            raise RuntimeError("the job's inputs are read before its load step ran")
-        return self.data
 
-    @property
-    def new_pass(self) -> DecodeTask:
-        """The new-knowledge pass (the plan step's)."""
-        if self.task is None:
-            raise RuntimeError("the new-knowledge pass is read before the plan step made it")
-        return self.task
+@dataclass(frozen=True)
+class Planned:
+    """The plan step's output: the new-knowledge pass (its config hash decides what is stale) and the
+    entities it regenerates."""
+
+    task: DecodeTask
+    todo: list[GenerationRequest]
+    resumed: int  # entities this run (resumed after a kill) had already written
+    other_config: int  # entities whose newest row another config wrote
+
+
+@dataclass(frozen=True)
+class Work:
+    """The pools step's output: the pass as the pools left it, and its entities in the order they decode
+    (``first_wave``: decoded before the pools are rebuilt from their texts)."""
+
+    task: DecodeTask
+    todo: list[GenerationRequest]
+    first_wave: list[GenerationRequest] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What a run made, for its closing summary."""
+
+    data: JobData
+    old: GenerationReport
+    new: GenerationReport
+    other_config: int
+    first_wave: int
 
 
 # ---- the steps ---------------------------------------------------------------------------------------
 
 
-def _load(job: JobRun) -> None:
-    if job.data is None:
-        job.data = load_inputs(load_job_data, job.cfg)
-    inter = job.inputs.dataset.interactions
-    job.record.watermark = int(inter.select(pl.col("timestamp").max()).item()) if inter.height else None
-    job.record.users_after_watermark = users_after(inter, job.record.previous_watermark)
-    likely = likely_work(job)
+def _load(cfg: JobConfig, run: RunContext, data: JobData | None) -> JobData:
+    """The inputs (loaded here unless given); the engines start now when the ledger tells the run's size."""
+    data = data if data is not None else load_inputs(load_job_data, cfg)
+    inter = data.dataset.interactions
+    run.record.watermark = int(inter.select(pl.col("timestamp").max()).item()) if inter.height else None
+    run.record.users_after_watermark = users_after(inter, run.record.previous_watermark)
+    likely = likely_work(run, data)
     if likely:  # the engines start while the driver routes and plans
-        _start_workers(job, likely)
+        _start_workers(cfg, run, likely)
+    return data
 
 
-def likely_work(job: JobRun) -> int:
+def likely_work(run: RunContext, data: JobData) -> int:
     """Entities the run will likely generate, judged from the ledger before the plan (0: cannot tell; the
     plan decides): the whole catalogue on a first run, a resumed run or a changed config; else the users
     whose interactions are newer than the last run's watermark."""
-    rec, dataset = job.record, job.inputs.dataset
-    if job.previous is None or job.resuming or job.previous.config_hash != rec.config_hash:
+    rec, dataset = run.record, data.dataset
+    if run.previous is None or run.resuming or run.previous.config_hash != rec.config_hash:
         return dataset.users.height + dataset.items.height
     return rec.users_after_watermark
 
 
-def _start_workers(job: JobRun, entities: int) -> None:
+def _start_workers(cfg: JobConfig, run: RunContext, entities: int) -> None:
     """Have the actors start their engines for a run of about ``entities`` (which decides whether vLLM
     compiles the model) without waiting: the driver goes on with its own steps meanwhile."""
-    workers = job.workers
+    workers = run.workers
     if workers.started or entities <= 0:
         return
     if isinstance(workers, WorkerGroup):
-        workers.spec = replace(workers.spec, compile=compile_model(job.cfg.execution, entities))
-    with job.account.phase("startup"):  # Ray's start (and a bundled model's first unpacking) wait here
-        workers.start(job.cfg.execution.batch_size, entities)
+        workers.spec = replace(workers.spec, compile=compile_model(cfg.execution, entities))
+    with run.account.phase("startup"):  # Ray's start (and a bundled model's first unpacking) wait here
+        workers.start(cfg.execution.batch_size, entities)
 
 
-def _old_knowledge(job: JobRun) -> None:
-    if job.inputs.split.mode != "paper":  # earlier knowledge is what earlier runs wrote
-        return
-    job.old = step_old_knowledge(job.cfg, job.inputs, job.workers, job.record.seq)
-    job.record.old_generated, job.record.old_failed = job.old.done, job.old.failed
-    job.account.generation(job.old.engine_time(), phase="old knowledge")
+def _old_knowledge(cfg: JobConfig, run: RunContext, data: JobData) -> GenerationReport:
+    if data.split.mode != "paper":  # earlier knowledge is what earlier runs wrote
+        return GenerationReport()
+    old = step_old_knowledge(cfg, data, run.workers, run.record.seq)
+    run.record.old_generated, run.record.old_failed = old.done, old.failed
+    run.account.generation(old.engine_time(), phase="old knowledge")
+    return old
 
 
-def _route(job: JobRun) -> None:
-    job.routing = step_route(job.cfg, job.inputs, incremental=job.incremental)
+def _route(cfg: JobConfig, run: RunContext, data: JobData) -> pl.DataFrame:
+    return step_route(cfg, data, incremental=run.incremental)
 
 
-def _earlier_knowledge(job: JobRun) -> pa.Table:
+def _earlier_knowledge(run: RunContext, data: JobData) -> pa.Table:
     """Every entity's newest knowledge (the latest view), or old knowledge alone (paper mode, full run)."""
-    paths = job.paths
-    if job.inputs.split.mode == "paper" and not job.incremental:
+    paths = run.paths
+    if data.split.mode == "paper" and not run.incremental:
         return read_knowledge(paths.old_knowledge).select("entity_type", "entity_id", "knowledge").to_arrow()
     return (
         latest_view(paths.knowledge, paths.old_knowledge, ["entity_type", "entity_id", "knowledge"])
@@ -176,134 +188,100 @@ def _earlier_knowledge(job: JobRun) -> pa.Table:
     )
 
 
-def _plan(job: JobRun) -> None:
-    rec, data = job.record, job.inputs
+def _plan(cfg: JobConfig, run: RunContext, data: JobData, routing: pl.DataFrame) -> Planned:
+    rec = run.record
     brands = catalogue_brands(data.dataset.items)
-    job.task = knowledge_task(job.cfg, job.decoder, rec.run_id, data.dataset.domain, job.paths.pools, brands=brands)
-    store = job.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
-    index, resuming = read_index(store), rec.run_id if job.resuming else None
+    task = knowledge_task(cfg, run.decoder, rec.run_id, data.dataset.domain, run.paths.pools, brands=brands)
+    store = run.paths.knowledge  # the index, no texts; then the planned entities' earlier texts alone
+    index, resuming = read_index(store), rec.run_id if run.resuming else None
     plan = plan_run(
         data.dataset,
         data.split,
-        job.routing,
-        job.decoder.cls.pool,
+        routing,
+        run.decoder.cls.pool,
         index,
-        job.new_pass.config_hash,
-        job.paths.work / SOURCE_CACHE,
+        task.config_hash,
+        run.paths.work / SOURCE_CACHE,
         resuming,
-        job.keep_existing,
+        run.keep_existing,
     )  # hashes: changed inputs only
-    job.todo = plan.todo
-    job.resumed = plan.resumed
-    job.todo, rec.given_up = drop_given_up(
-        job.todo, job.paths.knowledge, job.cfg.generation.give_up_after, job.new_pass.config_hash, rec.run_id
-    )
-    earlier = earlier_texts(index, resuming, job.todo, lambda rows: knowledge_at(store, rows))
-    for req in job.todo:  # its own earlier text is an entity's likeliest draft
+    todo, rec.given_up = drop_given_up(plan.todo, store, cfg.generation.give_up_after, task.config_hash, rec.run_id)
+    earlier = earlier_texts(index, resuming, todo, lambda rows: knowledge_at(store, rows))
+    for req in todo:  # its own earlier text is an entity's likeliest draft
         req.earlier = earlier.get(req.key)
     rec.entities_new, rec.entities_changed, rec.entities_unchanged = plan.new, plan.changed, plan.unchanged
-    log.info(
-        "run %s: %d new, %d changed, %d unchanged entities",
-        rec.run_id,
-        rec.entities_new,
-        rec.entities_changed,
-        rec.entities_unchanged,
-    )
+    log.info("run %s: %d new, %d changed, %d unchanged entities", rec.run_id, plan.new, plan.changed, plan.unchanged)
     if plan.other_config:
-        verb = "kept (--keep-existing)" if job.keep_existing else "regenerated"
+        verb = "kept (--keep-existing)" if run.keep_existing else "regenerated"
         log.warning(
             "%d entities have rows another config wrote (model, decoder, generation rules or prompt "
             "version differ): %s",
             plan.other_config,
             verb,
         )
-    job.other_config = plan.other_config
-    _start_workers(job, len(job.todo))  # the run's size is known now; a run with nothing to do starts none
+    _start_workers(cfg, run, len(todo))  # the run's size is known now; a run with nothing to do starts none
+    return Planned(task, todo, plan.resumed, plan.other_config)
 
 
-def _pools(job: JobRun) -> None:
-    if job.decoder.cls.pool == "none":  # a decoder that drafts from no pool: none to build
-        return
-    sizes = step_build_pools(job.cfg, _earlier_knowledge(job), pool_need=job.decoder.cls.pool)
-    if job.decoder.cls.pool != "routed":
-        return
-    if job.cfg.routing.online_pools:  # groups without a pool get one growing in the workers as they write
-        job.task = replace(job.new_pass, online_pools=True)
-    else:
-        job.todo, job.first_wave = split_first_wave(job.todo, set(sizes), job.cfg.routing.first_wave)
+def _pools(cfg: JobConfig, run: RunContext, data: JobData, planned: Planned) -> Work:
+    need = run.decoder.cls.pool
+    if need == "none":  # a decoder that drafts from no pool: none to build
+        return Work(planned.task, planned.todo)
+    sizes = step_build_pools(cfg, _earlier_knowledge(run, data), pool_need=need)
+    if need != "routed":
+        return Work(planned.task, planned.todo)
+    if cfg.routing.online_pools:  # groups without a pool get one growing in the workers as they write
+        return Work(replace(planned.task, online_pools=True), planned.todo)
+    todo, first_wave = split_first_wave(planned.todo, set(sizes), cfg.routing.first_wave)
+    return Work(planned.task, todo, first_wave)
 
 
-def _new_knowledge(job: JobRun) -> None:
-    task = job.new_pass
-    check_pool_store(job.decoder, job.paths)
-    job.new = GenerationReport()
-    rebuilt = job.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
-    if job.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
+def _new_knowledge(cfg: JobConfig, run: RunContext, data: JobData, work: Work, resumed: int) -> GenerationReport:
+    check_pool_store(run.decoder, run.paths)
+    new, task = GenerationReport(), work.task
+    rebuilt = run.paths.work / "pools-second-wave"  # a new store: the actors' pool caches know the first
+    if work.first_wave:  # groups with no earlier knowledge: a first share drafts alone, then pools from it
         log.info(
             "first wave: %d entities of groups with no earlier knowledge; the pools are rebuilt from their "
             "texts before the other %d",
-            len(job.first_wave),
-            len(job.todo),
+            len(work.first_wave),
+            len(work.todo),
         )
-        write_knowledge(
-            job.cfg,
-            job.first_wave,
-            task,
-            job.paths.knowledge,
-            "new knowledge, first wave",
-            job.workers,
-            job.record.seq,
-            job.new,
-            _payloads(job),
-        )
-        with job.account.phase("pools"):
-            step_build_pools(job.cfg, _earlier_knowledge(job), rebuilt, pool_need=job.decoder.cls.pool)
+        _write(cfg, run, data, work.first_wave, task, "new knowledge, first wave", new)
+        with run.account.phase("pools"):
+            step_build_pools(cfg, _earlier_knowledge(run, data), rebuilt, pool_need=run.decoder.cls.pool)
         task = replace(task, pool_store=str(rebuilt))
-    write_knowledge(
-        job.cfg,
-        job.todo,
-        task,
-        job.paths.knowledge,
-        "new knowledge",
-        job.workers,
-        job.record.seq,
-        job.new,
-        _payloads(job),
-    )
-    if job.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
-        shutil.rmtree(job.paths.pools, ignore_errors=True)
-        rebuilt.rename(job.paths.pools)
+    _write(cfg, run, data, work.todo, task, "new knowledge", new)
+    if work.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
+        shutil.rmtree(run.paths.pools, ignore_errors=True)
+        rebuilt.rename(run.paths.pools)
     # a resumed run counts its whole work: rows it wrote before it was killed too
-    job.record.generated, job.record.failed = job.resumed + job.new.done, job.new.failed
-    job.account.generation(job.new.engine_time())
+    run.record.generated, run.record.failed = resumed + new.done, new.failed
+    run.account.generation(new.engine_time())
+    return new
 
 
-def _payloads(job: JobRun) -> Callable[[list[GenerationRequest]], None]:
-    """How a batch of the run's planned requests gets its prompt inputs (histories, item rows)."""
-    return lambda batch: attach_payloads(job.inputs.dataset, job.inputs.split, batch)
+def _write(
+    cfg: JobConfig,
+    run: RunContext,
+    data: JobData,
+    todo: list[GenerationRequest],
+    task: DecodeTask,
+    desc: str,
+    new: GenerationReport,
+) -> None:
+    """``todo`` generated into the knowledge store, counted into ``new``; each batch of requests gets its
+    prompt inputs (histories, item rows) as it is sent."""
+
+    def payloads(batch: list[GenerationRequest]) -> None:
+        attach_payloads(data.dataset, data.split, batch)
+
+    write_knowledge(cfg, todo, task, run.paths.knowledge, desc, run.workers, run.record.seq, new, payloads)
 
 
-def _latest(job: JobRun) -> None:
-    paths = job.paths
-    update_latest(paths.root, paths.knowledge, paths.old_knowledge, run_id=job.record.run_id)
-
-
-@dataclass(frozen=True)
-class Step:
-    name: str
-    run: Callable[[JobRun], None]
-    phase: str | None  # the time account's phase it is timed as; None: it times its own parts
-
-
-STEPS = (
-    Step("load", _load, "load"),
-    Step("old knowledge", _old_knowledge, "old knowledge"),
-    Step("route", _route, "route"),
-    Step("plan", _plan, "plan"),
-    Step("pools", _pools, "pools"),
-    Step("new knowledge", _new_knowledge, None),
-    Step("latest view", _latest, "latest view"),
-)
+def _latest(run: RunContext) -> None:
+    paths = run.paths
+    update_latest(paths.root, paths.knowledge, paths.old_knowledge, run_id=run.record.run_id)
 
 
 # ---- running them ----------------------------------------------------------------------------------
@@ -341,61 +319,65 @@ def run_job(cfg: JobConfig, incremental: bool = False, keep_existing: bool = Fal
         previous = ledger.last_succeeded()
         record, resuming = _open_record(cfg, ledger, incremental, decoder.name)
         with worker_group(cfg) as workers:  # started by the load or plan step, once the run's size is known
-            job = JobRun(
-                cfg,
-                paths,
-                incremental,
-                record,
-                decoder,
-                workers,
-                data=data,
-                keep_existing=keep_existing,
-                resuming=resuming,
-                previous=previous,
-                account=account,
-            )
-            _run_steps(job, ledger, record, account)
+            run = RunContext(paths, incremental, record, decoder, workers, account, keep_existing, resuming, previous)
+            ran = _run_steps(cfg, run, ledger, data)
             account.engine_ready_s = max(workers.ready_s, default=0.0)
         record.status = "partial" if record.failed or record.old_failed else "succeeded"
         record.finished = utc_now()
         ledger.save(record)
-    return _close_run(job, record, account)
+    return _close_run(cfg, run, ran)
 
 
-def _run_steps(job: JobRun, ledger: RunLedger, record: RunRecord, account: TimeAccount) -> None:
-    """The steps in order, the ledger row saved after each; a step that raises marks the run failed (ledger
-    row and metrics) and the error goes on."""
+def _run_steps(cfg: JobConfig, run: RunContext, ledger: RunLedger, data: JobData | None) -> Ran:
+    """The steps, top to bottom, each taking what it reads and returning what it made; the ledger row is
+    saved after each. A step that raises marks the run failed (ledger row and metrics) and the error goes on."""
+    step = partial(_step, run, ledger)
     try:
-        for step in STEPS:
-            log.info("step: %s", step.name)
-            with account.phase(step.phase) if step.phase else nullcontext():
-                step.run(job)
-            ledger.save(record)  # what the run has done so far, should it be killed
+        with step("load", "load"):
+            data = _load(cfg, run, data)
+        with step("old knowledge", "old knowledge"):
+            old = _old_knowledge(cfg, run, data)
+        with step("route", "route"):
+            routing = _route(cfg, run, data)
+        with step("plan", "plan"):
+            planned = _plan(cfg, run, data, routing)
+        with step("pools", "pools"):
+            work = _pools(cfg, run, data, planned)
+        with step("new knowledge", None):  # it times its own parts
+            new = _new_knowledge(cfg, run, data, work, planned.resumed)
+        with step("latest view", "latest view"):
+            _latest(run)
     except BaseException as exc:
-        record.status, record.finished, record.error = (
-            "failed",
-            utc_now(),
-            f"{type(exc).__name__}: {exc}"[:2000],
-        )
-        ledger.save(record)
-        _push_metrics(
-            job.cfg, job.paths, {"record": asdict(record), "run_id": record.run_id, "time": account.to_json()}
-        )
+        run.record.status, run.record.finished = "failed", utc_now()
+        run.record.error = f"{type(exc).__name__}: {exc}"[:2000]
+        ledger.save(run.record)
+        figures: dict[str, object] = {"record": asdict(run.record), "run_id": run.record.run_id}
+        figures["time"] = run.account.to_json()
+        _push_metrics(cfg, run.paths, figures)
         raise
+    return Ran(data, old, new, planned.other_config, len(work.first_wave))
 
 
-def _close_run(job: JobRun, record: RunRecord, account: TimeAccount) -> JobSummary:
+@contextmanager
+def _step(run: RunContext, ledger: RunLedger, name: str, phase: str | None) -> Iterator[None]:
+    """One step: logged, timed as the time account's ``phase`` (None: it times its own parts), and the
+    ledger row saved after it (what the run has done so far, should it be killed)."""
+    log.info("step: %s", name)
+    with run.account.phase(phase) if phase else nullcontext():
+        yield
+    ledger.save(run.record)
+
+
+def _close_run(cfg: JobConfig, run: RunContext, ran: Ran) -> JobSummary:
     """The closing summary of a finished run, written to ``summary.json`` and pushed as metrics."""
-    cfg, paths = job.cfg, job.paths
-    summary = JobSummary.of(cfg, job.old, job.new, paths.knowledge, 0.0)
-    summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if job.incremental else "full", record
-    summary.other_config, summary.first_wave = job.other_config, len(job.first_wave)
-    summary.skipped, summary.input_notes = (
-        skipped_entities(job.inputs.dataset, job.inputs.split),
-        dict(job.inputs.dataset.notes),
-    )
-    summary.time = account.close()
-    summary.wall_s = account.wall_s
+    paths, record = run.paths, run.record
+    summary = JobSummary.of(cfg, ran.old, ran.new, paths.knowledge, 0.0)
+    summary.run_id, summary.mode, summary.record = record.run_id, "incremental" if run.incremental else "full", record
+    summary.other_config, summary.first_wave = ran.other_config, ran.first_wave
+    summary.skipped = skipped_entities(ran.data.dataset, ran.data.split)
+    summary.input_notes = dict(ran.data.dataset.notes)
+    summary.time = run.account.close()
+    summary.wall_s = run.account.wall_s
     figures = summary.to_json()
     paths.summary.write_text(json.dumps(figures, indent=1, default=str))
     _push_metrics(cfg, paths, figures)
@@ -575,8 +557,7 @@ def step_generate(
 
 
 __all__ = [
-    "STEPS",
-    "JobRun",
+    "RunContext",
     "check_job",
     "read_routing",
     "run_job",
