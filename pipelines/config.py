@@ -267,14 +267,11 @@ class RoutingConfig(_Strict):
     )
     item_policy: Literal["warm_cold", "collaborative", "attribute"] = "attribute"
     warm_threshold: int = Field(default=5, ge=0, description="warm_cold: at least this many old interactions = warm")
-    n_clusters: int = Field(default=8, ge=1, description="K-means groups over LightGCN embeddings (capped at entities)")
-    target_group_size: int | None = Field(
-        default=None,
+    n_clusters: int = Field(default=8, ge=1, description="K-means groups over LightGCN embeddings, at least")
+    target_group_size: int | None = Field(  # the pool cap: a pool holds its group (docs/results/README.md)
+        default=2000,
         ge=1,
-        description=(
-            "when set, the collaborative groups follow the catalogue: ceil(entities / this) K-means groups in "
-            "place of n_clusters (MiniBatchKMeans above 50,000 entities)"
-        ),
+        description="groups follow the catalogue: max(n_clusters, ceil(entities / this)); null: n_clusters alone",
     )
     max_group_size: int = Field(
         default=200, ge=1, description="attribute groups larger than this split by sub-category"

@@ -44,17 +44,17 @@ def collaborative_groups(
 ) -> pl.DataFrame:
     """K-means over ``embeddings``; ``group_id`` is the cluster number as a string.
 
-    Give ``n_clusters`` (the paper uses 3-10) or ``target_group_size`` (clusters = ceil(n / size)).
+    ``n_clusters`` groups (the paper uses 3-10), or ceil(n / ``target_group_size``) for a target size; given
+    both, the larger: groups multiply as the catalogue grows past ``n_clusters`` groups of that size.
     Above ``minibatch_above`` entities MiniBatchKMeans is used. Seeded.
     """
     n = len(embeddings)
     if n == 0:
         raise ValueError("no embeddings to cluster")
-    if (n_clusters is None) == (target_group_size is None):
-        raise ValueError("give exactly one of n_clusters or target_group_size")
-    if n_clusters is None:
-        assert target_group_size is not None  # exactly one of the two, checked above
-        n_clusters = math.ceil(n / target_group_size)
+    if n_clusters is None and target_group_size is None:
+        raise ValueError("give n_clusters, target_group_size or both")
+    by_size = math.ceil(n / target_group_size) if target_group_size is not None else 0
+    n_clusters = max(n_clusters or 0, by_size)
     if not 1 <= n_clusters <= n:
         raise ValueError(f"n_clusters must be in 1..{n} (number of entities), got {n_clusters}")
     if n > minibatch_above:

@@ -95,12 +95,9 @@ def groups_of(cfg: JobConfig, data: JobData, write: bool = True) -> dict[str, tu
         collab = None
         uses_collab = (rc.user_policy if etype == "user" else rc.item_policy) != "attribute"
         if uses_collab and vectors is not None and len(vectors) > 0:  # no unused (empty) collaborative pools
-            sizing = (  # router.collaborative_groups makes ceil(n / size) groups for a target size
-                {"n_clusters": min(rc.n_clusters, len(vectors))}
-                if rc.target_group_size is None
-                else {"target_group_size": rc.target_group_size}
+            collab = router.collaborative_groups(  # n_clusters groups, more when they would pass the target size
+                vectors, min(rc.n_clusters, len(vectors)), rc.target_group_size, seed=rc.seed
             )
-            collab = router.collaborative_groups(vectors, seed=rc.seed, **sizing)
         out[etype] = (attr, collab)
     return out
 

@@ -81,14 +81,14 @@ def test_users_are_grouped_by_the_teams_vectors_and_lightgcn_is_not_trained(tmp_
     assert not (JobPaths.of(cfg).work / "lightgcn").exists()
 
 
-@pytest.mark.parametrize("size, groups", [(14, 3), (40, 1), (1, 40)])
-def test_a_target_group_size_sets_the_number_of_groups_from_the_catalogue(tmp_path, no_lightgcn, size, groups):
+@pytest.mark.parametrize("least, size, groups", [(1, 14, 3), (1, 40, 1), (1, 1, 40), (7, 14, 7), (7, "null", 7)])
+def test_a_target_group_size_sets_the_number_of_groups_from_the_catalogue(tmp_path, no_lightgcn, least, size, groups):
     emb, cluster = _planted(_user_ids(tmp_path))
     path = tmp_path / "users.parquet"
     router.save_embeddings(emb, path, "user", "vec")
-    cfg = _config(tmp_path, str(path), "routing.n_clusters=7", f"routing.target_group_size={size}")
+    cfg = _config(tmp_path, str(path), f"routing.n_clusters={least}", f"routing.target_group_size={size}")
     found = _collab(step_route(cfg, load_job_data(cfg)))
-    assert len(set(found.values())) == groups  # ceil(40 / size) groups, n_clusters (7) set aside
+    assert len(set(found.values())) == groups  # max(n_clusters, ceil(40 / size)) groups
     if groups == N_CLUSTERS:  # as many groups as planted clusters: the planted clusters, exactly
         assert {(a, b) for a in found for b in found if found[a] == found[b]} == {
             (a, b) for a in found for b in found if cluster[a] == cluster[b]

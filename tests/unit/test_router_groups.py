@@ -104,8 +104,11 @@ def test_collaborative_groups_from_target_size_and_seed():
     assert groups.equals(collaborative_groups(emb, target_group_size=20, seed=4))
     mini = collaborative_groups(emb, n_clusters=3, seed=4, minibatch_above=10)
     assert sorted(mini.group_by("group_id").len()["len"].to_list()) == [20, 20, 20]
-    with pytest.raises(ValueError, match="exactly one"):
-        collaborative_groups(emb, n_clusters=3, target_group_size=20)
+    # given both, the larger count: n_clusters until groups would pass the target size
+    assert collaborative_groups(emb, n_clusters=2, target_group_size=20)["group_id"].n_unique() == 3
+    assert collaborative_groups(emb, n_clusters=5, target_group_size=20)["group_id"].n_unique() == 5
+    with pytest.raises(ValueError, match="give n_clusters"):
+        collaborative_groups(emb)
 
 
 def test_embeddings_validation_names_ids():
