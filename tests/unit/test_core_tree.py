@@ -29,12 +29,11 @@ def sequential_logits(model, ids: list[int]) -> torch.Tensor:
 def prefill(model, prompts: list[list[int]]) -> tuple[SlotKVCache, list[Request]]:
     engine = TreeDecodingEngine(model, TopKVerifier(), eos_ids=set())
     seqs = [Request(tokens=list(p), prompt_len=len(p), drafter=NoDrafter(), max_new_tokens=1) for p in prompts]
-    cache = SlotKVCache(slots=len(prompts), capacity=4)  # smaller than the prompts: the buffers must grow
-    active: list = []
-    engine._admit(seqs, active, cache)
-    engine._compact(active, cache)
-    assert active == seqs
-    return cache, seqs
+    batch = engine.batch(len(prompts), capacity=4)  # smaller than the prompts: the buffers must grow
+    batch.add(seqs)
+    batch._compact()  # the cache sized to the rows, as before a step
+    assert batch.active == seqs
+    return batch.cache, seqs
 
 
 @torch.inference_mode()
