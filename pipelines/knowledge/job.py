@@ -272,10 +272,7 @@ def _write(
 ) -> None:
     """``todo`` generated into the knowledge store, counted into ``new``; each batch of requests gets its
     prompt inputs (histories, item rows) as it is sent."""
-
-    def payloads(batch: list[GenerationRequest]) -> None:
-        attach_payloads(data.dataset, data.split, batch)
-
+    payloads = partial(attach_payloads, data.dataset, data.split)
     write_knowledge(cfg, todo, task, run.paths.knowledge, desc, run.workers, run.record.seq, new, payloads)
 
 

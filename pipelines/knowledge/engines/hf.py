@@ -40,7 +40,7 @@ class HfAdapter:
         self.decoders = DecoderCache(lm)
         self.used: set[Decoder] = set()  # decoders whose engine ran (their logs are the clock)
         self.batch: ContinuousBatch | None = None  # the pass's batch, made at its first step
-        self.held: dict[int, Attempt] = {}  # engine request id -> attempt
+        self.held: dict[int, tuple[Attempt, str]] = {}  # engine request id -> attempt, its parameters' JSON
         self.waiting: deque[Request] = deque()  # submitted, not yet in the batch
         self.done: list[Finished] = []  # decoded alone, handed back at the next step
 
@@ -68,7 +68,7 @@ class HfAdapter:
         # the pass's own decoder, or its greedy form as exact rows (a relaxed LASER pass's greedy retries)
         if dec is self.pass_decoder or (attempt.sampling.greedy and self.pass_decoder.runs_greedy_of(dec)):
             r = self._request(self.pass_decoder, attempt, exact=dec is not self.pass_decoder)
-            self.held[id(r)] = attempt
+            self.held[id(r)] = attempt, params_json
             self.waiting.append(r)
         else:
             self.done.append(Finished(attempt, self._alone(dec, attempt), params_json))
@@ -80,8 +80,8 @@ class HfAdapter:
         batch, dec = self.batch, self.pass_decoder
         batch.add([self.waiting.popleft() for _ in range(min(batch.free, len(self.waiting)))])
         for r in batch.step():
-            attempt = self.held.pop(id(r))
-            finished.append(Finished(attempt, dec.result(r), self.decoders.get(attempt.decoder, attempt.params)[1]))
+            attempt, params_json = self.held.pop(id(r))
+            finished.append(Finished(attempt, dec.result(r), params_json))
         return finished
 
     def abort(self) -> None:

@@ -105,7 +105,8 @@ class VllmAdapter:
         self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(spec.model, **spec.loading())
         self.model_name = spec.model
         self.engine: VllmEngine | None = None
-        self.live: dict[str, Attempt] = {}  # vLLM request tag -> attempt
+        # vLLM request tag -> the attempt and its decoder parameters' JSON (the rows' column)
+        self.live: dict[str, tuple[Attempt, str]] = {}
         self.seconds = 0.0  # wall seconds of every step
         self.draft_len: DraftLen | None = None
         self.restarts = 0
@@ -191,7 +192,7 @@ class VllmAdapter:
             earlier=attempt.earlier,
             **opts,
         )
-        self.live[tag] = attempt
+        self.live[tag] = attempt, encode_params(settings)
 
     def _pool(self, engine: VllmEngine, key: str | None) -> tuple[str | None, str | None]:
         """The pool key and store a request of group ``key`` names: the task's store, or a pool growing in
@@ -231,7 +232,7 @@ class VllmAdapter:
             raise WorkerDead(f"the vLLM engine died again after {self.restarts} restart(s): {reason}") from exc
         self.restarts += 1
         log.error("the vLLM engine died (%s); starting a new one for its %d requests", reason, len(self.live))
-        held, old = list(self.live.values()), self.engine
+        held, old = [attempt for attempt, _ in self.live.values()], self.engine
         if old is not None:
             self.dead_clock += EngineClock(0.0, *(old.decode_clock or (0.0, 0)))
             old.close()
@@ -246,8 +247,7 @@ class VllmAdapter:
     def step(self) -> list[Finished]:
         finished = []
         for tag, res in self._step():
-            attempt = self.live.pop(tag)
-            params = encode_params(self._settings(attempt.decoder, attempt.params)[1])
+            attempt, params = self.live.pop(tag)
             finished.append(Finished(attempt, VllmGeneration(res, self.tokenizer), params))
         return finished
 
