@@ -137,7 +137,7 @@ def build_pools(config: Path = ConfigArg, set_: Optional[list[str]] = SetOpt) ->
     from pipelines.knowledge.pool_build import step_build_pools
 
     cfg = _load(config, set_)
-    need = check_job(cfg).cls.pool
+    need = check_job(cfg).card.pool
     if need == "none":
         typer.echo(f"decoder {cfg.decoder.name!r} drafts from no pool: nothing to build")
         return

@@ -16,11 +16,14 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from filelock import FileLock
 from platformdirs import user_cache_dir
-from transformers import AutoModelForCausalLM, AutoTokenizer, BatchEncoding, PreTrainedModel, PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # transformers loads where a model or tokenizer does: model_dir and the cache need none of it
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,8 @@ def load_model(
         dtype = getattr(torch, dtype)
     path = model_dir(name_or_path)
     try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             path, dtype=dtype, revision=revision, trust_remote_code=trust_remote_code
@@ -110,6 +115,8 @@ def chat_ids(tokenizer: PreTrainedTokenizerBase, text: str, system: str | None =
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    from transformers import BatchEncoding
+
     ids = out["input_ids"] if isinstance(out, BatchEncoding) else out  # some return one despite return_dict=False
     tokens = [t for t in ids if isinstance(t, int)] if isinstance(ids, list) else []
     if not tokens or len(tokens) != len(ids):
@@ -121,6 +128,8 @@ def load_tokenizer(
     name_or_path: str = DEFAULT_MODEL, revision: str | None = None, trust_remote_code: bool = False
 ) -> PreTrainedTokenizerBase:
     """The tokenizer of a model (bundled name, local path or hub id) without loading its weights."""
+    from transformers import AutoTokenizer
+
     try:
         return AutoTokenizer.from_pretrained(
             model_dir(name_or_path), revision=revision, trust_remote_code=trust_remote_code
@@ -162,6 +171,8 @@ def _materialise_bundled(name: str) -> Path:
             return target
         gguf_dir = _package_dir(spec.package)
         log.info("De-quantising %s once into %s", spec.description, target)
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=spec.gguf_file)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=spec.gguf_file, dtype=torch.float32)
         # The weights are plain tensors now; drop the GGUF quantisation marker so they can be saved.

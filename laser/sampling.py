@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,10 @@ GREEDY = SamplingParams()
 
 def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """``[..., V]`` fp32 probabilities of the next token under ``sampling`` (one-hot argmax when greedy)."""
+    # transformers' warpers load on the first sampled step: a driver that only reads sampling settings needs
+    # none of transformers
+    from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
     logits = logits.float()
     if sampling.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)

@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
+from laser.decoders.card import PoolNeed
 from laser.defaults import N_MAX
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import TreeDecodingEngine, check_tree_attention
@@ -41,7 +42,6 @@ from laser.sampling import GREEDY, SamplingParams
 from laser.verify import RejectionSampler, TopKVerifier, Verifier
 
 Prompt = str | Sequence[int]
-PoolNeed = Literal["routed", "global", "none"]
 
 
 MAX_BUDGET = 64  # the largest tree the adaptive budget may choose (draft nodes)

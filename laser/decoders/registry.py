@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from laser.decoders.base import Decoder
+from laser.decoders.card import DecoderCard, DecoderChoice
 from laser.models import LoadedModel
 
 _REGISTRY: dict[str, type[Decoder]] = {}
@@ -47,21 +47,6 @@ def get_decoder(name: str, lm: LoadedModel, **params: Any) -> Decoder:
         raise ValueError(f"bad parameters for decoder {name!r}: {err}") from err
 
 
-@dataclass(frozen=True)
-class DecoderChoice:
-    """A registered decoder class and its checked parameters: what a config's decoder resolves to."""
-
-    cls: type[Decoder]
-    params: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return self.cls.name
-
-    def build(self, lm: LoadedModel) -> Decoder:
-        return self.cls(lm, **self.params)
-
-
 def resolve_decoder(
     name: str,
     params: dict[str, Any] | None = None,
@@ -86,4 +71,12 @@ def resolve_decoder(
         checked = cls.check_params(dict(params or {}), model)
     except ValueError as exc:
         raise ValueError(f"{key}.{exc}") from None
-    return DecoderChoice(cls, checked)
+    return DecoderChoice(DecoderCard.of(cls), checked)
+
+
+# importing a family's decoders module registers its decoders (each imports this module for the decorator)
+from laser.decoders import builtin  # noqa: E402, F401
+from laser.decoders.beam import decoders as _beam  # noqa: E402, F401
+from laser.decoders.draft_model import decoders as _draft_model  # noqa: E402, F401
+from laser.decoders.dsbd import decoders as _dsbd  # noqa: E402, F401
+from laser.decoders.redrafter import decoder as _redrafter  # noqa: E402, F401

@@ -1,5 +1,7 @@
 """The job's decoders, resolved in one place: a config's decoder names a registered class whose own
-``check_params`` checks its parameters (:func:`laser.decoders.resolve_decoder`).
+``check_params`` checks its parameters (:func:`laser.decoders.resolve_decoder`); a check that passed is
+remembered (:mod:`pipelines.knowledge.decoder_checks`), so a scheduled run reads its decoders' cards and
+verdicts without loading the decoding stack.
 
 - new knowledge: ``decoder.name`` / ``decoder.params``. Under ``generation.strategy: beam_sample`` the
   decoder must be one that beam-samples (its class sets ``beam_sampling``: ``beam_sample``, ``dsbd``),
@@ -14,8 +16,9 @@ import importlib.util
 import os
 from importlib import metadata
 
-from laser.decoders import DecoderChoice, available_decoders, resolve_decoder
+from laser.decoders.card import DecoderCard, DecoderChoice
 from pipelines.config import GenerationConfig, JobConfig
+from pipelines.knowledge import decoder_checks
 from pipelines.knowledge.engines import ENGINES
 from pipelines.knowledge.validation import JobInputError
 
@@ -25,16 +28,14 @@ def new_knowledge_decoder(cfg: JobConfig) -> DecoderChoice:
     name, params = cfg.decoder.name, dict(cfg.decoder.params)
     if cfg.generation.strategy == "beam_sample":
         params = _beam_sample_params(cfg, name, params)
-    choice = resolve_job_decoder(name, params, "decoder", cfg.model.name)
-    _check_sampling(choice, cfg.generation.sampling())
-    return choice
+    return resolve_job_decoder(name, params, "decoder", cfg.model.name, sampling=cfg.generation.sampling())
 
 
 def old_knowledge_decoder(cfg: JobConfig) -> DecoderChoice:
     """``old_knowledge.decoder`` with the parameters under which it writes the target's greedy text."""
     name = cfg.old_knowledge.decoder
-    cls = available_decoders().get(name)
-    params = cls.greedy_params() if cls is not None else {}
+    card = decoder_card(name)
+    params = card.greedy_params if card is not None else {}
     if params is None:
         raise JobInputError(
             f"old_knowledge.decoder: decoder {name!r} cannot write greedy text; choose one whose "
@@ -79,7 +80,7 @@ def job_engine(cfg: JobConfig) -> str:
     )
     if (
         vllm_build() == ("cuda" if cfg.execution.gpus_per_worker > 0 else "cpu")
-        and all("vllm" in d.cls.engines for d in decoders)
+        and all("vllm" in d.card.engines for d in decoders)
         and not cfg.generation.no_repeat_ngram_size
     ):
         return "vllm"
@@ -108,23 +109,49 @@ def vllm_build() -> str | None:
 
 def check_engine(engine: str, choice: DecoderChoice, key: str) -> DecoderChoice:
     """Refuse a decoder the job's engine cannot run (its class lists its ``engines``)."""
-    if engine not in choice.cls.engines:
-        able = sorted(n for n, c in available_decoders().items() if engine in c.engines and c.produces == "text")
+    if engine not in choice.card.engines:
+        able = sorted(n for n, c in decoder_checks.cards().items() if engine in c.engines and c.produces == "text")
         raise JobInputError(
             f"execution.engine={engine}: {key}={choice.name!r} has no {engine} form (it runs on "
-            f"{list(choice.cls.engines)}); set {key} to one of {able} or execution.engine: hf"
+            f"{list(choice.card.engines)}); set {key} to one of {able} or execution.engine: hf"
         )
     return choice
 
 
 def resolve_job_decoder(
-    name: str, params: dict[str, object], key: str = "decoder", model: str | None = None, produces: str = "text"
+    name: str,
+    params: dict[str, object],
+    key: str = "decoder",
+    model: str | None = None,
+    produces: str = "text",
+    sampling: dict[str, float] | None = None,
 ) -> DecoderChoice:
-    """:func:`laser.decoders.resolve_decoder` with its errors as :class:`JobInputError` (exit code 2)."""
+    """:func:`laser.decoders.resolve_decoder` (and the decoder's refusal of ``sampling``, the job's
+    ``generation`` settings) with its errors as :class:`JobInputError` (exit code 2); a check that passed is
+    read back on the same code without loading the decoders (:mod:`pipelines.knowledge.decoder_checks`)."""
+    remembered = decoder_checks.recall(name, dict(params), model, produces, sampling)
+    if remembered is not None:
+        return remembered
+    from laser.decoders.registry import resolve_decoder
+
     try:
-        return resolve_decoder(name, params, key=key, model=model, produces=produces)
+        choice = resolve_decoder(name, params, key=key, model=model, produces=produces)
     except ValueError as exc:
         raise JobInputError(str(exc) + _generation_hint(key, params, str(exc))) from None
+    _check_sampling(choice, sampling)
+    decoder_checks.remember(choice, name, dict(params), model, produces, sampling)
+    return choice
+
+
+def decoder_card(name: str) -> DecoderCard | None:
+    """The card of the decoder registered as ``name`` (remembered, else from the registry), or None."""
+    card = decoder_checks.cards().get(name)
+    if card is None:  # registered at run time: not remembered
+        from laser.decoders.registry import available_decoders
+
+        cls = available_decoders().get(name)
+        card = DecoderCard.of(cls) if cls is not None else None
+    return card
 
 
 def _generation_hint(key: str, params: dict[str, object], message: str) -> str:
@@ -137,9 +164,9 @@ def _generation_hint(key: str, params: dict[str, object], message: str) -> str:
 
 def _beam_sample_params(cfg: JobConfig, name: str, params: dict[str, object]) -> dict[str, object]:
     width = cfg.generation.beam_width
-    cls = available_decoders().get(name)
-    if cls is None or not cls.beam_sampling:
-        samplers = sorted(n for n, c in available_decoders().items() if c.beam_sampling)
+    card = decoder_card(name)
+    if card is None or not card.beam_sampling:
+        samplers = sorted(n for n, c in decoder_checks.cards().items() if c.beam_sampling)
         raise JobInputError(
             f"generation.strategy=beam_sample: decoder.name={name!r} cannot beam-sample; set "
             f"decoder.name to one of {samplers}"

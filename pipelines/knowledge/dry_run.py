@@ -88,7 +88,7 @@ def dry_run(cfg: JobConfig, keep_existing: bool = False) -> RunEstimate:
         resuming=unfinished.run_id if unfinished else None,
         keep_existing=keep_existing,
     )
-    counts = _with_pool_kind(classified, routing, decoder.cls.pool).group_by("entity_type", "pool_kind", "why").len()
+    counts = _with_pool_kind(classified, routing, decoder.card.pool).group_by("entity_type", "pool_kind", "why").len()
     todo = to_generate(classified)
     est = RunEstimate(
         entities=[

@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 import polars as pl
 import pyarrow as pa
 
-from laser.decoders import DecoderChoice
+from laser.decoders.card import DecoderChoice
 from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import skipped_entities
 from pipelines.knowledge.decoders import check_job_decoders, job_engine, new_knowledge_decoder, old_knowledge_decoder
@@ -198,7 +198,7 @@ def _plan(cfg: JobConfig, run: RunContext, data: JobData, routing: pl.DataFrame)
         data.dataset,
         data.split,
         routing,
-        run.decoder.cls.pool,
+        run.decoder.card.pool,
         index,
         task.config_hash,
         run.paths.work / SOURCE_CACHE,
@@ -224,7 +224,7 @@ def _plan(cfg: JobConfig, run: RunContext, data: JobData, routing: pl.DataFrame)
 
 
 def _pools(cfg: JobConfig, run: RunContext, data: JobData, planned: Planned) -> Work:
-    need = run.decoder.cls.pool
+    need = run.decoder.card.pool
     if need == "none":  # a decoder that drafts from no pool: none to build
         return Work(planned.task, planned.todo)
     sizes = step_build_pools(cfg, _earlier_knowledge(run, data), pool_need=need)
@@ -249,7 +249,7 @@ def _new_knowledge(cfg: JobConfig, run: RunContext, data: JobData, work: Work, r
         )
         _write(cfg, run, data, work.first_wave, task, "new knowledge, first wave", new)
         with run.account.phase("pools"):
-            step_build_pools(cfg, _earlier_knowledge(run, data), rebuilt, pool_need=run.decoder.cls.pool)
+            step_build_pools(cfg, _earlier_knowledge(run, data), rebuilt, pool_need=run.decoder.card.pool)
         task = replace(task, pool_store=str(rebuilt))
     _write(cfg, run, data, work.todo, task, "new knowledge", new)
     if work.first_wave:  # the job's pool store is the one built from every text (laser build-pools' place)
@@ -515,7 +515,7 @@ def write_knowledge(
 
 def check_pool_store(decoder: DecoderChoice, paths: JobPaths) -> None:
     """A decoder that drafts from pools needs the pool store the pools step writes."""
-    if decoder.cls.pool != "none" and not (paths.pools / "manifest.json").exists():
+    if decoder.card.pool != "none" and not (paths.pools / "manifest.json").exists():
         raise FileNotFoundError(f"{paths.pools}: no pool store; run `laser build-pools` (or `laser run`) first")
 
 
@@ -549,7 +549,7 @@ def step_generate(
     check_pool_store(decoder, paths)
     brands = catalogue_brands(data.dataset.items)
     task = knowledge_task(cfg, decoder, cfg.resolved_run_id(), data.dataset.domain, paths.pools, brands=brands)
-    todo = pending(new_requests(data.dataset, data.split, pool_routes(decoder.cls.pool, routing)), paths.knowledge)
+    todo = pending(new_requests(data.dataset, data.split, pool_routes(decoder.card.pool, routing)), paths.knowledge)
     return write_knowledge(cfg, todo, task, paths.knowledge, "new knowledge", workers)
 
 
