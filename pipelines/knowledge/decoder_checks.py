@@ -107,8 +107,12 @@ def recall(name: str, params: dict[str, Any], model: str | None, produces: str, 
 def remember(
     choice: DecoderChoice, name: str, params: dict[str, Any], model: str | None, produces: str, sampling: Any
 ) -> None:
-    """Keep a check that passed (a decoder of this package or of an installed plug-in)."""
-    if not _rememberable(choice.card, _plugins()):
+    """Keep a check that passed (a decoder of this package or of an installed plug-in) whose checked
+    parameters read back from JSON as they are (a tuple or a path would come back another type)."""
+    if (
+        not _rememberable(choice.card, _plugins())
+        or json.loads(json.dumps(choice.params, default=str)) != choice.params
+    ):
         return
     stamp = code_stamp()
     saved = {"stamp": stamp, **_read(stamp)}

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from laser.decoders import registry
-from laser.decoders.card import DecoderCard
+from laser.decoders.card import DecoderCard, DecoderChoice
 from pipelines.knowledge import decoder_checks
 from pipelines.knowledge.decoders import decoder_card, resolve_job_decoder
 from pipelines.knowledge.validation import JobInputError
@@ -85,3 +85,11 @@ def test_the_job_module_imports_neither_transformers_nor_scikit_learn():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_parameters_that_would_not_read_back_as_they_are_are_not_remembered(cache):
+    card = DecoderCard.of(registry.available_decoders()["laser"])
+    decoder_checks.remember(DecoderChoice(card, {"K": (4, 8)}), "laser", {}, None, "text", None)
+    assert decoder_checks.recall("laser", {}, None, "text", None) is None
+    decoder_checks.remember(DecoderChoice(card, {"K": 8}), "laser", {}, None, "text", None)
+    assert decoder_checks.recall("laser", {}, None, "text", None) == DecoderChoice(card, {"K": 8})
