@@ -15,15 +15,13 @@ import hashlib
 import importlib.util
 import json
 import logging
-import os
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from platformdirs import user_cache_dir
-
 from laser.decoders.card import DecoderCard, DecoderChoice
 from laser.files import atomic_write
+from laser.models import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +29,7 @@ PLUGIN_GROUP = "laser.decoders"  # the entry-point group of decoder plug-ins (la
 
 
 def checks_path() -> Path:
-    return Path(os.environ.get("LASER_CACHE_DIR") or user_cache_dir("laser")) / "decoder-checks.json"
+    return cache_dir() / "decoder-checks.json"
 
 
 def code_stamp() -> str:
