@@ -5,7 +5,8 @@ which imports torch and transformers: about 10 s of a 2-core driver's start, bef
 could start. A check that passed is remembered in the cache directory (``$LASER_CACHE_DIR``), under a stamp
 of the code that decided it (this package's files and the decoder plug-ins' distributions): the same decoder,
 parameters, model and sampling on the same code read the verdict back, and the registered decoders' cards
-with it. A failed check is never remembered; a change to any file of the package checks again.
+with it. A failed check is never remembered, nor one of a decoder that loads artefacts of its own (a draft model, a
+head); a change to any file of the package checks again.
 Only decoders of this package and of installed plug-ins are remembered (not classes registered at run time).
 """
 
@@ -105,10 +106,12 @@ def recall(name: str, params: dict[str, Any], model: str | None, produces: str, 
 def remember(
     choice: DecoderChoice, name: str, params: dict[str, Any], model: str | None, produces: str, sampling: Any
 ) -> None:
-    """Keep a check that passed (a decoder of this package or of an installed plug-in) whose checked
-    parameters read back from JSON as they are (a tuple or a path would come back another type)."""
+    """Keep a check that passed: of a decoder of this package or of an installed plug-in, that loads no
+    artefact of its own (``requires``: a draft model or a head can change under the same code), and whose
+    checked parameters read back from JSON as they are (a tuple or a path would come back another type)."""
     if (
         not _rememberable(choice.card, _plugins())
+        or choice.card.requires
         or json.loads(json.dumps(choice.params, default=str)) != choice.params
     ):
         return

@@ -93,3 +93,12 @@ def test_parameters_that_would_not_read_back_as_they_are_are_not_remembered(cach
     assert decoder_checks.recall("laser", {}, None, "text", None) is None
     decoder_checks.remember(DecoderChoice(card, {"K": 8}), "laser", {}, None, "text", None)
     assert decoder_checks.recall("laser", {}, None, "text", None) == DecoderChoice(card, {"K": 8})
+
+
+def test_a_decoder_that_loads_artefacts_is_checked_every_time(cache, monkeypatch):
+    """A draft model or a head can change under the same code: its check is not remembered."""
+    params = {"draft": "truncate:1", "gamma": 2}
+    assert resolve_job_decoder("spec_sampling", params).card.requires == ("draft_model",)
+    monkeypatch.setattr(registry, "resolve_decoder", _refuse)
+    with pytest.raises(AssertionError, match="checked again"):
+        resolve_job_decoder("spec_sampling", params)
