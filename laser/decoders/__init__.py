@@ -1,36 +1,19 @@
-"""Decoder interface, registry and built-in decoders.
+"""Decoder interface, registry and built-in decoders. A decoder's card, which reads without torch, is
+:mod:`laser.decoder_card`."""
 
-Its names load on first use (PEP 562): ``laser.decoders.card`` (a decoder's card and a checked choice) reads
-without torch; the registry, on first use, imports every built-in decoder family (which registers them)."""
+from laser.decoders.base import Decoder, Generation
+from laser.decoder_card import DecoderChoice
+from laser.decoders.registry import available_decoders, get_decoder, register_decoder, resolve_decoder
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from laser.lazy import lazy_attributes
-
-if TYPE_CHECKING:
-    from laser.decoders.base import Decoder, Generation
-    from laser.decoders.card import DecoderCard, DecoderChoice
-    from laser.decoders.registry import available_decoders, get_decoder, register_decoder, resolve_decoder
-
-__getattr__ = lazy_attributes(
-    __name__,
-    {
-        "Decoder": "laser.decoders.base",
-        "Generation": "laser.decoders.base",
-        "DecoderCard": "laser.decoders.card",
-        "DecoderChoice": "laser.decoders.card",
-        "available_decoders": "laser.decoders.registry",
-        "get_decoder": "laser.decoders.registry",
-        "register_decoder": "laser.decoders.registry",
-        "resolve_decoder": "laser.decoders.registry",
-    },
-)
+# importing a family's decoders module registers its decoders
+from laser.decoders import builtin  # noqa: F401
+from laser.decoders.beam import decoders as _beam  # noqa: F401
+from laser.decoders.draft_model import decoders as _draft_model  # noqa: F401
+from laser.decoders.dsbd import decoders as _dsbd  # noqa: F401
+from laser.decoders.redrafter import decoder as _redrafter  # noqa: F401
 
 __all__ = [
     "Decoder",
-    "DecoderCard",
     "DecoderChoice",
     "Generation",
     "available_decoders",

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal, Sequence
 
 from laser.budget import AdaptiveBudget, BudgetPolicy
 from laser.cost import forward_cost
-from laser.decoders.card import PoolNeed
+from laser.decoder_card import PoolNeed
 from laser.defaults import N_MAX
 from laser.drafting import DraftSource, Drafter, NoDrafter
 from laser.engine import TreeDecodingEngine, check_tree_attention

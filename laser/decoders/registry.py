@@ -6,7 +6,7 @@ from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
 from laser.decoders.base import Decoder
-from laser.decoders.card import DecoderCard, DecoderChoice
+from laser.decoder_card import DecoderCard, DecoderChoice
 from laser.models import LoadedModel
 
 _REGISTRY: dict[str, type[Decoder]] = {}
@@ -72,11 +72,3 @@ def resolve_decoder(
     except ValueError as exc:
         raise ValueError(f"{key}.{exc}") from None
     return DecoderChoice(DecoderCard.of(cls), checked)
-
-
-# importing a family's decoders module registers its decoders (each imports this module for the decorator)
-from laser.decoders import builtin  # noqa: E402, F401
-from laser.decoders.beam import decoders as _beam  # noqa: E402, F401
-from laser.decoders.draft_model import decoders as _draft_model  # noqa: E402, F401
-from laser.decoders.dsbd import decoders as _dsbd  # noqa: E402, F401
-from laser.decoders.redrafter import decoder as _redrafter  # noqa: E402, F401

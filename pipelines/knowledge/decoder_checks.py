@@ -20,7 +20,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from laser.decoders.card import DecoderCard, DecoderChoice
+from laser.decoder_card import DecoderCard, DecoderChoice
 from laser.files import atomic_write
 from laser.models import cache_dir
 

@@ -16,7 +16,7 @@ import importlib.util
 import os
 from importlib import metadata
 
-from laser.decoders.card import DecoderCard, DecoderChoice
+from laser.decoder_card import DecoderCard, DecoderChoice
 from pipelines.config import GenerationConfig, JobConfig
 from pipelines.knowledge import decoder_checks
 from pipelines.knowledge.engines import ENGINES

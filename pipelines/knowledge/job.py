@@ -36,7 +36,7 @@ from typing import Callable, Iterator
 import polars as pl
 import pyarrow as pa
 
-from laser.decoders.card import DecoderChoice
+from laser.decoder_card import DecoderChoice
 from pipelines.config import JobConfig
 from pipelines.knowledge.accounting import skipped_entities
 from pipelines.knowledge.decoders import check_job_decoders, job_engine, new_knowledge_decoder, old_knowledge_decoder

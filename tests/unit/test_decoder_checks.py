@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from laser.decoders import registry
-from laser.decoders.card import DecoderCard, DecoderChoice
+from laser.decoder_card import DecoderCard, DecoderChoice
 from pipelines.knowledge import decoder_checks
 from pipelines.knowledge.decoders import decoder_card, resolve_job_decoder
 from pipelines.knowledge.validation import JobInputError
@@ -102,3 +102,14 @@ def test_a_decoder_that_loads_artefacts_is_checked_every_time(cache, monkeypatch
     monkeypatch.setattr(registry, "resolve_decoder", _refuse)
     with pytest.raises(AssertionError, match="checked again"):
         resolve_job_decoder("spec_sampling", params)
+
+
+@pytest.mark.parametrize(
+    "first", ["laser.decoder_card", "laser.decoders.dsbd.decoders", "laser.decoders.draft_model.decoders"]
+)
+def test_any_decoder_module_imports_first(first):
+    """A fresh process that imports one decoder module first still registers every built-in decoder."""
+    code = f"import {first}; from laser.decoders import available_decoders; print(len(available_decoders()))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert int(out.stdout) == len(registry.available_decoders())
