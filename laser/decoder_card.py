@@ -2,19 +2,15 @@
 
 A :class:`DecoderCard` holds the class-level facts the job plans with (the pool it drafts from, what it
 produces, the engines that run it, its greedy parameters); a :class:`DecoderChoice` is a card with its
-checked parameters. Neither imports torch or transformers: a job checks its decoders, picks its engine and
-starts its workers before the decoding stack loads. The class behind a card loads on first use
-(:attr:`DecoderChoice.cls`).
+checked parameters. Neither imports torch or transformers (nor the decoders package, which imports this one):
+a job checks its decoders, picks its engine and starts its workers before the decoding stack loads; the class
+behind a card is the registry's (:func:`laser.decoders.available_decoders`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from laser.decoders.base import Decoder
-    from laser.models import LoadedModel
+from typing import Any, Literal
 
 PoolNeed = Literal["routed", "global", "none"]
 
@@ -34,7 +30,8 @@ class DecoderCard:
     home: str  # "module:qualname" of the class
 
     @classmethod
-    def of(cls, decoder: type[Decoder]) -> DecoderCard:
+    def of(cls, decoder: Any) -> DecoderCard:
+        """The card of ``decoder``, a registered :class:`laser.decoders.base.Decoder` subclass."""
         return cls(
             name=decoder.name,
             summary=decoder.summary,
@@ -65,13 +62,3 @@ class DecoderChoice:
     @property
     def name(self) -> str:
         return self.card.name
-
-    @property
-    def cls(self) -> type[Decoder]:
-        """The registered class (imports the decoding stack)."""
-        from laser.decoders.registry import available_decoders
-
-        return available_decoders()[self.card.name]
-
-    def build(self, lm: LoadedModel) -> Decoder:
-        return self.cls(lm, **self.params)

@@ -183,10 +183,11 @@ def _check_sampling(choice: DecoderChoice, sampling: dict[str, float] | None) ->
     """Refuse sampling settings (``generation.temperature`` etc.) the decoder cannot honour."""
     if not sampling:
         return
+    from laser.decoders.registry import available_decoders
     from laser.sampling import SamplingParams
 
     try:
-        choice.cls.refuse_sampling(
+        available_decoders()[choice.name].refuse_sampling(
             SamplingParams(float(sampling["temperature"]), float(sampling["top_p"]), int(sampling["top_k"])),
             choice.params,
         )

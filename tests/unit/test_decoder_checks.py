@@ -34,7 +34,7 @@ def test_a_passed_check_is_read_back_without_checking_again(cache, monkeypatch):
     assert cache.is_file()
     monkeypatch.setattr(registry, "resolve_decoder", _refuse)
     again = resolve_job_decoder("laser", {"k": 3}, model="smollm2-135m", sampling=SAMPLING)
-    assert again == first and again.cls is registry.available_decoders()["laser"]
+    assert again == first and again.card == DecoderCard.of(registry.available_decoders()["laser"])
     with pytest.raises(AssertionError, match="checked again"):  # other parameters: a check of their own
         resolve_job_decoder("laser", {"k": 4}, model="smollm2-135m", sampling=SAMPLING)
 
